@@ -1,0 +1,52 @@
+"""Names and codes on the wire, shared by both halves of mcp-once.
+
+They live in one module so that the client and the server can never disagree about a spelling:
+the contract (`semantics.md`) is the single source, and this file is its only transcription.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+NAMESPACE: Final = "io.github.mcp-once/"
+
+#: Request `params._meta`: the idempotency key, identical on every attempt of one logical call.
+KEY_META: Final = NAMESPACE + "idempotency-key"
+#: Request `params._meta`: the attempt number (int >= 1), informational only.
+ATTEMPT_META: Final = NAMESPACE + "attempt"
+#: Result `_meta` (how this answer came about) and tool definition `_meta` (the tool's policy).
+IDEMPOTENCY_META: Final = NAMESPACE + "idempotency"
+
+#: Another attempt with this key is running; retry after `data.retryAfterMs`.
+IN_PROGRESS: Final = -32010
+#: The key was used with different arguments; never retry.
+KEY_REUSED: Final = -32011
+#: An earlier attempt's lease expired mid-execution; reconcile, never retry blindly.
+OUTCOME_UNKNOWN: Final = -32012
+#: The key store could not be reached and the tool was not run; retry after backoff.
+STORE_UNAVAILABLE: Final = -32013
+#: JSON-RPC invalid params: a key that is missing where required, malformed or too long.
+INVALID_PARAMS: Final = -32602
+
+#: Keys are 1..255 printable ASCII characters (0x20..0x7E), as Stripe allows.
+MAX_KEY_LENGTH: Final = 255
+
+
+def key_problem(key: object) -> str | None:
+    """Why `key` is not a valid idempotency key, or None when it is.
+
+    Both halves validate with this one function so that a key the client mints is always
+    one the server accepts.
+    """
+    if not isinstance(key, str):
+        return f"the idempotency key must be a string, not {type(key).__name__}"
+    if not key:
+        return "the idempotency key must not be empty"
+    if len(key) > MAX_KEY_LENGTH:
+        return (
+            f"the idempotency key is {len(key)} characters long;"
+            f" at most {MAX_KEY_LENGTH} are allowed"
+        )
+    if not all(" " <= ch <= "~" for ch in key):
+        return "the idempotency key must be printable ASCII (0x20 to 0x7E)"
+    return None
