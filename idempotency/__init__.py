@@ -1,6 +1,17 @@
 """mcp-once, server side: idempotency keys, fenced leases and replays for MCP tools."""
 
+from ._decorator import idempotent
+from ._fingerprint import fingerprint
+from ._install import install
+from ._lowlevel import GuardedCallTool, idempotent_call_tool
 from ._memory_store import MemoryKeyStore
+from ._mint import KeySource
+from ._open import open_store
+from ._policy import KeyMode, Policy, PolicyOptions
+from ._redis_store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
+from ._replay import decode_result, encode_result
+from ._scope import CallScope, ScopeFn, default_scope
+from ._sqlite_store import SQLiteKeyStore
 from ._store import (
     ClaimOutcome,
     ClaimStatus,
@@ -14,14 +25,33 @@ from ._store import (
 )
 
 __all__ = [
+    "CallScope",
     "ClaimOutcome",
     "ClaimStatus",
     "CorruptRecord",
+    "DurabilityUnsupported",
+    "GuardedCallTool",
+    "KeyMode",
+    "KeySource",
     "KeyStore",
     "LimitExceeded",
     "MemoryKeyStore",
+    "Policy",
+    "PolicyOptions",
     "Record",
     "RecordState",
+    "RedisKeyStore",
+    "ReplicationUnconfirmed",
+    "SQLiteKeyStore",
+    "ScopeFn",
     "StoreError",
     "StoreUnavailable",
+    "decode_result",
+    "default_scope",
+    "encode_result",
+    "fingerprint",
+    "idempotent",
+    "idempotent_call_tool",
+    "install",
+    "open_store",
 ]

@@ -1,0 +1,159 @@
+"""`@idempotent(store, **options)`: guard one `MCPServer` tool.
+
+Placed under `@server.tool(...)`. The wrapper keeps the tool's input and output schema exactly as
+written — the key travels in the request `_meta`, never in the arguments — and, when the function
+declares no `Context` parameter, adds a hidden one the SDK fills and leaves out of the schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
+
+import anyio.to_thread
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
+from mcp.shared._callable_inspection import is_async_callable
+from typing_extensions import Unpack
+
+from ._guard import Guard, ToolCall, ToolResult
+from ._policy import PolicyOptions, make_policy
+from ._sdk import (
+    HIDDEN_CONTEXT,
+    STAMP_ATTR,
+    ToolStamp,
+    arguments_of,
+    ensure_registration_hook,
+    own_tool,
+    request_of,
+    sdk_error_result,
+    stamp_of,
+    was_registered,
+)
+from ._store import KeyStore
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ToolDecorator(Protocol):
+    """What `idempotent(...)` returns. A sync tool becomes a coroutine function: its body runs
+    in a worker thread, as the SDK would run it."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, Awaitable[R]]: ...
+
+
+def _with_hidden_context(fn: Callable[..., Any], name: str) -> inspect.Signature:
+    try:
+        signature = inspect.signature(fn, eval_str=True)
+    except (NameError, TypeError):  # unresolvable annotations: let the SDK report them itself
+        signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    hidden = inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Context
+    )
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    params.insert(len(params) if at is None else at, hidden)
+    return signature.replace(parameters=params)
+
+
+def _free_name(fn: Callable[..., Any]) -> str:
+    taken = set(inspect.signature(fn).parameters)
+    name, n = HIDDEN_CONTEXT, 1
+    while name in taken:
+        n += 1
+        name = f"{HIDDEN_CONTEXT}{n}"
+    return name
+
+
+def wrap_tool_function(
+    fn: Callable[..., Any], guard: Guard, context_param: str | None
+) -> Callable[..., Awaitable[Any]]:
+    """The guarded stand-in for `fn`; `context_param` is `fn`'s own Context parameter, if any."""
+    hidden = context_param is None
+    ctx_name = _free_name(fn) if context_param is None else context_param
+    fn_is_async = is_async_callable(fn)
+    stamp = ToolStamp(guard=guard, context_param=ctx_name, hidden=hidden)
+
+    async def call_original(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if fn_is_async:
+            return await fn(*args, **kwargs)
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    @functools.wraps(fn)
+    async def guarded(*args: Any, **kwargs: Any) -> Any:
+        ctx = kwargs.get(ctx_name)
+        if hidden:
+            kwargs.pop(ctx_name, None)
+        tool = own_tool(ctx, guarded)
+        if tool is None:
+            # Not a tools/call of this tool (a direct call, or one tool calling another inside
+            # its own request, which the outer record already covers): run as written.
+            return await call_original(args, kwargs)
+        assert isinstance(ctx, Context)
+        request = request_of(ctx)
+        assert request is not None
+        call = ToolCall(
+            server=ctx.mcp_server.name,
+            tool=tool.name,
+            arguments=arguments_of(ctx),
+            meta=request.meta,
+            request=request,
+        )
+        convert = tool.fn_metadata.convert_result
+
+        async def execute() -> ToolResult:
+            return convert(await call_original(args, kwargs))
+
+        policy = guard.policy
+        return await guard.call(
+            call,
+            execute,
+            error_result=functools.partial(sdk_error_result, tool.name),
+            takeover=policy.takeover_for(stamp.declared.get(tool.name, False)),
+        )
+
+    if hidden:
+        guarded.__signature__ = _with_hidden_context(fn, ctx_name)  # type: ignore[attr-defined]
+        guarded.__annotations__ = {**getattr(fn, "__annotations__", {}), ctx_name: Context}
+    setattr(guarded, STAMP_ATTR, stamp)
+    return guarded
+
+
+def check_wrappable(fn: object) -> None:
+    if not callable(fn):
+        raise TypeError(f"@idempotent wraps a tool function, not {type(fn).__name__}")
+    if stamp_of(fn) is not None:
+        raise TypeError(f"{getattr(fn, '__name__', fn)!r} is already guarded by @idempotent")
+    if was_registered(fn):
+        raise TypeError(
+            f"{getattr(fn, '__name__', fn)!r} was registered as a tool before @idempotent wrapped"
+            " it, so the server would call it unguarded: put @idempotent(...) *under*"
+            " @server.tool(...)"
+        )
+
+
+def idempotent(store: KeyStore, **options: Unpack[PolicyOptions]) -> ToolDecorator:
+    """Guard a tool of `MCPServer`: at most one execution per (scope, tool, key), replays after.
+
+    ```python
+    @server.tool()
+    @idempotent(store)
+    async def charge(order: str, cents: int) -> str: ...
+    ```
+
+    Options and defaults: see `Policy`.
+    """
+    guard = Guard(store, make_policy(options))
+    ensure_registration_hook()
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        check_wrappable(fn)
+        return wrap_tool_function(fn, guard, find_context_parameter(fn))
+
+    return decorate

@@ -1,0 +1,463 @@
+"""The guard: claim → run → complete or release, and wait-then-replay for duplicates.
+
+The one implementation behind every entry point (decorator, `install`, low-level handler). An
+entry point describes the call (`ToolCall`), hands over how to run the tool (`execute`) and how its
+SDK renders an exception as an `isError` result; the guard does the rest.
+
+Cancellation (rule 10): once a claim is won, the run and the record write happen inside a shielded
+scope. A client that gives up (its timeout's `notifications/cancelled`, a dropped connection) does
+not abort a keyed execution: the tool runs to completion, bounded by `max_run_time` and by its
+lease, the result is stored, and the retry replays it. The same holds for a graceful server
+shutdown, which therefore drains running keyed executions (up to `max_run_time`); only a process
+that dies leaves a record IN_PROGRESS, for lease expiry to settle.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from mcp import MCPError
+from mcp.server.context import ServerRequestContext
+from mcp_types import CallToolResult, InputRequiredResult
+
+from . import _errors
+from ._fingerprint import UnfingerprintableArguments, fingerprint
+from ._lease import LeaseKeeper
+from ._mint import KeySource, attempt_of, derive_key, resolve_key
+from ._policy import Policy
+from ._replay import (
+    UnreadableResult,
+    decode_result,
+    encode_result,
+    stamped,
+    too_large_placeholder,
+)
+from ._scope import CallScope, principal_of, store_key
+from ._store import (
+    ClaimOutcome,
+    ClaimStatus,
+    CorruptRecord,
+    KeyStore,
+    LimitExceeded,
+    Record,
+    RecordState,
+    StoreError,
+)
+from ._telemetry import Outcome, Trace, logger, record_name, traced
+
+ToolResult = CallToolResult | InputRequiredResult
+#: Runs the tool once and returns its domain result (or raises what the tool raised).
+Execute = Callable[[], Awaitable[ToolResult]]
+#: Renders an exception the tool raised as the `isError` result its SDK would have produced.
+ErrorResult = Callable[[Exception], CallToolResult]
+
+#: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
+#: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
+RETRY_HINT_CAP = 1.0
+#: Attempts at storing a finished result when the store fails; the claim is ours meanwhile.
+_COMPLETE_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tools/call as the guard needs it: names, the arguments as sent, the request `_meta`."""
+
+    server: str
+    tool: str
+    arguments: Mapping[str, Any] | None
+    meta: Mapping[str, Any] | None
+    request: ServerRequestContext[Any, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """Everything known about a keyed call once its key is settled."""
+
+    tool: str
+    key: str
+    source: KeySource
+    store_key: str
+    fingerprint: str
+    retention: float
+    trace: Trace
+
+
+@dataclass(slots=True)
+class _Run:
+    result: ToolResult | None = None
+    raised: Exception | None = None
+
+
+def _hint(retry_after: float | None) -> float:
+    if retry_after is None:
+        return RETRY_HINT_CAP
+    return max(0.001, min(retry_after, RETRY_HINT_CAP))
+
+
+class Guard:
+    """Runs tool calls at most once per (scope, tool, key) against one key store."""
+
+    def __init__(self, store: KeyStore, policy: Policy) -> None:
+        self.store = store
+        self.policy = policy
+
+    async def call(
+        self, call: ToolCall, execute: Execute, *, error_result: ErrorResult, takeover: bool
+    ) -> ToolResult:
+        """The tool's result, first-hand or replayed, or one of the contract's `MCPError`s."""
+        with traced(call.tool) as trace:
+            return await self._call(call, execute, error_result, takeover, trace)
+
+    async def _call(
+        self,
+        call: ToolCall,
+        execute: Execute,
+        error_result: ErrorResult,
+        takeover: bool,
+        trace: Trace,
+    ) -> ToolResult:
+        policy = self.policy
+        try:
+            fp: str | None = fingerprint(call.tool, call.arguments)
+            fp_problem = ""
+        except UnfingerprintableArguments as exc:
+            fp, fp_problem = None, str(exc)
+        principal = principal_of(call.request)
+        scope = policy.scope(CallScope(call.server, call.tool, principal, call.meta, call.request))
+        if not isinstance(scope, str):
+            raise TypeError(f"the scope function returned {type(scope).__name__}, not str")
+
+        def derive() -> str:
+            if fp is None:
+                raise _errors.unfingerprintable(None, fp_problem)
+            return derive_key(scope, call.tool, fp)
+
+        try:
+            resolved = resolve_key(call.meta, policy.keys, derive)
+            if resolved is not None and fp is None:
+                raise _errors.unfingerprintable(resolved[0], fp_problem)
+        except MCPError:
+            trace.outcome(Outcome.INVALID)
+            raise
+        if resolved is None:
+            # "optional" and no key: exactly the unwrapped tool, exceptions included.
+            trace.outcome(Outcome.UNPROTECTED)
+            return await execute()
+        assert fp is not None
+        key, source = resolved
+        ticket = _Ticket(
+            tool=call.tool,
+            key=key,
+            source=source,
+            store_key=store_key(scope, call.tool, key),
+            fingerprint=fp,
+            retention=policy.retention_for(source is KeySource.DERIVED),
+            trace=trace,
+        )
+        trace.set(
+            record=record_name(ticket.store_key),
+            key_source=source.value,
+            attempt=attempt_of(call.meta),
+        )
+        return await self._claim_loop(ticket, execute, error_result, takeover)
+
+    async def _claim_loop(
+        self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool
+    ) -> ToolResult:
+        deadline = anyio.current_time() + self.policy.wait
+        while True:
+            started = anyio.current_time()
+            outcome = await self._claim(t, takeover)
+            if outcome is None:  # store down and the author chose fail-open
+                return await execute()
+            status = outcome.status
+            if status is ClaimStatus.CLAIMED:
+                await self._give_back_if_cancelled(t, outcome)
+                return await self._run(t, outcome, execute, error_result, takeover, started)
+            if status is ClaimStatus.REPLAY:
+                if outcome.result is None:
+                    raise self._corrupt(t, "a completed record holds no result")
+                return self._replayed(t, outcome.result, outcome.completed_at, outcome.attempts)
+            if status is ClaimStatus.MISMATCH:
+                t.trace.outcome(Outcome.CONFLICT)
+                raise _errors.key_reused(t.key)
+            if status is ClaimStatus.UNKNOWN:
+                t.trace.outcome(Outcome.UNKNOWN)
+                raise _errors.outcome_unknown(
+                    t.key,
+                    "an earlier attempt stopped renewing its lease in the middle of the tool,"
+                    " and this tool is not declared safe to run twice",
+                )
+            # BUSY: another attempt holds the claim. Wait for it (bounded), then look again.
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                t.trace.outcome(Outcome.IN_PROGRESS)
+                raise _errors.in_progress(t.key, _hint(outcome.retry_after))
+            t.trace.waited()
+            # Look again no later than the running lease's end: a dead worker is noticed then.
+            lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
+            await self._wait(t, min(remaining, lease_left + 0.01))
+
+    async def _claim(self, t: _Ticket, takeover: bool) -> ClaimOutcome | None:
+        try:
+            # Shielded: a claim won in the store but lost to a cancellation on the way back would
+            # leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
+            with anyio.CancelScope(shield=True):
+                outcome = await self.store.claim(
+                    t.store_key, t.fingerprint, lease=self.policy.lease, takeover=takeover
+                )
+            return outcome
+        except CorruptRecord:
+            raise self._corrupt(t, "the stored record is unreadable") from None
+        except Exception as exc:
+            t.trace.store_error("claim", exc)
+            if isinstance(exc, StoreError) and self.policy.fail_open:
+                logger.warning(
+                    "key store unavailable (%r); running tool %r UNPROTECTED (fail_open=True)",
+                    exc,
+                    t.tool,
+                )
+                t.trace.outcome(Outcome.UNPROTECTED)
+                return None
+            if not isinstance(exc, StoreError):
+                logger.exception("the key store failed unexpectedly while claiming")
+            else:
+                logger.warning("key store unavailable while claiming: %r", exc)
+            t.trace.outcome(Outcome.STORE_UNAVAILABLE)
+            raise _errors.store_unavailable(t.key) from None
+
+    async def _wait(self, t: _Ticket, timeout: float) -> Record | None:
+        try:
+            return await self.store.wait(t.store_key, timeout=timeout)
+        except CorruptRecord:
+            raise self._corrupt(t, "the stored record is unreadable") from None
+        except Exception as exc:
+            t.trace.store_error("wait", exc)
+            logger.warning("key store unavailable while waiting: %r", exc)
+            t.trace.outcome(Outcome.STORE_UNAVAILABLE)
+            raise _errors.store_unavailable(t.key) from None
+
+    async def _give_back_if_cancelled(self, t: _Ticket, outcome: ClaimOutcome) -> None:
+        """A request cancelled before its tool started gives its fresh claim back: nothing ran."""
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            assert outcome.token is not None
+            await self._release(t, outcome.token, "cancelled before the tool started")
+            raise
+
+    async def _run(
+        self,
+        t: _Ticket,
+        outcome: ClaimOutcome,
+        execute: Execute,
+        error_result: ErrorResult,
+        takeover: bool,
+        claimed_at: float,
+    ) -> ToolResult:
+        token = outcome.token
+        assert token is not None
+        policy = self.policy
+        if outcome.took_over:
+            t.trace.set(took_over=True)
+            logger.warning(
+                "took over the expired lease of record %s (execution %d)",
+                record_name(t.store_key),
+                outcome.attempts,
+            )
+        with anyio.CancelScope(shield=True):
+            run = _Run()
+            limit = math.inf if policy.max_run_time is None else policy.max_run_time
+            run_scope = anyio.CancelScope(deadline=anyio.current_time() + limit)
+            keeper = LeaseKeeper(
+                self.store,
+                t.store_key,
+                token,
+                lease=policy.lease,
+                held_until=claimed_at + policy.lease,
+                run_scope=run_scope,
+                trace=t.trace,
+            )
+            async with anyio.create_task_group() as renewals:
+                renewals.start_soon(keeper.run)
+                with run_scope:
+                    try:
+                        run.result = await execute()
+                    except Exception as exc:  # what the tool raised, judged below
+                        run.raised = exc
+                renewals.cancel_scope.cancel()
+            if run.result is None and run.raised is None:
+                answer = await self._after_abort(t, token, takeover, lease_lost=keeper.lost)
+            else:
+                answer = await self._finish(t, outcome, token, run, error_result)
+        return answer
+
+    async def _finish(
+        self, t: _Ticket, outcome: ClaimOutcome, token: str, run: _Run, error_result: ErrorResult
+    ) -> ToolResult:
+        if run.raised is not None:
+            exc = run.raised
+            # A JSON-RPC error from the tool is a refusal, and an effect-free exception was declared
+            # to happen before any effect: either way a retry must be free to run the tool again.
+            if isinstance(exc, (MCPError, *self.policy.effect_free)):
+                await self._release(t, token, f"the tool raised {type(exc).__name__}")
+                t.trace.outcome(Outcome.RELEASED)
+                raise exc
+            result: ToolResult = error_result(exc)
+        else:
+            assert run.result is not None
+            result = run.result
+        if isinstance(result, InputRequiredResult):
+            # An input_required round is a question, not an outcome: never stored (rule 8).
+            await self._release(t, token, "the tool asked for client input")
+            t.trace.outcome(Outcome.RELEASED)
+            return result
+        executed_at = time.time()
+        stored = await self._complete(t, token, result, executed_at)
+        if stored is False:
+            return await self._after_stale(t)
+        t.trace.outcome(Outcome.EXECUTED)
+        return stamped(
+            result,
+            key=t.key,
+            key_source=t.source.value,
+            status="executed",
+            executed_at=executed_at,
+            attempts=outcome.attempts,
+        )
+
+    async def _complete(
+        self, t: _Ticket, token: str, result: CallToolResult, executed_at: float
+    ) -> bool | None:
+        """Store the result: True stored, False the claim was no longer ours, None store failed."""
+        data = encode_result(result, executed_at)
+        limit = self.policy.max_result_bytes
+        if len(data) > limit:
+            data = self._too_large(t, len(data), limit, executed_at)
+        with anyio.CancelScope(shield=True):
+            for attempt in range(_COMPLETE_ATTEMPTS):
+                try:
+                    return await self.store.complete(
+                        t.store_key, token, data, retention=t.retention
+                    )
+                except LimitExceeded as exc:
+                    if exc.what != "result" or len(data) <= exc.limit // 2:
+                        break  # even a placeholder does not fit: nothing sensible to keep
+                    data = self._too_large(t, len(data), exc.limit, executed_at)
+                except Exception as exc:
+                    t.trace.store_error("complete", exc)
+                    logger.warning(
+                        "could not store the result of record %s (try %d): %r",
+                        record_name(t.store_key),
+                        attempt + 1,
+                        exc,
+                    )
+                    await anyio.sleep(0.05 * 2**attempt)
+        logger.error(
+            "the result of record %s could not be stored; the record stays IN_PROGRESS until its"
+            " lease expires",
+            record_name(t.store_key),
+        )
+        return None
+
+    def _too_large(self, t: _Ticket, size: int, limit: int, executed_at: float) -> bytes:
+        logger.warning(
+            "the result of record %s is %d bytes, over the %d kept; replays get an explanation",
+            record_name(t.store_key),
+            size,
+            limit,
+        )
+        t.trace.set(result_too_large=True)
+        return encode_result(too_large_placeholder(size, limit), executed_at)
+
+    async def _release(self, t: _Ticket, token: str, why: str) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.store.release(t.store_key, token)
+            except Exception as exc:
+                t.trace.store_error("release", exc)
+                logger.warning(
+                    "could not release record %s (%s): %r; it settles when its lease expires",
+                    record_name(t.store_key),
+                    why,
+                    exc,
+                )
+
+    async def _peek(self, t: _Ticket) -> Record | None:
+        record: Record | None = None
+        with anyio.CancelScope(shield=True):
+            try:
+                record = await self.store.get(t.store_key)
+            except Exception as exc:
+                t.trace.store_error("get", exc)
+        return record
+
+    async def _after_abort(
+        self, t: _Ticket, token: str, takeover: bool, *, lease_lost: bool
+    ) -> ToolResult:
+        """The run was cancelled mid-tool (lost lease or max run time): say what is known."""
+        t.trace.outcome(Outcome.ABORTED)
+        if lease_lost:
+            why = "it lost its lease (another worker took the record over, or it was declared lost)"
+        else:
+            why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
+        logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
+        record = await self._peek(t)
+        if record is not None and record.fingerprint == t.fingerprint:
+            if record.state is RecordState.COMPLETED and record.result is not None:
+                return self._replayed(t, record.result, record.completed_at, record.attempts)
+            if record.state is RecordState.IN_PROGRESS and (record.token != token or takeover):
+                raise _errors.in_progress(t.key, _hint(None))
+        raise _errors.outcome_unknown(
+            t.key, f"the attempt was cancelled mid-execution because {why}"
+        )
+
+    async def _after_stale(self, t: _Ticket) -> ToolResult:
+        """The tool finished after its claim had passed to another attempt: that attempt's
+        answer is the key's answer, so this one is discarded and the record's is served."""
+        t.trace.outcome(Outcome.STALE)
+        logger.warning(
+            "record %s was taken over while this attempt ran; its result was discarded",
+            record_name(t.store_key),
+        )
+        with anyio.CancelScope(shield=True):
+            record = await self._wait(t, self.policy.wait)
+        if record is not None and record.fingerprint == t.fingerprint:
+            if record.state is RecordState.COMPLETED and record.result is not None:
+                return self._replayed(t, record.result, record.completed_at, record.attempts)
+            if record.state is RecordState.IN_PROGRESS:
+                raise _errors.in_progress(t.key, _hint(None))
+        raise _errors.outcome_unknown(
+            t.key, "this attempt finished after its lease had passed to another attempt"
+        )
+
+    def _replayed(
+        self, t: _Ticket, data: bytes, completed_at: float | None, attempts: int
+    ) -> CallToolResult:
+        try:
+            stored = decode_result(data)
+        except UnreadableResult as exc:
+            raise self._corrupt(t, str(exc)) from None
+        executed_at = stored.executed_at
+        if executed_at is None:
+            executed_at = completed_at if completed_at is not None else time.time()
+        t.trace.outcome(Outcome.REPLAYED)
+        return stamped(
+            stored.result,
+            key=t.key,
+            key_source=t.source.value,
+            status="replayed",
+            executed_at=executed_at,
+            attempts=attempts,
+        )
+
+    def _corrupt(self, t: _Ticket, why: str) -> MCPError:
+        t.trace.outcome(Outcome.CORRUPT)
+        logger.error("record %s cannot be read (%s); left untouched", record_name(t.store_key), why)
+        return _errors.corrupt_record(t.key)

@@ -1,0 +1,125 @@
+"""`idempotent_call_tool(store, handler, **options)`: the guard for a low-level `Server`.
+
+The low-level server has one `on_call_tool` handler for every tool and lists tools itself, so the
+guarded handler also offers `advertise(on_list_tools)`, which merges the same policy into the
+listed definitions. A handler exception (other than `MCPError` or a declared effect-free type) is
+stored as an `isError` result whose text names the tool but not the exception, as `MCPServer`
+does for unexpected errors.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
+
+from mcp.server.context import ServerRequestContext
+from mcp_types import (
+    CallToolRequestParams,
+    CallToolResult,
+    InputRequiredResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+)
+from typing_extensions import Unpack
+
+from ._advertise import advertise_tool
+from ._guard import Guard, ToolCall, ToolResult
+from ._policy import PolicyOptions, make_policy
+from ._store import KeyStore
+from ._telemetry import logger
+
+CallToolHandler = Callable[
+    [ServerRequestContext[Any, Any], CallToolRequestParams],
+    Awaitable[CallToolResult | InputRequiredResult],
+]
+ListToolsHandler = Callable[
+    [ServerRequestContext[Any, Any], PaginatedRequestParams | None], Awaitable[ListToolsResult]
+]
+
+
+def generic_error_result(tool: str, exc: Exception) -> CallToolResult:
+    logger.error("Tool %r raised an unexpected exception", tool, exc_info=exc)
+    text = f"Error executing tool {tool}"
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+class GuardedCallTool:
+    """An `on_call_tool` handler that runs `handler` under the guard for the chosen tools."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        handler: CallToolHandler,
+        *,
+        tools: Collection[str] | None,
+        server_name: str,
+    ) -> None:
+        self.guard = guard
+        self._handler = handler
+        self._tools = None if tools is None else frozenset(tools)
+        self._server_name = server_name
+
+    def guards(self, tool: str) -> bool:
+        return self._tools is None or tool in self._tools
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams
+    ) -> CallToolResult | InputRequiredResult:
+        if not self.guards(params.name):
+            return await self._handler(ctx, params)
+
+        async def execute() -> ToolResult:
+            result: object = await self._handler(ctx, params)
+            if isinstance(result, Mapping):
+                result = CallToolResult.model_validate(result)
+            if not isinstance(result, CallToolResult | InputRequiredResult):
+                raise TypeError(f"on_call_tool returned {type(result).__name__}")
+            return result
+
+        call = ToolCall(
+            server=self._server_name,
+            tool=params.name,
+            arguments=params.arguments,
+            meta=params.meta,
+            request=ctx,
+        )
+        policy = self.guard.policy
+        return await self.guard.call(
+            call,
+            execute,
+            error_result=functools.partial(generic_error_result, params.name),
+            takeover=policy.takeover_for(False),
+        )
+
+    def advertise(self, handler: ListToolsHandler) -> ListToolsHandler:
+        """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta."""
+
+        async def list_tools(
+            ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
+        ) -> ListToolsResult:
+            listed = await handler(ctx, params)
+            policy = self.guard.policy
+            tools = [advertise_tool(t, policy) if self.guards(t.name) else t for t in listed.tools]
+            return listed.model_copy(update={"tools": tools})
+
+        return list_tools
+
+
+def idempotent_call_tool(
+    store: KeyStore,
+    handler: CallToolHandler,
+    *,
+    tools: Collection[str] | None = None,
+    server_name: str = "",
+    **options: Unpack[PolicyOptions],
+) -> GuardedCallTool:
+    """Guard a low-level `on_call_tool` handler (all tools, or only those named in `tools`).
+
+    `server_name` joins the default scope, as the server name does for `MCPServer`. The takeover
+    default (auto) can only use `naturally_idempotent` here: the handler's annotations are not
+    known to the guard.
+    """
+    guard = Guard(store, make_policy(options))
+    return GuardedCallTool(guard, handler, tools=tools, server_name=server_name)

@@ -1,0 +1,17 @@
+-- renew(KEYS[1]; ARGV: offset_us, token, lease_us, orphan_retention_us)
+-- Mirrors idempotency._transitions.renew. Replies {'ok'}, {'lost'} or {'corrupt', why}.
+local key, token, lease, retention = KEYS[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = clock()
+local stored, why = load(key)
+if why then
+    return {'corrupt', why}
+end
+local r = held(stored, token, now)
+if r == nil then
+    return {'lost'}
+end
+r.updated = now
+r.lease = now + lease
+r.expires = now + lease + retention
+save(key, r, now)
+return {'ok'}

@@ -1,0 +1,646 @@
+"""`RedisKeyStore`: one record per key, shared by every process and host that reaches one Redis.
+
+Why it is built this way:
+
+* Every transition (claim, renew, complete, release, settle) is ONE Lua script, hence one round
+  trip and atomic; the token comparison inside the script is the fencing check that stops a
+  stale worker (Kleppmann). A first execution costs 2 round trips (claim + complete), a replay 1.
+* Times come from the Redis clock (`TIME` inside the script), so leases do not depend on the
+  workers' clocks agreeing. Liveness is the logical `expires_at` stored in the record; the key's
+  PEXPIRE is only garbage collection, set at or after the logical expiry (at least 1 s), and
+  never on UNKNOWN records, which wait for an operator.
+* A record is one Redis string (binary header, fingerprint, token, result; see
+  `_redis_scripts/lib.lua`) in key `{prefix}{key}`: the key is its own hash tag, so every key a
+  record touches lives in one Redis Cluster slot. One string costs ~250 bytes beyond the result;
+  a hash would turn into a hashtable past 64-byte values and cost ~900.
+* Redis errors never leak: an unreachable, timed-out, loading, read-only or out-of-memory
+  server is `StoreUnavailable` (cause chained); a key holding something that is not our record
+  is `CorruptRecord` and is left untouched. redis-py's own retries are off in `from_url`: a
+  script whose reply was lost may have run, and a blind re-send would misreport it.
+* Optional durability: with `wait_replicas` (or `wait_aof`) the claim and complete scripts are
+  pipelined with `WAIT`/`WAITAOF` on the same connection, still one round trip; see
+  `ReplicationUnconfirmed` for what happens when too few acknowledge.
+
+redis-py's asyncio client runs under asyncio only, so this backend does too (under trio it says
+so; use `MemoryKeyStore` or `SQLiteKeyStore` there). Cancelling a call never leaves half a
+record: the script either ran whole or not at all.
+
+Topologies: one Redis, or a primary behind Sentinel or a proxy, through a `redis.asyncio.Redis`.
+Keys are Cluster-ready (one hash-tagged key per record, one key per script), but a
+`RedisCluster` client is not accepted yet, and `list_records`/`purge_expired` SCAN one node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import math
+import re
+import secrets
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, Final
+
+import anyio
+import redis.asyncio as aioredis
+from redis import exceptions as rx
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from . import _redis_lua as lua
+from . import _transitions as rules
+from ._memory_store import DEFAULT_ORPHAN_RETENTION
+from ._store import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    ClaimOutcome,
+    ClaimStatus,
+    CorruptRecord,
+    LimitExceeded,
+    Limits,
+    Record,
+    RecordState,
+    StoreError,
+    StoreUnavailable,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PREFIX: Final = "mcp-once:"
+DEFAULT_SOCKET_TIMEOUT: Final = 5.0
+#: The record header stores the fingerprint's length in two bytes; real ones are 64 hex chars.
+MAX_FINGERPRINT_BYTES: Final = 1024
+#: Durations are sent as integer microseconds; past ~31 years Lua's doubles would round them.
+MAX_SECONDS: Final = 1e9
+#: How many keys one SCAN step asks for, and how many records one pipelined read carries.
+SCAN_BATCH: Final = 500
+
+_STATES: Final = {
+    1: RecordState.IN_PROGRESS,
+    2: RecordState.COMPLETED,
+    3: RecordState.UNKNOWN,
+    4: RecordState.RELEASED,
+}
+#: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
+_LOWER_HEX: Final = re.compile(r"[0-9a-f]{64}")
+_TRANSIENT_REPLIES: Final = ("BUSY", "LOADING", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN")
+
+
+class ReplicationUnconfirmed(StoreUnavailable):
+    """Fewer replicas (or AOF fsyncs) than `wait_replicas`/`wait_aof` asked for acknowledged a
+    write within `wait_timeout`, so a failover could still lose it.
+
+    After a claim the store releases the claim again (`applied` is False): the tool must not
+    run on a claim a failover could forget, since a second worker could then claim the key too.
+    After a complete the result stays stored on the primary (`applied` is True) but is not known
+    to survive a failover; the caller decides whether to answer anyway. Being a
+    `StoreUnavailable`, the server layer fails closed on it like on an unreachable store.
+    """
+
+    def __init__(self, key: str, *, wanted: str, acked: str, applied: bool, timeout: float) -> None:
+        done = "is stored on the primary" if applied else "was withdrawn"
+        super().__init__(
+            f"the write for key {key!r} was confirmed by {acked} within {timeout}s,"
+            f" not {wanted}; it {done}"
+        )
+        self.key = key
+        self.wanted = wanted
+        self.acked = acked
+        self.applied = applied
+
+
+class DurabilityUnsupported(StoreError):
+    """The server cannot give the durability the store was configured to wait for
+    (`WAITAOF` needs Redis 7.2 or later). Nothing was written."""
+
+
+class RedisKeyStore:
+    """Records in Redis, safe across processes and hosts. Implements `KeyStore`."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+        wait_aof: bool = False,
+    ) -> None:
+        """Use an existing client; `aclose` leaves it open (its owner closes it).
+
+        The client must return bytes (`decode_responses=False`): results are binary.
+        """
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(
+                f"the prefix must not contain braces (they mark the hash tag): {prefix!r}"
+            )
+        connection_kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
+        if connection_kwargs.get("decode_responses"):
+            raise ValueError("RedisKeyStore needs a client with decode_responses=False")
+        if wait_replicas < 0:
+            raise ValueError(f"wait_replicas must be >= 0, not {wait_replicas}")
+        durable = wait_replicas > 0 or wait_aof
+        if durable:
+            if not (math.isfinite(wait_timeout) and wait_timeout > 0):
+                raise ValueError(
+                    f"wait_timeout must be a positive number of seconds: {wait_timeout!r}"
+                )
+            socket_timeout = connection_kwargs.get("socket_timeout")
+            if socket_timeout is not None and socket_timeout <= wait_timeout:
+                raise ValueError(
+                    f"socket_timeout ({socket_timeout}s) must exceed wait_timeout"
+                    f" ({wait_timeout}s), or every durable write would time out"
+                )
+        self._client = client
+        self._owns_client = False
+        self._prefix = prefix
+        self._prefix_bytes = prefix.encode()
+        self._limits = Limits(max_key_bytes, max_result_bytes)
+        self._orphan_retention_us = _micros("orphan_retention", orphan_retention)
+        self._offset_us = 0
+        self._wait_replicas = wait_replicas
+        self._wait_timeout = wait_timeout
+        self._wait_aof = wait_aof
+        self._durable = durable
+        self._durability_checked = False
+        # wait(): the first re-read after no news, doubling up to the cap (missed messages).
+        self._poll_first = 0.05
+        self._poll_cap = 1.0
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+        wait_aof: bool = False,
+        socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
+        **redis_kwargs: Any,
+    ) -> RedisKeyStore:
+        """A store with its own connection pool (closed by `aclose`). Connects lazily.
+
+        `socket_connect_timeout` defaults to `socket_timeout`; redis-py's retries default to
+        none (pass `retry=` to override); any other `redis_kwargs` go to `redis.asyncio.Redis`.
+        """
+        if redis_kwargs.get("decode_responses"):
+            raise ValueError("RedisKeyStore needs decode_responses=False: results are binary")
+        redis_kwargs.setdefault("socket_connect_timeout", socket_timeout)
+        redis_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
+        client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
+        store = cls(
+            client,
+            prefix=prefix,
+            max_key_bytes=max_key_bytes,
+            max_result_bytes=max_result_bytes,
+            orphan_retention=orphan_retention,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+            wait_aof=wait_aof,
+        )
+        store._owns_client = True
+        return store
+
+    def advance_clock_for_testing(self, seconds: float) -> None:
+        """Move this store's view of the Redis clock forward, so tests need not sleep.
+
+        Only forward: physical expiry runs on the real clock and must never come first.
+        """
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"the clock only moves forward by finite seconds, not {seconds!r}")
+        self._offset_us += round(seconds * 1_000_000)
+
+    # -- transitions -------------------------------------------------------------------------
+
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+    ) -> ClaimOutcome:
+        self._limits.check_key(key)
+        fingerprint_bytes = _pack_fingerprint(fingerprint)
+        if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
+            raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
+        args = (
+            fingerprint_bytes,
+            _micros("lease", lease),
+            1 if takeover else 0,
+            self._orphan_retention_us,
+            secrets.token_hex(16),
+        )
+        rkey = self._rkey(key)
+        if not self._durable:
+            return _claim_outcome(key, await self._call(lua.CLAIM, rkey, *args))
+        reply, acks = await self._call_durably(lua.CLAIM, rkey, *args)
+        outcome = _claim_outcome(key, reply)
+        if outcome.status is ClaimStatus.CLAIMED:
+            problem = self._unconfirmed(acks)
+            if problem is not None:
+                assert outcome.token is not None
+                # Withdrawn even if the caller is being cancelled; failing that, the lease
+                # runs out and the claim ends as any abandoned one does.
+                with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                    await self.release(key, outcome.token)
+                raise self._replication_error(key, problem, acks, applied=False)
+        return outcome
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        lease_us = _micros("lease", lease)
+        if not self._fits(key):
+            return False
+        reply = await self._call(
+            lua.RENEW, self._rkey(key), token, lease_us, self._orphan_retention_us
+        )
+        return _done(key, reply)
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        self._limits.check_result(result)
+        args = (token, _micros("retention", retention), result)
+        if not self._fits(key):
+            return False
+        if not self._durable:
+            return _done(key, await self._call(lua.COMPLETE, self._rkey(key), *args))
+        reply, acks = await self._call_durably(lua.COMPLETE, self._rkey(key), *args)
+        done = _done(key, reply)
+        if done:
+            problem = self._unconfirmed(acks)
+            if problem is not None:
+                raise self._replication_error(key, problem, acks, applied=True)
+        return done
+
+    async def release(self, key: str, token: str) -> bool:
+        if not self._fits(key):
+            return False
+        reply = await self._call(lua.RELEASE, self._rkey(key), token, self._orphan_retention_us)
+        return _done(key, reply)
+
+    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+        if result is not None:
+            self._limits.check_result(result)
+        retention_us = _micros("retention", retention)
+        if not self._fits(key):
+            return False
+        reply = await self._call(
+            lua.SETTLE,
+            self._rkey(key),
+            0 if result is None else 1,
+            retention_us,
+            b"" if result is None else result,
+        )
+        return _done(key, reply)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> Record | None:
+        if not self._fits(key):
+            return None
+        return _visible(key, await self._call(lua.READ, self._rkey(key)))
+
+    async def wait(self, key: str, *, timeout: float) -> Record | None:
+        """Woken by the PUBLISH that complete/release/settle (and a claim turning the record
+        UNKNOWN) send on the record's key name; re-reads on a doubling interval (50 ms to 1 s)
+        as well, so a lost message costs latency, never a hang."""
+        if not self._fits(key):
+            return None
+        with anyio.move_on_after(timeout):
+            return await self._wait_for_change(key)
+        return await self.get(key)
+
+    async def _wait_for_change(self, key: str) -> Record | None:
+        record = await self.get(key)
+        if record is None or record.state is not RecordState.IN_PROGRESS:
+            return record
+        pubsub = self._client.pubsub()
+        try:
+            with self._reaching():
+                await pubsub.subscribe(self._rkey(key))
+                # The confirmation proves the subscription is live, so a completion landing
+                # after the next read cannot slip by unannounced.
+                await pubsub.get_message(timeout=None)
+            delay = self._poll_first
+            while True:
+                record = await self.get(key)
+                if record is None or record.state is not RecordState.IN_PROGRESS:
+                    return record
+                with self._reaching():
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=delay)
+                delay = min(delay * 2, self._poll_cap)
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def list_records(
+        self, *, state: RecordState | None = None, limit: int = 100
+    ) -> list[Record]:
+        """Scans every key under the prefix (SCAN plus one pipelined read per 500 keys): an
+        operator's tool whose cost grows with the number of records, not a request path.
+        Records that cannot be read as ours are skipped with a warning."""
+
+        def order(record: Record) -> tuple[float, str]:
+            return (record.created_at, record.key)
+
+        found: list[Record] = []
+        async for rkeys in self._scan():
+            replies = await self._call_many(lua.READ, rkeys)
+            for rkey, reply in zip(rkeys, replies, strict=True):
+                key = self._key_of(rkey)
+                try:
+                    record = _visible(key, reply)
+                except CorruptRecord as exc:
+                    logger.warning("list_records skips an unreadable record: %s", exc)
+                    continue
+                if record is not None and (state is None or record.state is state):
+                    found.append(record)
+            if limit >= 0 and len(found) > 2 * limit + SCAN_BATCH:
+                found = heapq.nsmallest(limit, found, key=order)
+        found.sort(key=order)
+        return found[:limit]
+
+    async def purge_expired(self) -> int:
+        """Deletes records whose logical expiry has passed (SCAN over the prefix, as in
+        `list_records`). Records Redis already expired on its own are not counted; unreadable
+        ones are left for an operator."""
+        purged = 0
+        async for rkeys in self._scan():
+            purged += sum(int(n) for n in await self._call_many(lua.PURGE, rkeys))
+        return purged
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            with self._reaching():
+                await self._client.aclose()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _fits(self, key: str) -> bool:
+        """Whether a record could exist for `key`; one that could not is simply absent."""
+        try:
+            size = len(key.encode())
+        except UnicodeEncodeError:
+            return False
+        return 0 < size <= self._limits.max_key_bytes
+
+    def _rkey(self, key: str) -> bytes:
+        return self._prefix_bytes + b"{" + key.encode() + b"}"
+
+    def _key_of(self, rkey: bytes) -> str:
+        return rkey[len(self._prefix_bytes) + 1 : -1].decode(errors="replace")
+
+    async def _scan(self) -> AsyncIterator[list[bytes]]:
+        pattern = _glob_escape(self._prefix_bytes) + b"{*}"
+        seen: set[bytes] = set()
+        cursor = 0
+        while True:
+            with self._reaching():
+                cursor, keys = await self._client.scan(cursor, match=pattern, count=SCAN_BATCH)
+            # SCAN may repeat a key; a str would mean someone set decode_responses later.
+            fresh = [k for k in keys if isinstance(k, bytes) and k not in seen]
+            seen.update(fresh)
+            if fresh:
+                yield fresh
+            if cursor == 0:
+                return
+
+    async def _call(self, script: lua.Script, rkey: bytes, *args: bytes | str | int) -> Any:
+        with self._reaching():
+            try:
+                return await self._client.evalsha(script.sha, 1, rkey, self._offset_us, *args)
+            except rx.NoScriptError:  # script cache flushed or a fresh server: EVAL caches it
+                return await self._client.eval(script.source, 1, rkey, self._offset_us, *args)
+
+    async def _call_many(self, script: lua.Script, rkeys: Sequence[bytes]) -> list[Any]:
+        """One script per key, pipelined: one round trip per batch, each key its own slot."""
+        for _ in range(2):
+            with self._reaching():
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for rkey in rkeys:
+                        pipe.evalsha(script.sha, 1, rkey, self._offset_us)
+                    replies = await pipe.execute(raise_on_error=False)
+                if not any(isinstance(r, rx.NoScriptError) for r in replies):
+                    break
+                await self._client.script_load(script.source)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise _translate(reply) from reply
+        return replies
+
+    async def _call_durably(
+        self, script: lua.Script, rkey: bytes, *args: bytes | str | int
+    ) -> tuple[Any, Any]:
+        """The script and WAIT/WAITAOF in one pipeline on one connection: one round trip."""
+        await self._check_durability()
+        wait = (
+            ("WAITAOF", 1, self._wait_replicas, self._wait_ms())
+            if self._wait_aof
+            else ("WAIT", self._wait_replicas, self._wait_ms())
+        )
+        for command, body in (("EVALSHA", script.sha), ("EVAL", script.source)):
+            with self._reaching():
+                async with self._client.pipeline(transaction=False) as pipe:
+                    pipe.execute_command(command, body, 1, rkey, self._offset_us, *args)
+                    pipe.execute_command(*wait)
+                    reply, acks = await pipe.execute(raise_on_error=False)
+            if not isinstance(reply, rx.NoScriptError):
+                break
+        if isinstance(reply, Exception):
+            raise _translate(reply) from reply
+        return reply, acks
+
+    def _wait_ms(self) -> int:
+        return max(1, math.ceil(self._wait_timeout * 1000))
+
+    async def _check_durability(self) -> None:
+        if self._durability_checked or not self._wait_aof:
+            return
+        with self._reaching():
+            info = await self._client.info("server")
+        version = str(info.get("redis_version", "0"))
+        if _version(version) < (7, 2):
+            raise DurabilityUnsupported(
+                f"wait_aof=True needs WAITAOF (Redis 7.2 or later); this server is {version}"
+            )
+        self._durability_checked = True
+
+    def _unconfirmed(self, acks: Any) -> str | None:
+        """None when the acknowledgements meet the configuration, else what was confirmed."""
+        if isinstance(acks, Exception):
+            return f"nothing (the server refused to wait: {acks})"
+        if self._wait_aof:
+            local, replicas = int(acks[0]), int(acks[1])
+            if local >= 1 and replicas >= self._wait_replicas:
+                return None
+            return f"{local} local AOF fsync(s) and {replicas} replica(s)"
+        replicas = int(acks)
+        if replicas >= self._wait_replicas:
+            return None
+        return f"{replicas} replica(s)"
+
+    def _replication_error(
+        self, key: str, acked: str, acks: Any, *, applied: bool
+    ) -> ReplicationUnconfirmed:
+        wanted = f"{self._wait_replicas} replica(s)"
+        if self._wait_aof:
+            wanted = f"1 local AOF fsync and {wanted}"
+        error = ReplicationUnconfirmed(
+            key, wanted=wanted, acked=acked, applied=applied, timeout=self._wait_timeout
+        )
+        if isinstance(acks, Exception):
+            error.__cause__ = acks
+        logger.warning("%s", error)
+        return error
+
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Turn every redis-py failure into the store's own errors, cause chained."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "RedisKeyStore runs under asyncio only (redis-py's asyncio client);"
+                " under trio use MemoryKeyStore or SQLiteKeyStore"
+            ) from None
+        try:
+            yield
+        except rx.RedisError as exc:
+            raise _translate(exc) from exc
+        except OSError as exc:  # a socket error redis-py did not wrap
+            raise StoreUnavailable(f"the Redis key store could not be reached: {exc}") from exc
+
+
+def _translate(exc: Exception) -> StoreError:
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+        return StoreUnavailable(f"the Redis key store could not be reached: {exc}")
+    if isinstance(
+        exc,
+        rx.OutOfMemoryError
+        | rx.ReadOnlyError
+        | rx.ClusterDownError
+        | rx.TryAgainError
+        | rx.AskError,
+    ) or str(exc).startswith(_TRANSIENT_REPLIES):
+        return StoreUnavailable(f"the Redis key store cannot serve writes now: {exc}")
+    return StoreError(f"the Redis key store failed: {exc!r}")
+
+
+def _micros(what: str, seconds: float) -> int:
+    if not (math.isfinite(seconds) and abs(seconds) <= MAX_SECONDS):
+        raise ValueError(f"{what} must be a finite number of seconds (at most 1e9): {seconds!r}")
+    return round(seconds * 1_000_000)
+
+
+def _seconds(micros: Any) -> float:
+    return int(micros) / 1_000_000
+
+
+def _optional_seconds(micros: Any) -> float | None:
+    return None if int(micros) == 0 else int(micros) / 1_000_000
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _failed(key: str, reply: Any) -> StoreError:
+    if isinstance(reply, list) and reply and reply[0] == b"corrupt":
+        return CorruptRecord(key, _text(reply[1]))
+    return StoreError(f"the Redis key store sent an unexpected reply for key {key!r}")
+
+
+def _done(key: str, reply: Any) -> bool:
+    if reply == [b"ok"]:
+        return True
+    if reply == [b"lost"]:
+        return False
+    raise _failed(key, reply)
+
+
+def _claim_outcome(key: str, reply: Any) -> ClaimOutcome:
+    kind = reply[0] if isinstance(reply, list) and reply else None
+    if kind == b"claimed":
+        return ClaimOutcome(
+            ClaimStatus.CLAIMED,
+            token=_text(reply[1]),
+            fence=int(reply[2]),
+            attempts=int(reply[3]),
+            took_over=bool(int(reply[4])),
+        )
+    if kind == b"replay":
+        return ClaimOutcome(
+            ClaimStatus.REPLAY,
+            fence=int(reply[1]),
+            attempts=int(reply[2]),
+            completed_at=_seconds(reply[3]),
+            result=bytes(reply[4]),
+        )
+    if kind == b"busy":
+        return ClaimOutcome(
+            ClaimStatus.BUSY, fence=int(reply[1]), retry_after=max(0.0, _seconds(reply[2]))
+        )
+    if kind == b"mismatch":
+        return ClaimOutcome(ClaimStatus.MISMATCH)
+    if kind == b"unknown":
+        return ClaimOutcome(ClaimStatus.UNKNOWN, fence=int(reply[1]), attempts=int(reply[2]))
+    raise _failed(key, reply)
+
+
+def _visible(key: str, reply: Any) -> Record | None:
+    kind = reply[0] if isinstance(reply, list) and reply else None
+    if kind == b"none":
+        return None
+    if kind != b"record":
+        raise _failed(key, reply)
+    (_, now, state, fence, attempts, created, updated, lease, completed, expires) = reply[:10]
+    fingerprint, token, result = reply[10:13]
+    record_state = _STATES[int(state)]
+    record = Record(
+        key=key,
+        state=record_state,
+        fingerprint=_unpack_fingerprint(bytes(fingerprint)),
+        fence=int(fence),
+        attempts=int(attempts),
+        token=_text(token) or None,
+        created_at=_seconds(created),
+        updated_at=_seconds(updated),
+        lease_deadline=_optional_seconds(lease),
+        completed_at=_optional_seconds(completed),
+        expires_at=_optional_seconds(expires),
+        result=bytes(result) if record_state is RecordState.COMPLETED else None,
+    )
+    return rules.visible(record, _seconds(now))
+
+
+def _pack_fingerprint(fingerprint: str) -> bytes:
+    """A SHA-256 hex digest (what the server layer sends) is stored as its 32 raw bytes behind
+    0xFF, a byte UTF-8 never contains; anything else as UTF-8. Saves 31 bytes per record."""
+    if len(fingerprint) == 64 and _LOWER_HEX.fullmatch(fingerprint):
+        return b"\xff" + bytes.fromhex(fingerprint)
+    return fingerprint.encode()
+
+
+def _unpack_fingerprint(stored: bytes) -> str:
+    if len(stored) == 33 and stored[0] == 0xFF:
+        return stored[1:].hex()
+    return stored.decode(errors="replace")
+
+
+def _glob_escape(text: bytes) -> bytes:
+    out = bytearray()
+    for byte in text:
+        if byte in b"*?[]\\":
+            out += b"\\"
+        out.append(byte)
+    return bytes(out)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)

@@ -1,0 +1,89 @@
+"""Logs, spans and counters of the guard. Never tool arguments, results or raw keys: they are the
+caller's data. Records are named by a short prefix of their hashed store key instead."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import metrics, trace
+
+logger = logging.getLogger("idempotency")
+
+_tracer = trace.get_tracer("mcp-once.idempotency")
+_meter = metrics.get_meter("mcp-once.idempotency")
+_outcomes = _meter.create_counter(
+    "mcp_once.server.calls",
+    unit="{call}",
+    description="Guarded tools/call requests by outcome",
+)
+_waits = _meter.create_counter(
+    "mcp_once.server.waits",
+    unit="{call}",
+    description="Duplicates that waited for a running attempt",
+)
+_store_errors = _meter.create_counter(
+    "mcp_once.server.store_errors",
+    unit="{error}",
+    description="Key store operations that failed",
+)
+
+
+class Outcome(enum.StrEnum):
+    EXECUTED = "executed"
+    REPLAYED = "replayed"
+    RELEASED = "released"
+    CONFLICT = "conflict"
+    UNKNOWN = "unknown"
+    IN_PROGRESS = "in_progress"
+    STORE_UNAVAILABLE = "store_unavailable"
+    CORRUPT = "corrupt"
+    UNPROTECTED = "unprotected"
+    ABORTED = "aborted"
+    STALE = "stale"
+    INVALID = "invalid"
+
+
+def record_name(store_key: str) -> str:
+    """A log-safe name for a record: enough to find it, nothing about the key or the tenant."""
+    return store_key[:12]
+
+
+class Trace:
+    """One guarded call's span and its outcome counter."""
+
+    def __init__(self, span: trace.Span, tool: str) -> None:
+        self._span = span
+        self._tool = tool
+        self._done = False
+
+    def set(self, **attributes: Any) -> None:
+        for name, value in attributes.items():
+            if value is not None:
+                self._span.set_attribute(f"mcp_once.{name}", value)
+
+    def outcome(self, outcome: Outcome) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._span.set_attribute("mcp_once.outcome", outcome.value)
+        _outcomes.add(1, {"mcp_once.tool": self._tool, "mcp_once.outcome": outcome.value})
+
+    def waited(self) -> None:
+        self._span.set_attribute("mcp_once.waited", True)
+        _waits.add(1, {"mcp_once.tool": self._tool})
+
+    def store_error(self, operation: str, exc: BaseException) -> None:
+        _store_errors.add(1, {"mcp_once.operation": operation, "error.type": type(exc).__name__})
+        self._span.add_event("store_error", {"operation": operation, "type": type(exc).__name__})
+
+
+@contextmanager
+def traced(tool: str) -> Iterator[Trace]:
+    with _tracer.start_as_current_span(
+        "mcp-once guard", attributes={"mcp_once.tool": tool}, record_exception=False
+    ) as span:
+        yield Trace(span, tool)

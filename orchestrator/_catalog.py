@@ -1,0 +1,120 @@
+"""The server's tool list, cached: where the retry gate reads a tool's annotations.
+
+Listing is cheap to keep: the SDK itself lists tools before the first call to an unlisted tool (to
+validate its output), and listing through the same session feeds that cache, so a warm catalog
+costs no extra round trip. The cache follows pagination, refreshes on a miss (a tool added since)
+and on `notifications/tools/list_changed` when the session lets us hear them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from mcp import Client, ClientSession
+from mcp_types import PaginatedRequestParams, Tool, ToolListChangedNotification
+
+logger = logging.getLogger("orchestrator")
+
+#: A session the wrapper can drive: the SDK's low-level session or its high-level client.
+SessionLike = ClientSession | Client
+
+#: Pages followed in one listing: a server whose cursors never end cannot hang a call.
+PAGE_CAP = 100
+
+
+async def list_all_tools(session: SessionLike) -> list[Tool]:
+    """Every tool the server lists, following `next_cursor` (bounded, cycle-safe)."""
+    tools: list[Tool] = []
+    cursor: str | None = None
+    seen: set[str] = set()
+    for _ in range(PAGE_CAP):
+        if isinstance(session, Client):
+            page = await session.list_tools(cursor=cursor, cache_mode="refresh")
+        else:
+            params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+            page = await session.list_tools(params=params)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None or cursor in seen:
+            break
+        seen.add(cursor)
+    return tools
+
+
+class ToolCatalog:
+    """Name -> `Tool` for one server, shared by every call through one `RetryingSession`."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._version = 0
+        self._stale = True
+        self._lock = anyio.Lock()
+
+    @property
+    def refreshes(self) -> int:
+        """How many listings have completed (for tests and diagnostics)."""
+        return self._version
+
+    def get(self, name: str) -> Tool | None:
+        """The tool as last listed, fresh or not."""
+        return self._tools.get(name)
+
+    def fresh(self, name: str) -> Tool | None:
+        """The tool, only if the listing is not known to be out of date."""
+        return None if self._stale else self._tools.get(name)
+
+    def tools(self) -> list[Tool]:
+        return list(self._tools.values())
+
+    def invalidate(self) -> None:
+        """Forget freshness: the next lookup lists again (the server's tools changed)."""
+        self._stale = True
+
+    async def lookup(self, session: SessionLike, name: str) -> Tool | None:
+        """The tool named `name`, listing the server first if it is unknown or the list is stale."""
+        version = self._version
+        if (tool := self.fresh(name)) is not None:
+            return tool
+        await self.refresh(session, seen_version=version)
+        return self._tools.get(name)
+
+    async def refresh(self, session: SessionLike, *, seen_version: int | None = None) -> None:
+        """List the server's tools; concurrent refreshes share one listing."""
+        async with self._lock:
+            if seen_version is not None and self._version != seen_version:
+                return  # another task listed while this one waited
+            tools = await list_all_tools(session)
+            self._tools = {tool.name: tool for tool in tools}
+            self._version += 1
+            self._stale = False
+
+
+def watch_list_changed(session: SessionLike, on_change: Callable[[], None]) -> bool:
+    """Call `on_change` whenever the session receives `notifications/tools/list_changed`.
+
+    The SDK fixes a session's message handler at construction, before the wrapper exists, so this
+    chains onto it (SDK internals, best effort: returns False when the hook is not available).
+    Every notification still reaches the original handler.
+    """
+    try:
+        inner: Any = session.session if isinstance(session, Client) else session
+    except RuntimeError:
+        return False
+    original = getattr(inner, "_message_handler", None)
+    if original is None or not callable(original):
+        return False
+    if getattr(original, "_mcp_once_watch", None) == on_change:
+        return True
+    handler: Callable[[Any], Awaitable[None]] = original
+
+    async def chained(message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            on_change()
+        await handler(message)
+
+    chained._mcp_once_watch = on_change  # type: ignore[attr-defined]
+    inner._message_handler = chained
+    return True

@@ -1,0 +1,468 @@
+"""`RetryingSession`: MCP tool calls retried only when that cannot duplicate an effect.
+
+One logical call gets one idempotency key, sent on every attempt with the attempt number. After
+each failed attempt the loop asks, in order: may this kind of failure be retried for this tool
+(the gate), is the session replaceable, are attempts, budget and deadline left, and does the wait
+fit in the deadline. The first "no" ends the call with `OutcomeUnknown` when any attempt may have
+run the tool, or `NotExecuted` when none did. Cancellation of the caller is never caught: the loop
+only ever handles `Exception`s, so a cancelled caller stops at once, mid-attempt or mid-wait.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any, NoReturn, cast
+
+import anyio
+from mcp import Client, ClientSession, MCPError
+from mcp.shared.dispatcher import ProgressFnT
+from mcp_types import CallToolResult, RequestParamsMeta, Tool
+
+from idempotency import wire
+
+from . import _telemetry as telemetry
+from ._budget import RetryBudget
+from ._catalog import SessionLike, ToolCatalog, watch_list_changed
+from ._classify import Failure, classify
+from ._gate import GATED, retry_gate
+from ._http import AttemptProbe, current_probe
+from ._key import resolve_key
+from ._outcome import NotExecuted, OutcomeUnknown, ServerOutcomeUnknown, tool_call_error
+from ._policy import Override, RetryPolicy, check_overrides
+from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable, transport_closed
+from ._report import AttemptReport, CallOutcome, CallReport, GiveUpReason
+from ._testing import pause
+
+
+def _replayed(result: CallToolResult) -> bool:
+    record = (result.meta or {}).get(wire.IDEMPOTENCY_META)
+    return isinstance(record, Mapping) and record.get("status") == "replayed"
+
+
+class RetryingSession:
+    """Wraps a `ClientSession` or `mcp.Client` so that `call_tool` retries safely.
+
+    `session` is used as given and stays the caller's to close. `connect` (optional) makes
+    replacement sessions when the current one dies: each call returns a fresh async context
+    manager yielding a ready session, e.g. `lambda: Client(url)`; the wrapper enters it in a task
+    of its own and closes it when it is replaced or when the wrapper exits. With `connect`, enter
+    the wrapper (`async with RetryingSession(...) as rs:`); `session` may then be None, and the
+    first call connects.
+    """
+
+    def __init__(
+        self,
+        session: SessionLike | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        connect: Connect | None = None,
+        overrides: Mapping[str, Override] | None = None,
+    ) -> None:
+        if session is not None and not isinstance(session, ClientSession | Client):
+            raise TypeError(
+                f"session must be an mcp ClientSession or Client, not {type(session).__name__}"
+            )
+        if session is None and connect is None:
+            raise ValueError("RetryingSession needs a session, a connect factory, or both")
+        if connect is not None and not callable(connect):
+            raise TypeError("connect must be a callable returning an async context manager")
+        if policy is None:
+            policy = RetryPolicy()
+        elif not isinstance(policy, RetryPolicy):
+            raise TypeError(f"policy must be a RetryPolicy, not {type(policy).__name__}")
+        self._policy = policy
+        self._overrides: dict[str, Override] = {
+            **policy.overrides,
+            **check_overrides(overrides if overrides is not None else {}),
+        }
+        self._budget: RetryBudget | None = (
+            RetryBudget() if policy.budget == "per-session" else policy.budget
+        )
+        self._catalog = ToolCatalog()
+        self._warmed_generation: int | None = None
+        self._slot = SessionSlot(
+            session,
+            connect,
+            connect_timeout=policy.connect_timeout,
+            on_new_session=self._adopt,
+        )
+        if session is not None:
+            self._adopt(session)
+        #: The report of the most recently finished call (use `call_tool_with_report` when
+        #: several calls run at once).
+        self.last_report: CallReport | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> RetryingSession:
+        await self._slot.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._slot.__aexit__()
+
+    def _adopt(self, session: SessionLike) -> None:
+        watch_list_changed(session, self._catalog.invalidate)
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return self._policy
+
+    @property
+    def session(self) -> SessionLike | None:
+        """The session calls currently go to (None before the first connect)."""
+        return self._slot.current()
+
+    @property
+    def budget(self) -> RetryBudget | None:
+        """The retry budget this session spends from (None when disabled)."""
+        return self._budget
+
+    @property
+    def connects(self) -> int:
+        """Sessions opened through `connect` so far."""
+        return self._slot.connects
+
+    async def refresh_tools(self) -> list[Tool]:
+        """List the server's tools now (the gate's source of annotations) and return them."""
+        session, _ = await self._slot.acquire()
+        await self._catalog.refresh(session)
+        return self._catalog.tools()
+
+    def invalidate_tools(self) -> None:
+        """The server's tools changed: list them again before the gate next reads them."""
+        self._catalog.invalidate()
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> CallToolResult:
+        """Call a tool, retrying where that is safe; mirrors `ClientSession.call_tool`.
+
+        `read_timeout_seconds` bounds each attempt (default: the policy's `attempt_timeout`),
+        always clipped to the policy's deadline. `idempotency_key` (or `meta[KEY_META]`) reuses a
+        key of the caller's; otherwise one is minted for this call.
+
+        Raises:
+            OutcomeUnknown: the tool may have run and may not be retried (see `.reason`).
+            NotExecuted: the tool provably did not run and retrying is over.
+            ToolCallError: the server answered with a permanent JSON-RPC error.
+            ValueError, TypeError: bad arguments, before anything is sent.
+        """
+        result, _ = await self.call_tool_with_report(
+            name,
+            arguments,
+            read_timeout_seconds,
+            progress_callback,
+            meta=meta,
+            idempotency_key=idempotency_key,
+        )
+        return result
+
+    async def call_tool_with_report(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[CallToolResult, CallReport]:
+        """`call_tool`, also returning the call's `CallReport`."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty tool name, got {name!r}")
+        if arguments is not None and not isinstance(arguments, dict):
+            raise TypeError(f"arguments must be a dict or None, not {type(arguments).__name__}")
+        if read_timeout_seconds is not None and (
+            isinstance(read_timeout_seconds, bool)
+            or not isinstance(read_timeout_seconds, int | float)
+            or not math.isfinite(read_timeout_seconds)
+            or read_timeout_seconds <= 0
+        ):
+            raise ValueError(
+                f"read_timeout_seconds must be a positive number, got {read_timeout_seconds!r}"
+            )
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping or None, not {type(meta).__name__}")
+        if meta is not None and wire.ATTEMPT_META in meta:
+            raise ValueError(
+                f"meta[{wire.ATTEMPT_META!r}] is set by RetryingSession, not the caller"
+            )
+        key = resolve_key(idempotency_key, meta)
+        if self._slot.can_reconnect and not self._slot.entered:
+            raise RuntimeError(
+                "a RetryingSession with connect= must be entered (`async with`) before use:"
+                " it owns the sessions it opens"
+            )
+        run = _Call(self, name, arguments, read_timeout_seconds, progress_callback, meta, key)
+        return await run.run()
+
+
+class _Call:
+    """The state of one logical call across its attempts."""
+
+    def __init__(
+        self,
+        owner: RetryingSession,
+        name: str,
+        arguments: dict[str, Any] | None,
+        read_timeout: float | None,
+        progress_callback: ProgressFnT | None,
+        meta: Mapping[str, Any] | None,
+        key: str,
+    ) -> None:
+        self.owner = owner
+        self.policy = owner._policy
+        self.slot = owner._slot
+        self.name = name
+        self.arguments = arguments
+        self.attempt_timeout = (
+            read_timeout if read_timeout is not None else self.policy.attempt_timeout
+        )
+        self.progress_callback = progress_callback
+        self.user_meta = dict(meta) if meta is not None else {}
+        self.key = key
+        self.records: list[AttemptReport] = []
+        self.maybe_ran = False
+        self.total_wait = 0.0
+        self.start = 0.0
+        self.deadline = 0.0
+        self.connects_before = owner._slot.connects
+
+    def report(
+        self,
+        outcome: CallOutcome,
+        *,
+        replayed: bool = False,
+        give_up: GiveUpReason | None = None,
+    ) -> CallReport:
+        report = CallReport(
+            tool=self.name,
+            key=self.key,
+            outcome=outcome,
+            attempts=tuple(self.records),
+            total_wait=self.total_wait,
+            elapsed=anyio.current_time() - self.start,
+            replayed=replayed,
+            connects=self.slot.connects - self.connects_before,
+            give_up=give_up,
+        )
+        self.owner.last_report = report
+        return report
+
+    async def run(self) -> tuple[CallToolResult, CallReport]:
+        self.start = anyio.current_time()
+        self.deadline = self.start + self.policy.deadline
+        budget = self.owner._budget
+        wait_before = 0.0
+        finished = False
+        try:
+            for attempt in range(1, self.policy.max_attempts + 1):
+                result, failure, generation = await self.attempt(attempt)
+                if result is not None:
+                    if budget is not None:
+                        budget.record_success()
+                    self.records.append(AttemptReport(attempt, wait_before, generation))
+                    replayed = _replayed(result)
+                    report = self.report(
+                        "is_error" if result.is_error else "result", replayed=replayed
+                    )
+                    finished = True
+                    return result, report
+                assert failure is not None
+                self.records.append(
+                    AttemptReport(
+                        attempt,
+                        wait_before,
+                        generation,
+                        failure=failure.kind,
+                        error_type=type(failure.error).__name__,
+                        code=failure.code,
+                        http_status=failure.http_status,
+                        retry_after=failure.retry_after,
+                    )
+                )
+                telemetry.attempt_failed(
+                    self.name, self.key, attempt, failure.kind, failure.error, failure.code
+                )
+                if failure.kind == "permanent":
+                    finished = True
+                    self.permanent(failure)
+                # One lost connection is one failure for the budget, however many calls it took.
+                first_report = self.slot.mark_dead(generation) if failure.session_dead else True
+                if budget is not None and first_report:
+                    budget.record_failure()
+                if failure.kind in ("maybe_executed", "in_progress"):
+                    self.maybe_ran = True
+                wait = await self.next_wait(failure, attempt)
+                if isinstance(wait, str):
+                    finished = True
+                    self.give_up(wait, failure.error)
+                telemetry.retrying(self.name, self.key, attempt + 1, wait)
+                await pause(wait)
+                self.total_wait += wait
+                wait_before = wait
+            raise AssertionError("unreachable: the last attempt gives up")  # pragma: no cover
+        finally:
+            if not finished:
+                cancelled = isinstance(sys.exception(), anyio.get_cancelled_exc_class())
+                self.report("cancelled" if cancelled else "error")
+
+    async def attempt(self, attempt: int) -> tuple[CallToolResult | None, Failure | None, int]:
+        """Send attempt `attempt`: a result or the classified failure, and the generation."""
+        generation = self.slot.generation
+        with anyio.CancelScope(deadline=self.deadline) as scope:
+            try:
+                session, generation = await self.slot.acquire()
+            except ReconnectFailed as exc:
+                return None, Failure("never_sent", exc), generation
+            except SessionUnavailable as exc:
+                return None, Failure("never_sent", exc, session_dead=True), generation
+        if scope.cancelled_caught:
+            return (
+                None,
+                Failure("never_sent", TimeoutError("deadline reached while reconnecting")),
+                generation,
+            )
+        await self.warm_catalog(session, generation)
+        timeout = self.deadline - anyio.current_time()
+        if self.attempt_timeout is not None:
+            timeout = min(timeout, self.attempt_timeout)
+        if timeout <= 0:
+            return (
+                None,
+                Failure("never_sent", TimeoutError("no time left before the deadline")),
+                generation,
+            )
+        meta = dict(self.user_meta)
+        meta[wire.KEY_META] = self.key
+        meta[wire.ATTEMPT_META] = attempt
+        probe = AttemptProbe(self.key, attempt)
+        token = current_probe.set(probe)
+        telemetry.attempt_sent(self.name, attempt)
+        try:
+            with anyio.CancelScope(deadline=self.deadline) as scope:
+                result = await session.call_tool(
+                    self.name,
+                    self.arguments,
+                    timeout,
+                    self.progress_callback,
+                    meta=cast(RequestParamsMeta, meta),
+                )
+        except Exception as exc:
+            return None, classify(exc, probe, session_closed=transport_closed(session)), generation
+        finally:
+            current_probe.reset(token)
+        if scope.cancelled_caught:
+            cut = TimeoutError("the call's deadline passed during the attempt")
+            return (
+                None,
+                Failure("maybe_executed", cut, session_dead=transport_closed(session)),
+                generation,
+            )
+        return result, None, generation
+
+    async def warm_catalog(self, session: SessionLike, generation: int) -> None:
+        """List tools once per session if this tool is unknown (the SDK would list it anyway)."""
+        owner = self.owner
+        if owner._warmed_generation == generation or owner._catalog.fresh(self.name) is not None:
+            return
+        owner._warmed_generation = generation
+        await self.lookup_tool(session)
+
+    async def lookup_tool(self, session: SessionLike | None) -> Tool | None:
+        """The tool's listing, within the deadline; None when it cannot be had."""
+        catalog = self.owner._catalog
+        if (tool := catalog.fresh(self.name)) is not None:
+            return tool
+        with anyio.CancelScope(deadline=self.deadline):
+            try:
+                if session is None or not self.slot.usable():
+                    session, _ = await self.slot.acquire()
+                return await catalog.lookup(session, self.name)
+            except Exception as exc:
+                telemetry.logger.debug("listing tools failed: %s", type(exc).__name__)
+        return catalog.get(self.name)
+
+    async def next_wait(self, failure: Failure, attempt: int) -> float | GiveUpReason:
+        """Seconds to wait before the next attempt, or the reason to stop retrying."""
+        policy = self.policy
+        if failure.kind in GATED:
+            overrides = self.owner._overrides
+            tool: Tool | None = None
+            if self.name not in overrides and policy.trust_annotations:
+                tool = await self.lookup_tool(self.slot.current())
+            decision = retry_gate(
+                failure.kind,
+                tool_name=self.name,
+                tool=tool,
+                overrides=overrides,
+                trust_annotations=policy.trust_annotations,
+                key_attached=True,
+            )
+            if not decision.open:
+                telemetry.logger.debug("gate closed for %r: %s", self.name, decision.because)
+                return "not_idempotent"
+        if failure.session_dead and not self.slot.can_reconnect:
+            return "no_connect"
+        if attempt >= policy.max_attempts:
+            return "attempts"
+        budget = self.owner._budget
+        if budget is not None and not budget.allows_retry():
+            return "budget"
+        if failure.retry_after is not None:
+            wait = policy.clamp_hint(failure.retry_after)
+        else:
+            wait = policy.backoff(attempt)
+        if anyio.current_time() + wait >= self.deadline:
+            return "deadline"
+        return wait
+
+    def give_up(self, reason: GiveUpReason, last_error: Exception) -> NoReturn:
+        attempts = len(self.records)
+        telemetry.gave_up(self.name, self.key, attempts, reason, self.maybe_ran)
+        outcome: CallOutcome = "outcome_unknown" if self.maybe_ran else "not_executed"
+        report = self.report(outcome, give_up=reason)
+        cls = OutcomeUnknown if self.maybe_ran else NotExecuted
+        raise cls(
+            tool=self.name,
+            key=self.key,
+            attempts=attempts,
+            last_error=last_error,
+            reason=reason,
+            report=report,
+        ) from last_error
+
+    def permanent(self, failure: Failure) -> NoReturn:
+        error = failure.error
+        attempts = len(self.records)
+        if isinstance(error, MCPError) and error.code == wire.OUTCOME_UNKNOWN:
+            telemetry.gave_up(self.name, self.key, attempts, "server", True)
+            report = self.report("outcome_unknown", give_up="server")
+            raise ServerOutcomeUnknown(
+                tool=self.name, key=self.key, attempts=attempts, last_error=error, report=report
+            ) from error
+        report = self.report("error")
+        if isinstance(error, MCPError):
+            raise tool_call_error(
+                error,
+                tool=self.name,
+                key=self.key,
+                attempts=attempts,
+                http_status=failure.http_status,
+                report=report,
+            ) from error
+        raise error

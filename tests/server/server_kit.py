@@ -1,0 +1,129 @@
+"""Shared helpers for the server-side tests: tools with countable effects, stores, HTTP serving.
+
+Synchronisation is by events (in-process) or by MCP calls to helper tools (other processes);
+nothing sleeps to let things settle.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import uvicorn
+from mcp_types import CallToolResult
+from starlette.types import ASGIApp
+
+from idempotency import wire
+from idempotency._fingerprint import fingerprint
+from idempotency._scope import CallScope, default_scope, store_key
+
+#: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
+SOON = 30.0
+
+
+def meta(key: object, **extra: Any) -> dict[str, Any]:
+    return {wire.KEY_META: key, **extra}
+
+
+def marker(result: CallToolResult) -> dict[str, Any]:
+    """The `io.github.mcp-once/idempotency` entry of a result's `_meta`."""
+    found = (result.meta or {}).get(wire.IDEMPOTENCY_META)
+    assert isinstance(found, dict), f"no idempotency marker in {result.meta!r}"
+    return found
+
+
+def body(result: CallToolResult) -> dict[str, Any]:
+    """What the tool produced: content, structuredContent and isError, without any `_meta`."""
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    dumped.pop("_meta", None)
+    dumped.pop("resultType", None)
+    return dumped
+
+
+def answer(result: CallToolResult) -> dict[str, Any]:
+    """The whole answer as a client compares it: body plus marker, apart from `status`."""
+    mark = dict(marker(result))
+    mark.pop("status")
+    return {"body": body(result), "marker": mark}
+
+
+def record_key(server: str, tool: str, key: str, principal: str | None = None) -> str:
+    """The hashed store key the guard uses under the default scope (to reach around it)."""
+    scope = default_scope(CallScope(server, tool, principal, None, None))
+    return store_key(scope, tool, key)
+
+
+def call_fingerprint(tool: str, arguments: Mapping[str, Any] | None) -> str:
+    return fingerprint(tool, arguments)
+
+
+@dataclass
+class Effects:
+    """A tool body's observable side: how often the effect happened, and events around it."""
+
+    count: int = 0
+    started: anyio.Event = field(default_factory=anyio.Event)
+    gate: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    cancelled: int = 0
+
+    def open(self) -> None:
+        self.gate.set()
+
+
+@asynccontextmanager
+async def serve_http(app: ASGIApp) -> AsyncIterator[str]:
+    """Serve `app` with uvicorn on 127.0.0.1 (a free port) in this event loop; yields the base
+    URL. The socket listens before uvicorn starts, so clients may connect at once: the kernel
+    queues them until uvicorn accepts."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+
+        async def serve() -> None:
+            await server.serve(sockets=[sock])
+
+        tg.start_soon(serve)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+    sock.close()
+
+
+def effect_server(
+    store: Any, effects: Effects, *, name: str = "shop", gated: bool = True, **options: Any
+) -> Any:
+    """An `MCPServer` with one guarded tool, `charge`, whose effect is `effects.count += 1`.
+
+    With `gated`, the tool holds after `started` until the test opens `effects.gate`.
+    """
+    from mcp.server.mcpserver import MCPServer
+
+    from idempotency import idempotent
+
+    server = MCPServer(name)
+
+    @server.tool()
+    @idempotent(store, **options)
+    async def charge(order: str, cents: int) -> str:
+        effects.started.set()
+        try:
+            if gated:
+                await effects.gate.wait()
+        except anyio.get_cancelled_exc_class():
+            effects.cancelled += 1
+            raise
+        effects.count += 1
+        effects.done.set()
+        return f"charged {cents} for {order} (execution {effects.count})"
+
+    return server

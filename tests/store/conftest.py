@@ -1,0 +1,25 @@
+"""The `backend` fixture: each contract test runs against every key store (memory, SQLite,
+Redis); see `store_backends.py` for how each one is built and moved through time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from store_backends import Backend, make_memory, make_redis, make_sqlite
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        made = make_memory()
+    elif request.param == "sqlite":
+        made = make_sqlite(tmp_path / "keys.db")
+    else:
+        url = request.getfixturevalue("redis_url")
+        made = make_redis(url, request.getfixturevalue("redis_namespace"))
+    try:
+        yield made
+    finally:
+        await made.close()

@@ -1,0 +1,180 @@
+"""The store backends under test and the tools to reach around them (used by `conftest.py`).
+
+One `backend` fixture runs each contract test against every key store.
+
+Time is moved, never slept through: memory and SQLite get an injectable fake clock, Redis an
+offset added to its own TIME inside the scripts (`advance_clock_for_testing`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotency import KeyStore, MemoryKeyStore, SQLiteKeyStore
+
+#: A fixed, realistic epoch second, so timestamps look like real ones.
+EPOCH = 1_750_000_000.0
+#: Every backend's default for abandoned claims and release tombstones.
+ORPHAN_RETENTION = 24 * 3600.0
+
+
+class FakeClock:
+    """The store's clock, moved by the test."""
+
+    def __init__(self, now: float = EPOCH) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Backend:
+    """A store under test plus what the tests need to reach around it."""
+
+    name: str
+    store: KeyStore
+    _advance: Callable[[float], object]
+    #: Another store instance over the same data (a second process would open the same).
+    _reopen: Callable[[], KeyStore] | None = None
+    #: SQLite: the database file. Redis: the URL.
+    location: str = ""
+    #: Redis: the key prefix of this test's namespace.
+    prefix: str = ""
+    _extra: list[KeyStore] = field(default_factory=list)
+
+    async def advance(self, seconds: float) -> None:
+        moved = self._advance(seconds)
+        if inspect.isawaitable(moved):
+            await moved
+
+    def reopen(self) -> KeyStore:
+        if self._reopen is None:
+            pytest.skip(f"the {self.name} store cannot be opened twice (one process only)")
+        store = self._reopen()
+        self._extra.append(store)
+        return store
+
+    async def close(self) -> None:
+        for store in [*self._extra, self.store]:
+            await store.aclose()
+
+
+def redis_store(url: str, prefix: str, *, orphan_retention: float = ORPHAN_RETENTION) -> Any:
+    from idempotency import RedisKeyStore
+
+    return RedisKeyStore.from_url(url, prefix=prefix, orphan_retention=orphan_retention)
+
+
+def make_memory(*, orphan_retention: float = ORPHAN_RETENTION) -> Backend:
+    clock = FakeClock()
+    store = MemoryKeyStore(clock=clock, orphan_retention=orphan_retention)
+    return Backend("memory", store, clock.advance)
+
+
+def make_sqlite(path: Path, *, orphan_retention: float = ORPHAN_RETENTION) -> Backend:
+    clock = FakeClock()
+
+    def open_store() -> SQLiteKeyStore:
+        return SQLiteKeyStore(path, clock=clock, orphan_retention=orphan_retention)
+
+    return Backend(
+        "sqlite",
+        open_store(),
+        clock.advance,
+        open_store,
+        location=str(path),
+    )
+
+
+def make_redis(url: str, namespace: str, *, orphan_retention: float = ORPHAN_RETENTION) -> Backend:
+    prefix = f"{namespace}:"
+    store = redis_store(url, prefix, orphan_retention=orphan_retention)
+    return Backend(
+        "redis",
+        store,
+        store.advance_clock_for_testing,
+        lambda: redis_store(url, prefix, orphan_retention=orphan_retention),
+        location=url,
+        prefix=prefix,
+    )
+
+
+# -- reaching into the stored data, to damage it or prove it did not change ----------------------
+
+
+async def raw_state(backend: Backend) -> object:
+    """Everything the backend holds for this test, byte for byte."""
+    if backend.name == "sqlite":
+        with sqlite3.connect(backend.location) as conn:
+            return conn.execute("SELECT * FROM records ORDER BY key").fetchall()
+    if backend.name == "redis":
+        return await _redis_raw(backend)
+    pytest.skip("the memory store holds Python objects; there is no raw form to damage")
+
+
+async def damage(backend: Backend, key: str, how: str) -> None:
+    """Make the stored record for `key` unreadable as ours."""
+    if backend.name == "sqlite":
+        statement = {
+            "garbled": "UPDATE records SET state = 'banana' WHERE key = ?",
+            "wrong-type": "UPDATE records SET fingerprint = NULL, fence = 'x' WHERE key = ?",
+        }[how]
+        with sqlite3.connect(backend.location) as conn:
+            assert conn.execute(statement, (key,)).rowcount == 1
+        return
+    if backend.name == "redis":
+        await _redis_damage(backend, how)
+        return
+    pytest.skip("the memory store holds Python objects and cannot be damaged from outside")
+
+
+async def _redis_client(backend: Backend) -> Any:
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis.from_url(backend.location)
+
+
+async def _redis_raw(backend: Backend) -> dict[bytes, object]:
+    client = await _redis_client(backend)
+    try:
+        found: dict[bytes, object] = {}
+        async for name in client.scan_iter(match=f"{backend.prefix}*"):
+            kind = await client.type(name)
+            if kind == b"hash":
+                found[name] = ("hash", await client.hgetall(name))
+            elif kind == b"string":
+                found[name] = ("string", await client.get(name))
+            else:
+                found[name] = (kind, await client.dump(name))
+        return found
+    finally:
+        await client.aclose()
+
+
+async def _redis_damage(backend: Backend, how: str) -> None:
+    """Overwrite the record's key: with a garbage string, or with another Redis type."""
+    client = await _redis_client(backend)
+    try:
+        names = [name async for name in client.scan_iter(match=f"{backend.prefix}*")]
+        records = [name for name in names if await client.type(name) == b"string"]
+        assert len(records) == 1, f"expected one record in the namespace, found {names}"
+        name = records[0]
+        ttl = await client.pttl(name)
+        if how == "garbled":
+            await client.set(name, b"banana" * 20, px=ttl if ttl > 0 else None)
+        else:
+            await client.delete(name)
+            await client.hset(name, mapping={"state": "banana", "fingerprint": ""})
+    finally:
+        await client.aclose()

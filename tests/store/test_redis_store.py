@@ -1,0 +1,839 @@
+"""What only the Redis backend has to prove: one round trip per transition, the Redis clock,
+fencing across connections and OS processes, damaged keys, an unreachable or stalled server,
+hash tags, WAIT durability and the memory a record costs. The behaviour every backend shares is
+proved by `test_contract.py` and `test_model.py`."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from redis import exceptions as rx
+from redis_server import RedisServer, free_port, redis_server_binary
+
+from idempotency import (
+    ClaimStatus,
+    CorruptRecord,
+    DurabilityUnsupported,
+    LimitExceeded,
+    RecordState,
+    RedisKeyStore,
+    ReplicationUnconfirmed,
+    StoreUnavailable,
+)
+from idempotency import _redis_lua as lua
+from idempotency._redis_store import MAX_FINGERPRINT_BYTES
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "scope/tool/key-1"
+FP = "fp-a"
+LEASE = 30.0
+RETENTION = 3600.0
+ORPHAN = 24 * 3600.0
+
+
+class Counted:
+    """A redis-py client whose connections count what they send: one socket write is one
+    round trip (a pipeline goes out in one write)."""
+
+    def __init__(self, url: str) -> None:
+        self.writes = 0
+        counted = self
+
+        class Connection(aioredis.Connection):
+            async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+                counted.writes += 1
+                await super().send_packed_command(command, check_health)
+
+        pool = aioredis.ConnectionPool.from_url(url, connection_class=Connection)
+        self.client = aioredis.Redis(connection_pool=pool)
+
+    async def trips(self, call: Awaitable[Any]) -> tuple[Any, int]:
+        before = self.writes
+        answer = await call
+        return answer, self.writes - before
+
+
+@pytest_asyncio.fixture
+async def prefix(redis_namespace: str) -> str:
+    return f"{redis_namespace}:"
+
+
+@pytest_asyncio.fixture
+async def store(redis_url: str, prefix: str) -> AsyncIterator[RedisKeyStore]:
+    opened = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    yield opened
+    await opened.aclose()
+
+
+@pytest_asyncio.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    # No socket timeout: BLPOP waits for racers that take seconds to start on a busy machine.
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=None)
+    yield client
+    await client.aclose()
+
+
+async def load_scripts(client: aioredis.Redis) -> None:
+    """Cache every script (and open a connection) so that counting starts from steady state."""
+    for script in (lua.CLAIM, lua.RENEW, lua.COMPLETE, lua.RELEASE, lua.SETTLE, lua.READ):
+        assert await client.script_load(script.source) == script.sha
+
+
+@pytest_asyncio.fixture
+async def counted(redis_url: str) -> AsyncIterator[Counted]:
+    made = Counted(redis_url)
+    await load_scripts(made.client)
+    yield made
+    await made.client.aclose()
+
+
+@pytest.fixture
+def private_server() -> Iterator[RedisServer]:
+    """A server of our own, for tests that stop, pause or replicate it."""
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not on PATH: cannot start a private server")
+    server = RedisServer()
+    server.start()
+    yield server
+    server.cleanup()
+
+
+def rkey(prefix: str, key: str = KEY) -> bytes:
+    return f"{prefix}{{{key}}}".encode()
+
+
+async def snapshot(raw: aioredis.Redis, name: bytes) -> tuple[Any, ...]:
+    """Everything about a key an operator could see: type, bytes and whether it expires."""
+    kind = await raw.type(name)
+    dump = await raw.dump(name)
+    ttl = await raw.pttl(name)
+    return kind, dump, ttl > 0 or ttl
+
+
+async def redis_seconds(raw: aioredis.Redis) -> float:
+    seconds, micros = await raw.time()
+    return seconds + micros / 1e6
+
+
+# -- one round trip per transition -------------------------------------------------------------
+
+
+async def test_every_transition_is_one_round_trip(
+    counted: Counted, raw: aioredis.Redis, prefix: str
+) -> None:
+    store = RedisKeyStore(counted.client, prefix=prefix)
+    stats_before = await raw.info("commandstats")
+    first, n_claim = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
+    assert first.status is ClaimStatus.CLAIMED and first.token
+    done, n_complete = await counted.trips(store.complete(KEY, first.token, b"r", retention=60))
+    assert done is True
+    replay, n_replay = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
+    assert replay.status is ClaimStatus.REPLAY and replay.result == b"r"
+    assert (n_claim, n_complete, n_replay) == (1, 1, 1)
+    assert n_claim + n_complete == 2  # a first execution
+
+    other = await store.claim("k2", FP, lease=LEASE, takeover=False)
+    assert other.token
+    renewed, n_renew = await counted.trips(store.renew("k2", other.token, lease=LEASE))
+    released, n_release = await counted.trips(store.release("k2", other.token))
+    assert renewed and released and (n_renew, n_release) == (1, 1)
+
+    lost = await store.claim("k3", FP, lease=1.0, takeover=False)
+    assert lost.status is ClaimStatus.CLAIMED
+    store.advance_clock_for_testing(2.0)
+    unknown, n_unknown = await counted.trips(store.claim("k3", FP, lease=1.0, takeover=False))
+    settled, n_settle = await counted.trips(store.settle("k3", result=b"ok", retention=60))
+    record, n_get = await counted.trips(store.get("k3"))
+    assert unknown.status is ClaimStatus.UNKNOWN and settled
+    assert record is not None and record.state is RecordState.COMPLETED
+    assert (n_unknown, n_settle, n_get) == (1, 1, 1)
+
+    # The server agrees: one EVALSHA per call above and no EVAL (the scripts were cached).
+    stats_after = await raw.info("commandstats")
+
+    def calls(stats: dict[str, Any], name: str) -> int:
+        return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+
+    assert calls(stats_after, "evalsha") - calls(stats_before, "evalsha") >= 10
+    assert calls(stats_after, "eval") == calls(stats_before, "eval")
+
+
+async def test_a_flushed_script_cache_is_reloaded_transparently(
+    counted: Counted, raw: aioredis.Redis, prefix: str
+) -> None:
+    store = RedisKeyStore(counted.client, prefix=prefix)
+    await raw.script_flush()
+    first, trips = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
+    assert first.status is ClaimStatus.CLAIMED and trips == 2  # NOSCRIPT, then EVAL
+    assert first.token
+    done, trips = await counted.trips(store.complete(KEY, first.token, b"r", retention=60))
+    assert done and trips == 2  # this script was not cached yet either
+    replay, trips = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
+    assert replay.result == b"r" and trips == 1  # cached again by the EVAL
+    await raw.script_flush()
+    listed = await store.list_records()  # the pipelined path reloads too
+    assert [r.key for r in listed] == [KEY]
+
+
+# -- the Redis clock decides -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("skew", [-3600.0, 3600.0])
+async def test_lease_deadlines_come_from_the_redis_clock(
+    store: RedisKeyStore, raw: aioredis.Redis, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + skew)
+    before = await redis_seconds(raw)
+    first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    after = await redis_seconds(raw)
+    assert first.status is ClaimStatus.CLAIMED
+    record = await store.get(KEY)
+    assert record is not None and record.lease_deadline is not None
+    assert before - 1e-3 <= record.lease_deadline - LEASE <= after + 1e-3
+    assert before - 1e-3 <= record.created_at <= after + 1e-3
+    busy = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert busy.status is ClaimStatus.BUSY and busy.retry_after is not None
+    assert LEASE - 5 < busy.retry_after <= LEASE
+
+
+# -- fencing across connections and processes ---------------------------------------------------
+
+
+async def test_a_stale_worker_on_another_connection_changes_nothing(
+    redis_url: str, prefix: str, raw: aioredis.Redis
+) -> None:
+    worker_a = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    worker_b = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    try:
+        first = await worker_a.claim(KEY, FP, lease=5.0, takeover=True)
+        assert first.status is ClaimStatus.CLAIMED and first.token and first.fence == 1
+        # Past its lease but before anyone takes over, the holder may still renew.
+        worker_a.advance_clock_for_testing(6.0)
+        assert await worker_a.renew(KEY, first.token, lease=5.0)
+        worker_b.advance_clock_for_testing(12.0)
+        second = await worker_b.claim(KEY, FP, lease=5.0, takeover=True)
+        assert second.status is ClaimStatus.CLAIMED and second.took_over
+        assert second.fence == 2 and second.attempts == 2 and second.token != first.token
+        assert second.token
+
+        held = await snapshot(raw, rkey(prefix))
+        assert not await worker_a.renew(KEY, first.token, lease=5.0)
+        assert not await worker_a.complete(KEY, first.token, b"stale", retention=60)
+        assert not await worker_a.release(KEY, first.token)
+        assert await snapshot(raw, rkey(prefix)) == held
+
+        assert await worker_b.complete(KEY, second.token, b"fresh", retention=60)
+        done = await snapshot(raw, rkey(prefix))
+        assert not await worker_a.complete(KEY, first.token, b"stale", retention=60)
+        assert not await worker_a.release(KEY, first.token)
+        assert await snapshot(raw, rkey(prefix)) == done
+
+        replay = await worker_a.claim(KEY, FP, lease=5.0, takeover=True)
+        assert replay.status is ClaimStatus.REPLAY
+        assert (replay.result, replay.fence, replay.attempts) == (b"fresh", 2, 2)
+    finally:
+        await worker_a.aclose()
+        await worker_b.aclose()
+
+
+RACER = """
+import asyncio, sys
+import redis.asyncio as aioredis
+from idempotency import RedisKeyStore
+
+async def main(url, prefix, key):
+    raw = aioredis.Redis.from_url(url)
+    store = RedisKeyStore.from_url(url, prefix=prefix)
+    await store.get(key)  # connected, scripts cached: the start line is the same for all
+    await raw.rpush(prefix + "ready", 1)
+    await raw.blpop([prefix + "go"], timeout=60)
+    outcome = await store.claim(key, "fp", lease=60, takeover=False)
+    print(outcome.status.value, outcome.fence, flush=True)
+    await store.aclose()
+    await raw.aclose()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_four_processes_racing_for_one_key_claim_it_once(
+    redis_url: str, prefix: str, raw: aioredis.Redis, store: RedisKeyStore
+) -> None:
+    outputs: list[list[str]] = []
+
+    async def race() -> None:
+        done = await anyio.run_process(
+            [sys.executable, "-c", RACER, redis_url, prefix, KEY], cwd=ROOT, check=False
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        outputs.append(done.stdout.decode().split())
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(race)
+            for _ in range(4):  # every racer connected and waiting at the start line
+                assert await raw.blpop([f"{prefix}ready"], timeout=60) is not None
+            await raw.rpush(f"{prefix}go", 1, 1, 1, 1)
+    statuses = sorted(status for status, _ in outputs)
+    assert statuses == ["busy", "busy", "busy", "claimed"]
+    assert {fence for _, fence in outputs} == {"1"}
+    record = await store.get(KEY)
+    assert record is not None and record.state is RecordState.IN_PROGRESS
+    assert (record.fence, record.attempts) == (1, 1)
+
+
+# -- damaged keys --------------------------------------------------------------------------------
+
+
+async def _damage(raw: aioredis.Redis, store: RedisKeyStore, name: bytes, how: str) -> None:
+    if how == "garbage string":
+        await raw.set(name, b"definitely not a record")
+    elif how == "hash":
+        await raw.hset(name, mapping={"state": "completed", "result": "x"})
+    elif how == "list":
+        await raw.rpush(name, b"x")
+    else:  # start from a real record and break one part of it
+        first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert first.status is ClaimStatus.CLAIMED
+        good = await raw.get(name)
+        assert isinstance(good, bytes)
+        broken = {
+            "truncated": good[:70],
+            "unknown state": good[:1] + b"\x09" + good[2:],
+            "unknown format": b"\x07" + good[1:],
+            "token missing": good[:-33] + b"\x00",
+        }[how]
+        await raw.set(name, broken, keepttl=True)
+
+
+DAMAGE = ["garbage string", "hash", "list", "truncated", "unknown state", "unknown format"]
+DAMAGE += ["token missing"]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+async def test_a_damaged_key_is_reported_and_left_untouched(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str, how: str
+) -> None:
+    name = rkey(prefix)
+    await _damage(raw, store, name, how)
+    before = await snapshot(raw, name)
+    token = "0" * 32
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: store.claim(KEY, FP, lease=LEASE, takeover=True),
+        lambda: store.claim(KEY, FP, lease=LEASE, takeover=False),
+        lambda: store.renew(KEY, token, lease=LEASE),
+        lambda: store.complete(KEY, token, b"r", retention=60),
+        lambda: store.release(KEY, token),
+        lambda: store.settle(KEY, result=b"r", retention=60),
+        lambda: store.settle(KEY, result=None, retention=60),
+        lambda: store.get(KEY),
+        lambda: store.wait(KEY, timeout=1.0),
+    ]
+    for call in calls:
+        with pytest.raises(CorruptRecord) as caught:
+            await call()
+        assert caught.value.key == KEY and caught.value.why
+    assert await snapshot(raw, name) == before
+
+
+async def test_listing_and_purging_step_around_a_damaged_key(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = await store.claim("good", FP, lease=LEASE, takeover=False)
+    assert first.token and await store.complete("good", first.token, b"r", retention=60)
+    await raw.set(rkey(prefix, "bad"), b"garbage")
+    before = await snapshot(raw, rkey(prefix, "bad"))
+    assert [r.key for r in await store.list_records()] == ["good"]
+    assert "bad" in caplog.text  # an operator hears about it
+    store.advance_clock_for_testing(61.0)
+    assert await store.purge_expired() == 1
+    assert await raw.exists(rkey(prefix, "good")) == 0
+    assert await snapshot(raw, rkey(prefix, "bad")) == before
+
+
+# -- an unreachable, stopped or stalled server -------------------------------------------------
+
+
+async def test_an_unreachable_store_is_unavailable_quickly() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    store = RedisKeyStore.from_url(url, prefix="x:", socket_connect_timeout=0.5)
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: store.claim(KEY, FP, lease=LEASE, takeover=False),
+        lambda: store.renew(KEY, "0" * 32, lease=LEASE),
+        lambda: store.complete(KEY, "0" * 32, b"r", retention=60),
+        lambda: store.release(KEY, "0" * 32),
+        lambda: store.settle(KEY, result=None, retention=60),
+        lambda: store.get(KEY),
+        lambda: store.wait(KEY, timeout=5.0),
+        lambda: store.list_records(),
+        lambda: store.purge_expired(),
+    ]
+    try:
+        for call in calls:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as caught:
+                await call()
+            assert time.monotonic() - started < 2.0
+            assert isinstance(caught.value.__cause__, rx.ConnectionError)
+    finally:
+        await store.aclose()
+
+
+async def test_a_stopped_server_is_unavailable_and_the_store_recovers_when_it_returns(
+    private_server: RedisServer,
+) -> None:
+    store = RedisKeyStore.from_url(private_server.url, prefix="p:", socket_timeout=1.0)
+    try:
+        first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert first.status is ClaimStatus.CLAIMED
+        private_server.kill()
+        with pytest.raises(StoreUnavailable):
+            await store.claim("other", FP, lease=LEASE, takeover=False)
+        private_server.start()  # same port, no persistence: an empty server
+        again = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert again.status is ClaimStatus.CLAIMED and again.fence == 1
+    finally:
+        await store.aclose()
+
+
+async def test_a_stalled_server_times_out_as_unavailable_and_a_cancelled_call_is_atomic(
+    private_server: RedisServer,
+) -> None:
+    store = RedisKeyStore.from_url(private_server.url, prefix="p:", socket_timeout=0.3)
+    observer = RedisKeyStore.from_url(private_server.url, prefix="p:")
+    try:
+        first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert first.token
+        result = os.urandom(50_000)
+        private_server.pause()
+        try:
+            with anyio.move_on_after(0.1) as scope:  # cancelled after the script was sent
+                await store.complete(KEY, first.token, result, retention=60)
+            assert scope.cancelled_caught
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as caught:
+                await store.claim("other", FP, lease=LEASE, takeover=False)
+            assert time.monotonic() - started < 2.0
+            assert isinstance(caught.value.__cause__, rx.TimeoutError)
+        finally:
+            private_server.resume()
+        record = await observer.get(KEY)
+        assert record is not None
+        # Whole or not at all: still the claim as it was, or completed with every byte.
+        if record.state is RecordState.IN_PROGRESS:
+            assert record.token == first.token and record.result is None
+        else:
+            assert record.state is RecordState.COMPLETED and record.result == result
+    finally:
+        await store.aclose()
+        await observer.aclose()
+
+
+# -- key layout: hash tags and expiry ----------------------------------------------------------
+
+
+def hash_tag(name: bytes) -> bytes | None:
+    """The part of a key Redis Cluster hashes, by the cluster's own rule."""
+    start = name.find(b"{")
+    end = name.find(b"}", start + 1)
+    if start < 0 or end < 0 or end == start + 1:
+        return None
+    return name[start + 1 : end]
+
+
+async def test_every_key_the_store_writes_carries_a_hash_tag(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str
+) -> None:
+    keys = ["plain", "a}b{c", "{already}", hashlib.sha256(b"k").hexdigest(), "ü-ключ"]
+    for i, key in enumerate(keys):
+        first = await store.claim(key, FP, lease=1.0, takeover=False)
+        assert first.token
+        if i % 3 == 0:
+            assert await store.complete(key, first.token, b"r", retention=60)
+        elif i % 3 == 1:
+            assert await store.release(key, first.token)
+        else:
+            store.advance_clock_for_testing(2.0)
+            lost = await store.claim(key, FP, lease=1.0, takeover=False)
+            assert lost.status is ClaimStatus.UNKNOWN
+    names = sorted([name async for name in raw.scan_iter(match=f"{prefix}*")])
+    assert names == sorted(rkey(prefix, key) for key in keys)
+    for name in names:
+        assert name.startswith(prefix.encode() + b"{") and name.endswith(b"}")
+        assert hash_tag(name)  # one record, one slot, in a cluster too
+
+
+async def test_physical_expiry_follows_logical_expiry_and_unknown_never_expires(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str
+) -> None:
+    async def pttl_and_logical(key: str) -> tuple[int, float | None]:
+        record = await store.get(key)
+        assert record is not None
+        now = await redis_seconds(raw)
+        logical = None if record.expires_at is None else record.expires_at - now
+        return await raw.pttl(rkey(prefix, key)), logical
+
+    running = await store.claim("running", FP, lease=LEASE, takeover=False)
+    ttl, logical = await pttl_and_logical("running")
+    assert logical is not None and abs(logical - (LEASE + ORPHAN)) < 5
+    assert ttl / 1000 >= logical - 0.01
+
+    assert running.token and await store.complete("running", running.token, b"r", retention=90)
+    ttl, logical = await pttl_and_logical("running")
+    assert logical is not None and 85 < logical <= 90 and ttl / 1000 >= logical - 0.01
+
+    lost = await store.claim("lost", FP, lease=1.0, takeover=False)
+    assert lost.token
+    store.advance_clock_for_testing(2.0)
+    assert (await store.claim("lost", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
+    ttl, logical = await pttl_and_logical("lost")
+    assert ttl == -1 and logical is None  # kept until an operator settles it
+
+    assert await store.settle("lost", result=None, retention=120)
+    assert await store.get("lost") is None  # a tombstone: absent to readers
+    assert 115_000 < await raw.pttl(rkey(prefix, "lost")) <= 120_000
+
+    gone = await store.claim("gone", FP, lease=LEASE, takeover=False)
+    assert gone.token and await store.complete("gone", gone.token, b"r", retention=0)
+    assert await store.get("gone") is None
+    assert 0 < await raw.pttl(rkey(prefix, "gone")) <= 1000  # garbage, collected soon
+
+
+# -- optional durability: WAIT / WAITAOF -------------------------------------------------------
+
+
+async def test_wait_replicas_without_replicas_withdraws_the_claim(
+    counted: Counted, redis_url: str, prefix: str
+) -> None:
+    durable = RedisKeyStore(counted.client, prefix=prefix, wait_replicas=1, wait_timeout=0.2)
+    plain = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    try:
+        started = time.monotonic()
+        before = counted.writes
+        with pytest.raises(ReplicationUnconfirmed) as caught:
+            await durable.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert time.monotonic() - started >= 0.2
+        assert counted.writes - before == 2  # claim+WAIT in one, then the release
+        assert caught.value.applied is False and caught.value.key == KEY
+        assert isinstance(caught.value, StoreUnavailable)  # fail closed: the tool must not run
+        assert "0 replica(s)" in str(caught.value)
+        assert await plain.get(KEY) is None  # withdrawn...
+        again = await plain.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert again.fence == 2  # ...through a tombstone, so fences stay monotonic
+
+        assert again.token
+        with pytest.raises(ReplicationUnconfirmed) as caught:
+            await durable.complete(KEY, again.token, b"r", retention=60)
+        assert caught.value.applied is True
+        record = await plain.get(KEY)
+        assert record is not None and record.state is RecordState.COMPLETED
+        assert record.result == b"r"  # stored on the primary all the same
+
+        # Outcomes that wrote nothing are not held to the durability bar.
+        replay = await durable.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert replay.status is ClaimStatus.REPLAY and replay.result == b"r"
+    finally:
+        await plain.aclose()
+
+
+async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
+    private_server: RedisServer, tmp_path: Path
+) -> None:
+    replica_port = free_port()
+    primary = aioredis.Redis.from_url(private_server.url)
+    await primary.config_set("repl-diskless-sync-delay", 0)  # sync the replica at once
+    await primary.aclose()
+    replica = await anyio.open_process(
+        [
+            private_server.binary,
+            *("--port", str(replica_port), "--bind", "127.0.0.1", "--dir", str(tmp_path)),
+            *("--save", "", "--appendonly", "no", "--loglevel", "warning"),
+            *("--replicaof", "127.0.0.1", str(private_server.port)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    counted = Counted(private_server.url)
+    replica_client = aioredis.Redis(port=replica_port)
+    durable = RedisKeyStore(counted.client, prefix="d:", wait_replicas=1, wait_timeout=2.0)
+    try:
+        with anyio.fail_after(20):  # the replica's first sync
+            while True:
+                try:
+                    info = await replica_client.info("replication")
+                except rx.ConnectionError:
+                    info = {}
+                if info.get("master_link_status") == "up":
+                    break
+                await anyio.sleep(0.05)
+        await load_scripts(counted.client)
+        first, trips = await counted.trips(durable.claim(KEY, FP, lease=LEASE, takeover=False))
+        assert first.status is ClaimStatus.CLAIMED and trips == 1
+        assert first.token
+        done, trips = await counted.trips(durable.complete(KEY, first.token, b"r", retention=60))
+        assert done and trips == 1
+        name = rkey("d:")
+        assert await replica_client.get(name) == await counted.client.get(name)
+    finally:
+        await counted.client.aclose()
+        await replica_client.aclose()
+        replica.terminate()
+        with anyio.fail_after(10):
+            await replica.aclose()
+
+
+async def test_wait_aof_on_a_server_without_waitaof_is_refused_before_writing(
+    redis_url: str, prefix: str, raw: aioredis.Redis
+) -> None:
+    version = str((await raw.info("server"))["redis_version"])
+    if tuple(int(p) for p in version.split(".")[:2]) >= (7, 2):
+        pytest.skip(f"Redis {version} has WAITAOF")
+    durable = RedisKeyStore.from_url(redis_url, prefix=prefix, wait_aof=True, wait_timeout=0.2)
+    try:
+        with pytest.raises(DurabilityUnsupported, match=r"WAITAOF.*7\.2.*" + re.escape(version)):
+            await durable.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert [name async for name in raw.scan_iter(match=f"{prefix}*")] == []
+    finally:
+        await durable.aclose()
+
+
+# -- wait: woken by the store, bounded by its timeout -------------------------------------------
+
+
+async def subscribed(raw: aioredis.Redis, name: bytes) -> None:
+    """Until someone listens on the record's channel (what a waiter does before blocking)."""
+    with anyio.fail_after(10):
+        while True:
+            if await _subscribers(raw, name):
+                return
+            await anyio.sleep(0.01)
+
+
+async def _subscribers(raw: aioredis.Redis, name: bytes) -> int:
+    counts = await raw.pubsub_numsub(name)
+    return int(counts[0][1])
+
+
+async def test_wait_is_woken_by_the_completion_message(
+    redis_url: str, prefix: str, raw: aioredis.Redis, store: RedisKeyStore
+) -> None:
+    waiter = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    waiter._poll_first = waiter._poll_cap = 120.0  # no re-reads: only the message can wake it
+    first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert first.token
+    found: list[Any] = []
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def wait() -> None:
+                found.append(await waiter.wait(KEY, timeout=60))
+
+            tg.start_soon(wait)
+            await subscribed(raw, rkey(prefix))
+            started = time.monotonic()
+            assert await store.complete(KEY, first.token, b"r", retention=60)
+        assert time.monotonic() - started < 5
+        [record] = found
+        assert record.state is RecordState.COMPLETED and record.result == b"r"
+        assert await _subscribers(raw, rkey(prefix)) == 0  # the subscription was closed
+    finally:
+        await waiter.aclose()
+
+
+async def test_wait_notices_a_change_whose_message_was_lost(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str
+) -> None:
+    store._poll_first, store._poll_cap = 0.02, 0.1
+    first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    donor = await store.claim("donor", FP, lease=LEASE, takeover=False)
+    assert first.token and donor.token
+    assert await store.complete("donor", donor.token, b"r", retention=60)
+    completed_bytes = await raw.get(rkey(prefix, "donor"))
+    assert completed_bytes is not None
+    found: list[Any] = []
+    async with anyio.create_task_group() as tg:
+
+        async def wait() -> None:
+            found.append(await store.wait(KEY, timeout=30))
+
+        tg.start_soon(wait)
+        await subscribed(raw, rkey(prefix))
+        await raw.set(rkey(prefix), completed_bytes, px=60_000)  # changed, never announced
+    [record] = found
+    assert record is not None and record.state is RecordState.COMPLETED
+
+
+async def test_wait_honours_its_timeout(store: RedisKeyStore) -> None:
+    assert await store.wait(KEY, timeout=5) is None  # nothing to wait for
+    first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    started = time.monotonic()
+    record = await store.wait(KEY, timeout=0.3)
+    elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 1.5
+    assert record is not None and record.state is RecordState.IN_PROGRESS
+    assert record.token == first.token
+
+
+# -- isolation and bad inputs --------------------------------------------------------------------
+
+
+async def test_prefixes_are_isolated_even_with_glob_characters(
+    redis_url: str, redis_namespace: str
+) -> None:
+    starred = RedisKeyStore.from_url(redis_url, prefix=f"{redis_namespace}*x:")
+    lookalike = RedisKeyStore.from_url(redis_url, prefix=f"{redis_namespace}yx:")
+    try:
+        for store, key in ((starred, "mine"), (lookalike, "theirs")):
+            first = await store.claim(key, FP, lease=LEASE, takeover=False)
+            assert first.token and await store.complete(key, first.token, b"r", retention=60)
+        assert [r.key for r in await starred.list_records()] == ["mine"]
+        assert [r.key for r in await lookalike.list_records()] == ["theirs"]
+        starred.advance_clock_for_testing(61)
+        assert await starred.purge_expired() == 1
+        assert [r.key for r in await lookalike.list_records()] == ["theirs"]
+    finally:
+        await starred.aclose()
+        await lookalike.aclose()
+
+
+async def test_bad_configuration_is_refused_with_a_clear_error(redis_url: str) -> None:
+    with pytest.raises(ValueError, match="braces"):
+        RedisKeyStore.from_url(redis_url, prefix="a{b}:")
+    with pytest.raises(ValueError, match="decode_responses"):
+        RedisKeyStore.from_url(redis_url, decode_responses=True)
+    decoding = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    with pytest.raises(ValueError, match="decode_responses"):
+        RedisKeyStore(decoding)
+    await decoding.aclose()
+    with pytest.raises(ValueError, match="socket_timeout"):
+        RedisKeyStore.from_url(redis_url, wait_replicas=1, wait_timeout=2.0, socket_timeout=1.0)
+    with pytest.raises(ValueError, match="wait_replicas"):
+        RedisKeyStore.from_url(redis_url, wait_replicas=-1)
+    with pytest.raises(ValueError, match="wait_timeout"):
+        RedisKeyStore.from_url(redis_url, wait_replicas=1, wait_timeout=0)
+    with pytest.raises(ValueError, match="orphan_retention"):
+        RedisKeyStore.from_url(redis_url, orphan_retention=math.inf)
+
+
+async def test_bad_inputs_are_refused_before_any_round_trip(
+    counted: Counted, raw: aioredis.Redis, prefix: str
+) -> None:
+    store = RedisKeyStore(counted.client, prefix=prefix, max_key_bytes=64, max_result_bytes=100)
+    first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert first.token
+    held = await snapshot(raw, rkey(prefix))
+    before = counted.writes
+    refused: list[tuple[Callable[[], Awaitable[object]], type[Exception]]] = [
+        (lambda: store.claim("k" * 65, FP, lease=LEASE, takeover=False), LimitExceeded),
+        (lambda: store.claim("", FP, lease=LEASE, takeover=False), LimitExceeded),
+        (
+            lambda: store.claim("k", "f" * (MAX_FINGERPRINT_BYTES + 1), lease=1, takeover=False),
+            LimitExceeded,
+        ),
+        (lambda: store.complete(KEY, first.token or "", b"x" * 101, retention=60), LimitExceeded),
+        (lambda: store.settle(KEY, result=b"x" * 101, retention=60), LimitExceeded),
+        (lambda: store.claim("k", FP, lease=math.nan, takeover=False), ValueError),
+        (lambda: store.claim("k", FP, lease=math.inf, takeover=False), ValueError),
+        (lambda: store.renew(KEY, first.token or "", lease=1e10), ValueError),
+        (lambda: store.complete(KEY, first.token or "", b"r", retention=-math.inf), ValueError),
+    ]
+    for call, error in refused:
+        with pytest.raises(error):
+            await call()
+    # A key no record could have is simply absent, without asking Redis.
+    assert await store.get("k" * 65) is None
+    assert await store.renew("k" * 65, "t", lease=1) is False
+    assert await store.release("", "t") is False
+    assert await store.wait("k" * 65, timeout=1) is None
+    with pytest.raises(ValueError, match="forward"):
+        store.advance_clock_for_testing(-1)
+    assert counted.writes == before
+    assert await snapshot(raw, rkey(prefix)) == held
+
+
+async def test_fingerprints_come_back_as_given(store: RedisKeyStore) -> None:
+    digest = hashlib.sha256(b"arguments").hexdigest()  # stored packed, 32 raw bytes
+    for key, fingerprint in [
+        ("digest", digest),
+        ("upper", digest.upper()),  # not packed: another fingerprint entirely
+        ("text", "fp-ü-\xff"),
+        ("raw-looking", "\x7f" * 33),
+    ]:
+        first = await store.claim(key, fingerprint, lease=LEASE, takeover=False)
+        assert first.status is ClaimStatus.CLAIMED
+        record = await store.get(key)
+        assert record is not None and record.fingerprint == fingerprint
+    other = await store.claim("digest", digest.upper(), lease=LEASE, takeover=False)
+    assert other.status is ClaimStatus.MISMATCH
+    same = await store.claim("upper", digest.upper(), lease=LEASE, takeover=False)
+    assert same.status is ClaimStatus.BUSY
+
+
+async def test_under_trio_it_says_it_needs_asyncio(redis_url: str, prefix: str) -> None:
+    store = RedisKeyStore.from_url(redis_url, prefix=prefix)
+
+    async def under_trio() -> None:
+        with pytest.raises(RuntimeError, match="asyncio only"):
+            await store.claim(KEY, FP, lease=LEASE, takeover=False)
+
+    await anyio.to_thread.run_sync(lambda: anyio.run(under_trio, backend="trio"))
+    assert await store.get(KEY) is None  # nothing was sent
+    await store.aclose()
+
+
+async def test_aclose_closes_only_a_client_the_store_opened(redis_url: str, prefix: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    borrowed = RedisKeyStore(client, prefix=prefix)
+    assert (await borrowed.claim(KEY, FP, lease=LEASE, takeover=False)).token
+    await borrowed.aclose()
+    assert await client.ping()  # still the caller's to use and close
+    await client.aclose()
+
+
+# -- memory per record -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [100, 10_000])
+async def test_memory_per_completed_record(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str, size: int
+) -> None:
+    """MEMORY USAGE counts the key name, the value and the allocator's rounding (not the expiry
+    entry, ~24 bytes more). A bare SET of the same bytes under the same name is the floor any
+    layout pays; the record may add its header on top of that."""
+    key = hashlib.sha256(f"{prefix}{size}".encode()).hexdigest()  # as the server layer makes
+    fingerprint = hashlib.sha256(b"arguments").hexdigest()
+    result = os.urandom(size)
+    first = await store.claim(key, fingerprint, lease=LEASE, takeover=False)
+    assert first.token and await store.complete(key, first.token, result, retention=RETENTION)
+    name = rkey(prefix, key)
+    usage = await raw.memory_usage(name, samples=0)
+    assert usage is not None
+    bare_name = name[:-1] + b"!"  # as long as the record's name
+    await raw.set(bare_name, result)
+    bare = await raw.memory_usage(bare_name, samples=0)
+    assert bare is not None
+    await raw.delete(bare_name)
+    overhead = usage - size
+    print(f"\nresult {size} B: MEMORY USAGE {usage} B, overhead {overhead} B, bare SET {bare} B")
+    assert usage - bare <= 128  # the header: 94 bytes plus rounding
+    if size <= 1000:
+        assert overhead <= 300
+    else:  # past 8 kB the allocator rounds to 1 kB steps, as for any Redis string
+        assert overhead <= 300 + (bare - size)
