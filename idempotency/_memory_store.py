@@ -17,6 +17,7 @@ from ._store import (
     Limits,
     Record,
     RecordState,
+    check_list_limit,
 )
 
 #: How long an abandoned IN_PROGRESS record and a release tombstone are kept.
@@ -112,6 +113,7 @@ class MemoryKeyStore:
     async def list_records(
         self, *, state: RecordState | None = None, limit: int = 100
     ) -> list[Record]:
+        check_list_limit(limit)
         now = self._clock()
         found = []
         for stored in self._records.values():

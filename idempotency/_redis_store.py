@@ -63,6 +63,7 @@ from ._store import (
     RecordState,
     StoreError,
     StoreUnavailable,
+    check_list_limit,
 )
 
 logger = logging.getLogger(__name__)
@@ -341,6 +342,7 @@ class RedisKeyStore:
         """Scans every key under the prefix (SCAN plus one pipelined read per 500 keys): an
         operator's tool whose cost grows with the number of records, not a request path.
         Records that cannot be read as ours are skipped with a warning."""
+        check_list_limit(limit)
 
         def order(record: Record) -> tuple[float, str]:
             return (record.created_at, record.key)

@@ -12,6 +12,8 @@ shared memory between the processes, which means one host.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import os
 import secrets
@@ -27,6 +29,7 @@ import anyio
 import anyio.to_thread
 
 from . import _transitions as rules
+from ._memory_store import DEFAULT_ORPHAN_RETENTION
 from ._store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -37,12 +40,13 @@ from ._store import (
     Record,
     RecordState,
     StoreUnavailable,
+    check_list_limit,
 )
 
 T = TypeVar("T")
 
-#: How long an abandoned IN_PROGRESS record and a release tombstone are kept (as MemoryKeyStore).
-DEFAULT_ORPHAN_RETENTION = 24 * 3600.0
+logger = logging.getLogger(__name__)
+
 #: Seconds a writer waits for another process's write lock before the store counts as unavailable.
 DEFAULT_BUSY_TIMEOUT = 5.0
 
@@ -86,6 +90,16 @@ PRAGMA user_version = {SCHEMA_VERSION};
 """
 
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM records WHERE key = ?"
+#: Purge reads a placeholder instead of the result: validity needs its type, not its bytes.
+_PURGE_CANDIDATES = (
+    "SELECT key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
+    " lease_deadline, completed_at, expires_at,"
+    " CASE typeof(result) WHEN 'null' THEN NULL WHEN 'blob' THEN x'' ELSE 0 END"
+    " FROM records WHERE expires_at <= ? AND (expires_at, key) > (?, ?)"
+    " ORDER BY expires_at, key LIMIT ?"
+)
+_PURGE_BATCH = 500
+_EXPIRES_AT = 10
 _UPSERT = f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 
 Row = tuple[object, ...]
@@ -115,6 +129,10 @@ class SQLiteKeyStore:
         self._orphan_retention = orphan_retention
         self._busy_timeout = busy_timeout
         self._lock = threading.Lock()
+        #: One worker thread at a time per store: the connection serves one statement at a
+        #: time anyway, and queued callers then wait in the event loop instead of each holding
+        #: a thread of anyio's shared pool (which the application needs too).
+        self._limiter: anyio.CapacityLimiter | None = None
         self._connection: sqlite3.Connection | None = None
         self._closed = False
         self._wakeups = _Wakeups()
@@ -228,8 +246,7 @@ class SQLiteKeyStore:
     async def list_records(
         self, *, state: RecordState | None = None, limit: int = 100
     ) -> list[Record]:
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, not {limit}")
+        check_list_limit(limit)
 
         def read(conn: sqlite3.Connection) -> list[Record]:
             now = self._clock()
@@ -241,11 +258,18 @@ class SQLiteKeyStore:
             if state is not None:
                 sql += " AND state = ?"
                 args.append(state.value)
-            sql += " ORDER BY created_at, key LIMIT ?"
-            args.append(limit)
-            found = []
+            sql += " ORDER BY created_at, key"
+            found: list[Record] = []
             for row in conn.execute(sql, args):
-                record = rules.visible(_decode(str(row[0]), row[1:]), now)
+                if len(found) >= limit:
+                    break
+                key = str(row[0])
+                try:
+                    record = rules.visible(_decode(key, row[1:]), now)
+                except CorruptRecord as exc:
+                    # One damaged row must not hide every other record from the operator.
+                    logger.warning("list_records skips an unreadable record: %s", exc)
+                    continue
                 if record is not None:
                     found.append(record)
             return found
@@ -253,14 +277,38 @@ class SQLiteKeyStore:
         return await self._run(read)
 
     async def purge_expired(self) -> int:
-        def purge(conn: sqlite3.Connection) -> int:
-            now = self._clock()
-            cursor = conn.execute(
-                "DELETE FROM records WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
-            )
-            return cursor.rowcount
+        """Deletes expired records in batches, one short write transaction each, so a large
+        purge never holds the write lock for long. Unreadable rows are left for an operator."""
 
-        return await self._run(purge, shield=True)
+        def purge_batch(conn: sqlite3.Connection, after: tuple[object, str]) -> tuple[int, Row]:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = self._clock()
+                rows = conn.execute(_PURGE_CANDIDATES, (now, *after, _PURGE_BATCH)).fetchall()
+                gone = []
+                for row in rows:
+                    try:
+                        _decode(str(row[0]), row[1:])
+                    except CorruptRecord:
+                        continue
+                    gone.append((row[0],))
+                conn.executemany("DELETE FROM records WHERE key = ?", gone)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            last = rows[-1] if len(rows) == _PURGE_BATCH else ()
+            return len(gone), last
+
+        purged = 0
+        after: tuple[object, str] = (float("-inf"), "")
+        while True:
+            count, last = await self._run(functools.partial(purge_batch, after=after), shield=True)
+            purged += count
+            if not last:
+                return purged
+            after = (last[_EXPIRES_AT], str(last[0]))
 
     async def aclose(self) -> None:
         def close() -> None:
@@ -307,8 +355,10 @@ class SQLiteKeyStore:
         return answer
 
     async def _run(self, work: Callable[[sqlite3.Connection], T], *, shield: bool = False) -> T:
+        if self._limiter is None:  # made here: a limiter needs a running event loop
+            self._limiter = anyio.CapacityLimiter(1)
         with anyio.CancelScope(shield=shield):
-            answer = await anyio.to_thread.run_sync(self._locked, work)
+            answer = await anyio.to_thread.run_sync(self._locked, work, limiter=self._limiter)
         return answer
 
     def _locked(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -357,13 +407,15 @@ class SQLiteKeyStore:
             raise StoreUnavailable(f"cannot open the SQLite key store at {where}: {exc}") from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            # First make sure the file is ours: switching a foreign database to WAL would
+            # already rewrite its header.
+            _ensure_schema(conn, where)
             # WAL: readers never block the writer, and commits append instead of rewriting.
             conn.execute("PRAGMA journal_mode = WAL")
             # FULL: every acknowledged transition is on disk before we answer. With NORMAL a
             # power loss may roll back the last commits, forgetting a claim or a completion
             # whose effect already happened: the next retry would run the tool a second time.
             conn.execute("PRAGMA synchronous = FULL")
-            _ensure_schema(conn, where)
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.DatabaseError):

@@ -121,6 +121,12 @@ class Limits:
             raise LimitExceeded("result", len(result), self.max_result_bytes)
 
 
+def check_list_limit(limit: int) -> None:
+    """Every backend refuses a negative limit the same way, instead of slicing `[:-1]`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be an int >= 0, not {limit!r}")
+
+
 @runtime_checkable
 class KeyStore(Protocol):
     """One record per key; every transition after `claim` is a compare-and-set on the token."""

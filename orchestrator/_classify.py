@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp import MCPError
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, REQUEST_TIMEOUT
+from mcp_types import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
+)
 
 from idempotency import wire
 
@@ -23,8 +29,10 @@ from ._report import FailureKind
 # mcp.shared.jsonrpc_dispatcher). A server sending the same code with another message is
 # answering for itself, and is taken at its word.
 _SDK_HTTP_ERROR = "Server returned an error response"
-_SDK_SESSION_TERMINATED = "Session terminated"
 _SDK_CONNECTION_CLOSED = "Connection closed"
+# HTTP 404 on a session id, as the SDK client synthesizes it, and as SDK servers (Python: -32600,
+# TypeScript: -32001) put it in the body.
+_SESSION_GONE = frozenset({"Session terminated", "Session not found"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,12 @@ def _classify_mcp(error: MCPError, probe: AttemptProbe | None, closed: bool) -> 
     synthetic = error.data is None
     status = probe.status if probe is not None else None
     hint = probe.retry_after if probe is not None else None
+    if (status == 404 and code != METHOD_NOT_FOUND) or (
+        code in (INVALID_REQUEST, REQUEST_TIMEOUT) and error.message in _SESSION_GONE
+    ):
+        # The server does not know this session (it restarted, or expired it) and refused the
+        # request at the HTTP layer, before dispatching it: never executed, session gone.
+        return Failure("never_sent", error, code, status or 404, hint, session_dead=True)
     if code == REQUEST_TIMEOUT:
         # The request was written and its answer did not come in time; the SDK sent
         # notifications/cancelled, which a server may see only after the tool finished.
@@ -77,10 +91,6 @@ def _classify_mcp(error: MCPError, probe: AttemptProbe | None, closed: bool) -> 
         if status is None or _http_status_retryable(status):
             return Failure("maybe_executed", error, code, status, hint, session_dead=closed)
         return Failure("permanent", error, code, status, hint)
-    if code == INVALID_REQUEST and synthetic and error.message == _SDK_SESSION_TERMINATED:
-        # HTTP 404 on a session id: the server does not know this session (it restarted, or
-        # expired it) and refused the request before dispatching it.
-        return Failure("never_sent", error, code, status or 404, hint, session_dead=True)
     if code == wire.IN_PROGRESS:
         return Failure("in_progress", error, code, status, _hint_from_data(error.data))
     if code == wire.STORE_UNAVAILABLE:

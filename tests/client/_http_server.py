@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import anyio.to_thread
+import httpx2
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 
@@ -96,9 +99,15 @@ class HttpServer:
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self._uvicorn: _Server | None = None
         self._thread: threading.Thread | None = None
+        #: Set while the server accepts connections (cleared before a stop begins).
+        self.up = threading.Event()
+
+    async def wait_up(self) -> None:
+        if not self.up.is_set():
+            await anyio.to_thread.run_sync(self.up.wait, abandon_on_cancel=True)
 
     def start(self) -> None:
-        app = with_faults(self.mcp.streamable_http_app(), self.faults)  # type: ignore[arg-type]
+        app = with_faults(self.mcp.streamable_http_app(), self.faults)
         config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="error", lifespan="on"
         )
@@ -108,9 +117,11 @@ class HttpServer:
         self._thread.start()
         if not ready.wait(10):
             raise RuntimeError("the HTTP test server did not start")
+        self.up.set()
 
     def stop(self) -> None:
         """Stop at once, dropping the connections of requests in flight."""
+        self.up.clear()
         if self._uvicorn is None or self._thread is None:
             return
         self._uvicorn.force_exit = True
@@ -122,3 +133,22 @@ class HttpServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+class HoldWhileDown(httpx2.AsyncBaseTransport):
+    """Client side: requests made while the test server restarts wait until it is back.
+
+    Keeps restart tests deterministic: without it, how many attempts a restart costs depends on
+    how long the server takes to come back.
+    """
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        await self._server.wait_up()
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

@@ -30,8 +30,7 @@ async def _outage_cost(mode: str, policy: RetryPolicy) -> tuple[int, list[str]]:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize(("anyio_backend", "mode"), [("asyncio", "auto"), ("trio", "legacy")])
 async def test_full_outage_costs_about_one_attempt_per_call(mode: str) -> None:
     with_budget, reasons = await _outage_cost(mode, RetryPolicy())
     without_budget, _ = await _outage_cost(mode, RetryPolicy(budget=None))

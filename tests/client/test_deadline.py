@@ -53,12 +53,12 @@ def on_retry(callback: object) -> Iterator[list[logging.LogRecord]]:
 async def test_deadline_cuts_a_hanging_attempt(mode: str) -> None:
     recorder = Recorder()
     async with Client(make_server(recorder), mode=mode) as client:
-        rs = RetryingSession(client, policy=RetryPolicy(deadline=0.5))
+        rs = RetryingSession(client, policy=RetryPolicy(deadline=0.3))
         start = anyio.current_time()
         with pytest.raises(OutcomeUnknown) as caught:
             await rs.call_tool("hang")
         elapsed = anyio.current_time() - start
-    assert 0.5 <= elapsed <= 0.5 + TICK
+    assert 0.3 <= elapsed <= 0.3 + TICK
     assert caught.value.reason == "deadline" and recorder.executions("hang") == 1
 
 

@@ -1,4 +1,4 @@
-"""Server answers: permanent errors, isError results, retry hints, replays (in-process, both eras)."""
+"""Server answers: permanent errors, isError results, retry hints, replays (in-process)."""
 
 from __future__ import annotations
 

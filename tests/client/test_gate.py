@@ -6,8 +6,9 @@ counts show exactly what the retry logic sent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TypeVar, cast
 
 import pytest
 from _faults import Faults, faulty_transport
@@ -15,13 +16,21 @@ from _servers import Recorder, make_server
 from mcp import Client
 
 from idempotency import wire
-from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy
+from orchestrator import OutcomeUnknown, Override, RetryingSession, RetryPolicy
 
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"]),
-    pytest.mark.parametrize("mode", ["auto", "legacy"]),
-]
+pytestmark = pytest.mark.anyio
+TestT = TypeVar("TestT", bound=Callable[..., object])
+
+
+def every_era_and_backend(test: TestT) -> TestT:
+    test = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])(test)
+    return cast(TestT, pytest.mark.parametrize("mode", ["auto", "legacy"])(test))
+
+
+# Secondary behaviour: each era and each backend once, to keep the suite fast.
+each_era_once = pytest.mark.parametrize(
+    ("anyio_backend", "mode"), [("asyncio", "auto"), ("trio", "legacy")]
+)
 
 # A dropped answer is noticed by timeout: keep it short, the tools answer at once.
 FAST = RetryPolicy(attempt_timeout=0.2, deadline=10)
@@ -40,14 +49,19 @@ def connector(
 
 @asynccontextmanager
 async def retrying(
-    mode: str, faults: Faults, recorder: Recorder, policy: RetryPolicy = FAST, **kwargs: object
+    mode: str,
+    faults: Faults,
+    recorder: Recorder,
+    policy: RetryPolicy = FAST,
+    overrides: Mapping[str, Override] | None = None,
 ) -> AsyncIterator[RetryingSession]:
     async with RetryingSession(
-        policy=policy, connect=connector(recorder, faults, mode), **kwargs
+        policy=policy, connect=connector(recorder, faults, mode), overrides=overrides
     ) as session:
         yield session
 
 
+@every_era_and_backend
 @pytest.mark.parametrize("tool", ["idem", "reader"])
 async def test_lost_answer_of_safe_tool_is_retried_with_same_key(mode: str, tool: str) -> None:
     recorder, faults = Recorder(), Faults(plan={tool: ["drop"]})
@@ -62,6 +76,7 @@ async def test_lost_answer_of_safe_tool_is_retried_with_same_key(mode: str, tool
     assert report.attempts[0].code == -32001 and report.outcome == "result"
 
 
+@every_era_and_backend
 async def test_lost_answer_of_unsafe_tool_is_outcome_unknown_after_one_run(mode: str) -> None:
     for tool in ("plain", "unsafe"):
         recorder, faults = Recorder(), Faults(plan={tool: ["drop"]})
@@ -76,6 +91,7 @@ async def test_lost_answer_of_unsafe_tool_is_outcome_unknown_after_one_run(mode:
         assert getattr(err.last_error, "code", None) == -32001
 
 
+@every_era_and_backend
 async def test_lost_connection_reconnects_and_retries_same_key(mode: str) -> None:
     recorder, faults = Recorder(), Faults(plan={"idem": ["kill"]})
     async with retrying(mode, faults, recorder) as rs:
@@ -91,6 +107,7 @@ async def test_lost_connection_reconnects_and_retries_same_key(mode: str) -> Non
     assert report.attempts[0].code == -32000 and report.connects == 2
 
 
+@each_era_once
 async def test_lost_connection_of_unsafe_tool_is_outcome_unknown(mode: str) -> None:
     recorder, faults = Recorder(), Faults(plan={"plain": ["kill"]})
     async with retrying(mode, faults, recorder) as rs:
@@ -102,6 +119,7 @@ async def test_lost_connection_of_unsafe_tool_is_outcome_unknown(mode: str) -> N
     assert caught.value.attempts == 1 and caught.value.reason == "not_idempotent"
 
 
+@each_era_once
 async def test_overrides_correct_annotations(mode: str) -> None:
     recorder = Recorder()
     faults = Faults(plan={"plain": ["drop"], "idem": ["drop"]})
@@ -113,6 +131,7 @@ async def test_overrides_correct_annotations(mode: str) -> None:
     assert recorder.counts() == {"plain": 2, "idem": 1}
 
 
+@each_era_once
 async def test_untrusted_annotations_only_overrides_open_the_gate(mode: str) -> None:
     recorder = Recorder()
     faults = Faults(plan={"idem": ["drop"], "reader": ["drop"]})
@@ -127,6 +146,7 @@ async def test_untrusted_annotations_only_overrides_open_the_gate(mode: str) -> 
     assert recorder.counts() == {"idem": 1, "reader": 2}
 
 
+@each_era_once
 async def test_caller_meta_and_key_travel_on_every_attempt(mode: str) -> None:
     recorder, faults = Recorder(), Faults(plan={"idem": ["drop", "drop"]})
     async with retrying(mode, faults, recorder) as rs:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
+import httpx2
 import pytest
-from _http_server import HttpFaults, HttpServer
+from _http_server import HoldWhileDown, HttpServer
 from _servers import Recorder, make_server
 from mcp import Client
 
@@ -22,7 +25,8 @@ from orchestrator import (
     streamable_http_transport,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])]
+pytestmark = pytest.mark.anyio
+both_backends = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 
 
 @pytest.fixture
@@ -38,6 +42,7 @@ def http(recorder: Recorder) -> Iterator[HttpServer]:
     server.stop()
 
 
+@both_backends
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_503_retry_after_is_captured_and_honoured(
     http: HttpServer, recorder: Recorder, mode: str
@@ -59,6 +64,7 @@ async def test_503_retry_after_is_captured_and_honoured(
     assert http.faults.tool_posts == 2
 
 
+@both_backends
 async def test_429_with_http_date_and_the_gate(http: HttpServer, recorder: Recorder) -> None:
     later = email.utils.formatdate(time.time() + 3, usegmt=True)
     http.faults.plan = [(429, {"retry-after": later}), None, (503, {})]
@@ -76,6 +82,7 @@ async def test_429_with_http_date_and_the_gate(http: HttpServer, recorder: Recor
     assert recorder.counts() == {"reader": 1}
 
 
+@both_backends
 async def test_other_4xx_is_permanent(http: HttpServer, recorder: Recorder) -> None:
     http.faults.plan = [(401, {})]
     async with Client(streamable_http_transport(http.url)) as client:
@@ -85,6 +92,7 @@ async def test_other_4xx_is_permanent(http: HttpServer, recorder: Recorder) -> N
     assert http.faults.tool_posts == 1 and recorder.executions() == 0
 
 
+@both_backends
 async def test_without_the_transport_a_bare_status_is_maybe_executed(
     http: HttpServer, recorder: Recorder
 ) -> None:
@@ -96,6 +104,7 @@ async def test_without_the_transport_a_bare_status_is_maybe_executed(
     assert recorder.executions("idem") == 1 and len(report.attempts) == 2
 
 
+@both_backends
 async def test_connection_refused_is_never_sent_and_stays_inside_the_call(
     http: HttpServer, recorder: Recorder
 ) -> None:
@@ -113,55 +122,87 @@ async def test_connection_refused_is_never_sent_and_stays_inside_the_call(
     assert recorder.counts() == {"idem": 1}
 
 
-async def test_modern_server_restarted_mid_call(
-    http: HttpServer, recorder: Recorder, real_waits: None
+@both_backends
+async def test_a_crashing_plain_transport_cancels_and_is_not_swallowed(
+    http: HttpServer, recorder: Recorder
 ) -> None:
-    policy = RetryPolicy(max_attempts=10, wait_initial=0.05, wait_max=0.5, budget=None)
-    async with RetryingSession(
-        connect=lambda: Client(streamable_http_transport(http.url)), policy=policy
-    ) as rs:
-
-        async def restart_when_running() -> None:
-            await anyio.to_thread.run_sync(recorder.started.wait)
-            await anyio.to_thread.run_sync(http.restart)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(restart_when_running)
-            result, report = await rs.call_tool_with_report("slow_first")
-        assert rs.connects == 1  # stateless HTTP: the same session carried on
-    assert result.content[0].text.startswith("slow_first:")  # type: ignore[union-attr]
-    assert report.attempts[0].failure == "maybe_executed"
-    assert len(set(recorder.keys("slow_first"))) == 1
+    # Without the retry-aware transport, a refused connection crashes the SDK's transport task
+    # group, which cancels the code inside `async with Client`. That cancellation must win: no
+    # retry, no result, the crash surfaces from `async with`.
+    rs: RetryingSession | None = None
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with Client(http.url) as client:
+            rs = RetryingSession(client)
+            await rs.call_tool("idem", {"x": 0})
+            await anyio.to_thread.run_sync(http.stop)
+            await rs.call_tool("plain", {"x": 1})
+    assert caught.value.subgroup(httpx2.ConnectError) is not None
+    assert rs is not None and rs.last_report is not None
+    assert rs.last_report.outcome == "cancelled" and rs.last_report.attempts == ()
+    assert recorder.counts() == {"idem": 1}
 
 
-async def test_legacy_server_restarted_mid_call_reconnects(
-    http: HttpServer, recorder: Recorder, real_waits: None
-) -> None:
-    # A plain SDK client, no retry-aware transport: its crashes end the host task, not the call.
-    policy = RetryPolicy(max_attempts=10, wait_initial=0.05, wait_max=0.5, budget=None)
-    connects = 0
+def restart_when_running(
+    http: HttpServer, recorder: Recorder
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    async def restart() -> None:
+        await anyio.to_thread.run_sync(recorder.started.wait)
+        await anyio.to_thread.run_sync(http.restart)
 
+    return restart
+
+
+@both_backends
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_server_restarted_mid_call(http: HttpServer, recorder: Recorder, mode: str) -> None:
+    # Requests made while the server is down wait for it (HoldWhileDown): what is tested here is
+    # the state after the restart, not how long one takes.
     def connect() -> Client:
-        nonlocal connects
-        connects += 1
-        return Client(http.url, mode="legacy")
+        return Client(streamable_http_transport(http.url, inner=HoldWhileDown(http)), mode=mode)
 
-    async with RetryingSession(connect=connect, policy=policy) as rs:
+    async with RetryingSession(connect=connect) as rs, anyio.create_task_group() as tg:
+        tg.start_soon(restart_when_running(http, recorder))
+        result, report = await rs.call_tool_with_report("slow_first")
+    assert result.content[0].text == f"slow_first:{len(report.attempts)}"  # type: ignore[union-attr]
+    assert len(set(recorder.keys("slow_first"))) == 1
+    first, *_, last = report.attempts
+    assert first.failure == "maybe_executed"  # the server went down while the tool ran
+    if mode == "auto":
+        # Stateless HTTP: the same session simply carries on.
+        assert report.connects == 1 and len(report.attempts) == 2
+    else:
+        # The restarted server does not know the session: 404, never executed; reconnect.
+        assert report.connects == 2 and len(report.attempts) == 3
+        assert (report.attempts[1].failure, report.attempts[1].http_status) == ("never_sent", 404)
+        assert last.generation == 2
 
-        async def restart_when_running() -> None:
-            await anyio.to_thread.run_sync(recorder.started.wait)
-            await anyio.to_thread.run_sync(http.restart)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(restart_when_running)
-            result, report = await rs.call_tool_with_report("slow_first")
-        assert rs.connects >= 2  # the old session died with the server
+@both_backends
+async def test_legacy_restart_with_a_plain_client_reconnects(
+    http: HttpServer, recorder: Recorder
+) -> None:
+    # A plain SDK client (no retry-aware transport): when its transport crashes, the crash ends
+    # the session's host task, and the call sees an ordinary "Connection closed".
+    @asynccontextmanager
+    async def connect() -> AsyncIterator[Client]:
+        await http.wait_up()
+        async with Client(http.url, mode="legacy") as client:
+            yield client
+
+    policy = RetryPolicy(max_attempts=5)
+    async with (
+        RetryingSession(connect=connect, policy=policy) as rs,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(restart_when_running(http, recorder))
+        result, report = await rs.call_tool_with_report("slow_first")
     assert result.content[0].text.startswith("slow_first:")  # type: ignore[union-attr]
     assert report.attempts[0].failure == "maybe_executed"
+    assert report.connects == 2 and report.attempts[-1].generation == 2
     assert len(set(recorder.keys("slow_first"))) == 1
-    assert report.connects == rs.connects and connects >= rs.connects
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_budget_against_a_server_answering_503(http: HttpServer, recorder: Recorder) -> None:
     calls = 200
     http.faults.always = (503, {})

@@ -102,6 +102,17 @@ def _probe(**fields: object) -> AttemptProbe:
         ),
         (MCPError(-32603, "internal", {"why": "bug"}), None, False, "permanent", False),
         (MCPError(-32600, "Session terminated"), None, False, "never_sent", True),
+        (MCPError(-32600, "Session not found"), None, False, "never_sent", True),
+        (MCPError(-32001, "Session not found"), None, False, "never_sent", True),
+        (
+            MCPError(-32600, "odd", {"x": 1}),
+            _probe(status=404, sent=True),
+            False,
+            "never_sent",
+            True,
+        ),
+        (MCPError(-32601, "Not Found"), _probe(status=404, sent=True), False, "permanent", False),
+        (MCPError(-32600, "Invalid request"), None, False, "permanent", False),
         (
             MCPError(wire.IN_PROGRESS, "busy", {"retryAfterMs": 1500}),
             None,
@@ -140,8 +151,9 @@ def test_classify_reads_hints() -> None:
     assert (http.http_status, http.retry_after) == (429, 4.0)
 
 
-def _tool(**hints: bool) -> Tool:
-    return Tool(name="t", input_schema={"type": "object"}, annotations=ToolAnnotations(**hints))
+def _tool(idempotent_hint: bool | None = None, read_only_hint: bool | None = None) -> Tool:
+    hints = ToolAnnotations(idempotent_hint=idempotent_hint, read_only_hint=read_only_hint)
+    return Tool(name="t", input_schema={"type": "object"}, annotations=hints)
 
 
 @pytest.mark.parametrize(

@@ -113,13 +113,13 @@ def make_redis(url: str, namespace: str, *, orphan_retention: float = ORPHAN_RET
 # -- reaching into the stored data, to damage it or prove it did not change ----------------------
 
 
-async def raw_state(backend: Backend) -> object:
-    """Everything the backend holds for this test, byte for byte."""
+async def raw_state(backend: Backend, key: str) -> object:
+    """What the backend holds for `key`, byte for byte."""
     if backend.name == "sqlite":
         with sqlite3.connect(backend.location) as conn:
-            return conn.execute("SELECT * FROM records ORDER BY key").fetchall()
+            return conn.execute("SELECT * FROM records WHERE key = ?", (key,)).fetchall()
     if backend.name == "redis":
-        return await _redis_raw(backend)
+        return await _redis_raw(backend, key)
     pytest.skip("the memory store holds Python objects; there is no raw form to damage")
 
 
@@ -134,7 +134,7 @@ async def damage(backend: Backend, key: str, how: str) -> None:
             assert conn.execute(statement, (key,)).rowcount == 1
         return
     if backend.name == "redis":
-        await _redis_damage(backend, how)
+        await _redis_damage(backend, key, how)
         return
     pytest.skip("the memory store holds Python objects and cannot be damaged from outside")
 
@@ -145,11 +145,18 @@ async def _redis_client(backend: Backend) -> Any:
     return aioredis.Redis.from_url(backend.location)
 
 
-async def _redis_raw(backend: Backend) -> dict[bytes, object]:
+async def _redis_names(client: Any, backend: Backend, key: str) -> list[bytes]:
+    """The Redis keys of this test's namespace that belong to record `key` (found by SCAN)."""
+    return [
+        name async for name in client.scan_iter(match=f"{backend.prefix}*") if key.encode() in name
+    ]
+
+
+async def _redis_raw(backend: Backend, key: str) -> dict[bytes, object]:
     client = await _redis_client(backend)
     try:
         found: dict[bytes, object] = {}
-        async for name in client.scan_iter(match=f"{backend.prefix}*"):
+        for name in await _redis_names(client, backend, key):
             kind = await client.type(name)
             if kind == b"hash":
                 found[name] = ("hash", await client.hgetall(name))
@@ -162,13 +169,13 @@ async def _redis_raw(backend: Backend) -> dict[bytes, object]:
         await client.aclose()
 
 
-async def _redis_damage(backend: Backend, how: str) -> None:
+async def _redis_damage(backend: Backend, key: str, how: str) -> None:
     """Overwrite the record's key: with a garbage string, or with another Redis type."""
     client = await _redis_client(backend)
     try:
-        names = [name async for name in client.scan_iter(match=f"{backend.prefix}*")]
+        names = await _redis_names(client, backend, key)
         records = [name for name in names if await client.type(name) == b"string"]
-        assert len(records) == 1, f"expected one record in the namespace, found {names}"
+        assert len(records) == 1, f"expected one record for {key!r}, found {names}"
         name = records[0]
         ttl = await client.pttl(name)
         if how == "garbled":

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
-from store_backends import Backend, damage, raw_state, redis_store
+from store_backends import ORPHAN_RETENTION, Backend, damage, raw_state, redis_store
 
 from idempotency import (
     ClaimOutcome,
@@ -432,8 +432,10 @@ async def test_wait_returns_at_once_when_nothing_runs(backend: Backend) -> None:
 async def test_a_corrupt_record_is_reported_and_left_untouched(backend: Backend, how: str) -> None:
     store = backend.store
     owner = await claimed(store)
+    other = await claimed(store, "other")
+    assert await store.complete("other", token_of(other), b"fine", retention=RETENTION)
     await damage(backend, KEY, how)
-    before = await raw_state(backend)
+    before = await raw_state(backend, KEY)
 
     calls: list[Callable[[], Awaitable[object]]] = [
         lambda: store.claim(KEY, FP, lease=LEASE, takeover=True),
@@ -450,10 +452,15 @@ async def test_a_corrupt_record_is_reported_and_left_untouched(backend: Backend,
         with pytest.raises(CorruptRecord) as caught:
             await call()
         assert caught.value.key == KEY and caught.value.why
+    # An operator's listing still shows every readable record; the damaged one is skipped.
+    assert [r.key for r in await store.list_records()] == ["other"]
     await backend.advance(LEASE + 1)
     with pytest.raises(CorruptRecord):
         await store.claim(KEY, FP, lease=LEASE, takeover=True)
-    assert await raw_state(backend) == before
+    await backend.advance(ORPHAN_RETENTION + RETENTION)  # past every expiry the record had
+    assert await store.purge_expired() == 1  # "other" went; the damaged record is left alone
+    assert await store.get("other") is None
+    assert await raw_state(backend, KEY) == before
 
 
 def _closed_port() -> int:
@@ -580,3 +587,9 @@ async def test_purge_expired_removes_only_expired_records(backend: Backend) -> N
     assert await store.purge_expired() == 0
     assert [r.key for r in await store.list_records()] == ["long", "lost"]
     assert await store.get("short") is None
+
+
+@pytest.mark.parametrize("limit", [-1, -5])
+async def test_negative_list_limit_is_refused_by_every_backend(backend: Backend, limit: int) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        await backend.store.list_records(limit=limit)

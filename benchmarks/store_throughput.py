@@ -1,0 +1,219 @@
+"""Benchmark 3: claim+complete pairs per second at 1, 16 and 64 concurrent callers.
+
+Contenders, measured interleaved in each round on one private redis-server:
+
+* `mcp_once` — `RedisKeyStore.claim` + `.complete` (asyncio tasks, one process).
+* `raw_redis_py` — the same two scripts through plain `redis.asyncio` EVALSHA calls, no store
+  code around them: the floor for any Python client, so the gap to `mcp_once` is our own cost.
+* `powertools` — AWS Powertools' Redis layer, `save_inprogress` + `save_success` (threads).
+* `redis_benchmark` — `redis-benchmark` running claim and complete as ONE script per request
+  (the same server-side work at half the network cost): the practical limit of the server.
+
+Every Python contender hashes the call and names the record as the server guard does and stores
+the same 200-byte result; keys are unique, so every pair is a first execution. The database is
+flushed before each measurement so no contender inherits another's records.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+import subprocess
+from typing import Any
+
+import anyio
+import redis
+import redis.asyncio as aioredis
+
+from idempotency import RedisKeyStore
+from idempotency import _redis_lua as lua
+from idempotency._redis_store import _pack_fingerprint
+
+from . import _powertools, _workload
+from ._redis import RedisServer, redis_benchmark_binary
+from ._stats import ratio, spread
+from ._timing import async_rate, thread_rate
+
+CONCURRENCY = (1, 16, 64)
+CONTENDERS = ("mcp_once", "raw_redis_py", "powertools", "redis_benchmark")
+
+
+async def _mcp_once(url: str, concurrency: int, duration: float, run: str) -> float:
+    store = RedisKeyStore.from_url(url, prefix=_workload.PREFIX)
+    result = _workload.result_bytes()
+
+    async def pair(n: int) -> None:
+        key, fp = _workload.call_names(run, n)
+        outcome = await store.claim(key, fp, lease=_workload.LEASE, takeover=False)
+        assert outcome.token is not None, outcome
+        stored = await store.complete(key, outcome.token, result, retention=_workload.RETENTION)
+        assert stored
+
+    try:
+        return await async_rate(concurrency, duration, pair)
+    finally:
+        await store.aclose()
+
+
+async def _raw(url: str, concurrency: int, duration: float, run: str) -> float:
+    client = aioredis.Redis.from_url(url)
+    result = _workload.result_bytes()
+    lease_us = int(_workload.LEASE * 1e6)
+    retention_us = int(_workload.RETENTION * 1e6)
+    await client.script_load(lua.CLAIM.source)
+    await client.script_load(lua.COMPLETE.source)
+    prefix = _workload.PREFIX.encode()
+
+    async def pair(n: int) -> None:
+        key, fp = _workload.call_names(run, n)
+        rkey = prefix + b"{" + key.encode() + b"}"
+        token = _workload.new_token()
+        claimed = await client.evalsha(
+            lua.CLAIM.sha, 1, rkey, 0, _pack_fingerprint(fp), lease_us, 0, retention_us, token
+        )
+        assert claimed[0] == b"claimed", claimed
+        done = await client.evalsha(lua.COMPLETE.sha, 1, rkey, 0, token, retention_us, result)
+        assert done == [b"ok"], done
+
+    try:
+        return await async_rate(concurrency, duration, pair)
+    finally:
+        await client.aclose()
+
+
+def _powertools_rate(url: str, concurrency: int, duration: float, run: str) -> float:
+    layer = _powertools.PowertoolsLayer(url)
+    result = _workload.powertools_result()
+
+    def pair(n: int) -> None:
+        data = {"key": f"{run}-{n}", **_workload.arguments(n)}
+        layer.first_execution(data, result)
+
+    try:
+        return thread_rate(concurrency, duration, pair)
+    finally:
+        layer.close()
+
+
+def redis_benchmark_command(port: int, sha: str, concurrency: int, requests: int) -> list[str]:
+    binary = redis_benchmark_binary() or "redis-benchmark"
+    return [
+        binary,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-c",
+        str(concurrency),
+        "-n",
+        str(requests),
+        "-r",
+        "1000000000",
+        "--csv",
+        "EVALSHA",
+        sha,
+        "1",
+        _workload.PREFIX + "{key:__rand_int__}",
+        "0",
+        "f" * 33,  # a packed fingerprint is 33 bytes
+        str(int(_workload.LEASE * 1e6)),
+        "0",
+        str(int(_workload.RETENTION * 1e6)),
+        "t" * 32,  # tokens are 32 hex characters
+        str(int(_workload.RETENTION * 1e6)),
+        _workload.result_bytes().decode(),
+    ]
+
+
+def _redis_benchmark_rate(port: int, sha: str, concurrency: int, requests: int) -> float:
+    command = redis_benchmark_command(port, sha, concurrency, requests)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    rows = list(csv.reader(io.StringIO(done.stdout)))
+    body = [row for row in rows if row and row[0] != "test"]
+    if not body:
+        raise RuntimeError(f"redis-benchmark printed no result: {done.stdout!r} {done.stderr!r}")
+    return float(body[-1][1])
+
+
+def measure(*, quick: bool, rounds: int | None = None) -> dict[str, Any]:
+    """Run all contenders, interleaved, for `rounds` rounds; medians with min/max."""
+    rounds = rounds or (1 if quick else 5)
+    duration = 0.4 if quick else 2.0
+    have_powertools = _powertools.available()
+    have_benchmark = redis_benchmark_binary() is not None
+    pair_source = _workload.pair_script_source()
+    samples: dict[str, dict[int, list[float]]] = {c: {n: [] for n in CONCURRENCY} for c in CONTENDERS}
+    #: Sized from the last measured rate so each run lasts about `duration`.
+    expected = {1: 30_000.0, 16: 80_000.0, 64: 90_000.0}
+    shuffle = random.Random(7)
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+        pair_sha = admin.script_load(pair_source)
+        for round_no in range(rounds):
+            for concurrency in CONCURRENCY:
+                order = list(CONTENDERS)
+                shuffle.shuffle(order)
+                for contender in order:
+                    admin.flushall()
+                    run = f"r{round_no}c{concurrency}{contender}"
+                    if contender == "mcp_once":
+                        rate = anyio.run(_mcp_once, server.url, concurrency, duration, run)
+                    elif contender == "raw_redis_py":
+                        rate = anyio.run(_raw, server.url, concurrency, duration, run)
+                    elif contender == "powertools":
+                        if not have_powertools:
+                            continue
+                        rate = _powertools_rate(server.url, concurrency, duration, run)
+                    else:
+                        if not have_benchmark:
+                            continue
+                        requests = max(2_000, int(expected[concurrency] * duration))
+                        rate = _redis_benchmark_rate(server.port, pair_sha, concurrency, requests)
+                        expected[concurrency] = rate
+                    samples[contender][concurrency].append(rate)
+        admin.flushall()
+        admin.close()
+        port = server.port
+    return _report(samples, rounds, duration, port, pair_sha, have_powertools)
+
+
+def _report(
+    samples: dict[str, dict[int, list[float]]],
+    rounds: int,
+    duration: float,
+    port: int,
+    pair_sha: str,
+    have_powertools: bool,
+) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for contender, by_level in samples.items():
+        table[contender] = {
+            str(level): spread(values, 0) for level, values in by_level.items() if values
+        }
+    ratios: dict[str, dict[str, float]] = {"vs_powertools": {}, "vs_redis_benchmark": {}}
+    ours_vs_raw: dict[str, float] = {}
+    for level in CONCURRENCY:
+        key = str(level)
+        ours = table["mcp_once"][key]["median"]
+        if key in table.get("powertools", {}):
+            ratios["vs_powertools"][key] = ratio(ours, table["powertools"][key]["median"])
+        if key in table.get("redis_benchmark", {}):
+            ratios["vs_redis_benchmark"][key] = ratio(ours, table["redis_benchmark"][key]["median"])
+        ours_vs_raw[key] = ratio(ours, table["raw_redis_py"][key]["median"])
+    out: dict[str, Any] = {
+        "unit": "claim+complete pairs per second (median of rounds, with min and max)",
+        "rounds": rounds,
+        "window_seconds": duration,
+        "result_bytes": _workload.RESULT_BYTES,
+        "contenders": table,
+        "ratios": ratios,
+        "mcp_once_vs_raw_redis_py": ours_vs_raw,
+        "redis_benchmark_command": " ".join(
+            redis_benchmark_command(port, pair_sha, 16, 100_000)[:-1]
+            + [f"<{_workload.RESULT_BYTES}-byte result>"]
+        ),
+    }
+    if have_powertools:
+        out["powertools_version"] = _powertools.version()
+    return out

@@ -1,0 +1,9 @@
+"""placeholder"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_parser(commands: Any) -> None:
+    return None

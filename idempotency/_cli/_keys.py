@@ -1,0 +1,228 @@
+"""`mcp-once keys`: see and settle records, for the operator who must reconcile an unknown outcome.
+
+Stored results are not printed unless asked (`--reveal-result`): they are user data, and an
+operator listing records should not see them by accident.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+from mcp_types import CallToolResult, TextContent
+from pydantic import ValidationError
+
+from .._replay import UnreadableResult, decode_result, encode_result, rfc3339
+from .._scope import CallScope, default_scope, store_key
+from .._store import CorruptRecord, KeyStore, Record, RecordState, StoreUnavailable
+from ._common import EXIT_PROBLEM, EXIT_UNREACHABLE, EXIT_USAGE, add_store_option, fail, open_or_fail
+
+T = TypeVar("T")
+
+#: Settled results are kept as long as a completed record by default (24 h, like Stripe).
+DEFAULT_SETTLE_RETENTION = 24 * 3600.0
+
+
+def add_parser(commands: Any) -> None:
+    keys = commands.add_parser("keys", help="list, show, settle and purge idempotency records")
+    actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    listing = actions.add_parser("list", help="list records, optionally of one state")
+    listing.add_argument("--state", choices=[s.value for s in RecordState if s.value != "released"])
+    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(run=_run(_list))
+
+    show = actions.add_parser("show", help="show one record (its result only if asked)")
+    _add_key_arguments(show)
+    show.add_argument("--reveal-result", action="store_true", help="print the stored result")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.set_defaults(run=_run(_show))
+
+    settle = actions.add_parser("settle", help="settle an UNKNOWN record as completed or failed")
+    _add_key_arguments(settle)
+    verdict = settle.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--failed", action="store_true", help="release it: the next call runs")
+    verdict.add_argument("--result-text", help="completed, replaying this text as the result")
+    verdict.add_argument(
+        "--result-json", type=Path, help="completed, replaying this CallToolResult JSON file"
+    )
+    settle.add_argument("--retention", type=float, default=DEFAULT_SETTLE_RETENTION)
+    settle.set_defaults(run=_run(_settle))
+
+    purge = actions.add_parser("purge", help="physically remove expired records")
+    purge.set_defaults(run=_run(_purge))
+
+    for parser in (listing, show, settle, purge):
+        add_store_option(parser)
+
+
+def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "key",
+        nargs="?",
+        help="the store key as `keys list` prints it (a SHA-256 hex digest)",
+    )
+    derive = parser.add_argument_group(
+        "or derive the store key from what the client saw (default scope, no principal)"
+    )
+    derive.add_argument("--client-key", help="the idempotency key the client sent")
+    derive.add_argument("--tool", help="the tool name")
+    derive.add_argument("--server", help="the server's name (MCPServer name)")
+
+
+def _store_key(args: argparse.Namespace) -> str:
+    derived = (args.client_key, args.tool, args.server)
+    if args.key and any(derived):
+        fail("give either a store key or --client-key/--tool/--server, not both", EXIT_USAGE)
+    if args.key:
+        return str(args.key)
+    if not all(derived):
+        fail("give a store key, or all of --client-key, --tool and --server", EXIT_USAGE)
+    scope = default_scope(
+        CallScope(server=args.server, tool=args.tool, principal=None, meta=None, request=None)
+    )
+    return store_key(scope, args.tool, args.client_key)
+
+
+def _run(
+    action: Callable[[KeyStore, argparse.Namespace], Awaitable[int]],
+) -> Callable[[argparse.Namespace], int]:
+    """Open the store, run `action`, close the store, and turn store failures into exit codes."""
+
+    def run(args: argparse.Namespace) -> int:
+        if getattr(args, "key", None) is not None or getattr(args, "client_key", None):
+            args.key = _store_key(args)
+        store = open_or_fail(args.store)
+
+        async def go() -> int:
+            try:
+                return await action(store, args)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await store.aclose()
+
+        try:
+            return anyio.run(go)
+        except StoreUnavailable as exc:
+            fail(f"the key store at {args.store!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
+        except CorruptRecord as exc:
+            fail(str(exc), EXIT_PROBLEM)
+
+    return run
+
+
+def _when(timestamp: float | None) -> str | None:
+    return None if timestamp is None else rfc3339(timestamp)
+
+
+def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
+    described: dict[str, Any] = {
+        "key": record.key,
+        "state": record.state.value,
+        "fence": record.fence,
+        "attempts": record.attempts,
+        "createdAt": _when(record.created_at),
+        "updatedAt": _when(record.updated_at),
+        "leaseDeadline": _when(record.lease_deadline),
+        "completedAt": _when(record.completed_at),
+        "expiresAt": _when(record.expires_at),
+        "resultBytes": None if record.result is None else len(record.result),
+    }
+    if reveal and record.result is not None:
+        try:
+            stored = decode_result(record.result)
+            described["result"] = stored.result.model_dump(
+                by_alias=True, mode="json", exclude_none=True
+            )
+        except UnreadableResult as exc:
+            described["result"] = f"<unreadable: {exc}>"
+    return described
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    columns = ("key", "state", "fence", "attempts", "updatedAt", "expiresAt", "resultBytes")
+    print("  ".join(columns))
+    for row in rows:
+        print("  ".join("-" if row[c] is None else str(row[c]) for c in columns))
+    print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
+
+
+async def _list(store: KeyStore, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        fail("--limit must be at least 1", EXIT_USAGE)
+    state = RecordState(args.state) if args.state else None
+    records = await store.list_records(state=state, limit=args.limit)
+    rows = [_describe(r, reveal=False) for r in records]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+    else:
+        _print_table(rows)
+    return 0
+
+
+async def _show(store: KeyStore, args: argparse.Namespace) -> int:
+    record = await store.get(args.key)
+    if record is None:
+        print(f"mcp-once: no live record for key {args.key}", file=sys.stderr)
+        return EXIT_PROBLEM
+    described = _describe(record, reveal=args.reveal_result)
+    if args.json:
+        json.dump(described, sys.stdout, indent=2)
+        print()
+    else:
+        for name, value in described.items():
+            shown = json.dumps(value) if isinstance(value, dict) else value
+            print(f"{name}: {'-' if shown is None else shown}")
+    return 0
+
+
+def _settled_result(args: argparse.Namespace) -> bytes | None:
+    if args.failed:
+        return None
+    if args.result_text is not None:
+        result = CallToolResult(content=[TextContent(type="text", text=args.result_text)])
+    else:
+        try:
+            result = CallToolResult.model_validate_json(args.result_json.read_text())
+        except OSError as exc:
+            fail(f"cannot read {args.result_json}: {exc.strerror}", EXIT_USAGE)
+        except ValidationError as exc:
+            fail(
+                f"{args.result_json} is not a CallToolResult ({exc.error_count()} problems)",
+                EXIT_USAGE,
+            )
+    return encode_result(result, time.time())
+
+
+async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
+    if args.retention <= 0:
+        fail("--retention must be a positive number of seconds", EXIT_USAGE)
+    result = _settled_result(args)
+    if await store.settle(args.key, result=result, retention=args.retention):
+        verdict = "released (the next call runs again)" if result is None else "completed"
+        print(f"settled {args.key}: {verdict}")
+        return 0
+    record = await store.get(args.key)
+    state = "absent" if record is None else record.state.value
+    print(
+        f"mcp-once: {args.key} was not settled: only an UNKNOWN record can be, and it is {state}",
+        file=sys.stderr,
+    )
+    return EXIT_PROBLEM
+
+
+async def _purge(store: KeyStore, args: argparse.Namespace) -> int:
+    removed = await store.purge_expired()
+    print(f"purged {removed} expired record{'s' if removed != 1 else ''}")
+    return 0
+
+
+__all__ = ["EXIT_UNREACHABLE", "add_parser"]
