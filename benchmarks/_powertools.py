@@ -20,12 +20,22 @@ os.environ.setdefault("AWS_LAMBDA_FUNCTION_NAME", "mcp-once-bench")
 os.environ.setdefault("POWERTOOLS_IDEMPOTENCY_DISABLED", "false")
 
 
-def available() -> bool:
+def unavailable_reason() -> str | None:
+    """None when the baseline can run, else why not (printed, so a missing baseline is loud).
+
+    Powertools' idempotency package imports its DynamoDB layer, hence boto3, even for Redis."""
     try:
         import aws_lambda_powertools.utilities.idempotency.persistence.redis  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except ImportError as exc:
+        return (
+            f"AWS Powertools cannot be imported ({exc}); install the bench group and boto3:"
+            " uv run --group bench --with boto3 ..."
+        )
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
 
 
 def version() -> str:

@@ -5,7 +5,6 @@ from ._catalog import SessionLike
 from ._http import (
     RetryAwareTransport,
     http_client_factory,
-    parse_retry_after,
     streamable_http_transport,
 )
 from ._key import mint_key
@@ -46,7 +45,6 @@ __all__ = [
     "ToolCallError",
     "http_client_factory",
     "mint_key",
-    "parse_retry_after",
     "streamable_http_transport",
     "testing",
 ]

@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 from mcp import Client
 
+from . import _telemetry as telemetry
 from ._catalog import SessionLike
 
 logger = logging.getLogger("orchestrator")
@@ -124,6 +125,7 @@ class SessionSlot:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
+        self._closing = False
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -217,6 +219,7 @@ class SessionSlot:
             self._generation = hosted.generation
             self._dead = False
             self.connects += 1
+            telemetry.reconnected()
             logger.debug("session generation %d is open", hosted.generation)
             if self._on_new_session is not None:
                 self._on_new_session(session)

@@ -10,10 +10,10 @@ from mcp import MCPError
 from mcp_types import Tool, ToolAnnotations
 
 from idempotency import wire
-from orchestrator import mint_key, parse_retry_after
+from orchestrator import mint_key
 from orchestrator._classify import classify
 from orchestrator._gate import retry_gate
-from orchestrator._http import AttemptProbe
+from orchestrator._http import AttemptProbe, parse_retry_after
 from orchestrator._key import resolve_key
 
 
