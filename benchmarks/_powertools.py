@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -57,7 +57,7 @@ class PowertoolsLayer:
         self.client = redis.Redis.from_url(url, decode_responses=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            self.layer = RedisCachePersistenceLayer(client=self.client)
+            self.layer = RedisCachePersistenceLayer(client=cast(Any, self.client))
         self.layer.configure(
             IdempotencyConfig(expires_after_seconds=expires_after_seconds), function_name="charge"
         )

@@ -19,7 +19,7 @@ _TESTS = str(REPO / "tests")
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
-from redis_server import RedisServer, free_port  # noqa: E402
+from redis_server import RedisServer, free_port  # type: ignore[import-not-found]  # noqa: E402
 
 __all__ = ["Counters", "RedisServer", "free_port", "read_counters", "redis_benchmark_binary"]
 

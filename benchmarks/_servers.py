@@ -7,14 +7,14 @@ difference between calling `keyed` and `plain` is exactly what `@idempotent` add
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import uvicorn
 from mcp.server.mcpserver import MCPServer
-from mcp_types import ToolAnnotations
+from mcp_types import RequestParamsMeta, ToolAnnotations
 
 from idempotency import KeyStore, idempotent, wire
 
@@ -22,18 +22,21 @@ SERVER_NAME = "bench"
 
 
 def bench_server(store: KeyStore, **options: Any) -> MCPServer:
-    """Tools: `plain` (unwrapped), `keyed` (guarded), `slow` (guarded, sleeps `seconds`)."""
-    server = MCPServer(SERVER_NAME)
+    """Tools: `plain` (unwrapped), `keyed` (guarded), `slow` (guarded, sleeps `seconds`).
+
+    `plain` and `keyed` return `text` followed by `size` filler characters, so the result size
+    is chosen by the caller without a large argument."""
+    server = MCPServer(SERVER_NAME, log_level="WARNING")
     hint = ToolAnnotations(idempotent_hint=True)
 
     @server.tool(annotations=hint)
-    async def plain(text: str) -> str:
-        return text
+    async def plain(text: str, size: int = 0) -> str:
+        return text + "x" * size
 
     @server.tool(annotations=hint)
     @idempotent(store, **options)
-    async def keyed(text: str) -> str:
-        return text
+    async def keyed(text: str, size: int = 0) -> str:
+        return text + "x" * size
 
     @server.tool(annotations=hint)
     @idempotent(store, **options)
@@ -44,15 +47,19 @@ def bench_server(store: KeyStore, **options: Any) -> MCPServer:
     return server
 
 
-def key_meta(key: str) -> dict[str, Any]:
-    return {wire.KEY_META: key}
+def key_meta(key: str) -> RequestParamsMeta:
+    return cast(RequestParamsMeta, {wire.KEY_META: key})
 
 
 @asynccontextmanager
-async def serve_http(server: MCPServer, **app_options: Any) -> AsyncIterator[str]:
+async def serve_http(
+    server: MCPServer, *, app_wrapper: Callable[[Any], Any] | None = None, **app_options: Any
+) -> AsyncIterator[str]:
     """Serve `server` over streamable HTTP with uvicorn on 127.0.0.1 in this event loop; yields
-    the endpoint URL."""
+    the endpoint URL. `app_wrapper` wraps the ASGI app (e.g. an outage switch)."""
     app = server.streamable_http_app(**app_options)
+    if app_wrapper is not None:
+        app = app_wrapper(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(512)

@@ -30,6 +30,7 @@ from idempotency import RedisKeyStore
 
 from . import _powertools, _workload
 from ._redis import RedisServer
+from ._scale import FULL, Scale
 
 SIZES = (16, 200, 1_000, 10_000, 100_000)
 TARGET_OVERHEAD = 300
@@ -55,10 +56,10 @@ async def _ours(url: str, sizes: list[int], run: str) -> list[tuple[int, int, in
             assert len(result) == size
             await store.complete(key, outcome.token, result, retention=_workload.RETENTION)
             rkey = _workload.PREFIX + "{" + key + "}"
-            record = int(await admin.memory_usage(rkey, samples=0))
+            record = int(await admin.memory_usage(rkey, samples=0) or 0)
             await admin.delete(rkey)
             await admin.set(rkey, result, ex=int(_workload.RETENTION))
-            bare = int(await admin.memory_usage(rkey, samples=0))
+            bare = int(await admin.memory_usage(rkey, samples=0) or 0)
             found.append((size, record, bare))
     finally:
         await store.aclose()
@@ -74,14 +75,19 @@ def _powertools_usage(url: str, sizes: tuple[int, ...]) -> dict[int, int]:
             data = {"key": f"memory-{n}", **_workload.arguments(n)}
             layer.first_execution(data, _workload.powertools_result(size))
             record_key = layer.layer._get_hashed_idempotency_key(data)
+            assert record_key is not None
             usage[size] = int(layer.client.memory_usage(record_key, samples=0) or 0)
     finally:
         layer.close()
     return usage
 
 
-def measure(*, quick: bool) -> dict[str, Any]:
-    sweep = sweep_sizes(12 if quick else 80)
+def _median_or_none(values: list[int]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def measure(scale: Scale) -> dict[str, Any]:
+    sweep = sweep_sizes(scale.memory_sweep)
     with RedisServer() as server:
         rows_raw = anyio.run(_ours, server.url, list(SIZES), "table")
         sweep_raw = anyio.run(_ours, server.url, sweep, "sweep")
@@ -113,7 +119,7 @@ def measure(*, quick: bool) -> dict[str, Any]:
             "beyond_bare_string_mean": round(statistics.mean(beyond), 1),
             "beyond_bare_string_median": statistics.median(beyond),
             "total_overhead_median": statistics.median(total),
-            "total_overhead_median_up_to_1k": statistics.median(
+            "total_overhead_median_up_to_1k": _median_or_none(
                 [t for (size, _, _), t in zip(sweep_raw, total, strict=True) if size <= 1024]
             ),
         },
@@ -122,4 +128,4 @@ def measure(*, quick: bool) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(quick=False), indent=2))
+    print(json.dumps(measure(FULL), indent=2))

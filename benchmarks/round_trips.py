@@ -24,6 +24,7 @@ from idempotency import _redis_lua as lua
 
 from . import _powertools, _workload
 from ._redis import Counters, RedisServer, read_counters
+from ._scale import Scale
 from ._servers import bench_server, key_meta
 
 CALLS = 20
@@ -37,7 +38,7 @@ def _per_call(before: Counters, after: Counters, calls: int) -> dict[str, Any]:
     }
 
 
-async def _calls(url: str, admin: redis.Redis, *, quick: bool) -> dict[str, Any]:
+async def _calls(url: str, admin: redis.Redis) -> dict[str, Any]:
     store = RedisKeyStore.from_url(url, prefix=_workload.PREFIX)
     lease = 0.9
     renewing = RedisKeyStore.from_url(url, prefix=_workload.PREFIX + "lease:")
@@ -99,7 +100,8 @@ def _powertools_counts(url: str, admin: redis.Redis) -> dict[str, Any]:
     return out
 
 
-def measure(*, quick: bool) -> dict[str, Any]:
+def measure(scale: Scale | None = None) -> dict[str, Any]:
+    """The same at every scale: counts are exact, not statistical."""
     with RedisServer() as server:
         admin = redis.Redis.from_url(server.url)
         # A server that has run a while has every script cached; a fresh one pays one extra
@@ -107,10 +109,8 @@ def measure(*, quick: bool) -> dict[str, Any]:
         for script in (lua.CLAIM, lua.COMPLETE, lua.RENEW, lua.RELEASE, lua.READ):
             admin.script_load(script.source)
         try:
-            calls = anyio.run(lambda: _calls(server.url, admin, quick=quick))
-            powertools = (
-                _powertools_counts(server.url, admin) if _powertools.available() else None
-            )
+            calls = anyio.run(_calls, server.url, admin)
+            powertools = _powertools_counts(server.url, admin) if _powertools.available() else None
         finally:
             admin.close()
     out: dict[str, Any] = {
@@ -127,4 +127,4 @@ def measure(*, quick: bool) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(quick=False), indent=2))
+    print(json.dumps(measure(), indent=2))

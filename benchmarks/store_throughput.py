@@ -32,6 +32,7 @@ from idempotency._redis_store import _pack_fingerprint
 
 from . import _powertools, _workload
 from ._redis import RedisServer, redis_benchmark_binary
+from ._scale import Scale
 from ._stats import ratio, spread
 from ._timing import async_rate, thread_rate
 
@@ -136,14 +137,17 @@ def _redis_benchmark_rate(port: int, sha: str, concurrency: int, requests: int) 
     return float(body[-1][1])
 
 
-def measure(*, quick: bool, rounds: int | None = None) -> dict[str, Any]:
-    """Run all contenders, interleaved, for `rounds` rounds; medians with min/max."""
-    rounds = rounds or (1 if quick else 5)
-    duration = 0.4 if quick else 2.0
+def measure(scale: Scale) -> dict[str, Any]:
+    """Run all contenders, interleaved, for `scale.throughput_rounds` rounds; medians with
+    min/max."""
+    rounds = scale.throughput_rounds
+    duration = scale.throughput_window
     have_powertools = _powertools.available()
     have_benchmark = redis_benchmark_binary() is not None
     pair_source = _workload.pair_script_source()
-    samples: dict[str, dict[int, list[float]]] = {c: {n: [] for n in CONCURRENCY} for c in CONTENDERS}
+    samples: dict[str, dict[int, list[float]]] = {
+        c: {n: [] for n in CONCURRENCY} for c in CONTENDERS
+    }
     #: Sized from the last measured rate so each run lasts about `duration`.
     expected = {1: 30_000.0, 16: 80_000.0, 64: 90_000.0}
     shuffle = random.Random(7)
@@ -210,8 +214,10 @@ def _report(
         "ratios": ratios,
         "mcp_once_vs_raw_redis_py": ours_vs_raw,
         "redis_benchmark_command": " ".join(
-            redis_benchmark_command(port, pair_sha, 16, 100_000)[:-1]
-            + [f"<{_workload.RESULT_BYTES}-byte result>"]
+            [
+                *redis_benchmark_command(port, pair_sha, 16, 100_000)[:-1],
+                f"<{_workload.RESULT_BYTES}-byte result>",
+            ]
         ),
     }
     if have_powertools:

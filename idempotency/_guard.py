@@ -122,21 +122,39 @@ class Guard:
         takeover: bool,
         trace: Trace,
     ) -> ToolResult:
+        ticket = self._ticket(call, trace)
+        if ticket is None:
+            # "optional" and no key: exactly the unwrapped tool, exceptions included.
+            trace.outcome(Outcome.UNPROTECTED)
+            return await execute()
+        return await self._claim_loop(ticket, execute, error_result, takeover)
+
+    def _ticket(self, call: ToolCall, trace: Trace) -> _Ticket | None:
+        """Settle the call's key, fingerprint and record name; None for an unkeyed call."""
         policy = self.policy
         try:
             fp: str | None = fingerprint(call.tool, call.arguments)
             fp_problem = ""
         except UnfingerprintableArguments as exc:
             fp, fp_problem = None, str(exc)
-        principal = principal_of(call.request)
-        scope = policy.scope(CallScope(call.server, call.tool, principal, call.meta, call.request))
-        if not isinstance(scope, str):
-            raise TypeError(f"the scope function returned {type(scope).__name__}, not str")
+        scopes: list[str] = []
+
+        def scope() -> str:
+            # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
+            if not scopes:
+                principal = principal_of(call.request)
+                found = policy.scope(
+                    CallScope(call.server, call.tool, principal, call.meta, call.request)
+                )
+                if not isinstance(found, str):
+                    raise TypeError(f"the scope function returned {type(found).__name__}, not str")
+                scopes.append(found)
+            return scopes[0]
 
         def derive() -> str:
             if fp is None:
                 raise _errors.unfingerprintable(None, fp_problem)
-            return derive_key(scope, call.tool, fp)
+            return derive_key(scope(), call.tool, fp)
 
         try:
             resolved = resolve_key(call.meta, policy.keys, derive)
@@ -146,16 +164,14 @@ class Guard:
             trace.outcome(Outcome.INVALID)
             raise
         if resolved is None:
-            # "optional" and no key: exactly the unwrapped tool, exceptions included.
-            trace.outcome(Outcome.UNPROTECTED)
-            return await execute()
+            return None
         assert fp is not None
         key, source = resolved
         ticket = _Ticket(
             tool=call.tool,
             key=key,
             source=source,
-            store_key=store_key(scope, call.tool, key),
+            store_key=store_key(scope(), call.tool, key),
             fingerprint=fp,
             retention=policy.retention_for(source is KeySource.DERIVED),
             trace=trace,
@@ -165,7 +181,7 @@ class Guard:
             key_source=source.value,
             attempt=attempt_of(call.meta),
         )
-        return await self._claim_loop(ticket, execute, error_result, takeover)
+        return ticket
 
     async def _claim_loop(
         self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool

@@ -28,7 +28,7 @@ from ._advertise import advertise_tool
 from ._guard import Guard, ToolCall, ToolResult
 from ._policy import PolicyOptions, make_policy
 from ._store import KeyStore
-from ._telemetry import logger
+from ._telemetry import crash_report, logger
 
 CallToolHandler = Callable[
     [ServerRequestContext[Any, Any], CallToolRequestParams],
@@ -40,7 +40,7 @@ ListToolsHandler = Callable[
 
 
 def generic_error_result(tool: str, exc: Exception) -> CallToolResult:
-    logger.error("Tool %r raised an unexpected exception", tool, exc_info=exc)
+    logger.error("Tool %r raised an unexpected %s", tool, crash_report(exc))
     text = f"Error executing tool {tool}"
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 

@@ -37,7 +37,7 @@ from mcp.server.mcpserver.tools import Tool, ToolManager
 from mcp_types import CallToolResult, TextContent
 
 from ._advertise import advertise_annotations, advertise_meta, declares_idempotent
-from ._telemetry import logger
+from ._telemetry import crash_report, logger
 
 if TYPE_CHECKING:
     from ._guard import Guard
@@ -167,15 +167,16 @@ def arguments_of(ctx: Context[Any, Any]) -> Mapping[str, Any] | None:
 def sdk_error_result(tool: str, exc: Exception) -> CallToolResult:
     """The `isError` result `MCPServer` makes of an exception from a tool, text and logging alike,
     so the first answer and every replay of it read the same as an unguarded tool's."""
-    if isinstance(exc, UnexpectedToolError | UnexpectedResourceError):
+    # Logged by type and traceback only: the message may quote the caller's arguments.
+    if isinstance(exc, ToolError | ResourceError) and not isinstance(
+        exc, UnexpectedToolError | UnexpectedResourceError
+    ):
         text = f"Error executing tool {tool}: {exc}"
-        logger.error("Tool %r raised an unexpected exception", tool, exc_info=exc)
-    elif isinstance(exc, ToolError | ResourceError):
-        text = f"Error executing tool {tool}: {exc}"
-        logger.info("Tool %r failed: %r", tool, str(exc))
+        logger.info("Tool %r failed with %s", tool, type(exc).__name__)
     else:
-        text = f"Error executing tool {tool}"
-        logger.error("Tool %r raised an unexpected exception", tool, exc_info=exc)
+        expected = isinstance(exc, UnexpectedToolError | UnexpectedResourceError)
+        text = f"Error executing tool {tool}: {exc}" if expected else f"Error executing tool {tool}"
+        logger.error("Tool %r raised an unexpected %s", tool, crash_report(exc))
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,6 +46,12 @@ class Outcome(enum.StrEnum):
     ABORTED = "aborted"
     STALE = "stale"
     INVALID = "invalid"
+
+
+def crash_report(exc: BaseException) -> str:
+    """Where an exception came from, without its message (which may quote the arguments)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+    return f"{type(exc).__module__}.{type(exc).__qualname__}\n{frames}"
 
 
 def record_name(store_key: str) -> str:

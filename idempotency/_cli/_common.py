@@ -12,6 +12,7 @@ from .._store import KeyStore, StoreUnavailable
 
 #: The embedded durable default: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///.mcp-once/keys.sqlite3"
+EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3

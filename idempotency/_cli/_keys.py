@@ -21,7 +21,14 @@ from pydantic import ValidationError
 from .._replay import UnreadableResult, decode_result, encode_result, rfc3339
 from .._scope import CallScope, default_scope, store_key
 from .._store import CorruptRecord, KeyStore, Record, RecordState, StoreUnavailable
-from ._common import EXIT_PROBLEM, EXIT_UNREACHABLE, EXIT_USAGE, add_store_option, fail, open_or_fail
+from ._common import (
+    EXIT_PROBLEM,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    add_store_option,
+    fail,
+    open_or_fail,
+)
 
 T = TypeVar("T")
 

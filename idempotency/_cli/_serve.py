@@ -1,9 +1,127 @@
-"""placeholder"""
+"""`mcp-once serve-example`: the example server over streamable HTTP, on any key store.
+
+The store is checked before the port opens: a server that listens while its store is down would
+refuse every guarded call (fail closed), which is harder to diagnose than a refusal to start.
+"""
 
 from __future__ import annotations
 
+import argparse
+import socket
+import sys
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+
+from .._store import KeyStore, StoreError, StoreUnavailable
+from ._common import (
+    DEFAULT_STORE_URL,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    add_store_option,
+    fail,
+    open_or_fail,
+)
+from ._example_server import build_server
+
+#: A key no record is ever stored under (store keys are SHA-256 hex digests): reading it proves
+#: the store answers without touching any record.
+PROBE_KEY = "mcp-once-startup-probe"
 
 
 def add_parser(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve-example",
+        help="run the example server (charge, set_shipping_address, list_charges) over HTTP",
+        description="Run the example MCP server over streamable HTTP at http://HOST:PORT/mcp.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    serve.add_argument(
+        "--port", type=int, default=8000, help="port to listen on; 0 picks a free one (%(default)s)"
+    )
+    add_store_option(serve)
+    serve.set_defaults(run=run)
+
+
+def redacted(url: str) -> str:
+    """`url` without its password, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, opened here so that a busy port is a clear error, not a log line."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        return socket.create_server((host, port), family=family[0][0])
+    except OSError as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_PROBLEM)
+
+
+def _ensure_default_directory(url: str) -> None:
+    # The embedded default lives in ./.mcp-once/; any other SQLite path is the user's to create
+    # (a typo should not silently create directories).
+    if url == DEFAULT_STORE_URL:
+        from pathlib import Path
+
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(exist_ok=True)
+
+
+async def _probe(store: KeyStore, url: str) -> str | None:
+    """Why the store cannot be used, or None when it answers."""
+    try:
+        await store.get(PROBE_KEY)
+    except StoreUnavailable as exc:
+        return f"the key store at {redacted(url)!r} cannot be reached: {exc}"
+    except StoreError as exc:
+        return f"the key store at {redacted(url)!r} cannot be used: {exc}"
     return None
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        fail(f"--port must be between 0 and 65535, not {args.port}", EXIT_USAGE)
+    import uvicorn  # a dependency of mcp itself; imported here to keep other commands light
+
+    _ensure_default_directory(args.store)
+    store = open_or_fail(args.store)
+    server = build_server(store)
+    app = server.streamable_http_app(host=args.host)
+
+    async def serve() -> int:
+        try:
+            problem = await _probe(store, args.store)
+            if problem is not None:
+                print(f"mcp-once: {problem}", file=sys.stderr)
+                return EXIT_UNREACHABLE
+            sock = _listen(args.host, args.port)
+            host, port = sock.getsockname()[:2]
+            shown = f"[{host}]" if ":" in host else host
+            print(
+                f"mcp-once example server at http://{shown}:{port}/mcp"
+                f" (store: {redacted(args.store)})",
+                file=sys.stderr,
+                flush=True,
+            )
+            config = uvicorn.Config(app, log_level="warning", lifespan="on")
+            with sock:
+                await uvicorn.Server(config).serve(sockets=[sock])
+            return EXIT_OK
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
+
+    try:
+        return anyio.run(serve)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown
+        return EXIT_OK
+
+
+__all__ = ["PROBE_KEY", "add_parser", "redacted", "run"]

@@ -11,9 +11,65 @@ arguments or results, so a run replays exactly from its seed and plan.
 """
 
 from orchestrator.chaos._chaos import Chaos
+from orchestrator.chaos._endpoints import (
+    Endpoint,
+    Era,
+    HttpEndpoint,
+    MemoryEndpoint,
+    ServerProcess,
+    StdioEndpoint,
+    TransportName,
+    server_command,
+)
+from orchestrator.chaos._invariants import Report, check
+from orchestrator.chaos._ledger import Effect, Ledger
 from orchestrator.chaos._memory import in_memory_transport
 from orchestrator.chaos._plan import Fault, FaultPlan
 from orchestrator.chaos._record import FaultRecord
+from orchestrator.chaos._shop import build_server
+from orchestrator.chaos._suite import Scenario, default_plan, open_endpoint, run_scenario
 from orchestrator.chaos._transport import ChaosTransport
+from orchestrator.chaos._workload import (
+    CallRecord,
+    CallSpec,
+    Mode,
+    RunResult,
+    connect_factory,
+    default_policy,
+    plan_calls,
+    run_workload,
+)
 
-__all__ = ["Chaos", "ChaosTransport", "Fault", "FaultPlan", "FaultRecord", "in_memory_transport"]
+__all__ = [
+    "CallRecord",
+    "CallSpec",
+    "Chaos",
+    "ChaosTransport",
+    "Effect",
+    "Endpoint",
+    "Era",
+    "Fault",
+    "FaultPlan",
+    "FaultRecord",
+    "HttpEndpoint",
+    "Ledger",
+    "MemoryEndpoint",
+    "Mode",
+    "Report",
+    "RunResult",
+    "Scenario",
+    "ServerProcess",
+    "StdioEndpoint",
+    "TransportName",
+    "build_server",
+    "check",
+    "connect_factory",
+    "default_plan",
+    "default_policy",
+    "in_memory_transport",
+    "open_endpoint",
+    "plan_calls",
+    "run_scenario",
+    "run_workload",
+    "server_command",
+]

@@ -127,3 +127,53 @@ def effect_server(
         return f"charged {cents} for {order} (execution {effects.count})"
 
     return server
+
+
+class Watched:
+    """A key store proxy that counts renewals and can make them fail; everything else passes
+    through to the real store."""
+
+    def __init__(self, inner: Any, *, renewals_wanted: int = 0) -> None:
+        self.inner = inner
+        self.renewals = 0
+        self.renewals_wanted = renewals_wanted
+        self.renewed_enough = anyio.Event()
+        self.fail_renewals = False
+
+    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+        return await self.inner.claim(key, fingerprint, lease=lease, takeover=takeover)
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        if self.fail_renewals:
+            from idempotency import StoreUnavailable
+
+            raise StoreUnavailable("renewal refused by the test")
+        renewed = bool(await self.inner.renew(key, token, lease=lease))
+        self.renewals += 1
+        if self.renewals >= self.renewals_wanted:
+            self.renewed_enough.set()
+        return renewed
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        return bool(await self.inner.complete(key, token, result, retention=retention))
+
+    async def release(self, key: str, token: str) -> bool:
+        return bool(await self.inner.release(key, token))
+
+    async def wait(self, key: str, *, timeout: float) -> Any:
+        return await self.inner.wait(key, timeout=timeout)
+
+    async def get(self, key: str) -> Any:
+        return await self.inner.get(key)
+
+    async def list_records(self, *, state: Any = None, limit: int = 100) -> Any:
+        return await self.inner.list_records(state=state, limit=limit)
+
+    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+        return bool(await self.inner.settle(key, result=result, retention=retention))
+
+    async def purge_expired(self) -> int:
+        return int(await self.inner.purge_expired())
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

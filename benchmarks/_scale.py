@@ -1,0 +1,77 @@
+"""How long each benchmark runs: one object, so `--quick` means the same thing everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    name: str
+    #: Store throughput: interleaved rounds, and the measuring window per contender (s).
+    throughput_rounds: int
+    throughput_window: float
+    #: Record memory: how many sizes the sweep samples.
+    memory_sweep: int
+    #: Call overhead: rounds, sequential calls per variant per round, throughput window (s),
+    #: stores measured, warm-up calls, and whether the result-size sweep (the plot) runs.
+    overhead_rounds: int
+    overhead_calls: int
+    overhead_window: float
+    overhead_stores: tuple[str, ...]
+    overhead_warmup: int
+    overhead_sweep: bool
+    #: Outage: rounds, outage length and the time measured after it (s).
+    outage_rounds: int
+    outage_seconds: float
+    outage_tail: float
+
+
+FULL = Scale(
+    name="full",
+    throughput_rounds=5,
+    throughput_window=2.0,
+    memory_sweep=80,
+    overhead_rounds=5,
+    overhead_calls=300,
+    overhead_window=1.5,
+    overhead_stores=("memory", "sqlite", "redis"),
+    overhead_warmup=30,
+    overhead_sweep=True,
+    outage_rounds=3,
+    outage_seconds=4.0,
+    outage_tail=1.0,
+)
+
+QUICK = Scale(
+    name="quick",
+    throughput_rounds=1,
+    throughput_window=0.4,
+    memory_sweep=12,
+    overhead_rounds=2,
+    overhead_calls=80,
+    overhead_window=0.3,
+    overhead_stores=("memory", "redis"),
+    overhead_warmup=20,
+    overhead_sweep=False,
+    outage_rounds=1,
+    outage_seconds=1.5,
+    outage_tail=0.3,
+)
+
+#: For the test suite: every code path, figures too short to mean anything.
+SMOKE = Scale(
+    name="smoke",
+    throughput_rounds=1,
+    throughput_window=0.1,
+    memory_sweep=4,
+    overhead_rounds=1,
+    overhead_calls=10,
+    overhead_window=0.1,
+    overhead_stores=("memory", "redis"),
+    overhead_warmup=3,
+    overhead_sweep=False,
+    outage_rounds=1,
+    outage_seconds=0.5,
+    outage_tail=0.1,
+)

@@ -1,0 +1,305 @@
+"""Benchmark 1: a keyed call against the same tool unwrapped — latency and throughput.
+
+One MCP server offers `plain` (unwrapped) and `keyed` (the same body under `@idempotent`), so
+their difference is what the guard costs. Measured for every combination of
+
+* transport: `in_process` (`mcp.client.Client(server)`, no wire) and `http` (streamable HTTP on
+  127.0.0.1; the server is its own process, as deployed);
+* store: `memory` (in-process `MemoryKeyStore`), `sqlite` (embedded file, full runs only) and
+  `redis` (a private redis-server on loopback);
+* variant: `plain`, `keyed` (a plain `Client` attaching a fresh key: every call is a first
+  execution) and `retrying` (`RetryingSession` end to end: it mints the key).
+
+Latency is one caller issuing calls back to back; throughput is 16 concurrent callers. Rounds
+are interleaved (each round runs every combination, variants alternating order), ratios are taken
+per round (keyed p50 / plain p50 of the same round) and reported as median with min/max.
+
+The result-size sweep (full runs) repeats the latency measurement for results of 100 B to
+100 KB and draws `results/latency_vs_result_size.png`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.client import Client
+
+from idempotency import open_store
+from orchestrator import RetryingSession
+
+from ._redis import REPO, RedisServer, free_port
+from ._scale import FULL, QUICK, Scale
+from ._servers import bench_server, key_meta
+from ._stats import percentile, spread
+from ._timing import async_rate
+
+TRANSPORTS = ("in_process", "http")
+VARIANTS = ("plain", "keyed", "retrying")
+RESULT_SIZE = 200
+SIZES = (100, 1_000, 10_000, 100_000)
+THROUGHPUT_CALLERS = 16
+
+Call = Callable[[str, int, int], Awaitable[None]]
+
+
+def _store_url(store: str, redis_url: str, tmp: Path) -> str:
+    if store == "memory":
+        return "memory://"
+    if store == "sqlite":
+        return f"sqlite:///{tmp / 'keys.db'}"
+    return redis_url
+
+
+@contextlib.asynccontextmanager
+async def _http_server(store_url: str) -> AsyncIterator[str]:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks._http_server",
+        "--store",
+        store_url,
+        "--port",
+        str(port),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = await anyio.open_process(
+        command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                if proc.returncode is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the HTTP benchmark server did not start: {command}"
+                    ) from None
+                await anyio.sleep(0.05)
+            else:
+                await stream.aclose()
+                break
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        with anyio.CancelScope(shield=True):
+            proc.terminate()
+            with anyio.move_on_after(10):
+                await proc.wait()
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def _endpoint(transport: str, store_url: str, warmup: int) -> AsyncIterator[Call]:
+    """A `call(variant, n, size)` against one transport+store combination."""
+    nonce = secrets.token_hex(4)
+    async with contextlib.AsyncExitStack() as stack:
+        if transport == "in_process":
+            store = open_store(store_url)
+            stack.push_async_callback(store.aclose)
+            client = await stack.enter_async_context(Client(bench_server(store)))
+        else:
+            url = await stack.enter_async_context(_http_server(store_url))
+            client = await stack.enter_async_context(Client(url))
+        retrying = RetryingSession(client)
+        await retrying.refresh_tools()
+
+        async def call(variant: str, n: int, size: int) -> None:
+            args = {"text": f"{n}", "size": size}
+            if variant == "plain":
+                result = await client.call_tool("plain", args)
+            elif variant == "keyed":
+                result = await client.call_tool("keyed", args, meta=key_meta(f"{nonce}-{n}"))
+            else:
+                result = await retrying.call_tool("keyed", args)
+            if result.is_error:
+                raise RuntimeError(f"the benchmark tool failed: {result}")
+
+        numbers = iter(range(10**12))
+        for variant in VARIANTS:  # warm: connections, scripts, tool lists
+            for _ in range(warmup):
+                await call(variant, next(numbers), RESULT_SIZE)
+
+        async def unique_call(variant: str, _n: int, size: int) -> None:
+            await call(variant, next(numbers), size)
+
+        yield unique_call
+
+
+async def _latencies(call: Call, variant: str, calls: int, size: int) -> list[float]:
+    found = []
+    for n in range(calls):
+        started = time.perf_counter()
+        await call(variant, n, size)
+        found.append((time.perf_counter() - started) * 1000)
+    return found
+
+
+def _latency_summary(rounds: list[dict[str, list[float]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for variant in VARIANTS:
+        out[variant] = {
+            "p50_ms": spread([percentile(r[variant], 50) for r in rounds]),
+            "p99_ms": spread([percentile(r[variant], 99) for r in rounds]),
+        }
+    for variant in ("keyed", "retrying"):
+        out[f"{variant}_vs_plain_p50"] = spread(
+            [percentile(r[variant], 50) / percentile(r["plain"], 50) for r in rounds]
+        )
+        out[f"{variant}_vs_plain_p99"] = spread(
+            [percentile(r[variant], 99) / percentile(r["plain"], 99) for r in rounds]
+        )
+    return out
+
+
+async def _measure(scale: Scale) -> dict[str, Any]:
+    stores = scale.overhead_stores
+    calls = scale.overhead_calls
+    window = scale.overhead_window
+    rounds = scale.overhead_rounds
+    combos = [(t, s) for t in TRANSPORTS for s in stores]
+    latency: dict[tuple[str, str], list[dict[str, list[float]]]] = {c: [] for c in combos}
+    rates: dict[tuple[str, str], dict[str, list[float]]] = {
+        c: {v: [] for v in VARIANTS} for c in combos
+    }
+    sweep: dict[tuple[str, str], dict[int, list[dict[str, list[float]]]]] = {}
+    with RedisServer() as redis_server, tempfile.TemporaryDirectory() as tmp:
+        async with contextlib.AsyncExitStack() as stack:
+            endpoints: dict[tuple[str, str], Call] = {}
+            for transport, store in combos:
+                folder = Path(tmp) / f"{transport}-{store}"
+                folder.mkdir()
+                url = _store_url(store, redis_server.url, folder)
+                endpoints[(transport, store)] = await stack.enter_async_context(
+                    _endpoint(transport, url, scale.overhead_warmup)
+                )
+            for round_no in range(rounds):
+                order = VARIANTS if round_no % 2 == 0 else tuple(reversed(VARIANTS))
+                for combo in combos:
+                    call = endpoints[combo]
+                    latency[combo].append(
+                        {v: await _latencies(call, v, calls, RESULT_SIZE) for v in order}
+                    )
+                    for variant in order:
+
+                        async def op(n: int, variant: str = variant, call: Call = call) -> None:
+                            await call(variant, n, RESULT_SIZE)
+
+                        rates[combo][variant].append(
+                            await async_rate(THROUGHPUT_CALLERS, window, op)
+                        )
+            if scale.overhead_sweep:
+                sweep = await _sweep(endpoints, rounds=3, calls=60)
+    out: dict[str, Any] = {
+        "result_size_bytes": RESULT_SIZE,
+        "calls_per_round": calls,
+        "rounds": rounds,
+        "throughput_callers": THROUGHPUT_CALLERS,
+        "throughput_window_seconds": window,
+        "latency": {},
+        "throughput": {},
+    }
+    for (transport, store), runs in latency.items():
+        out["latency"].setdefault(transport, {})[store] = _latency_summary(runs)
+        per_variant = rates[(transport, store)]
+        entry: dict[str, Any] = {v: spread(per_variant[v], 0) for v in VARIANTS}
+        entry["keyed_vs_plain"] = spread(
+            [k / p for k, p in zip(per_variant["keyed"], per_variant["plain"], strict=True)]
+        )
+        out["throughput"].setdefault(transport, {})[store] = entry
+    if sweep:
+        out["size_sweep"] = {
+            f"{transport}/{store}": {
+                str(size): {
+                    "plain_p50_ms": spread([percentile(r["plain"], 50) for r in runs]),
+                    "keyed_p50_ms": spread([percentile(r["keyed"], 50) for r in runs]),
+                    "overhead_p50_ms": spread(
+                        [percentile(r["keyed"], 50) - percentile(r["plain"], 50) for r in runs]
+                    ),
+                }
+                for size, runs in by_size.items()
+            }
+            for (transport, store), by_size in sweep.items()
+        }
+    http_redis = out["latency"]["http"]["redis"]
+    in_process_redis = out["latency"]["in_process"]["redis"]
+    out["overhead_ratio_http"] = http_redis["keyed_vs_plain_p50"]["median"]
+    out["overhead_ratio_in_process"] = in_process_redis["keyed_vs_plain_p50"]["median"]
+    out["overhead_ratio_http_by_store"] = {
+        s: v["keyed_vs_plain_p50"]["median"] for s, v in out["latency"]["http"].items()
+    }
+    out["overhead_ratio_in_process_by_store"] = {
+        s: v["keyed_vs_plain_p50"]["median"] for s, v in out["latency"]["in_process"].items()
+    }
+    return out
+
+
+async def _sweep(
+    endpoints: dict[tuple[str, str], Call], *, rounds: int, calls: int
+) -> dict[tuple[str, str], dict[int, list[dict[str, list[float]]]]]:
+    found: dict[tuple[str, str], dict[int, list[dict[str, list[float]]]]] = {}
+    combos = [c for c in endpoints if c[1] in ("memory", "redis")]
+    for round_no in range(rounds):
+        order = ("plain", "keyed") if round_no % 2 == 0 else ("keyed", "plain")
+        for combo in combos:
+            for size in SIZES:
+                sample = {v: await _latencies(endpoints[combo], v, calls, size) for v in order}
+                found.setdefault(combo, {}).setdefault(size, []).append(sample)
+    return found
+
+
+def measure(scale: Scale) -> dict[str, Any]:
+    return anyio.run(_measure, scale)
+
+
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Latency overhead (keyed p50 − plain p50) against result size; None without matplotlib
+    or without a size sweep."""
+    sweep = result.get("size_sweep")
+    if not sweep:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    for label, by_size in sweep.items():
+        sizes = sorted(int(s) for s in by_size)
+        medians = [by_size[str(s)]["overhead_p50_ms"]["median"] for s in sizes]
+        lows = [by_size[str(s)]["overhead_p50_ms"]["min"] for s in sizes]
+        highs = [by_size[str(s)]["overhead_p50_ms"]["max"] for s in sizes]
+        ax.plot(sizes, medians, marker="o", label=label.replace("_", "-"))
+        ax.fill_between(sizes, lows, highs, alpha=0.15)
+    ax.set_xscale("log")
+    ax.set_xlabel("tool result size (bytes of text)")
+    ax.set_ylabel("keyed p50 − unwrapped p50 (ms)")
+    ax.set_title("mcp-once: latency overhead of a keyed call vs result size")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(title="transport/store", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(measure(QUICK if "--quick" in sys.argv else FULL), indent=2))

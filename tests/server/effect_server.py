@@ -1,0 +1,124 @@
+"""A guarded MCP server in its own process (stdio), for the subprocess and multi-process tests.
+
+Tools:
+- `effect(order)`: guarded, default policy. Writes a `started` row to the ledger (a SQLite file
+  shared by every process), holds until `open_gate` when started with `--gated`, then writes a
+  `done` row and returns which execution of the order it was and which process ran it.
+- `reentrant_effect(order)`: the same, declared `naturally_idempotent` (expired leases are taken
+  over instead of turning UNKNOWN).
+- `wait_started(count)`: returns this process's pid once `count` effects have started here.
+- `open_gate()`: lets a held `effect` go on.
+
+The ledger survives SIGKILL, so a test can count effects across processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+from pathlib import Path
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+from idempotency import KeyStore, RedisKeyStore, SQLiteKeyStore, idempotent
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with self._connect() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS effects"
+                " (id INTEGER PRIMARY KEY, order_id TEXT, pid INTEGER, phase TEXT)"
+            )
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30, isolation_level=None)
+
+    def write(self, order: str, phase: str) -> int:
+        """Append a row; returns how many rows of this order and phase exist now."""
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT INTO effects (order_id, pid, phase) VALUES (?, ?, ?)",
+                (order, os.getpid(), phase),
+            )
+            (count,) = db.execute(
+                "SELECT COUNT(*) FROM effects WHERE order_id = ? AND phase = ?", (order, phase)
+            ).fetchone()
+            db.execute("COMMIT")
+            return int(count)
+        finally:
+            db.close()
+
+
+def _store(args: argparse.Namespace) -> KeyStore:
+    if args.store.startswith("redis://"):
+        return RedisKeyStore.from_url(args.store, prefix=args.redis_prefix)
+    return SQLiteKeyStore(args.store)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    ledger = Ledger(Path(args.ledger))
+    store = _store(args)
+    started = 0
+    changed = anyio.Event()
+    gate = anyio.Event()
+    server = MCPServer(args.name)
+
+    async def act(order: str) -> str:
+        nonlocal started, changed
+        ledger.write(order, "started")
+        started += 1
+        changed.set()
+        changed = anyio.Event()
+        if args.gated:
+            await gate.wait()
+        execution = ledger.write(order, "done")
+        return f"order {order}: execution {execution} by process {os.getpid()}"
+
+    @server.tool()
+    @idempotent(store, lease=args.lease, wait=args.wait)
+    async def effect(order: str) -> str:
+        return await act(order)
+
+    @server.tool()
+    @idempotent(store, lease=args.lease, wait=args.wait, naturally_idempotent=True)
+    async def reentrant_effect(order: str) -> str:
+        return await act(order)
+
+    @server.tool()
+    async def wait_started(count: int = 1) -> int:
+        while started < count:
+            await changed.wait()
+        return os.getpid()
+
+    @server.tool()
+    async def open_gate() -> str:
+        gate.set()
+        return "open"
+
+    try:
+        await server.run_stdio_async()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", required=True, help="SQLite file path or redis:// URL")
+    parser.add_argument("--redis-prefix", default="mcp-once:")
+    parser.add_argument("--ledger", required=True)
+    parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--wait", type=float, default=10.0)
+    parser.add_argument("--gated", action="store_true")
+    parser.add_argument("--name", default="effects")
+    anyio.run(serve, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

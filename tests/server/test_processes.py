@@ -1,0 +1,238 @@
+"""Guarded tools in real server processes: stdio, processes racing on one Redis, a process killed
+mid-tool, a process paused past its lease. Effects are counted in a SQLite ledger the tool writes
+(it survives SIGKILL); the test synchronises through helper tools, never by sleeping. Waiting for
+a 1 s lease to run out is inherent and happens inside the server's own bounded wait."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import MCPError
+from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp_types import CallToolResult
+from server_kit import answer, body, marker, meta, record_key
+
+from idempotency import RedisKeyStore, decode_result, wire
+
+pytestmark = pytest.mark.anyio
+
+SCRIPT = Path(__file__).with_name("effect_server.py")
+#: Process start-up (Python + the SDK) on a loaded 2-core machine can take a few seconds.
+STARTUP_BOUND = 120.0
+
+
+def server_params(
+    store: str,
+    ledger: Path,
+    *,
+    gated: bool = False,
+    lease: float = 30.0,
+    wait: float = 10.0,
+    prefix: str | None = None,
+) -> StdioServerParameters:
+    args = [str(SCRIPT), "--store", store, "--ledger", str(ledger)]
+    args += ["--lease", str(lease), "--wait", str(wait)]
+    if gated:
+        args.append("--gated")
+    if prefix is not None:
+        args += ["--redis-prefix", prefix]
+    # The child gets a minimal environment; the venv's interpreter finds the package itself.
+    return StdioServerParameters(command=sys.executable, args=args, env={"PYTHONUNBUFFERED": "1"})
+
+
+def ledger_rows(path: Path, order: str) -> dict[str, list[int]]:
+    """pids per phase for one order."""
+    with sqlite3.connect(path) as db:
+        rows = db.execute(
+            "SELECT phase, pid FROM effects WHERE order_id = ? ORDER BY id", (order,)
+        ).fetchall()
+    found: dict[str, list[int]] = {"started": [], "done": []}
+    for phase, pid in rows:
+        found[phase].append(pid)
+    return found
+
+
+async def pid_of(client: Client, started: int = 1) -> int:
+    result = await client.call_tool("wait_started", {"count": started})
+    assert result.structured_content is not None
+    return int(result.structured_content["result"])
+
+
+@asynccontextmanager
+async def doomed(params: StdioServerParameters) -> AsyncIterator[Client]:
+    """A client of a process the test will kill: its connection error on exit is expected."""
+    try:
+        async with Client(params) as client:
+            yield client
+    except Exception as exc:  # the transport of a killed child fails on close
+        if not _only_connection_errors(exc):
+            raise
+
+
+def _only_connection_errors(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_connection_errors(e) for e in exc.exceptions)
+    return isinstance(
+        exc, MCPError | OSError | anyio.BrokenResourceError | anyio.ClosedResourceError
+    )
+
+
+async def test_stdio_lost_ack(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.db"
+    params = server_params(str(tmp_path / "keys.db"), ledger, gated=True)
+    lost: list[CallToolResult] = []
+    with anyio.fail_after(STARTUP_BOUND):
+        async with Client(params) as client:
+            async with anyio.create_task_group() as tg:
+                scopes: list[anyio.CancelScope] = []
+
+                async def first() -> None:
+                    with anyio.CancelScope() as abandon:
+                        scopes.append(abandon)
+                        lost.append(
+                            await client.call_tool("effect", {"order": "A"}, meta=meta("s-1"))
+                        )
+
+                tg.start_soon(first)
+                pid = await pid_of(client)
+                scopes[0].cancel()  # the client gives up: notifications/cancelled goes out
+            await client.call_tool("open_gate")
+            retry = await client.call_tool("effect", {"order": "A"}, meta=meta("s-1"))
+            again = await client.call_tool("effect", {"order": "A"}, meta=meta("s-1"))
+    assert lost == []
+    assert ledger_rows(ledger, "A") == {"started": [pid], "done": [pid]}
+    assert marker(retry)["status"] == "replayed"
+    assert body(retry)["content"][0]["text"] == f"order A: execution 1 by process {pid}"
+    assert answer(again) == answer(retry)
+
+
+@pytest.mark.redis
+async def test_two_processes_share_redis_and_race_on_one_key(
+    tmp_path: Path, redis_url: str, redis_namespace: str
+) -> None:
+    ledger = tmp_path / "ledger.db"
+    params = server_params(redis_url, ledger, gated=True, prefix=redis_namespace)
+    results: dict[str, CallToolResult] = {}
+    with anyio.fail_after(STARTUP_BOUND):
+        async with Client(params) as a, Client(params) as b, anyio.create_task_group() as calls:
+
+            async def call(name: str, client: Client) -> None:
+                results[name] = await client.call_tool(
+                    "effect", {"order": "R"}, meta=meta("race-1")
+                )
+
+            calls.start_soon(call, "a", a)
+            calls.start_soon(call, "b", b)
+            # Whichever process won the claim reports that its tool started.
+            async with anyio.create_task_group() as first_to_start:
+
+                async def watch(client: Client) -> None:
+                    await pid_of(client)
+                    first_to_start.cancel_scope.cancel()
+
+                first_to_start.start_soon(watch, a)
+                first_to_start.start_soon(watch, b)
+            await a.call_tool("open_gate")
+            await b.call_tool("open_gate")
+    rows = ledger_rows(ledger, "R")
+    assert len(rows["started"]) == 1
+    assert rows["done"] == rows["started"]
+    assert answer(results["a"]) == answer(results["b"])
+    assert sorted(marker(r)["status"] for r in results.values()) == ["executed", "replayed"]
+
+
+async def test_process_killed_mid_tool(tmp_path: Path) -> None:
+    """SIGKILL while two tools run. After the 1 s lease: the default policy answers
+    OUTCOME_UNKNOWN; the naturally idempotent tool is taken over and runs exactly once more."""
+    ledger = tmp_path / "ledger.db"
+    keys = str(tmp_path / "keys.db")
+    victim = server_params(keys, ledger, gated=True, lease=1.0, wait=10.0)
+    survivor = server_params(keys, ledger, lease=1.0, wait=10.0)
+    with anyio.fail_after(STARTUP_BOUND):
+        async with Client(survivor) as b:
+            async with doomed(victim) as a, anyio.create_task_group() as tg:
+
+                async def doomed_call(tool: str, order: str) -> None:
+                    with pytest.raises(MCPError):
+                        await a.call_tool(tool, {"order": order}, meta=meta(f"kill-{order}"))
+
+                tg.start_soon(doomed_call, "effect", "K1")
+                tg.start_soon(doomed_call, "reentrant_effect", "K2")
+                victim_pid = await pid_of(a, started=2)
+                os.kill(victim_pid, signal.SIGKILL)
+            with pytest.raises(MCPError) as unknown:
+                await b.call_tool("effect", {"order": "K1"}, meta=meta("kill-K1"))
+            taken = await b.call_tool("reentrant_effect", {"order": "K2"}, meta=meta("kill-K2"))
+            replay = await b.call_tool("reentrant_effect", {"order": "K2"}, meta=meta("kill-K2"))
+    assert unknown.value.code == wire.OUTCOME_UNKNOWN
+    assert unknown.value.error.data == {"key": "kill-K1"}
+    assert ledger_rows(ledger, "K1") == {"started": [victim_pid], "done": []}
+    rows = ledger_rows(ledger, "K2")
+    assert rows["started"][0] == victim_pid
+    assert len(rows["started"]) == 2
+    assert len(rows["done"]) == 1
+    survivor_pid = rows["done"][0]
+    assert survivor_pid != victim_pid
+    assert marker(taken)["status"] == "executed"
+    assert marker(taken)["attempts"] == 2
+    assert body(taken)["content"][0]["text"] == f"order K2: execution 1 by process {survivor_pid}"
+    assert marker(replay)["status"] == "replayed"
+    assert answer(replay) == answer(taken)
+
+
+@pytest.mark.redis
+async def test_paused_worker_changes_nothing(
+    tmp_path: Path, redis_url: str, redis_namespace: str
+) -> None:
+    """SIGSTOP a worker past its 1 s lease; another replica takes the (naturally idempotent)
+    tool over and answers. After SIGCONT the paused worker's late finish changes nothing: every
+    client, its own included, sees the new owner's result."""
+    ledger = tmp_path / "ledger.db"
+    paused = server_params(
+        redis_url, ledger, gated=True, lease=1.0, wait=10.0, prefix=redis_namespace
+    )
+    other = server_params(redis_url, ledger, lease=1.0, wait=10.0, prefix=redis_namespace)
+    args: dict[str, Any] = {"order": "P"}
+    late: list[CallToolResult] = []
+    with anyio.fail_after(STARTUP_BOUND):
+        async with Client(paused) as a, Client(other) as b:
+            async with anyio.create_task_group() as tg:
+
+                async def slow() -> None:
+                    late.append(await a.call_tool("reentrant_effect", args, meta=meta("pause-1")))
+
+                tg.start_soon(slow)
+                paused_pid = await pid_of(a)
+                os.kill(paused_pid, signal.SIGSTOP)
+                try:
+                    taken = await b.call_tool("reentrant_effect", args, meta=meta("pause-1"))
+                finally:
+                    os.kill(paused_pid, signal.SIGCONT)
+                await a.call_tool("open_gate")
+            replay_a = await a.call_tool("reentrant_effect", args, meta=meta("pause-1"))
+            replay_b = await b.call_tool("reentrant_effect", args, meta=meta("pause-1"))
+    new_owner = ledger_rows(ledger, "P")["started"][1]
+    assert new_owner != paused_pid
+    assert body(taken)["content"][0]["text"] == f"order P: execution 1 by process {new_owner}"
+    assert marker(taken)["status"] == "executed"
+    # The paused worker's own client got the new owner's answer, not its own.
+    assert [body(r) for r in late] == [body(taken)]
+    assert answer(replay_a) == answer(taken)
+    assert answer(replay_b) == answer(taken)
+    store = RedisKeyStore.from_url(redis_url, prefix=redis_namespace)
+    try:
+        record = await store.get(record_key("effects", "reentrant_effect", "pause-1"))
+    finally:
+        await store.aclose()
+    assert record is not None and record.result is not None
+    assert body(decode_result(record.result).result) == body(taken)

@@ -1,0 +1,76 @@
+"""The pure pieces of the guard: fingerprints, stored-result encoding, key derivation, policy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mcp_types import CallToolResult, TextContent
+
+from idempotency import Policy, decode_result, encode_result, fingerprint, wire
+from idempotency._mint import derive_key
+from idempotency._replay import UnreadableResult, rfc3339, stamped
+from idempotency._scope import store_key
+
+
+def test_fingerprint_is_canonical_and_tells_calls_apart() -> None:
+    a = fingerprint("t", {"b": [1, {"y": 2, "x": 1}], "a": "é"})
+    b = fingerprint("t", {"a": "é", "b": [1, {"x": 1, "y": 2}]})
+    assert a == b and len(a) == 64
+    assert fingerprint("t", None) == fingerprint("t", {})
+    assert fingerprint("t", {"n": 1}) != fingerprint("t", {"n": 1.5})
+    assert fingerprint("t", {"n": 1}) != fingerprint("u", {"n": 1})
+
+
+def test_store_keys_and_derived_keys_are_hashed_and_valid() -> None:
+    assert store_key("scope-a", "t", "k") != store_key("scope-b", "t", "k")
+    assert store_key("s", "t", "k") != store_key("s", "u", "k")
+    assert "k" not in store_key("s", "t", "k") and len(store_key("s", "t", "k")) == 64
+    derived = derive_key("s", "t", "f" * 64)
+    assert wire.key_problem(derived) is None
+    assert derived != derive_key("other", "t", "f" * 64)
+
+
+def test_stored_results_are_domain_form_without_our_marker() -> None:
+    result = CallToolResult(
+        content=[TextContent(type="text", text="ok")],
+        structured_content={"v": 1},
+        meta={"example.com/x": 1},
+    )
+    marked = stamped(
+        result, key="k", key_source="client", status="executed", executed_at=1.5, attempts=1
+    )
+    data = encode_result(marked, 1.5)
+    payload = json.loads(data)
+    assert payload["result"] == {
+        "_meta": {"example.com/x": 1},
+        "content": [{"type": "text", "text": "ok"}],
+        "structuredContent": {"v": 1},
+        "isError": False,
+    }
+    assert "resultType" not in payload["result"]
+    decoded = decode_result(data)
+    assert decoded.executed_at == 1.5
+    assert decoded.result.meta == {"example.com/x": 1}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\xff", b"[]", b'{"format": "other"}', b'{"format": "mcp-once/result@1", "result": 5}'],
+)
+def test_foreign_payloads_are_refused(data: bytes) -> None:
+    with pytest.raises(UnreadableResult):
+        decode_result(data)
+
+
+def test_rfc3339_is_utc_with_z() -> None:
+    assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
+
+
+def test_takeover_auto_follows_the_authors_declaration() -> None:
+    assert Policy().takeover_for(False) is False
+    assert Policy().takeover_for(True) is True
+    assert Policy(naturally_idempotent=True).takeover_for(False) is True
+    assert Policy(takeover=False).takeover_for(True) is False
+    assert Policy(takeover=True).takeover_for(False) is True
+    assert Policy().advertised() == {"keys": "derived", "retentionSeconds": 86400}
