@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from typing import NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 from .._open import open_store
 from .._store import KeyStore, StoreUnavailable
@@ -32,11 +33,29 @@ def fail(message: str, code: int) -> NoReturn:
     raise SystemExit(code)
 
 
+def redacted(url: str) -> str:
+    """`url` without its password, for printing (a Redis URL may carry one)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return url
+    if password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
+def unreachable(url: str, exc: Exception) -> NoReturn:
+    fail(f"the key store at {redacted(url)!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
+
+
 def open_or_fail(url: str) -> KeyStore:
     """The store at `url`, or an exit with a sentence saying what is wrong with the URL."""
     try:
         return open_store(url)
     except StoreUnavailable as exc:
-        fail(f"the key store at {url!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
+        unreachable(url, exc)
     except (ValueError, TypeError) as exc:
-        fail(f"bad key store URL: {exc}", EXIT_USAGE)
+        fail(f"bad key store URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)

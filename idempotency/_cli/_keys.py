@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from mcp_types import CallToolResult, TextContent
@@ -20,7 +22,14 @@ from pydantic import ValidationError
 
 from .._replay import UnreadableResult, decode_result, encode_result, rfc3339
 from .._scope import CallScope, default_scope, store_key
-from .._store import CorruptRecord, KeyStore, Record, RecordState, StoreUnavailable
+from .._store import (
+    CorruptRecord,
+    KeyStore,
+    LimitExceeded,
+    Record,
+    RecordState,
+    StoreUnavailable,
+)
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -28,9 +37,11 @@ from ._common import (
     add_store_option,
     fail,
     open_or_fail,
+    unreachable,
 )
 
-T = TypeVar("T")
+#: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `_scope.store_key`.
+_STORE_KEY = re.compile(r"[0-9a-f]{64}")
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
@@ -44,7 +55,7 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("--state", choices=[s.value for s in RecordState if s.value != "released"])
     listing.add_argument("--limit", type=int, default=100)
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(run=_run(_list))
+    listing.set_defaults(run=_run(_list, _check_limit))
 
     show = actions.add_parser("show", help="show one record (its result only if asked)")
     _add_key_arguments(show)
@@ -61,7 +72,7 @@ def add_parser(commands: Any) -> None:
         "--result-json", type=Path, help="completed, replaying this CallToolResult JSON file"
     )
     settle.add_argument("--retention", type=float, default=DEFAULT_SETTLE_RETENTION)
-    settle.set_defaults(run=_run(_settle))
+    settle.set_defaults(run=_run(_settle, _prepare_settle))
 
     purge = actions.add_parser("purge", help="physically remove expired records")
     purge.set_defaults(run=_run(_purge))
@@ -89,6 +100,13 @@ def _store_key(args: argparse.Namespace) -> str:
     if args.key and any(derived):
         fail("give either a store key or --client-key/--tool/--server, not both", EXIT_USAGE)
     if args.key:
+        if not _STORE_KEY.fullmatch(args.key):
+            fail(
+                f"{args.key!r} is not a store key (64 hex digits, as `keys list` prints them);"
+                " to find a record by the key the client sent, give --client-key, --tool and"
+                " --server",
+                EXIT_USAGE,
+            )
         return str(args.key)
     if not all(derived):
         fail("give a store key, or all of --client-key, --tool and --server", EXIT_USAGE)
@@ -100,12 +118,16 @@ def _store_key(args: argparse.Namespace) -> str:
 
 def _run(
     action: Callable[[KeyStore, argparse.Namespace], Awaitable[int]],
+    prepare: Callable[[argparse.Namespace], None] | None = None,
 ) -> Callable[[argparse.Namespace], int]:
-    """Open the store, run `action`, close the store, and turn store failures into exit codes."""
+    """Check the arguments, open the store, run `action`, close the store, and turn store
+    failures into exit codes. Every usage error is found before the store is touched."""
 
     def run(args: argparse.Namespace) -> int:
-        if getattr(args, "key", None) is not None or getattr(args, "client_key", None):
+        if hasattr(args, "client_key"):  # an action addressing one record
             args.key = _store_key(args)
+        if prepare is not None:
+            prepare(args)
         store = open_or_fail(args.store)
 
         async def go() -> int:
@@ -118,7 +140,9 @@ def _run(
         try:
             return anyio.run(go)
         except StoreUnavailable as exc:
-            fail(f"the key store at {args.store!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
+            unreachable(args.store, exc)
+        except LimitExceeded as exc:
+            fail(f"bad store key: {exc}", EXIT_USAGE)
         except CorruptRecord as exc:
             fail(str(exc), EXIT_PROBLEM)
 
@@ -161,9 +185,12 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
 
 
-async def _list(store: KeyStore, args: argparse.Namespace) -> int:
+def _check_limit(args: argparse.Namespace) -> None:
     if args.limit < 1:
         fail("--limit must be at least 1", EXIT_USAGE)
+
+
+async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     state = RecordState(args.state) if args.state else None
     records = await store.list_records(state=state, limit=args.limit)
     rows = [_describe(r, reveal=False) for r in records]
@@ -198,7 +225,7 @@ def _settled_result(args: argparse.Namespace) -> bytes | None:
         result = CallToolResult(content=[TextContent(type="text", text=args.result_text)])
     else:
         try:
-            result = CallToolResult.model_validate_json(args.result_json.read_text())
+            result = CallToolResult.model_validate_json(args.result_json.read_bytes())
         except OSError as exc:
             fail(f"cannot read {args.result_json}: {exc.strerror}", EXIT_USAGE)
         except ValidationError as exc:
@@ -209,10 +236,14 @@ def _settled_result(args: argparse.Namespace) -> bytes | None:
     return encode_result(result, time.time())
 
 
-async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
-    if args.retention <= 0:
+def _prepare_settle(args: argparse.Namespace) -> None:
+    if not (math.isfinite(args.retention) and args.retention > 0):
         fail("--retention must be a positive number of seconds", EXIT_USAGE)
-    result = _settled_result(args)
+    args.settled = _settled_result(args)
+
+
+async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
+    result: bytes | None = args.settled
     if await store.settle(args.key, result=result, retention=args.retention):
         verdict = "released (the next call runs again)" if result is None else "completed"
         print(f"settled {args.key}: {verdict}")

@@ -10,7 +10,6 @@ import argparse
 import socket
 import sys
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
@@ -24,6 +23,7 @@ from ._common import (
     add_store_option,
     fail,
     open_or_fail,
+    redacted,
 )
 from ._example_server import build_server
 
@@ -44,16 +44,6 @@ def add_parser(commands: Any) -> None:
     )
     add_store_option(serve)
     serve.set_defaults(run=run)
-
-
-def redacted(url: str) -> str:
-    """`url` without its password, for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -124,4 +114,4 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-__all__ = ["PROBE_KEY", "add_parser", "redacted", "run"]
+__all__ = ["PROBE_KEY", "add_parser", "run"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal, TextIO
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+import httpx2
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.mcpserver import MCPServer
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Endpoint",
     "Era",
+    "HoldWhileDown",
     "HttpEndpoint",
     "MemoryEndpoint",
     "ServerProcess",
@@ -301,6 +303,23 @@ class ServerProcess:
             await anyio.to_thread.run_sync(self.up.wait, _START_TIMEOUT, abandon_on_cancel=True)
 
 
+class HoldWhileDown(httpx2.AsyncBaseTransport):
+    """Requests made while the server restarts wait until it is back, as behind a load balancer
+    that queues them; without it a restart's cost in attempts depends on how fast it comes back.
+    """
+
+    def __init__(self, process: ServerProcess) -> None:
+        self._process = process
+        self._inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        await self._process.wait_up()
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class HttpEndpoint(Endpoint):
     """A streamable HTTP server process; a restart is kill -9 and a new process on the same port.
     Connections wait for the server to be back (as a client behind a load balancer would)."""
@@ -312,7 +331,7 @@ class HttpEndpoint(Endpoint):
         self.process = process
 
     def make(self) -> Transport:
-        return streamable_http_transport(self.process.url)
+        return streamable_http_transport(self.process.url, inner=HoldWhileDown(self.process))
 
     async def ready(self) -> None:
         await self.process.wait_up()

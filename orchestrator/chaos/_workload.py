@@ -176,7 +176,7 @@ def _replayed(result: CallToolResult) -> bool:
     return isinstance(marker, Mapping) and marker.get("status") == "replayed"
 
 
-def connect_factory(endpoint: Endpoint, chaos: Chaos | None) -> Callable[[], Any]:
+def connect_factory(endpoint: Endpoint, chaos: Chaos | None = None) -> Callable[[], Any]:
     """A `connect=` factory for `RetryingSession`: a new `Client` to `endpoint` (waiting until it
     is up), its transport wrapped in `chaos` when given."""
 
