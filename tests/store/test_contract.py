@@ -590,6 +590,8 @@ async def test_purge_expired_removes_only_expired_records(backend: Backend) -> N
 
 
 @pytest.mark.parametrize("limit", [-1, -5])
-async def test_negative_list_limit_is_refused_by_every_backend(backend: Backend, limit: int) -> None:
+async def test_negative_list_limit_is_refused_by_every_backend(
+    backend: Backend, limit: int
+) -> None:
     with pytest.raises(ValueError, match="limit"):
         await backend.store.list_records(limit=limit)
