@@ -35,12 +35,11 @@ def _describe(error: BaseException | None) -> str:
     return f"{type(error).__name__}" + (f" (code {code})" if isinstance(code, int) else "")
 
 
-class OutcomeUnknown(Exception):
-    """The tool may or may not have run, and retrying is not allowed or not possible.
+class _GaveUp(Exception):
+    """What every "the wrapper stopped" exception carries, so a caller can reconcile by key."""
 
-    Never a silent duplicate: reconcile with the server using `key` (a later call with the same key
-    replays the stored result on a server that keeps idempotency records).
-    """
+    #: How the message words the verdict: `{tool}` stands for the tool's quoted name.
+    _verdict = ""
 
     def __init__(
         self,
@@ -59,9 +58,19 @@ class OutcomeUnknown(Exception):
         self.reason: GiveUpReason = reason
         self.report = report
         super().__init__(
-            f"outcome of tool {tool!r} unknown after {attempts} attempt(s) with idempotency key"
-            f" {key!r}: {_REASONS[reason]}; last error: {_describe(last_error)}"
+            f"{self._verdict.format(tool=repr(tool))} after {attempts} attempt(s) with idempotency"
+            f" key {key!r}: {_REASONS[reason]}; last error: {_describe(last_error)}"
         )
+
+
+class OutcomeUnknown(_GaveUp):
+    """The tool may or may not have run, and retrying is not allowed or not possible.
+
+    Never a silent duplicate: reconcile with the server using `key` (a later call with the same key
+    replays the stored result on a server that keeps idempotency records).
+    """
+
+    _verdict = "outcome of tool {tool} unknown"
 
 
 class ServerOutcomeUnknown(OutcomeUnknown):
@@ -92,32 +101,13 @@ class ServerOutcomeUnknown(OutcomeUnknown):
         )
 
 
-class NotExecuted(Exception):
+class NotExecuted(_GaveUp):
     """The tool provably did not run: nothing reached the server, or the server refused to run it.
 
     Safe to try again later with the same key.
     """
 
-    def __init__(
-        self,
-        *,
-        tool: str,
-        key: str,
-        attempts: int,
-        last_error: BaseException | None,
-        reason: GiveUpReason,
-        report: CallReport | None = None,
-    ) -> None:
-        self.tool = tool
-        self.key = key
-        self.attempts = attempts
-        self.last_error = last_error
-        self.reason: GiveUpReason = reason
-        self.report = report
-        super().__init__(
-            f"tool {tool!r} was not executed after {attempts} attempt(s) with idempotency key"
-            f" {key!r}: {_REASONS[reason]}; last error: {_describe(last_error)}"
-        )
+    _verdict = "tool {tool} was not executed"
 
 
 class ToolCallError(MCPError):

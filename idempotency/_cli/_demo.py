@@ -210,7 +210,7 @@ async def _run(args: argparse.Namespace, workdir: Path) -> tuple[Report, Report,
         store = f"sqlite:///{(workdir / 'keys.sqlite3').resolve()}"
     else:
         await _probe_store(store)
-    timeout = 0.2 if args.transport == "memory" else 1.0
+    timeout = 0.2 if args.transport == "memory" else 0.5
     scenario: Scenario = Scenario(
         transport=args.transport,
         calls=args.calls,

@@ -20,7 +20,7 @@ import anyio
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from .._replay import UnreadableResult, decode_result, encode_result, rfc3339
+from .._replay import UnreadableResult, decode_result, domain_form, encode_result, rfc3339
 from .._scope import CallScope, default_scope, store_key
 from .._store import (
     CorruptRecord,
@@ -169,9 +169,8 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
     if reveal and record.result is not None:
         try:
             stored = decode_result(record.result)
-            described["result"] = stored.result.model_dump(
-                by_alias=True, mode="json", exclude_none=True
-            )
+            # Domain form: what was stored, without a protocol era's envelope (`resultType`).
+            described["result"] = domain_form(stored.result)
         except UnreadableResult as exc:
             described["result"] = f"<unreadable: {exc}>"
     return described
