@@ -20,7 +20,7 @@ from mcp_types import RequestId
 
 from orchestrator.chaos._memory import in_memory_transport
 from orchestrator.chaos._plan import Fault, FaultPlan
-from orchestrator.chaos._record import FaultRecord
+from orchestrator.chaos._record import FaultRecord, count_by_kind
 from orchestrator.chaos._transport import ChaosTransport
 
 if TYPE_CHECKING:
@@ -110,10 +110,7 @@ class Chaos:
 
     def fault_counts(self) -> dict[Fault, int]:
         """How many faults of each kind the run injected (every kind present, zeros included)."""
-        counts = dict.fromkeys(Fault, 0)
-        for record in self._faults:
-            counts[record.kind] += 1
-        return counts
+        return count_by_kind(self._faults)
 
     def report(self) -> dict[str, Any]:
         """A JSON-ready summary that, with the same client, reproduces the run."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.chaos._plan import Fault
 
-__all__ = ["FaultRecord"]
+__all__ = ["FaultRecord", "count_by_kind"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +46,11 @@ class FaultRecord:
             "delay_seconds": self.delay_seconds,
             "time": self.time,
         }
+
+
+def count_by_kind(records: Iterable[FaultRecord]) -> dict[Fault, int]:
+    """Faults per kind, every kind present (zeros included) so reports line up column by column."""
+    counts = dict.fromkeys(Fault, 0)
+    for record in records:
+        counts[record.kind] += 1
+    return counts

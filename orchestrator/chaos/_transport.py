@@ -27,7 +27,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError, JSONRPCRequest, JSONRPCResponse, RequestId
 
 from orchestrator.chaos._plan import Fault
-from orchestrator.chaos._record import FaultRecord
+from orchestrator.chaos._record import FaultRecord, count_by_kind
 from orchestrator.chaos._streams import ContextReceiver, ContextSender, Envelope
 
 if TYPE_CHECKING:
@@ -176,10 +176,7 @@ class ChaosTransport:
 
     def fault_counts(self) -> dict[Fault, int]:
         """How many faults of each kind this connection injected (every kind present)."""
-        counts = dict.fromkeys(Fault, 0)
-        for record in self._faults:
-            counts[record.kind] += 1
-        return counts
+        return count_by_kind(self._faults)
 
     @property
     def closed(self) -> bool:
