@@ -16,6 +16,7 @@ This script only picks the store and the transport.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
@@ -50,4 +51,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the server has shut down cleanly
+        main()

@@ -118,14 +118,11 @@ class _Live:
         self.total = total
         self.out = out
         self.done = 0
-        self.problems = 0
         self.tty = out.isatty()
         self.step = max(1, total // 4)
 
     def __call__(self, record: CallRecord) -> None:
         self.done += 1
-        if record.outcome not in ("result",):
-            self.problems += 1
         if self.tty:
             width = 30
             filled = width * self.done // self.total
@@ -164,8 +161,9 @@ def _verdict(baseline: Report, once: Report) -> str:
         )
     unknown = once.outcome_unknown
     explained = (
-        f" {unknown} call(s) ended in an explicit OutcomeUnknown (a notification that may have"
-        " been sent is never re-sent; payments are settled from their stored record)."
+        f" {unknown} call(s) ended in an explicit OutcomeUnknown instead of a blind retry (a"
+        " notification, which is not idempotent, is never re-sent once it may have run); the"
+        " caller reconciles those with their key."
         if unknown
         else ""
     )

@@ -20,6 +20,7 @@ import anyio
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
+from .. import wire
 from .._replay import UnreadableResult, decode_result, domain_form, encode_result, rfc3339
 from .._scope import CallScope, default_scope, store_key
 from .._store import (
@@ -67,9 +68,16 @@ def add_parser(commands: Any) -> None:
     _add_key_arguments(settle)
     verdict = settle.add_mutually_exclusive_group(required=True)
     verdict.add_argument("--failed", action="store_true", help="release it: the next call runs")
-    verdict.add_argument("--result-text", help="completed, replaying this text as the result")
     verdict.add_argument(
-        "--result-json", type=Path, help="completed, replaying this CallToolResult JSON file"
+        "--result-text",
+        help="completed, replaying this text as the result (also as structuredContent"
+        ' {"result": TEXT}, the shape MCPServer gives a tool returning str)',
+    )
+    verdict.add_argument(
+        "--result-json",
+        type=Path,
+        help="completed, replaying this CallToolResult JSON file (its structuredContent must"
+        " match the tool's output schema, or the SDK turns the replay into an error)",
     )
     settle.add_argument("--retention", type=float, default=DEFAULT_SETTLE_RETENTION)
     settle.set_defaults(run=_run(_settle, _prepare_settle))
@@ -100,16 +108,19 @@ def _store_key(args: argparse.Namespace) -> str:
     if args.key and any(derived):
         fail("give either a store key or --client-key/--tool/--server, not both", EXIT_USAGE)
     if args.key:
-        if not _STORE_KEY.fullmatch(args.key):
+        if not _STORE_KEY.fullmatch(args.key.lower()):
             fail(
                 f"{args.key!r} is not a store key (64 hex digits, as `keys list` prints them);"
                 " to find a record by the key the client sent, give --client-key, --tool and"
                 " --server",
                 EXIT_USAGE,
             )
-        return str(args.key)
+        return str(args.key).lower()
     if not all(derived):
         fail("give a store key, or all of --client-key, --tool and --server", EXIT_USAGE)
+    problem = wire.key_problem(args.client_key)
+    if problem is not None:
+        fail(f"--client-key: {problem}", EXIT_USAGE)
     scope = default_scope(
         CallScope(server=args.server, tool=args.tool, principal=None, meta=None, request=None)
     )
@@ -221,7 +232,13 @@ def _settled_result(args: argparse.Namespace) -> bytes | None:
     if args.failed:
         return None
     if args.result_text is not None:
-        result = CallToolResult(content=[TextContent(type="text", text=args.result_text)])
+        # MCPServer validates a returned result's structuredContent against the tool's output
+        # schema, and a tool returning `str` has the schema {"result": string}: without it the
+        # replay would reach the client as "Error executing tool".
+        result = CallToolResult(
+            content=[TextContent(type="text", text=args.result_text)],
+            structured_content={"result": args.result_text},
+        )
     else:
         try:
             result = CallToolResult.model_validate_json(args.result_json.read_bytes())

@@ -1,0 +1,121 @@
+"""`mcp-once demo`: run as a user runs it (the console script, a real server), read its JSON.
+
+mcp-once must show no duplicate effect and the naive baseline must show some, on every
+transport, with the default embedded store and with Redis. Bad options fail with a sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idempotency._cli import main
+from orchestrator.chaos import Report
+
+SCRIPT = Path(sys.executable).with_name("mcp-once")
+TIMEOUT = 240
+
+
+def demo(*args: str) -> subprocess.CompletedProcess[str]:
+    command = (
+        [str(SCRIPT)]
+        if SCRIPT.exists()
+        else [
+            sys.executable,
+            "-c",
+            "import sys; from idempotency._cli import main; sys.exit(main())",
+        ]
+    )
+    return subprocess.run(
+        [*command, "demo", *args], capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+def summary(completed: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    data: dict[str, Any] = json.loads(completed.stdout)
+    return data
+
+
+def assert_shows_the_difference(data: dict[str, Any], calls: int) -> None:
+    assert data["calls"] == calls
+    assert data["faults_injected"] > 0
+    assert data["duplicate_effects"] == 0
+    assert data["baseline_duplicate_effects"] > 0
+    assert data["lost_results"] == 0 and data["ok"] is True
+    assert data["replays"] > 0  # mcp-once absorbed lost answers by replaying them
+    assert data["mcp_once"]["gate_violations"] == 0
+
+
+def test_default_run_over_memory() -> None:
+    data = summary(demo("--json"))
+    assert_shows_the_difference(data, 100)
+    assert data["transport"] == "memory" and data["store"] == "a temporary SQLite file"
+    assert data["faults"].get("server_restart") == 1
+    assert data["seconds"] < 30, "the default demo must stay quick"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_over_a_real_wire(transport: str) -> None:
+    data = summary(demo("--json", "--transport", transport, "--calls", "30", "--seed", "7"))
+    assert_shows_the_difference(data, 30)
+    assert data["transport"] == transport
+
+
+@pytest.mark.redis
+def test_with_redis_over_http(redis_url: str) -> None:
+    data = summary(demo("--json", "--transport", "http", "--store", redis_url, "--calls", "30"))
+    assert_shows_the_difference(data, 30)
+    assert data["store"] == redis_url
+
+
+def test_human_output_explains_and_compares() -> None:
+    completed = demo("--calls", "30", "--seed", "3")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    out = completed.stdout
+    assert out.startswith("30 MCP tool calls")  # the newcomer's explanation comes first
+    assert "naive retry" in out and "mcp-once" in out
+    row = next(line for line in out.splitlines() if line.startswith("duplicate effects"))
+    naive, once = (int(cell) for cell in row.split()[-2:])
+    assert once == 0 and naive > 0
+    assert "30/30" in completed.stderr  # live progress, on stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--calls", "0"], 2, "--calls must be between 1"),
+        (["--seed", "-1"], 2, "--seed must be >= 0"),
+        (["--transport", "stdio", "--store", "memory://"], 2, "lives inside one process"),
+        (["--store", "bogus://x"], 2, "unknown key store scheme"),
+        (["--store", "redis://127.0.0.1:1/0"], 3, "cannot be reached"),
+        (["--transport", "carrier-pigeon"], 2, "invalid choice"),
+    ],
+)
+def test_bad_options_fail_with_a_sentence(args: list[str], code: int, message: str) -> None:
+    completed = demo(*args)
+    assert completed.returncode == code
+    assert message in completed.stderr
+    assert completed.stdout.strip() == "" or "MCP tool calls" in completed.stdout
+
+
+def test_a_duplicate_under_mcp_once_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The exit status is the verdict: a run where mcp-once let a duplicate through fails."""
+    import orchestrator.chaos
+
+    async def fake(scenario: Any, mode: str, workdir: Path, **_: Any) -> Report:
+        report = Report(mode=mode, transport="memory", era="modern", seed=0, calls=3)
+        report.duplicates = 1
+        return report
+
+    monkeypatch.setattr(orchestrator.chaos, "run_scenario", fake)
+    assert main(["demo", "--calls", "3", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["duplicate_effects"] == 1 and data["ok"] is False

@@ -1,0 +1,644 @@
+"""`mcp-once keys list|show|settle|purge` against records a real guarded tool wrote.
+
+Every record here is produced by calling an `@idempotent` tool through a real MCP session; the
+UNKNOWN ones by a worker whose lease expires mid-tool (the store's clock moved past it, takeover
+off). The CLI runs in-process through `main([...])` (in a worker thread: it runs its own event
+loop), and once as the installed console script. Both embedded SQLite and a private Redis.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+from mcp import MCPError
+from mcp.client import Client
+from mcp.server.mcpserver import MCPServer
+from mcp_types import CallToolResult
+from redis_server import RedisServer, free_port, redis_server_binary
+
+from idempotency import KeyStore, RecordState, SQLiteKeyStore, idempotent, open_store, wire
+from idempotency._cli import _common, main
+from idempotency._scope import CallScope, default_scope, store_key
+from idempotency._sqlite_store import sqlite_path_from_url
+
+pytestmark = pytest.mark.anyio
+
+SERVER = "shop"
+LEASE = 30.0
+SOON = 30.0
+ARGS = {"order": "o-1", "cents": 500}
+UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+# -- the guarded tool and the stores -----------------------------------------------------------
+
+
+@dataclass
+class Effects:
+    """How often the charge really happened; `gate` holds the tool mid-execution when cleared."""
+
+    count: int = 0
+    started: anyio.Event = field(default_factory=anyio.Event)
+    gate: anyio.Event = field(default_factory=anyio.Event)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+
+def shop(store: KeyStore, effects: Effects) -> MCPServer:
+    server = MCPServer(SERVER)
+
+    @server.tool()
+    @idempotent(store, lease=LEASE)
+    async def charge(order: str, cents: int) -> str:
+        effects.started.set()
+        await effects.gate.wait()
+        effects.count += 1
+        return f"charged {cents} for {order} (execution {effects.count})"
+
+    return server
+
+
+class FakeClock:
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Backend:
+    """The store a test server writes to, the URL the CLI reads it through, and its clock."""
+
+    name: str
+    url: str
+    store: KeyStore
+    clock: FakeClock | None = None
+    redis: RedisServer | None = None
+
+    def advance(self, seconds: float) -> None:
+        """Move the server store's clock (the CLI's clock stays real)."""
+        if self.clock is not None:
+            self.clock.now += seconds
+        else:
+            self.store.advance_clock_for_testing(seconds)  # type: ignore[attr-defined]
+
+    def open_later(self, url: str, seconds: float) -> KeyStore:
+        """The CLI's store for `url`, its clock `seconds` ahead of the real one."""
+        if self.name == "sqlite":
+            return SQLiteKeyStore(sqlite_path_from_url(url), clock=lambda: time.time() + seconds)
+        opened = open_store(url)
+        opened.advance_clock_for_testing(seconds)  # type: ignore[attr-defined]
+        return opened
+
+    def raw_count(self) -> int:
+        """Records physically present, whatever their state or expiry."""
+        if self.name == "sqlite":
+            with sqlite3.connect(sqlite_path_from_url(self.url)) as conn:
+                count: int = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+            return count
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            return int(client.dbsize())
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="module")
+def private_redis() -> Iterator[RedisServer]:
+    """A Redis of this module's own: the CLI cannot take a key prefix, so each test empties it."""
+    if redis_server_binary() is None:
+        message = "REDIS NOT AVAILABLE — the Redis half of the keys CLI tests cannot run"
+        if UNDER_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "sqlite":
+        path = tmp_path / "keys.sqlite3"
+        clock = FakeClock(time.time())
+        made = Backend("sqlite", f"sqlite:///{path}", SQLiteKeyStore(path, clock=clock), clock)
+    else:
+        redis_server: RedisServer = request.getfixturevalue("private_redis")
+        import redis
+
+        client = redis.Redis.from_url(redis_server.url)
+        client.flushdb()  # our private server: nothing else lives there
+        client.close()
+        url = redis_server.url
+        made = Backend("redis", url, open_store(url), redis=redis_server)
+    try:
+        yield made
+    finally:
+        await made.store.aclose()
+
+
+# -- running the CLI -----------------------------------------------------------------------------
+
+
+@dataclass
+class Ran:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def _cli_in_thread(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Ran:
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return Ran(code, out, err)
+
+
+async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
+    """`mcp-once *argv` in-process (a worker thread: the CLI runs its own event loop)."""
+    return await anyio.to_thread.run_sync(functools.partial(_cli_in_thread, capsys, list(argv)))
+
+
+def sync_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
+    return _cli_in_thread(capsys, list(argv))
+
+
+def record_key(client_key: str, tool: str = "charge") -> str:
+    return store_key(default_scope(CallScope(SERVER, tool, None, None, None)), tool, client_key)
+
+
+def meta(key: str) -> dict[str, Any]:
+    return {wire.KEY_META: key}
+
+
+def marker(result: CallToolResult) -> dict[str, Any]:
+    found = (result.meta or {}).get(wire.IDEMPOTENCY_META)
+    assert isinstance(found, dict)
+    return found
+
+
+def text(result: CallToolResult) -> str:
+    block = result.content[0]
+    assert block.type == "text"
+    return block.text
+
+
+async def make_unknown(client: Client, backend: Backend, effects: Effects, key: str) -> None:
+    """A worker whose lease expires mid-charge: the next attempt finds the record UNKNOWN.
+
+    The first attempt holds inside the tool; the store's clock moves past its lease; a retry
+    with the same key turns the record UNKNOWN (the tool is not declared safe to re-run). The
+    stale worker then finishes its effect, and its late completion is refused.
+    """
+    effects.gate = anyio.Event()
+    effects.started = anyio.Event()
+    outcomes: list[int] = []
+
+    async def first_attempt() -> None:
+        with pytest.raises(MCPError) as stale:
+            await client.call_tool("charge", ARGS, meta=meta(key))
+        outcomes.append(stale.value.code)
+
+    with anyio.fail_after(SOON):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first_attempt)
+            await effects.started.wait()
+            backend.advance(LEASE + 1)
+            with pytest.raises(MCPError) as retry:
+                await client.call_tool("charge", ARGS, meta=meta(key))
+            assert retry.value.code == wire.OUTCOME_UNKNOWN
+            effects.gate.set()
+    assert outcomes == [wire.OUTCOME_UNKNOWN]
+
+
+def derive_args(client_key: str) -> list[str]:
+    return ["--client-key", client_key, "--tool", "charge", "--server", SERVER]
+
+
+# -- list --------------------------------------------------------------------------------------
+
+
+async def test_list_all_by_state_and_as_json(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        done = await client.call_tool("charge", ARGS, meta=meta("k-done"))
+        await make_unknown(client, backend, effects, "k-lost")
+    assert effects.count == 2 and marker(done)["status"] == "executed"
+
+    table = await cli(capsys, "keys", "list", "--store", backend.url)
+    assert table.code == 0, table.err
+    lines = table.out.splitlines()
+    assert lines[0].split() == [
+        "key",
+        "state",
+        "fence",
+        "attempts",
+        "updatedAt",
+        "expiresAt",
+        "resultBytes",
+    ]
+    rows = {line.split()[0]: line.split() for line in lines[1:-1]}
+    assert set(rows) == {record_key("k-done"), record_key("k-lost")}
+    assert rows[record_key("k-done")][1] == "completed"
+    assert rows[record_key("k-lost")][1] == "unknown"
+    assert rows[record_key("k-lost")][5:] == ["-", "-"]  # kept until settled; no result
+    assert lines[-1] == "(2 records)"
+
+    unknown = await cli(
+        capsys, "keys", "list", "--state", "unknown", "--json", "--store", backend.url
+    )
+    assert unknown.code == 0
+    [row] = unknown.json()
+    assert row["key"] == record_key("k-lost")
+    assert (row["state"], row["fence"], row["attempts"]) == ("unknown", 1, 1)
+    assert row["expiresAt"] is None and row["resultBytes"] is None and "result" not in row
+
+    completed = await cli(
+        capsys, "keys", "list", "--state", "completed", "--json", "--store", backend.url
+    )
+    [row] = completed.json()
+    assert row["key"] == record_key("k-done") and row["resultBytes"] > 0
+    assert "result" not in row  # a listing never shows stored results
+    assert "charged" not in completed.out
+
+    running = await cli(capsys, "keys", "list", "--state", "in_progress", "--store", backend.url)
+    assert running.out.splitlines()[-1] == "(0 records)"
+    limited = await cli(capsys, "keys", "list", "--limit", "1", "--json", "--store", backend.url)
+    assert len(limited.json()) == 1
+
+
+# -- show --------------------------------------------------------------------------------------
+
+
+async def test_show_hides_the_result_unless_revealed_and_derives_the_store_key(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        first = await client.call_tool("charge", ARGS, meta=meta("k-show"))
+        keyless = await client.call_tool("charge", {"order": "o-2", "cents": 1})
+    charged = text(first)
+
+    shown = await cli(capsys, "keys", "show", *derive_args("k-show"), "--store", backend.url)
+    assert shown.code == 0, shown.err
+    fields = dict(line.split(": ", 1) for line in shown.out.splitlines())
+    # The key derived from what the client saw is the one the server stored the record under.
+    assert fields["key"] == record_key("k-show")
+    assert (fields["state"], fields["fence"], fields["attempts"]) == ("completed", "1", "1")
+    assert "result" not in fields and charged not in shown.out
+    assert int(fields["resultBytes"]) > 0
+
+    by_store_key = await cli(capsys, "keys", "show", record_key("k-show"), "--store", backend.url)
+    assert by_store_key.out == shown.out
+    upper = await cli(capsys, "keys", "show", record_key("k-show").upper(), "--store", backend.url)
+    assert upper.out == shown.out
+
+    revealed = await cli(
+        capsys,
+        "keys",
+        "show",
+        *derive_args("k-show"),
+        "--reveal-result",
+        "--json",
+        "--store",
+        backend.url,
+    )
+    assert revealed.code == 0
+    assert revealed.json()["result"] == {
+        "content": [{"type": "text", "text": charged}],
+        "structuredContent": {"result": charged},
+        "isError": False,
+    }
+    plain_revealed = await cli(
+        capsys, "keys", "show", record_key("k-show"), "--reveal-result", "--store", backend.url
+    )
+    assert charged in plain_revealed.out
+
+    # A keyless call's record is found through the derived key its result announced.
+    derived = marker(keyless)
+    assert derived["keySource"] == "derived"
+    found = await cli(
+        capsys, "keys", "show", *derive_args(derived["key"]), "--json", "--store", backend.url
+    )
+    assert found.code == 0 and found.json()["state"] == "completed"
+
+    missing = await cli(capsys, "keys", "show", *derive_args("k-never"), "--store", backend.url)
+    assert missing.code == 1 and "no live record" in missing.err and missing.out == ""
+
+
+# -- settle ------------------------------------------------------------------------------------
+
+
+async def test_settle_with_result_text_is_replayed_to_the_next_call(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-text")
+        assert effects.count == 1
+        shown = await cli(capsys, "keys", "show", *derive_args("k-text"), "--store", backend.url)
+        assert "state: unknown" in shown.out
+
+        settled = await cli(
+            capsys,
+            "keys",
+            "settle",
+            *derive_args("k-text"),
+            "--result-text",
+            "reconciled: charged once",
+            "--store",
+            backend.url,
+        )
+        assert settled.code == 0, settled.err
+        assert settled.out.strip() == f"settled {record_key('k-text')}: completed"
+
+        replay = await client.call_tool("charge", ARGS, meta=meta("k-text"))
+    assert text(replay) == "reconciled: charged once" and not replay.is_error
+    # Also structured, as the tool's output schema (`-> str`) demands of any result it returns.
+    assert replay.structured_content == {"result": "reconciled: charged once"}
+    assert marker(replay)["status"] == "replayed" and marker(replay)["key"] == "k-text"
+    assert effects.count == 1  # the operator's verdict stands in for a second charge
+    left = await cli(capsys, "keys", "list", "--state", "unknown", "--json", "--store", backend.url)
+    assert left.json() == []
+
+
+async def test_settle_with_result_json_replays_that_result(
+    backend: Backend, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    verdict = {
+        "content": [{"type": "text", "text": "charge ch_42 confirmed by the bank"}],
+        "structuredContent": {"result": "charge ch_42 confirmed by the bank"},
+        "isError": False,
+    }
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps(verdict))
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-json")
+        settled = await cli(
+            capsys,
+            "keys",
+            "settle",
+            record_key("k-json"),
+            "--result-json",
+            str(path),
+            "--store",
+            backend.url,
+        )
+        assert settled.code == 0, settled.err
+        replay = await client.call_tool("charge", ARGS, meta=meta("k-json"))
+    dumped = replay.model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert {k: dumped[k] for k in verdict} == verdict
+    assert marker(replay)["status"] == "replayed"
+    assert effects.count == 1
+
+
+async def test_settle_failed_lets_the_next_call_run_again(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-failed")
+        settled = await cli(
+            capsys, "keys", "settle", *derive_args("k-failed"), "--failed", "--store", backend.url
+        )
+        assert settled.code == 0, settled.err
+        assert "released (the next call runs again)" in settled.out
+        gone = await cli(capsys, "keys", "show", *derive_args("k-failed"), "--store", backend.url)
+        assert gone.code == 1
+        rerun = await client.call_tool("charge", ARGS, meta=meta("k-failed"))
+        replay = await client.call_tool("charge", ARGS, meta=meta("k-failed"))
+    assert marker(rerun)["status"] == "executed" and marker(rerun)["attempts"] == 2
+    assert text(rerun) == "charged 500 for o-1 (execution 2)"
+    assert marker(replay)["status"] == "replayed" and text(replay) == text(rerun)
+    assert effects.count == 2
+
+
+async def test_settle_refuses_a_record_that_is_not_unknown(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        first = await client.call_tool("charge", ARGS, meta=meta("k-ok"))
+        before = await backend.store.get(record_key("k-ok"))
+        for verdict in (["--result-text", "overwritten"], ["--failed"]):
+            refused = await cli(
+                capsys, "keys", "settle", *derive_args("k-ok"), *verdict, "--store", backend.url
+            )
+            assert refused.code == 1 and refused.out == ""
+            assert "only an UNKNOWN record can be, and it is completed" in refused.err
+        assert await backend.store.get(record_key("k-ok")) == before
+        replay = await client.call_tool("charge", ARGS, meta=meta("k-ok"))
+    assert text(replay) == text(first) and effects.count == 1
+
+    absent = await cli(
+        capsys, "keys", "settle", *derive_args("k-none"), "--failed", "--store", backend.url
+    )
+    assert absent.code == 1 and "it is absent" in absent.err
+    assert await backend.store.get(record_key("k-none")) is None
+
+
+async def test_a_bad_result_json_file_is_refused_and_changes_nothing(
+    backend: Backend, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text("{not json")
+    wrong_shape = tmp_path / "wrong.json"
+    wrong_shape.write_text(json.dumps({"content": "charged"}))
+    not_utf8 = tmp_path / "binary.json"
+    not_utf8.write_bytes(b"\xff\xfe\x00garbage")
+    cases = {
+        tmp_path / "missing.json": "cannot read",
+        invalid: "is not a CallToolResult",
+        wrong_shape: "is not a CallToolResult",
+        not_utf8: "is not a CallToolResult",
+        tmp_path: "cannot read",  # a directory
+    }
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-bad")
+        before = await backend.store.get(record_key("k-bad"))
+        assert before is not None and before.state is RecordState.UNKNOWN
+        for path, why in cases.items():
+            refused = await cli(
+                capsys,
+                "keys",
+                "settle",
+                *derive_args("k-bad"),
+                "--result-json",
+                str(path),
+                "--store",
+                backend.url,
+            )
+            assert refused.code == 2, (path, refused)
+            assert why in refused.err and str(path) in refused.err
+            assert "Traceback" not in refused.err
+        assert await backend.store.get(record_key("k-bad")) == before
+        with pytest.raises(MCPError) as still:
+            await client.call_tool("charge", ARGS, meta=meta("k-bad"))
+    assert still.value.code == wire.OUTCOME_UNKNOWN and effects.count == 1
+
+
+# -- purge -------------------------------------------------------------------------------------
+
+
+async def test_purge_removes_only_expired_records(
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await client.call_tool("charge", ARGS, meta=meta("k-old"))
+        await make_unknown(client, backend, effects, "k-lost")
+    assert backend.raw_count() == 2
+
+    now = await cli(capsys, "keys", "purge", "--store", backend.url)
+    assert (now.code, now.out.strip()) == (0, "purged 0 expired records")
+    assert backend.raw_count() == 2
+
+    # A day and more later (the store's clock moved, nothing slept): the completed record is
+    # past its retention; the UNKNOWN one waits for an operator, however long it takes.
+    later = 24 * 3600 + LEASE + 60
+    monkeypatch.setattr(_common, "open_store", lambda url: backend.open_later(url, later))
+    purged = await cli(capsys, "keys", "purge", "--store", backend.url)
+    assert (purged.code, purged.out.strip()) == (0, "purged 1 expired record")
+    assert backend.raw_count() == 1
+    [left] = (await cli(capsys, "keys", "list", "--json", "--store", backend.url)).json()
+    assert (left["key"], left["state"]) == (record_key("k-lost"), "unknown")
+
+
+# -- failures before and around the store --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("foo://somewhere", "unknown key store scheme 'foo'"),
+        ("memory://elsewhere", "the memory store takes no location"),
+        ("sqlite:///", "names no file"),
+        ("sqlite:///keys.db?mode=ro", "takes no URL options"),
+        ("", "must be a non-empty string"),
+    ],
+)
+def test_a_bad_store_url_exits_2_with_a_clear_message(
+    url: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (["keys", "list"], ["keys", "purge"], ["keys", "show", "0" * 64]):
+        ran = sync_cli(capsys, *argv, "--store", url)
+        assert ran.code == 2 and ran.out == ""
+        assert ran.err.startswith("mcp-once: bad key store URL:") and why in ran.err
+
+
+def test_an_unreachable_redis_exits_3_with_a_clear_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    port = free_port()  # nothing listens there
+    for argv in (["list"], ["purge"], ["show", "0" * 64], ["settle", "0" * 64, "--failed"]):
+        ran = sync_cli(capsys, "keys", *argv, "--store", f"redis://:s3cret@127.0.0.1:{port}/0")
+        assert ran.code == 3 and ran.out == ""
+        assert ran.err.startswith(
+            f"mcp-once: the key store at 'redis://:***@127.0.0.1:{port}/0' cannot be reached:"
+        )
+        assert "s3cret" not in ran.err and "Traceback" not in ran.err
+
+
+def test_an_sqlite_file_in_a_missing_directory_exits_3(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path}/no-such-dir/keys.sqlite3"
+    ran = sync_cli(capsys, "keys", "list", "--store", url)
+    assert ran.code == 3 and "cannot be reached" in ran.err and "does not exist" in ran.err
+    assert not (tmp_path / "no-such-dir").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["keys", "show"], "give a store key, or all of --client-key, --tool and --server"),
+        (["keys", "show", "--client-key", "k", "--tool", "charge"], "all of --client-key"),
+        (["keys", "show", "0" * 64, "--client-key", "k"], "not both"),
+        (["keys", "show", "k-1"], "'k-1' is not a store key"),
+        (["keys", "show", *derive_args("x" * 256)], "--client-key: the idempotency key is 256"),
+        (["keys", "show", *derive_args("bell\a")], "--client-key: the idempotency key must be"),
+        (["keys", "settle", "0" * 64, "--failed", "--retention", "0"], "--retention must be"),
+        (["keys", "settle", "0" * 64, "--failed", "--retention", "nan"], "--retention must be"),
+        (["keys", "list", "--limit", "0"], "--limit must be at least 1"),
+    ],
+)
+def test_usage_errors_exit_2_before_the_store_is_opened(
+    argv: list[str], why: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path}/untouched.sqlite3"
+    ran = sync_cli(capsys, *argv, "--store", url)
+    assert ran.code == 2 and why in ran.err and ran.out == ""
+    assert not (tmp_path / "untouched.sqlite3").exists()
+
+
+def test_settle_needs_exactly_one_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    for verdict in ([], ["--failed", "--result-text", "x"]):
+        ran = sync_cli(capsys, "keys", "settle", "0" * 64, *verdict, "--store", "memory://")
+        assert ran.code == 2 and "usage:" in ran.err
+
+
+# -- the installed console script ----------------------------------------------------------------
+
+
+def _console_script() -> str:
+    script = Path(sys.executable).with_name("mcp-once")
+    assert script.exists(), f"the console script is not installed next to {sys.executable}"
+    return str(script)
+
+
+async def test_the_console_script_lists_shows_and_fails_like_main(
+    backend: Backend, tmp_path: Path
+) -> None:
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-sub")
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [_console_script(), *argv], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    listed = await anyio.to_thread.run_sync(
+        functools.partial(run, "keys", "list", "--json", "--store", backend.url)
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["key"], r["state"]) for r in json.loads(listed.stdout)] == [
+        (record_key("k-sub"), "unknown")
+    ]
+    settled = await anyio.to_thread.run_sync(
+        functools.partial(
+            run, "keys", "settle", *derive_args("k-sub"), "--failed", "--store", backend.url
+        )
+    )
+    assert settled.returncode == 0 and "released" in settled.stdout
+    dead = await anyio.to_thread.run_sync(
+        functools.partial(run, "keys", "list", "--store", f"redis://127.0.0.1:{free_port()}/0")
+    )
+    assert dead.returncode == 3 and "cannot be reached" in dead.stderr
+    assert "Traceback" not in dead.stderr
