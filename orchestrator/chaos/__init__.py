@@ -8,6 +8,18 @@
 A test tool: it sits between a client session and any SDK transport (stdio, streamable HTTP,
 in-memory) and breaks the requests a seeded plan picks, recording each fault without tool
 arguments or results, so a run replays exactly from its seed and plan.
+
+On top of it, the engine behind the chaos suite, the soak script and `mcp-once demo`:
+
+    report = await run_scenario(Scenario(transport="stdio", calls=300, seed=3), "mcp-once", tmp)
+    assert report.ok, report.problems        # duplicates == lost_results == gate_violations == 0
+    print(report.summary())
+
+`build_server` makes the workload server (a payment, a naturally idempotent write, a read, an
+unguarded notification), each effect written by the tool itself to a `Ledger`; `run_workload`
+drives it through `RetryingSession` ("mcp-once") or a naive tenacity loop ("naive") over an
+`Endpoint` (memory, stdio, HTTP; restartable); `check` reads the ledger and the call reports
+into a `Report`. `python -m orchestrator.chaos.soak --seeds 50` runs it for longer.
 """
 
 from orchestrator.chaos._chaos import Chaos

@@ -64,7 +64,9 @@ class Scenario:
     concurrency: int = 1
     #: Abrupt server restarts (kill -9, or the in-process equivalent) as these calls start.
     restart_at: tuple[int, ...] = ()
-    lease: float = 30.0
+    #: Short, so that a claim left by a killed server expires within the run (the default of
+    #: 30 s would make reconciliation wait that long); renewed every lease / 3 while tools run.
+    lease: float = 5.0
     wait: float = 10.0
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from orchestrator._outcome import NotExecuted, OutcomeUnknown, ServerOutcomeUnknown, ToolCallError
 from orchestrator._policy import RetryPolicy
-from orchestrator._reconnect import ReconnectFailed, SessionSlot, transport_closed
+from orchestrator._reconnect import Connect, ReconnectFailed, SessionSlot, transport_closed
 from orchestrator._report import CallReport
 from orchestrator._session import RetryingSession
 from orchestrator.chaos._chaos import Chaos
@@ -176,7 +176,7 @@ def _replayed(result: CallToolResult) -> bool:
     return isinstance(marker, Mapping) and marker.get("status") == "replayed"
 
 
-def connect_factory(endpoint: Endpoint, chaos: Chaos | None = None) -> Callable[[], Any]:
+def connect_factory(endpoint: Endpoint, chaos: Chaos | None = None) -> Connect:
     """A `connect=` factory for `RetryingSession`: a new `Client` to `endpoint` (waiting until it
     is up), its transport wrapped in `chaos` when given."""
 

@@ -24,7 +24,7 @@ from orchestrator.chaos._invariants import Report
 from orchestrator.chaos._suite import Scenario, default_plan, run_scenario
 from orchestrator.chaos._workload import Mode, default_policy
 
-_TIMEOUTS: dict[str, float] = {"memory": 0.2, "stdio": 1.0, "http": 1.0}
+_TIMEOUTS: dict[str, float] = {"memory": 0.2, "stdio": 0.5, "http": 0.5}
 _TOTALS = (
     "calls",
     "faults_injected",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import SOAK
+from chaos_suite_settings import SOAK
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

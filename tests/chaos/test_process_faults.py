@@ -8,7 +8,6 @@ reconciled.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +20,7 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult, TextContent
+from redis_server import RedisServer, redis_server_binary  # tests/ is on sys.path (conftest)
 
 from idempotency import RecordState, SQLiteKeyStore, encode_result
 from orchestrator import (
@@ -44,9 +44,6 @@ from orchestrator.chaos import (
     run_workload,
     server_command,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from redis_server import RedisServer, redis_server_binary
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
@@ -344,15 +341,19 @@ async def test_slow_tool_keeps_its_lease_and_the_retry_replays(tmp_path: Path) -
 
 @needs_redis_server
 async def test_redis_restart_mid_run_keeps_every_record(tmp_path: Path) -> None:
-    """redis-server (appendonly, fsync always) restarts while calls run: calls that meet it
-    get STORE_UNAVAILABLE and are retried, and every result stored before the restart still
-    replays after it."""
+    """redis-server (appendonly, fsync always) is killed -9 and restarted while calls run:
+    calls that meet it get STORE_UNAVAILABLE and are retried, and every result stored before
+    the crash still replays after it."""
     ledger = Ledger(tmp_path / "ledger.sqlite3")
     with RedisServer(appendonly=True) as redis:
         async with open_endpoint("memory", "modern", ledger, redis.url, lease=3.0) as endpoint:
 
+            def crash_and_restart() -> None:
+                redis.kill()  # SIGKILL: only what AOF (fsync always) acknowledged survives
+                redis.start()
+
             async def restart() -> None:
-                await anyio.to_thread.run_sync(redis.restart)
+                await anyio.to_thread.run_sync(crash_and_restart)
 
             run = await run_workload(
                 endpoint,

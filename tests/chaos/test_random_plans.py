@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import calls, seeds
+from chaos_suite_settings import calls, seeds
 
 from orchestrator.chaos import Report, Scenario, default_policy, run_scenario
 
@@ -48,9 +48,9 @@ async def test_memory(tmp_path: Path, era: str, seed: int) -> None:
 async def test_stdio(tmp_path: Path, seed: int) -> None:
     scenario = Scenario(
         transport="stdio",
-        calls=calls(120, soak=400),
+        calls=calls(100, soak=400),
         seed=seed,
-        policy=default_policy(attempt_timeout=1.0),
+        policy=default_policy(attempt_timeout=0.5),
         concurrency=4,
         restart_at=(60,),
     )
@@ -65,7 +65,7 @@ async def test_http(tmp_path: Path, era: str, seed: int) -> None:
         era=era,  # type: ignore[arg-type]
         calls=calls(120, soak=400),
         seed=seed,
-        policy=default_policy(attempt_timeout=1.0),
+        policy=default_policy(attempt_timeout=0.5),
         concurrency=4,
         restart_at=(60,),
     )
@@ -77,10 +77,10 @@ async def test_naive_baseline_shows_duplicates(tmp_path: Path, seed: int) -> Non
     """Same calls, same plan, no mcp-once: duplicates appear and the checker reports them."""
     scenario = Scenario(
         transport="memory",
-        calls=calls(200, soak=600),
+        calls=calls(150, soak=600),
         seed=seed,
         policy=default_policy(attempt_timeout=0.2),
-        restart_at=(100,),
+        restart_at=(75,),
     )
     naive = await run_scenario(scenario, "naive", tmp_path)
     once = await run_scenario(scenario, "mcp-once", tmp_path)
