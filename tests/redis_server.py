@@ -6,27 +6,21 @@ and stops a private server; each instance owns its own data directory and port.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from orchestrator.chaos._process import ChildProcess, free_port
 
 
 def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
-class RedisServer:
+class RedisServer(ChildProcess):
     """One private redis-server process. `appendonly=True` makes restarts keep acknowledged
     writes (fsync always), which the chaos suite relies on."""
 
@@ -38,7 +32,7 @@ class RedisServer:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.dir = Path(tempfile.mkdtemp(prefix="mcp-once-redis-"))
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__()
 
     @property
     def url(self) -> str:
@@ -85,34 +79,9 @@ class RedisServer:
         except OSError:
             return False
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
     def restart(self) -> None:
         self.stop()
         self.start()
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
 
     def cleanup(self) -> None:
         self.stop()

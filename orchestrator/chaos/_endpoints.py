@@ -30,6 +30,7 @@ from mcp.server.mcpserver import MCPServer
 from orchestrator._http import streamable_http_transport
 from orchestrator.chaos._ledger import Ledger
 from orchestrator.chaos._memory import in_memory_transport
+from orchestrator.chaos._process import ChildProcess, free_port
 from orchestrator.chaos._transport import ChaosTransport
 
 if TYPE_CHECKING:
@@ -53,13 +54,6 @@ Era = Literal["modern", "legacy"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 _START_TIMEOUT = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def server_command(
@@ -203,7 +197,7 @@ def kill(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-class ServerProcess:
+class ServerProcess(ChildProcess):
     """A workload server process on a fixed port: start, kill -9, restart, pause, resume."""
 
     def __init__(
@@ -217,7 +211,7 @@ class ServerProcess:
         self._argv = argv_for_port(self.port)
         #: Where the server's own output goes (None: discarded).
         self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__()
         #: Set while the server accepts connections.
         self.up = threading.Event()
 
@@ -266,37 +260,14 @@ class ServerProcess:
         except OSError:
             return False
 
-    def kill(self) -> None:
-        self.up.clear()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
+    stop_timeout = 5.0
 
-    def stop(self) -> None:
+    def _gone(self) -> None:
         self.up.clear()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
 
     def restart(self) -> None:
         self.kill()
         self.start()
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
 
     async def wait_up(self) -> None:
         if not self.up.is_set():
