@@ -28,8 +28,8 @@ def unavailable_reason() -> str | None:
         import aws_lambda_powertools.utilities.idempotency.persistence.redis  # noqa: F401
     except ImportError as exc:
         return (
-            f"AWS Powertools cannot be imported ({exc}); install the bench group and boto3:"
-            " uv run --group bench --with boto3 ..."
+            f"AWS Powertools cannot be imported ({exc}); install the bench group:"
+            " uv run --group bench ..."
         )
     return None
 

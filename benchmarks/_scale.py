@@ -13,11 +13,13 @@ class Scale:
     throughput_window: float
     #: Record memory: how many sizes the sweep samples.
     memory_sweep: int
-    #: Call overhead: rounds, sequential calls per variant per round, throughput window (s),
-    #: stores measured, warm-up calls, and whether the result-size sweep (the plot) runs.
+    #: Call overhead: rounds, sequential calls per variant per round, throughput window (s) and
+    #: how many of the rounds measure throughput, stores measured, warm-up calls, and whether
+    #: the result-size sweep (the plot) runs.
     overhead_rounds: int
     overhead_calls: int
     overhead_window: float
+    overhead_throughput_rounds: int
     overhead_stores: tuple[str, ...]
     overhead_warmup: int
     overhead_sweep: bool
@@ -29,12 +31,13 @@ class Scale:
 
 FULL = Scale(
     name="full",
-    throughput_rounds=5,
-    throughput_window=2.0,
+    throughput_rounds=9,
+    throughput_window=1.0,
     memory_sweep=80,
     overhead_rounds=5,
     overhead_calls=300,
     overhead_window=1.5,
+    overhead_throughput_rounds=5,
     overhead_stores=("memory", "sqlite", "redis"),
     overhead_warmup=30,
     overhead_sweep=True,
@@ -51,6 +54,7 @@ QUICK = Scale(
     overhead_rounds=2,
     overhead_calls=80,
     overhead_window=0.3,
+    overhead_throughput_rounds=1,
     overhead_stores=("memory", "redis"),
     overhead_warmup=20,
     overhead_sweep=False,
@@ -68,6 +72,7 @@ SMOKE = Scale(
     overhead_rounds=1,
     overhead_calls=10,
     overhead_window=0.1,
+    overhead_throughput_rounds=1,
     overhead_stores=("memory", "redis"),
     overhead_warmup=3,
     overhead_sweep=False,

@@ -26,9 +26,3 @@ def spread(values: Sequence[float], digits: int = 3) -> dict[str, float | int]:
         "max": round(max(values), digits),
         "rounds": len(values),
     }
-
-
-def ratio(numerator: float, denominator: float, digits: int = 3) -> float:
-    if denominator == 0:
-        return float("inf")
-    return round(numerator / denominator, digits)

@@ -10,9 +10,10 @@ their difference is what the guard costs. Measured for every combination of
 * variant: `plain`, `keyed` (a plain `Client` attaching a fresh key: every call is a first
   execution) and `retrying` (`RetryingSession` end to end: it mints the key).
 
-Latency is one caller issuing calls back to back; throughput is 16 concurrent callers. Rounds
-are interleaved (each round runs every combination, variants alternating order), ratios are taken
-per round (keyed p50 / plain p50 of the same round) and reported as median with min/max.
+Latency is one caller issuing calls back to back, the variants interleaved call by call;
+throughput is 16 concurrent callers. Each round runs every combination; ratios are taken per
+round (keyed p50 / plain p50 of the same round) and reported as median with min/max, next to
+the absolute difference in milliseconds.
 
 The result-size sweep (full runs) repeats the latency measurement for results of 100 B to
 100 KB and draws `results/latency_vs_result_size.png`.
@@ -23,15 +24,16 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from subprocess import DEVNULL
 from typing import Any
 
 import anyio
+from anyio.abc import Process
 from mcp.client import Client
 
 from idempotency import open_store
@@ -61,58 +63,56 @@ def _store_url(store: str, redis_url: str, tmp: Path) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _http_server(store_url: str) -> AsyncIterator[str]:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks._http_server",
-        "--store",
-        store_url,
-        "--port",
-        str(port),
-    ]
+async def _http_servers(store_urls: list[str]) -> AsyncIterator[list[str]]:
+    """One server process per store URL, all started at once; yields their endpoint URLs."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = await anyio.open_process(
-        command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None
-    )
+    started: list[tuple[Process, int]] = []
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                stream = await anyio.connect_tcp("127.0.0.1", port)
-            except OSError:
-                if proc.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the HTTP benchmark server did not start: {command}"
-                    ) from None
-                await anyio.sleep(0.05)
-            else:
-                await stream.aclose()
-                break
-        yield f"http://127.0.0.1:{port}/mcp"
+        for store_url in store_urls:
+            port = free_port()
+            command = [sys.executable, "-m", "benchmarks._http_server"]
+            command += ["--store", store_url, "--port", str(port)]
+            proc = await anyio.open_process(
+                command, cwd=REPO, env=env, stdin=DEVNULL, stdout=DEVNULL, stderr=None
+            )
+            started.append((proc, port))
+        deadline = time.monotonic() + 60
+        for proc, port in started:
+            while True:
+                try:
+                    stream = await anyio.connect_tcp("127.0.0.1", port)
+                except OSError:
+                    if proc.returncode is not None or time.monotonic() > deadline:
+                        raise RuntimeError("an HTTP benchmark server did not start") from None
+                    await anyio.sleep(0.05)
+                else:
+                    await stream.aclose()
+                    break
+        yield [f"http://127.0.0.1:{port}/mcp" for _, port in started]
     finally:
         with anyio.CancelScope(shield=True):
-            proc.terminate()
-            with anyio.move_on_after(10):
-                await proc.wait()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            for proc, _ in started:
+                proc.terminate()
+            for proc, _ in started:
+                with anyio.move_on_after(10):
+                    await proc.wait()
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
 
 
 @contextlib.asynccontextmanager
-async def _endpoint(transport: str, store_url: str, warmup: int) -> AsyncIterator[Call]:
-    """A `call(variant, n, size)` against one transport+store combination."""
+async def _endpoint(transport: str, target: str, warmup: int) -> AsyncIterator[Call]:
+    """A `call(variant, n, size)` against one transport+store combination; `target` is the
+    store URL (in-process) or the server's endpoint URL (HTTP)."""
     nonce = secrets.token_hex(4)
     async with contextlib.AsyncExitStack() as stack:
         if transport == "in_process":
-            store = open_store(store_url)
+            store = open_store(target)
             stack.push_async_callback(store.aclose)
             client = await stack.enter_async_context(Client(bench_server(store)))
         else:
-            url = await stack.enter_async_context(_http_server(store_url))
-            client = await stack.enter_async_context(Client(url))
+            client = await stack.enter_async_context(Client(target))
         retrying = RetryingSession(client)
         await retrying.refresh_tools()
 
@@ -138,12 +138,18 @@ async def _endpoint(transport: str, store_url: str, warmup: int) -> AsyncIterato
         yield unique_call
 
 
-async def _latencies(call: Call, variant: str, calls: int, size: int) -> list[float]:
-    found = []
+async def _latencies(
+    call: Call, variants: tuple[str, ...], calls: int, size: int
+) -> dict[str, list[float]]:
+    """Milliseconds per call, the variants interleaved call by call (rotating which goes
+    first), so that a change in machine load hits every variant alike."""
+    found: dict[str, list[float]] = {v: [] for v in variants}
     for n in range(calls):
-        started = time.perf_counter()
-        await call(variant, n, size)
-        found.append((time.perf_counter() - started) * 1000)
+        k = n % len(variants)
+        for variant in variants[k:] + variants[:k]:
+            started = time.perf_counter()
+            await call(variant, n, size)
+            found[variant].append((time.perf_counter() - started) * 1000)
     return found
 
 
@@ -155,6 +161,9 @@ def _latency_summary(rounds: list[dict[str, list[float]]]) -> dict[str, Any]:
             "p99_ms": spread([percentile(r[variant], 99) for r in rounds]),
         }
     for variant in ("keyed", "retrying"):
+        out[f"{variant}_minus_plain_p50_ms"] = spread(
+            [percentile(r[variant], 50) - percentile(r["plain"], 50) for r in rounds]
+        )
         out[f"{variant}_vs_plain_p50"] = spread(
             [percentile(r[variant], 50) / percentile(r["plain"], 50) for r in rounds]
         )
@@ -178,20 +187,25 @@ async def _measure(scale: Scale) -> dict[str, Any]:
     with RedisServer() as redis_server, tempfile.TemporaryDirectory() as tmp:
         async with contextlib.AsyncExitStack() as stack:
             endpoints: dict[tuple[str, str], Call] = {}
+            targets: dict[tuple[str, str], str] = {}
             for transport, store in combos:
                 folder = Path(tmp) / f"{transport}-{store}"
                 folder.mkdir()
-                url = _store_url(store, redis_server.url, folder)
-                endpoints[(transport, store)] = await stack.enter_async_context(
-                    _endpoint(transport, url, scale.overhead_warmup)
+                targets[(transport, store)] = _store_url(store, redis_server.url, folder)
+            http = [c for c in combos if c[0] == "http"]
+            urls = await stack.enter_async_context(_http_servers([targets[c] for c in http]))
+            targets.update(zip(http, urls, strict=True))
+            for combo in combos:
+                endpoints[combo] = await stack.enter_async_context(
+                    _endpoint(combo[0], targets[combo], scale.overhead_warmup)
                 )
             for round_no in range(rounds):
                 order = VARIANTS if round_no % 2 == 0 else tuple(reversed(VARIANTS))
                 for combo in combos:
                     call = endpoints[combo]
-                    latency[combo].append(
-                        {v: await _latencies(call, v, calls, RESULT_SIZE) for v in order}
-                    )
+                    latency[combo].append(await _latencies(call, order, calls, RESULT_SIZE))
+                    if round_no >= scale.overhead_throughput_rounds:
+                        continue
                     for variant in order:
 
                         async def op(n: int, variant: str = variant, call: Call = call) -> None:
@@ -255,7 +269,7 @@ async def _sweep(
         order = ("plain", "keyed") if round_no % 2 == 0 else ("keyed", "plain")
         for combo in combos:
             for size in SIZES:
-                sample = {v: await _latencies(endpoints[combo], v, calls, size) for v in order}
+                sample = await _latencies(endpoints[combo], order, calls, size)
                 found.setdefault(combo, {}).setdefault(size, []).append(sample)
     return found
 

@@ -209,7 +209,21 @@ async def _run(
             "recover_backlog_s": round(phase.last_in_flight_done, 4),
             "in_flight_at_end": phase.in_flight_at_end,
             "budget_tokens_at_end": tokens,
+            "successes_before_retries_resume": (
+                None if budget is None or tokens is None else _successes_to_resume(budget, tokens)
+            ),
         }
+
+
+def _successes_to_resume(budget: RetryBudget, tokens: float) -> int:
+    """How many successful calls refill a drained budget enough to allow retries again (until
+    then every call still gets its first attempt: recovery itself is never throttled). Mirrors
+    `RetryBudget.record_success` / `allows_retry`."""
+    count = 0
+    while tokens <= budget.max_tokens / 2:
+        tokens = min(budget.max_tokens, tokens + budget.token_ratio)
+        count += 1
+    return count
 
 
 async def _measure(scale: Scale) -> dict[str, Any]:

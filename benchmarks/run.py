@@ -1,7 +1,7 @@
 """Run every benchmark, side by side with its baseline, and check the figures against targets.
 
-    uv run --group bench --with boto3 python -m benchmarks.run            # full, writes results/
-    uv run --group bench --with boto3 python -m benchmarks.run --quick --json
+    uv run --group bench python -m benchmarks.run            # full, writes results/
+    uv run --group bench python -m benchmarks.run --quick --json
 
 `run(quick)` is what `mcp-once bench` calls. Quick mode (under a minute) uses one or two short
 rounds and skips the result-size sweep; the full run takes several minutes, repeats each
@@ -40,9 +40,9 @@ HEADLINE = (
 )
 SECTIONS = ("round_trips", "store_throughput", "record_memory", "call_overhead", "outage")
 REPRODUCE = {
-    "full": "uv run --group bench --with boto3 python -m benchmarks.run",
-    "quick": "uv run --group bench --with boto3 python -m benchmarks.run --quick --json",
-    "cli": "uv run --group bench --with boto3 mcp-once bench --quick --json",
+    "full": "uv run --group bench python -m benchmarks.run",
+    "quick": "uv run --group bench python -m benchmarks.run --quick --json",
+    "cli": "uv run --group bench mcp-once bench --quick --json",
 }
 
 

@@ -33,7 +33,7 @@ from idempotency._redis_store import _pack_fingerprint
 from . import _powertools, _workload
 from ._redis import RedisServer, redis_benchmark_binary
 from ._scale import Scale
-from ._stats import ratio, spread
+from ._stats import spread
 from ._timing import async_rate, thread_rate
 
 CONCURRENCY = (1, 16, 64)
@@ -195,16 +195,25 @@ def _report(
         table[contender] = {
             str(level): spread(values, 0) for level, values in by_level.items() if values
         }
+    # Ratios are paired: taken within each round (the contenders ran back to back), then the
+    # median over rounds, so that load drifting between rounds cancels out.
     ratios: dict[str, dict[str, float]] = {"vs_powertools": {}, "vs_redis_benchmark": {}}
+    ratio_spread: dict[str, dict[str, Any]] = {"vs_powertools": {}, "vs_redis_benchmark": {}}
     ours_vs_raw: dict[str, float] = {}
     for level in CONCURRENCY:
         key = str(level)
-        ours = table["mcp_once"][key]["median"]
-        if key in table.get("powertools", {}):
-            ratios["vs_powertools"][key] = ratio(ours, table["powertools"][key]["median"])
-        if key in table.get("redis_benchmark", {}):
-            ratios["vs_redis_benchmark"][key] = ratio(ours, table["redis_benchmark"][key]["median"])
-        ours_vs_raw[key] = ratio(ours, table["raw_redis_py"][key]["median"])
+        ours = samples["mcp_once"][level]
+        for name, other in (
+            ("vs_powertools", "powertools"),
+            ("vs_redis_benchmark", "redis_benchmark"),
+        ):
+            theirs = samples[other][level]
+            if theirs:
+                paired = [a / b for a, b in zip(ours, theirs, strict=True)]
+                ratio_spread[name][key] = spread(paired)
+                ratios[name][key] = ratio_spread[name][key]["median"]
+        raw = samples["raw_redis_py"][level]
+        ours_vs_raw[key] = spread([a / b for a, b in zip(ours, raw, strict=True)])["median"]
     out: dict[str, Any] = {
         "unit": "claim+complete pairs per second (median of rounds, with min and max)",
         "rounds": rounds,
@@ -212,6 +221,7 @@ def _report(
         "result_bytes": _workload.RESULT_BYTES,
         "contenders": table,
         "ratios": ratios,
+        "ratio_spread": ratio_spread,
         "mcp_once_vs_raw_redis_py": ours_vs_raw,
         "redis_benchmark_command": " ".join(
             [

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from redis_server import redis_server_binary
 
 REPO = Path(__file__).resolve().parent.parent
