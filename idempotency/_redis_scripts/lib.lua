@@ -127,6 +127,20 @@ local function held(r, token, now)
     return r
 end
 
+-- The compare-and-set every transition after claim starts with: the record at `key` if `token`
+-- still holds it, else the reply the script must give ({'corrupt', why} or {'lost'}).
+local function load_held(key, token, now)
+    local stored, why = load(key)
+    if why then
+        return nil, {'corrupt', why}
+    end
+    local r = held(stored, token, now)
+    if r == nil then
+        return nil, {'lost'}
+    end
+    return r, nil
+end
+
 local function tombstone(r, now, retention)
     r.state = RELEASED
     r.token = ''

@@ -3,13 +3,9 @@
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}.
 local key, token, retention = KEYS[1], ARGV[2], tonumber(ARGV[3])
 local now = clock()
-local stored, why = load(key)
-if why then
-    return {'corrupt', why}
-end
-local r = held(stored, token, now)
-if r == nil then
-    return {'lost'}
+local r, refused = load_held(key, token, now)
+if refused then
+    return refused
 end
 save(key, tombstone(r, now, retention), now)
 announce(key, r)
