@@ -28,7 +28,7 @@ from mcp_types import CallToolResult, InputRequiredResult
 
 from . import _errors
 from ._fingerprint import UnfingerprintableArguments, fingerprint
-from ._lease import LeaseKeeper
+from ._lease import keep_lease
 from ._mint import KeySource, attempt_of, derive_key, resolve_key
 from ._policy import Policy
 from ._replay import (
@@ -291,23 +291,23 @@ class Guard:
             run = _Run()
             limit = math.inf if policy.max_run_time is None else policy.max_run_time
             run_scope = anyio.CancelScope(deadline=anyio.current_time() + limit)
-            keeper = LeaseKeeper(
-                self.store,
-                t.store_key,
-                token,
-                lease=policy.lease,
-                held_until=claimed_at + policy.lease,
-                run_scope=run_scope,
-                trace=t.trace,
-            )
-            async with anyio.create_task_group() as renewals:
-                renewals.start_soon(keeper.run)
-                with run_scope:
-                    try:
-                        run.result = await execute()
-                    except Exception as exc:  # what the tool raised, judged below
-                        run.raised = exc
-                renewals.cancel_scope.cancel()
+            # Renewed by the event loop's shared renewal service: no task per call.
+            with (
+                keep_lease(
+                    self.store,
+                    t.store_key,
+                    token,
+                    lease=policy.lease,
+                    held_until=claimed_at + policy.lease,
+                    run_scope=run_scope,
+                    trace=t.trace,
+                ) as keeper,
+                run_scope,
+            ):
+                try:
+                    run.result = await execute()
+                except Exception as exc:  # what the tool raised, judged below
+                    run.raised = exc
             if run.result is None and run.raised is None:
                 answer = await self._after_abort(t, token, takeover, lease_lost=keeper.lost)
             else:

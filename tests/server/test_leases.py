@@ -174,3 +174,114 @@ async def test_call_cancelled_before_its_tool_started_gives_the_claim_back() -> 
             retry = await client.call_tool("charge", ARGS, meta=meta("early"))
     assert effects.count == 1
     assert marker(retry)["status"] == "executed"
+
+
+class RenewalLog(MemoryKeyStore):
+    """Counts renewals per record; renewals of records in `lose` find their token gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed: dict[str, int] = {}
+        self.lose: set[str] = set()
+        self._tick = anyio.Event()
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        renewed = False if key in self.lose else await super().renew(key, token, lease=lease)
+        self.renewed[key] = self.renewed.get(key, 0) + 1
+        self._tick.set()
+        self._tick = anyio.Event()
+        return renewed
+
+    async def until(self, wanted: dict[str, int]) -> None:
+        """Until every record in `wanted` was renewed at least that many times."""
+        while any(self.renewed.get(k, 0) < n for k, n in wanted.items()):
+            await self._tick.wait()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_concurrent_claims_share_one_renewer_and_lose_their_leases_alone(
+    anyio_backend: str,
+) -> None:
+    """Three slow tools run past their lease on one event loop: one renewal service keeps all
+    three claims; one claim's token vanishing cancels that tool only; the service stops once
+    nothing runs."""
+    from idempotency._lease import _renewal_service
+
+    store = RenewalLog()
+    effects = Effects()
+    server = effect_server(store, effects, lease=LEASE)
+    keys = {name: record_key("shop", "charge", f"k-{name}") for name in "abc"}
+    results: dict[str, Any] = {}
+    with anyio.fail_after(SOON):
+        async with Client(server) as client, anyio.create_task_group() as tg:
+
+            async def call(name: str) -> None:
+                try:
+                    results[name] = await client.call_tool(
+                        "charge", {"order": name, "cents": 1}, meta=meta(f"k-{name}")
+                    )
+                except MCPError as exc:
+                    results[name] = exc
+
+            for name in "abc":
+                tg.start_soon(call, name)
+            await store.until({k: 4 for k in keys.values()})  # 0.4 s > the 0.3 s lease
+            service = _renewal_service()
+            assert service is not None
+            assert service.claims == 3  # one service renews all three runs
+            store.lose.add(keys["b"])
+            lost_at = dict(store.renewed)
+            await store.until({keys["b"]: lost_at[keys["b"]] + 1})
+            with anyio.fail_after(SOON):
+                while "b" not in results:
+                    await store.until({keys["a"]: store.renewed[keys["a"]] + 1})
+            # The others are still renewed (their claims alive) after b was cancelled.
+            await store.until({keys[n]: store.renewed[keys[n]] + 2 for n in "ac"})
+            assert service.claims == 2
+            effects.open()
+        await service.stopped.wait()
+        assert _renewal_service() is None
+    assert effects.cancelled == 1
+    assert effects.count == 2
+    lost = results["b"]
+    assert isinstance(lost, MCPError) and lost.code == wire.OUTCOME_UNKNOWN
+    assert [marker(results[n])["status"] for n in "ac"] == ["executed", "executed"]
+    for name in "ac":
+        record = await store.get(keys[name])
+        assert record is not None and record.state is RecordState.COMPLETED
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_claim_due_sooner_wakes_the_sleeping_renewer(anyio_backend: str) -> None:
+    """The service sleeps until a long lease's first renewal (20 s away); a claim with a short
+    lease that starts meanwhile must be renewed on its own schedule, not 20 s later."""
+    from idempotency._lease import _renewal_service
+
+    store = RenewalLog()
+    slow_effects, quick_effects = Effects(), Effects()
+    # max_run_time: should the renewer oversleep, the gated tools still end and the test fails.
+    slow = effect_server(store, slow_effects, name="slow", lease=60.0, max_run_time=SOON)
+    quick = effect_server(store, quick_effects, name="quick", lease=LEASE, max_run_time=SOON)
+    with anyio.fail_after(SOON):
+        async with (
+            Client(slow) as slow_client,
+            Client(quick) as quick_client,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def call(client: Client, key: str) -> None:
+                result = await client.call_tool("charge", ARGS, meta=meta(key))
+                assert marker(result)["status"] == "executed"
+
+            tg.start_soon(call, slow_client, "long")
+            await slow_effects.started.wait()
+            tg.start_soon(call, quick_client, "short")
+            with anyio.fail_after(10):  # far below the long lease's 20 s
+                await store.until({record_key("quick", "charge", "short"): 4})
+            service = _renewal_service()
+            assert service is not None and service.claims == 2
+            assert store.renewed.get(record_key("slow", "charge", "long"), 0) == 0
+            slow_effects.open()
+            quick_effects.open()
+    assert slow_effects.count == quick_effects.count == 1
+    assert slow_effects.cancelled == quick_effects.cancelled == 0
