@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
 from mcp.server.mcpserver import MCPServer
@@ -70,14 +71,6 @@ def shop(store: KeyStore, effects: Effects) -> MCPServer:
         return f"charged {cents} for {order} (execution {effects.count})"
 
     return server
-
-
-class FakeClock:
-    def __init__(self, start: float) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
 from server_kit import (
@@ -28,14 +29,6 @@ pytestmark = pytest.mark.anyio
 
 ARGS: dict[str, Any] = {"order": "long", "cents": 9}
 LEASE = 0.3  # renewed every 0.1 s
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_750_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_renewal_keeps_a_slow_tools_claim(store: KeyStore) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
 from mcp_types import INTERNAL_ERROR
@@ -35,14 +36,6 @@ from idempotency._mint import resolve_key
 pytestmark = pytest.mark.anyio
 
 ARGS: dict[str, Any] = {"order": "o", "cents": 1}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_750_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def assert_sentence(error: MCPError) -> None:

@@ -16,26 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_clock import FakeClock
 
 from idempotency import KeyStore, MemoryKeyStore, SQLiteKeyStore
 
 #: A fixed, realistic epoch second, so timestamps look like real ones.
-EPOCH = 1_750_000_000.0
 #: Every backend's default for abandoned claims and release tombstones.
 ORPHAN_RETENTION = 24 * 3600.0
-
-
-class FakeClock:
-    """The store's clock, moved by the test."""
-
-    def __init__(self, now: float = EPOCH) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from fake_clock import EPOCH
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -26,7 +27,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from store_backends import EPOCH, Backend, make_memory, make_redis, make_sqlite
+from store_backends import Backend, make_memory, make_redis, make_sqlite
 
 from idempotency import ClaimOutcome, ClaimStatus, Record, RecordState
 

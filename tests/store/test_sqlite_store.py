@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from store_backends import EPOCH, FakeClock
+from fake_clock import EPOCH, FakeClock
 
 from idempotency import (
     ClaimStatus,
