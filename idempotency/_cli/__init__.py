@@ -12,9 +12,6 @@ from collections.abc import Sequence
 
 from . import _bench, _demo, _keys, _serve
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(

@@ -8,8 +8,10 @@ import sys
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
+import anyio
+
 from .._open import open_store
-from .._store import KeyStore, StoreUnavailable
+from .._store import KeyStore, StoreError, StoreUnavailable
 
 #: The embedded durable default: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///.mcp-once/keys.sqlite3"
@@ -59,3 +61,23 @@ def open_or_fail(url: str) -> KeyStore:
         unreachable(url, exc)
     except (ValueError, TypeError) as exc:
         fail(f"bad key store URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
+
+
+#: A key no record is ever stored under (store keys are SHA-256 hex digests): reading it proves
+#: the store answers without touching any record.
+PROBE_KEY = "mcp-once-startup-probe"
+#: A store that has not answered by then is as good as unreachable for a command starting up.
+PROBE_TIMEOUT = 10.0
+
+
+async def store_problem(store: KeyStore, url: str) -> str | None:
+    """Why the store cannot be used, or None when it answers. Asked once before a command starts,
+    so a wrong URL is one clear sentence, not a hundred STORE_UNAVAILABLE answers later."""
+    try:
+        with anyio.fail_after(PROBE_TIMEOUT):
+            await store.get(PROBE_KEY)
+    except (StoreUnavailable, TimeoutError, OSError) as exc:
+        return f"the key store at {redacted(url)!r} cannot be reached: {exc}"
+    except StoreError as exc:
+        return f"the key store at {redacted(url)!r} cannot be used: {exc}"
+    return None

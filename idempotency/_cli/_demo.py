@@ -20,12 +20,19 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from ._common import EXIT_PROBLEM, EXIT_UNREACHABLE, EXIT_USAGE, fail, open_or_fail
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    fail,
+    open_or_fail,
+    store_problem,
+)
 
 if TYPE_CHECKING:
     from orchestrator.chaos import CallRecord, Mode, Report, Scenario
 
-EXIT_OK = 0
 DEFAULT_CALLS = 100
 DEFAULT_SEED = 7
 MAX_CALLS = 100_000
@@ -96,18 +103,13 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 async def _probe_store(url: str) -> None:
-    """Reach the store once before the run, so a wrong URL is one clear error, not a hundred
-    STORE_UNAVAILABLE answers."""
-    from .._store import StoreError
-
     store = open_or_fail(url)
     try:
-        with anyio.fail_after(10):
-            await store.get("mcp-once-demo-probe")
-    except (StoreError, TimeoutError, OSError) as exc:
-        fail(f"the key store at {url!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
+        problem = await store_problem(store, url)
     finally:
         await store.aclose()
+    if problem is not None:
+        fail(problem, EXIT_UNREACHABLE)
 
 
 class _Live:

@@ -13,7 +13,6 @@ from typing import Any
 
 import anyio
 
-from .._store import KeyStore, StoreError, StoreUnavailable
 from ._common import (
     DEFAULT_STORE_URL,
     EXIT_OK,
@@ -24,12 +23,9 @@ from ._common import (
     fail,
     open_or_fail,
     redacted,
+    store_problem,
 )
 from ._example_server import build_server
-
-#: A key no record is ever stored under (store keys are SHA-256 hex digests): reading it proves
-#: the store answers without touching any record.
-PROBE_KEY = "mcp-once-startup-probe"
 
 
 def add_parser(commands: Any) -> None:
@@ -64,17 +60,6 @@ def _ensure_default_directory(url: str) -> None:
         Path(url.removeprefix("sqlite:///")).parent.mkdir(exist_ok=True)
 
 
-async def _probe(store: KeyStore, url: str) -> str | None:
-    """Why the store cannot be used, or None when it answers."""
-    try:
-        await store.get(PROBE_KEY)
-    except StoreUnavailable as exc:
-        return f"the key store at {redacted(url)!r} cannot be reached: {exc}"
-    except StoreError as exc:
-        return f"the key store at {redacted(url)!r} cannot be used: {exc}"
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         fail(f"--port must be between 0 and 65535, not {args.port}", EXIT_USAGE)
@@ -87,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def serve() -> int:
         try:
-            problem = await _probe(store, args.store)
+            problem = await store_problem(store, args.store)
             if problem is not None:
                 print(f"mcp-once: {problem}", file=sys.stderr)
                 return EXIT_UNREACHABLE
@@ -114,4 +99,4 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-__all__ = ["PROBE_KEY", "add_parser", "run"]
+__all__ = ["add_parser", "run"]
