@@ -1,7 +1,11 @@
 """What a guarded tool's definition tells clients, merged into what its author wrote.
 
-`idempotentHint: true` is what opens a careful client's retry gate; the `_meta` entry says how
-keys are handled and for how long results are kept. Authors write neither by hand.
+`idempotentHint: true` is what opens a generic client's retry gate, so the guard adds it only
+where a keyless call really cannot run twice *for the caller who lists the tools*: keys are
+required, or derived for a caller the server can tell apart (`Policy.keyless_protected`).
+Elsewhere the author's own annotation stands, and the `_meta` entry says `keys: "optional"`: a key
+the client sends is still honoured, which is what mcp-once's own client looks for. Authors write
+neither by hand.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ def declares_idempotent(annotations: ToolAnnotations | None) -> bool:
     return annotations.idempotent_hint is True or annotations.read_only_hint is True
 
 
-def advertise_annotations(annotations: ToolAnnotations | None) -> ToolAnnotations:
+def advertise_annotations(
+    annotations: ToolAnnotations | None, policy: Policy, caller_known: bool
+) -> ToolAnnotations | None:
+    if not policy.keyless_protected(caller_known):
+        return annotations
     if annotations is None:
         return ToolAnnotations(idempotent_hint=True)
     if annotations.read_only_hint is True:
@@ -29,15 +37,17 @@ def advertise_annotations(annotations: ToolAnnotations | None) -> ToolAnnotation
     return annotations.model_copy(update={"idempotent_hint": True})
 
 
-def advertise_meta(meta: dict[str, Any] | None, policy: Policy) -> dict[str, Any]:
-    return {**(meta or {}), wire.IDEMPOTENCY_META: policy.advertised()}
+def advertise_meta(
+    meta: dict[str, Any] | None, policy: Policy, caller_known: bool
+) -> dict[str, Any]:
+    return {**(meta or {}), wire.IDEMPOTENCY_META: policy.advertised(caller_known)}
 
 
-def advertise_tool(tool: Tool, policy: Policy) -> Tool:
-    """A listed (low-level) tool definition with the guard's annotations and `_meta` merged in."""
+def advertise_tool(tool: Tool, policy: Policy, caller_known: bool) -> Tool:
+    """A listed tool definition with the guard's annotations and `_meta` merged in."""
     return tool.model_copy(
         update={
-            "annotations": advertise_annotations(tool.annotations),
-            "meta": advertise_meta(tool.meta, policy),
+            "annotations": advertise_annotations(tool.annotations, policy, caller_known),
+            "meta": advertise_meta(tool.meta, policy, caller_known),
         }
     )

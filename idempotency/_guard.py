@@ -27,9 +27,10 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
 from . import _errors
+from ._caller import caller_of
 from ._fingerprint import UnfingerprintableArguments, fingerprint
 from ._lease import keep_lease
-from ._mint import KeySource, attempt_of, derive_key, resolve_key
+from ._mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from ._policy import Policy
 from ._replay import (
     UnreadableResult,
@@ -124,7 +125,7 @@ class Guard:
     ) -> ToolResult:
         ticket = self._ticket(call, trace)
         if ticket is None:
-            # "optional" and no key: exactly the unwrapped tool, exceptions included.
+            # No key and none to derive: exactly the unwrapped tool, exceptions included.
             trace.outcome(Outcome.UNPROTECTED)
             return await execute()
         return await self._claim_loop(ticket, execute, error_result, takeover)
@@ -151,10 +152,15 @@ class Guard:
                 scopes.append(found)
             return scopes[0]
 
-        def derive() -> str:
+        def derive() -> str | None:
+            caller = caller_of(call.request)
+            if caller is None:
+                return None  # nobody to bind a derived key to: not merged, run as written
             if fp is None:
                 raise _errors.unfingerprintable(None, fp_problem)
-            return derive_key(scope(), call.tool, fp)
+            params = call.request.params if call.request is not None else None
+            rounds = input_round(params)
+            return derive_key(scope(), call.tool, fp, caller=caller, round_fields=rounds)
 
         try:
             resolved = resolve_key(call.meta, policy.keys, derive)

@@ -22,7 +22,7 @@ from typing_extensions import Unpack
 from ._decorator import wrap_tool_function
 from ._guard import Guard
 from ._policy import PolicyOptions, make_policy
-from ._sdk import adopt, ensure_registration_hook, stamp_of, tool_manager
+from ._sdk import adopt, ensure_listing, ensure_registration_hook, stamp_of, tool_manager
 from ._store import KeyStore
 
 _INSTALLED_ATTR = "__mcp_once_installed__"
@@ -61,3 +61,4 @@ def install(
 
     setattr(server, "add_tool", add_tool)  # noqa: B010 - an instance attribute, on purpose
     setattr(server, _INSTALLED_ATTR, True)
+    ensure_listing(server)

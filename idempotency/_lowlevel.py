@@ -25,6 +25,7 @@ from mcp_types import (
 from typing_extensions import Unpack
 
 from ._advertise import advertise_tool
+from ._caller import caller_of
 from ._guard import Guard, ToolCall, ToolResult
 from ._policy import PolicyOptions, make_policy
 from ._store import KeyStore
@@ -94,14 +95,18 @@ class GuardedCallTool:
         )
 
     def advertise(self, handler: ListToolsHandler) -> ListToolsHandler:
-        """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta."""
+        """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta,
+        as they hold for the caller who lists (see `_listing`)."""
 
         async def list_tools(
             ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
         ) -> ListToolsResult:
             listed = await handler(ctx, params)
             policy = self.guard.policy
-            tools = [advertise_tool(t, policy) if self.guards(t.name) else t for t in listed.tools]
+            known = caller_of(ctx) is not None
+            tools = [
+                advertise_tool(t, policy, known) if self.guards(t.name) else t for t in listed.tools
+            ]
             return listed.model_copy(update={"tools": tools})
 
         return list_tools

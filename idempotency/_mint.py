@@ -18,17 +18,36 @@ class KeySource(enum.StrEnum):
     DERIVED = "derived"
 
 
-def derive_key(scope: str, tool: str, fingerprint: str) -> str:
-    """A key for a keyless call: the same call in the same scope always gets the same key, so a
-    blind re-send finds the first attempt's record. Printable ASCII, 72 characters."""
-    digest = hashlib.sha256(canonical_json(["derived", scope, tool, fingerprint])).hexdigest()
-    return DERIVED_PREFIX + digest
+#: The 2026-07-28 multi-round fields of a request (SEP-2322), by their wire names.
+_ROUND_FIELDS = ("inputResponses", "requestState")
+
+
+def input_round(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The input-round fields a request carries (answers to the server's questions and the
+    state it handed out), or None for a first round. `params` are the raw request params."""
+    if not isinstance(params, Mapping):
+        return None
+    found = {name: params[name] for name in _ROUND_FIELDS if params.get(name) is not None}
+    return found or None
+
+
+def derive_key(
+    scope: str, tool: str, fingerprint: str, *, caller: str, round_fields: Mapping[str, Any] | None
+) -> str:
+    """A key for a keyless call: the same call from the same caller in the same scope always gets
+    the same key, so that caller's blind re-send finds the first attempt's record — and nobody
+    else's call ever does (rule 7). A completing input round (`round`) is a call of its own: its
+    stored answer never answers a first round, which asks the user afresh. Printable ASCII,
+    72 characters."""
+    data = canonical_json(["derived", scope, caller, tool, fingerprint, round_fields])
+    return DERIVED_PREFIX + hashlib.sha256(data).hexdigest()
 
 
 def resolve_key(
-    meta: Mapping[str, Any] | None, mode: str, derive: Callable[[], str]
+    meta: Mapping[str, Any] | None, mode: str, derive: Callable[[], str | None]
 ) -> tuple[str, KeySource] | None:
-    """The key and its source, or None for a keyless call under "optional".
+    """The key and its source, or None for a keyless call that runs unprotected: under
+    "optional", or under "derived" when `derive` finds no caller to bind the key to.
 
     Raises the contract's invalid-params error for a malformed key in every mode, and for a
     missing one under "required".
@@ -38,7 +57,8 @@ def resolve_key(
             raise _errors.key_missing()
         if mode == "optional":
             return None
-        return derive(), KeySource.DERIVED
+        derived = derive()
+        return None if derived is None else (derived, KeySource.DERIVED)
     key = meta[wire.KEY_META]
     problem = wire.key_problem(key)
     if problem is not None:

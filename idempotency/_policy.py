@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, Literal, TypedDict
 
+from . import wire
 from ._scope import ScopeFn, default_scope
 
 KeyMode = Literal["required", "optional", "derived"]
-KEY_MODES: tuple[str, ...] = get_args(KeyMode)
+#: The wire contract's spelling; a unit test keeps `KeyMode` in step with it.
+KEY_MODES: tuple[str, ...] = wire.KEY_MODES
 
 #: Stripe keeps keys at least 24 h: long enough for retries across restarts and overnight jobs.
 DEFAULT_RETENTION = 24 * 3600.0
@@ -77,11 +79,13 @@ def _exception_types(value: object) -> tuple[type[Exception], ...]:
 class Policy:
     """How a guarded tool treats keys, leases, failures and the store."""
 
-    #: How a call without a key is handled. "derived" (default): a key is minted from scope +
-    #: fingerprint, so a keyless client's blind re-send is deduplicated within
-    #: `derived_retention` — the only mode that keeps the advertised `idempotentHint: true` true
-    #: for generic clients. "optional": keyless calls run unprotected, exactly as unwrapped.
-    #: "required": keyless calls are refused with invalid params (-32602).
+    #: How a call without a key is handled. "derived" (default): a key is minted from the caller
+    #: (principal, HTTP session or connection), scope and fingerprint, so a keyless client's
+    #: blind re-send is deduplicated within `derived_retention` — for that caller only; where a
+    #: request has no caller identity (stateless HTTP without authentication) the call runs
+    #: unprotected, and the listing that caller sees says so. "optional": keyless calls run
+    #: unprotected, exactly as unwrapped. "required": keyless calls are refused with invalid
+    #: params (-32602).
     keys: KeyMode = "derived"
     #: Seconds a completed record (client key) is kept and replayed.
     retention: float = DEFAULT_RETENTION
@@ -141,9 +145,17 @@ class Policy:
     def retention_for(self, derived: bool) -> float:
         return self.derived_retention if derived else self.retention
 
-    def advertised(self) -> dict[str, object]:
-        """The tool definition's `_meta` entry: what a client may rely on."""
-        return {"keys": self.keys, "retentionSeconds": int(self.retention)}
+    def keyless_protected(self, caller_known: bool) -> bool:
+        """Whether a keyless call can never run twice: refused, or deduplicated for its caller.
+
+        Only then may a guarded tool be listed `idempotentHint: true` on the guard's behalf.
+        """
+        return self.keys == "required" or (self.keys == "derived" and caller_known)
+
+    def advertised(self, caller_known: bool) -> dict[str, object]:
+        """The tool definition's `_meta` entry: what the caller who lists may rely on."""
+        keys = "optional" if self.keys == "derived" and not caller_known else self.keys
+        return {"keys": keys, "retentionSeconds": int(self.retention)}
 
 
 def make_policy(options: PolicyOptions) -> Policy:

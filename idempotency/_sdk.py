@@ -3,9 +3,11 @@
 The decorator sits under `@server.tool()`, so it runs before the tool is registered and never sees
 the server. Three things still need the SDK's registration machinery:
 
-- the listed definition must carry `idempotentHint` and our `_meta` without the author writing
-  them: `Tool.from_function` is wrapped once (process-wide) to merge them in for functions that
-  carry our stamp, and only for those;
+- the listed definition must carry our `_meta` (and `idempotentHint` where it holds) without
+  the author writing them: `Tool.from_function` is wrapped once (process-wide) to merge in what
+  holds for every caller, for functions that carry our stamp and only for those; and
+  `MCPServer.add_tool` is wrapped once so that a server that registers a stamped tool gets the
+  listing middleware (`_listing`) that tells each caller what holds for it;
 - a decorator placed *above* `@server.tool()` would wrap a function the server never calls, which
   would silently leave the tool unguarded: the same hook remembers registered functions so that
   `idempotent` can refuse them;
@@ -106,16 +108,33 @@ def ensure_registration_hook() -> None:
                 annotations = bound.arguments.get("annotations")
                 name = bound.arguments.get("name") or getattr(fn, "__name__", "")
                 stamp.declared[str(name)] = declares_idempotent(annotations)
-                bound.arguments["annotations"] = advertise_annotations(annotations)
-                bound.arguments["meta"] = advertise_meta(
-                    bound.arguments.get("meta"), stamp.guard.policy
-                )
+                policy = stamp.guard.policy
+                bound.arguments["annotations"] = advertise_annotations(annotations, policy, False)
+                bound.arguments["meta"] = advertise_meta(bound.arguments.get("meta"), policy, False)
                 tool = original(cls, *bound.args, **bound.kwargs)
             _remember(fn)
             return tool
 
+        original_add: Callable[..., None] = MCPServer.add_tool
+
+        def add_tool(
+            self: MCPServer[Any], fn: Callable[..., Any], *args: Any, **kwargs: Any
+        ) -> None:
+            original_add(self, fn, *args, **kwargs)
+            if stamp_of(fn) is not None:
+                ensure_listing(self)
+
         Tool.from_function = classmethod(from_function)  # type: ignore[method-assign,assignment]
+        MCPServer.add_tool = add_tool  # type: ignore[method-assign]
         _hook_installed = True
+
+
+def ensure_listing(server: MCPServer[Any]) -> None:
+    """Add the per-caller listing middleware to `server`, once."""
+    from ._listing import ListingMiddleware  # the middleware itself needs this module
+
+    if not any(isinstance(m, ListingMiddleware) for m in server.middleware):
+        server.middleware.append(ListingMiddleware(server))
 
 
 def tool_manager(server: MCPServer[Any]) -> ToolManager:
@@ -191,6 +210,7 @@ def adopt(tool: Tool, wrap: Callable[[Callable[..., Any], str | None], Callable[
     tool.fn = wrapper
     tool.is_async = True
     tool.context_kwarg = stamp.context_param
-    tool.annotations = advertise_annotations(tool.annotations)
-    tool.meta = advertise_meta(tool.meta, stamp.guard.policy)
+    policy = stamp.guard.policy
+    tool.annotations = advertise_annotations(tool.annotations, policy, False)
+    tool.meta = advertise_meta(tool.meta, policy, False)
     _remember(wrapper)

@@ -17,6 +17,11 @@ ATTEMPT_META: Final = NAMESPACE + "attempt"
 #: Result `_meta` (how this answer came about) and tool definition `_meta` (the tool's policy).
 IDEMPOTENCY_META: Final = NAMESPACE + "idempotency"
 
+#: The tool definition `_meta` entry's `keys` values. Every one of them honours a key the client
+#: sends; they differ in what happens to a keyless call: refused (-32602), run unprotected, or run
+#: under a key the server derives for that caller.
+KEY_MODES: Final = ("required", "optional", "derived")
+
 #: Another attempt with this key is running; retry after `data.retryAfterMs`.
 IN_PROGRESS: Final = -32010
 #: The key was used with different arguments; never retry.

@@ -1,8 +1,11 @@
 """May a failure after which the tool may have run be retried?
 
-Only when running the tool again is harmless: the tool says it is idempotent (or read-only, which
-the MCP spec defines as having no effects) and a key travels with the call so a server that keeps
-idempotency records can answer the retry from its record. The user has the last word per tool
+Only when running the tool again is harmless and a key travels with the call: the tool says it is
+idempotent (or read-only, which the MCP spec defines as having no effects), or its definition
+carries mcp-once's `_meta` entry, by which the server promises to keep an idempotency record for
+every keyed call (whatever it does with keyless ones: a guarded server lists the author's own
+annotations to a caller whose keyless calls it cannot deduplicate, and the key this client
+attaches is what makes the retry safe). The user has the last word per tool
 name (overrides), and can refuse to trust a server's annotations altogether.
 """
 
@@ -12,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mcp_types import Tool
+
+from idempotency import wire
 
 from ._policy import Override
 from ._report import FailureKind
@@ -32,6 +37,12 @@ def annotated_safe(tool: Tool | None) -> bool:
     if tool is None or tool.annotations is None:
         return False
     return tool.annotations.idempotent_hint is True or tool.annotations.read_only_hint is True
+
+
+def keeps_records(tool: Tool | None) -> bool:
+    """Whether the tool's server advertises idempotency records for keyed calls of it."""
+    entry = (tool.meta or {}).get(wire.IDEMPOTENCY_META) if tool is not None else None
+    return isinstance(entry, Mapping) and entry.get("keys") in wire.KEY_MODES
 
 
 def retry_gate(
@@ -61,4 +72,8 @@ def retry_gate(
         return GateDecision(False, f"tool {tool_name!r} is not in the server's tool list")
     if annotated_safe(tool):
         return GateDecision(True, "the tool is annotated idempotentHint or readOnlyHint")
-    return GateDecision(False, "the tool is not annotated idempotentHint or readOnlyHint")
+    if keeps_records(tool):
+        return GateDecision(True, "the server keeps an idempotency record for keyed calls")
+    return GateDecision(
+        False, "the tool is not annotated idempotentHint or readOnlyHint, nor advertised as keyed"
+    )

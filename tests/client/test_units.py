@@ -151,9 +151,14 @@ def test_classify_reads_hints() -> None:
     assert (http.http_status, http.retry_after) == (429, 4.0)
 
 
-def _tool(idempotent_hint: bool | None = None, read_only_hint: bool | None = None) -> Tool:
+def _tool(
+    idempotent_hint: bool | None = None,
+    read_only_hint: bool | None = None,
+    keys: object = None,
+) -> Tool:
     hints = ToolAnnotations(idempotent_hint=idempotent_hint, read_only_hint=read_only_hint)
-    return Tool(name="t", input_schema={"type": "object"}, annotations=hints)
+    meta = None if keys is None else {wire.IDEMPOTENCY_META: {"keys": keys}}
+    return Tool(name="t", input_schema={"type": "object"}, annotations=hints, meta=meta)
 
 
 @pytest.mark.parametrize(
@@ -166,6 +171,12 @@ def _tool(idempotent_hint: bool | None = None, read_only_hint: bool | None = Non
         ("maybe_executed", _tool(read_only_hint=True), {}, True, True),
         ("maybe_executed", _tool(idempotent_hint=False), {}, True, False),
         ("maybe_executed", _tool(), {}, True, False),
+        # A guarded server lists the author's annotations to a caller whose keyless calls it
+        # cannot deduplicate; its `_meta` entry still promises a record for every keyed call.
+        ("maybe_executed", _tool(idempotent_hint=False, keys="optional"), {}, True, True),
+        ("maybe_executed", _tool(keys="required"), {}, True, True),
+        ("maybe_executed", _tool(keys="sometimes"), {}, True, False),
+        ("maybe_executed", _tool(keys="optional"), {}, False, False),
         ("maybe_executed", None, {}, True, False),
         ("maybe_executed", _tool(idempotent_hint=True), {}, False, False),
         ("maybe_executed", None, {"t": "idempotent"}, False, True),

@@ -121,29 +121,40 @@ async def test_annotations_and_meta_are_merged_into_what_the_author_wrote() -> N
     async def lookup(x: int) -> int:
         return x
 
-    async with Client(server) as client:
-        tools = {t.name: t for t in (await client.list_tools()).tools}
+    # An in-memory connection is a caller the server can tell apart; the SDK's modern in-process
+    # direct dispatch is not (no connection object outlives a request there).
+    async with Client(server, mode="legacy") as client:
+        tools = {t.name: dumped(t) for t in (await client.list_tools()).tools}
+    async with Client(server) as anonymous:
+        anonymous_tools = {t.name: dumped(t) for t in (await anonymous.list_tools()).tools}
 
-    def dumped(tool: Tool) -> dict[str, Any]:
-        return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
-
-    assert dumped(tools["bare"])["annotations"] == {"idempotentHint": True}
-    assert dumped(tools["bare"])["_meta"] == {
+    assert tools["bare"]["annotations"] == {"idempotentHint": True}
+    assert tools["bare"]["_meta"] == {
         wire.IDEMPOTENCY_META: {"keys": "derived", "retentionSeconds": 86400}
     }
-    assert dumped(tools["refund"])["annotations"] == {
-        "title": "Refund it",
-        "destructiveHint": True,
-        "idempotentHint": True,
-        "openWorldHint": False,
+    # No caller identity: keyless calls are not merged, so the author's annotation stands.
+    assert "annotations" not in anonymous_tools["bare"]
+    assert anonymous_tools["bare"]["_meta"] == {
+        wire.IDEMPOTENCY_META: {"keys": "optional", "retentionSeconds": 86400}
     }
-    assert dumped(tools["refund"])["_meta"] == {
-        "example.com/owner": "billing",
-        wire.IDEMPOTENCY_META: {"keys": "required", "retentionSeconds": 3600},
-    }
-    assert dumped(tools["refund"])["title"] == "Refund"
-    assert dumped(tools["lookup"])["annotations"] == {"readOnlyHint": True}
-    assert dumped(tools["lookup"])["_meta"][wire.IDEMPOTENCY_META]["keys"] == "optional"
+    for listing in (tools, anonymous_tools):
+        assert listing["refund"]["annotations"] == {
+            "title": "Refund it",
+            "destructiveHint": True,
+            "idempotentHint": True,
+            "openWorldHint": False,
+        }
+        assert listing["refund"]["_meta"] == {
+            "example.com/owner": "billing",
+            wire.IDEMPOTENCY_META: {"keys": "required", "retentionSeconds": 3600},
+        }
+        assert listing["refund"]["title"] == "Refund"
+        assert listing["lookup"]["annotations"] == {"readOnlyHint": True}
+        assert listing["lookup"]["_meta"][wire.IDEMPOTENCY_META]["keys"] == "optional"
+
+
+def dumped(tool: Tool) -> dict[str, Any]:
+    return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def test_decorator_above_server_tool_is_refused() -> None:
@@ -276,7 +287,9 @@ async def test_low_level_server_handler_is_guarded_and_advertised() -> None:
 
     guarded = idempotent_call_tool(MemoryKeyStore(), call_tool, tools={"bump"}, server_name="lo")
     server = Server("lo", on_list_tools=guarded.advertise(list_tools), on_call_tool=guarded)
-    async with Client(server) as client:
+    async with Client(server) as anonymous:
+        anonymous_tools = {t.name: t for t in (await anonymous.list_tools()).tools}
+    async with Client(server, mode="legacy") as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         first = await client.call_tool("bump", {"n": 1}, meta=meta("a"))
         retry = await client.call_tool("bump", {"n": 1}, meta=meta("a"))
@@ -287,6 +300,8 @@ async def test_low_level_server_handler_is_guarded_and_advertised() -> None:
     assert tools["bump"].annotations == ToolAnnotations(title="Bump", idempotent_hint=True)
     assert (tools["bump"].meta or {})[wire.IDEMPOTENCY_META]["keys"] == "derived"
     assert tools["peek"].annotations is None and tools["peek"].meta is None
+    assert anonymous_tools["bump"].annotations == ToolAnnotations(title="Bump")
+    assert (anonymous_tools["bump"].meta or {})[wire.IDEMPOTENCY_META]["keys"] == "optional"
     assert marker(retry)["status"] == "replayed" and answer(retry) == answer(first)
     assert failed.is_error is True
     assert body(failed)["content"] == [{"type": "text", "text": "Error executing tool bump"}]

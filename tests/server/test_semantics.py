@@ -147,7 +147,8 @@ async def test_derived_keys_dedupe_a_keyless_resend_within_their_window() -> Non
     effects = Effects()
     server = effect_server(store, effects, gated=False)
     args = {"order": "A", "cents": 1}
-    async with Client(server) as client:
+    # One connection (in-memory, handshake era): the caller a derived key is bound to.
+    async with Client(server, mode="legacy") as client:
         first = await client.call_tool("charge", args)
         resend = await client.call_tool("charge", args)
         other = await client.call_tool("charge", {"order": "B", "cents": 1})

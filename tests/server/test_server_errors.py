@@ -230,7 +230,8 @@ async def test_store_unavailable_does_not_run_the_tool(kind: str) -> None:
     effects = Effects()
     server = effect_server(store, effects, gated=False)
     try:
-        async with Client(server) as client:
+        # One in-memory connection: a caller to bind a derived key to.
+        async with Client(server, mode="legacy") as client:
             keyed = await refused(client, "k")
             with pytest.raises(MCPError) as keyless:
                 await client.call_tool("charge", ARGS)  # a derived key needs the store as well

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import pytest
 from mcp_types import CallToolResult, TextContent
 
-from idempotency import Policy, decode_result, encode_result, fingerprint, wire
-from idempotency._mint import derive_key
+from idempotency import KeyMode, Policy, decode_result, encode_result, fingerprint, wire
+from idempotency._mint import derive_key, input_round
 from idempotency._replay import UnreadableResult, rfc3339, stamped
 from idempotency._scope import store_key
 
@@ -26,9 +27,32 @@ def test_store_keys_and_derived_keys_are_hashed_and_valid() -> None:
     assert store_key("scope-a", "t", "k") != store_key("scope-b", "t", "k")
     assert store_key("s", "t", "k") != store_key("s", "u", "k")
     assert "k" not in store_key("s", "t", "k") and len(store_key("s", "t", "k")) == 64
-    derived = derive_key("s", "t", "f" * 64)
-    assert wire.key_problem(derived) is None
-    assert derived != derive_key("other", "t", "f" * 64)
+    fp = "f" * 64
+
+    def derived(scope: str = "s", caller: str = "c", rounds: dict[str, str] | None = None) -> str:
+        return derive_key(scope, "t", fp, caller=caller, round_fields=rounds)
+
+    assert wire.key_problem(derived()) is None and derived() == derived()
+    assert derived() != derived(scope="other")
+    # Bound to its caller (rule 7), and a completing input round is a call of its own.
+    assert derived() != derived(caller="another caller")
+    assert derived() != derived(rounds={"requestState": "r1"})
+    assert derived(rounds={"requestState": "r1"}) != derived(rounds={"requestState": "r2"})
+
+
+def test_input_round_fields_are_read_from_the_raw_params() -> None:
+    assert input_round(None) is None
+    assert input_round({"name": "t", "arguments": {}}) is None
+    assert input_round({"name": "t", "requestState": None}) is None
+    answers = {"q": {"action": "accept"}}
+    assert input_round({"name": "t", "inputResponses": answers, "requestState": "s"}) == {
+        "inputResponses": answers,
+        "requestState": "s",
+    }
+
+
+def test_key_modes_are_the_wire_contracts() -> None:
+    assert get_args(KeyMode) == wire.KEY_MODES
 
 
 def test_stored_results_are_domain_form_without_our_marker() -> None:
@@ -73,4 +97,23 @@ def test_takeover_auto_follows_the_authors_declaration() -> None:
     assert Policy(naturally_idempotent=True).takeover_for(False) is True
     assert Policy(takeover=False).takeover_for(True) is False
     assert Policy(takeover=True).takeover_for(False) is True
-    assert Policy().advertised() == {"keys": "derived", "retentionSeconds": 86400}
+    assert Policy().advertised(True) == {"keys": "derived", "retentionSeconds": 86400}
+
+
+@pytest.mark.parametrize(
+    ("keys", "caller_known", "protected", "advertised"),
+    [
+        ("derived", True, True, "derived"),
+        ("derived", False, False, "optional"),
+        ("optional", True, False, "optional"),
+        ("optional", False, False, "optional"),
+        ("required", True, True, "required"),
+        ("required", False, True, "required"),
+    ],
+)
+def test_what_is_promised_to_a_keyless_caller(
+    keys: KeyMode, caller_known: bool, protected: bool, advertised: str
+) -> None:
+    policy = Policy(keys=keys)
+    assert policy.keyless_protected(caller_known) is protected
+    assert policy.advertised(caller_known)["keys"] == advertised
