@@ -1,6 +1,6 @@
 """The example MCP server, runnable: `uv run python examples/server.py [--stdio] [--store URL]`.
 
-Its three tools (a payment, an upsert, a read) are written in `idempotency/_cli/_example_server.py`
+Its three tools (a payment, an upsert, a read) are written in `mcp_once/_cli/_example_server.py`
 so that `mcp-once serve-example` ships them too; what a server author writes looks like this:
 
     store = open_store("redis://localhost:6379/0")    # or sqlite:///keys.db, memory://
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from idempotency import open_store
-from idempotency._cli._example_server import build_server
+from mcp_once._cli._example_server import build_server
 
 # The embedded durable default: a SQLite file in ./.mcp-once/. Records survive a restart, so a
 # client retrying across a server restart still gets its replay.

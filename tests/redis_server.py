@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.chaos._process import ChildProcess, free_port
+from mcp_once.scenarios._process import ChildProcess, free_port
 
 
 def redis_server_binary() -> str | None:

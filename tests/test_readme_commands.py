@@ -27,9 +27,9 @@ def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 
 def test_soak_command_reports_no_duplicates_and_a_baseline_that_has_them() -> None:
-    assert "python -m orchestrator.chaos.soak --seeds 50 --calls 300" in README
+    assert "python -m mcp_once.scenarios.soak --seeds 50 --calls 300" in README
     done = run(
-        "-m", "orchestrator.chaos.soak",
+        "-m", "mcp_once.scenarios.soak",
         "--seeds", "1", "--first-seed", "1", "--calls", "60",
         "--transports", "memory", "--eras", "modern", "--baseline", "--json",
     )  # fmt: skip
@@ -45,6 +45,6 @@ def test_soak_command_reports_no_duplicates_and_a_baseline_that_has_them() -> No
 
 def test_bench_front_door_forwards_to_the_benchmarks() -> None:
     assert "mcp-once bench --quick --json" in README
-    done = run("-m", "idempotency._cli", "bench", "--help", timeout=60)
+    done = run("-m", "mcp_once", "bench", "--help", timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--quick" in done.stdout and "--json" in done.stdout

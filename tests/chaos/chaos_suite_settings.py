@@ -2,7 +2,7 @@
 
 Default sizes keep the whole suite within a couple of minutes on 2 cores (CI runs it); a soak
 runs many more seeds and calls (`MCP_ONCE_SOAK=1 uv run pytest -m chaos -s`, or
-`python -m orchestrator.chaos.soak --seeds 50`).
+`python -m mcp_once.scenarios.soak --seeds 50`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import orchestrator
-from orchestrator.chaos import Fault, FaultPlan, Scenario, default_policy, run_scenario
+from mcp_once.scenarios import Scenario, default_policy, run_scenario
+from orchestrator.chaos import Fault, FaultPlan
 
 pytestmark = pytest.mark.chaos
 

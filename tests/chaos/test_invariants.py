@@ -7,12 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import AttemptReport, CallReport
-from orchestrator.chaos import (
+from mcp_once.scenarios import (
     CallRecord,
     CallSpec,
-    Chaos,
-    FaultPlan,
     Ledger,
     MemoryEndpoint,
     RunResult,
@@ -23,6 +20,8 @@ from orchestrator.chaos import (
     plan_calls,
     run_workload,
 )
+from orchestrator import AttemptReport, CallReport
+from orchestrator.chaos import Chaos, FaultPlan
 
 pytestmark = pytest.mark.chaos
 

@@ -23,14 +23,7 @@ from mcp_types import CallToolResult, TextContent
 from redis_server import RedisServer, redis_server_binary  # tests/ is on sys.path (conftest)
 
 from idempotency import RecordState, SQLiteKeyStore, encode_result
-from orchestrator import (
-    CallReport,
-    RetryingSession,
-    RetryPolicy,
-    ServerOutcomeUnknown,
-    streamable_http_transport,
-)
-from orchestrator.chaos import (
+from mcp_once.scenarios import (
     Endpoint,
     Ledger,
     Scenario,
@@ -43,6 +36,13 @@ from orchestrator.chaos import (
     run_scenario,
     run_workload,
     server_command,
+)
+from orchestrator import (
+    CallReport,
+    RetryingSession,
+    RetryPolicy,
+    ServerOutcomeUnknown,
+    streamable_http_transport,
 )
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from chaos_suite_settings import calls, seeds
 
-from orchestrator.chaos import Report, Scenario, default_policy, run_scenario
+from mcp_once.scenarios import Report, Scenario, default_policy, run_scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 

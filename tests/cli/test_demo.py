@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from idempotency._cli import main
-from orchestrator.chaos import Report
+from mcp_once._cli import main
+from mcp_once.scenarios import Report
 
 SCRIPT = Path(sys.executable).with_name("mcp-once")
 TIMEOUT = 240
@@ -28,7 +28,7 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
         else [
             sys.executable,
             "-c",
-            "import sys; from idempotency._cli import main; sys.exit(main())",
+            "import sys; from mcp_once._cli import main; sys.exit(main())",
         ]
     )
     return subprocess.run(
@@ -108,14 +108,14 @@ def test_a_duplicate_under_mcp_once_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The exit status is the verdict: a run where mcp-once let a duplicate through fails."""
-    import orchestrator.chaos
+    import mcp_once.scenarios
 
     async def fake(scenario: Any, mode: str, workdir: Path, **_: Any) -> Report:
         report = Report(mode=mode, transport="memory", era="modern", seed=0, calls=3)
         report.duplicates = 1
         return report
 
-    monkeypatch.setattr(orchestrator.chaos, "run_scenario", fake)
+    monkeypatch.setattr(mcp_once.scenarios, "run_scenario", fake)
     assert main(["demo", "--calls", "3", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["duplicate_effects"] == 1 and data["ok"] is False

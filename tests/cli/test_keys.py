@@ -31,9 +31,9 @@ from mcp_types import CallToolResult
 from redis_server import RedisServer, free_port, redis_server_binary
 
 from idempotency import KeyStore, RecordState, SQLiteKeyStore, idempotent, open_store, wire
-from idempotency._cli import _common, main
 from idempotency._scope import CallScope, default_scope, store_key
 from idempotency._sqlite_store import sqlite_path_from_url
+from mcp_once._cli import _common, main
 
 pytestmark = pytest.mark.anyio
 

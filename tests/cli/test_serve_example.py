@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from redis_server import free_port
 
-from idempotency._cli import main
+from mcp_once._cli import main
 
 
 def serve(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

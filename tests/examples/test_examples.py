@@ -24,9 +24,9 @@ from mcp import Client
 from redis_server import RedisServer, redis_server_binary
 
 from idempotency import RecordState, SQLiteKeyStore, wire
-from idempotency._cli import build_parser
-from idempotency._cli._example_server import SERVER_NAME
 from idempotency._scope import CallScope, default_scope, store_key
+from mcp_once._cli import build_parser
+from mcp_once._cli._example_server import SERVER_NAME
 from orchestrator import streamable_http_transport
 
 ROOT = Path(__file__).resolve().parents[2]

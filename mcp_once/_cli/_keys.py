@@ -20,17 +20,22 @@ import anyio
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from .. import wire
-from .._replay import UnreadableResult, decode_result, domain_form, encode_result, rfc3339
-from .._scope import CallScope, default_scope, store_key
-from .._store import (
+from idempotency import (
+    CallScope,
     CorruptRecord,
     KeyStore,
     LimitExceeded,
     Record,
     RecordState,
     StoreUnavailable,
+    decode_result,
+    default_scope,
+    encode_result,
+    wire,
 )
+from idempotency._replay import UnreadableResult, domain_form, rfc3339
+from idempotency._scope import store_key
+
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,

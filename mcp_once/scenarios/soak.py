@@ -1,4 +1,4 @@
-"""Soak: many seeds, many calls, every transport — `python -m orchestrator.chaos.soak --seeds 50`.
+"""Soak: many seeds, many calls, every transport — `python -m mcp_once.scenarios.soak --seeds 50`.
 
 The CI suite runs a few fixed seeds; a soak runs the same engine for as long as you like and
 prints one line per run, then the totals. Exit status 1 if any run broke the contract (a
@@ -19,10 +19,10 @@ from typing import Any
 
 import anyio
 
-from orchestrator._testing import testing
-from orchestrator.chaos._invariants import Report
-from orchestrator.chaos._suite import Scenario, default_plan, run_scenario
-from orchestrator.chaos._workload import Mode, default_policy
+from mcp_once.scenarios._invariants import Report
+from mcp_once.scenarios._suite import Scenario, default_plan, run_scenario
+from mcp_once.scenarios._workload import Mode, default_policy
+from orchestrator import testing
 
 _TIMEOUTS: dict[str, float] = {"memory": 0.2, "stdio": 0.5, "http": 0.5}
 _TOTALS = (
@@ -41,7 +41,7 @@ _TOTALS = (
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.chaos.soak", description=__doc__.splitlines()[0]
+        prog="python -m mcp_once.scenarios.soak", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--seeds", type=int, default=20, help="seeds 1..N (default 20)")
     parser.add_argument("--first-seed", type=int, default=1)

@@ -10,8 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
-from .._open import open_store
-from .._store import KeyStore, StoreError, StoreUnavailable
+from idempotency import KeyStore, StoreError, StoreUnavailable, open_store
 
 #: The embedded durable default: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///.mcp-once/keys.sqlite3"

@@ -3,7 +3,7 @@
 A real MCP server (in-process over memory streams, a stdio child or an HTTP server process) with
 a payment, a naturally idempotent write, a read and an unguarded notification; a fault plan that
 loses answers, duplicates requests, drops connections and restarts the server once; then a
-side-by-side table. The engine is the chaos suite's (`orchestrator.chaos`), so the demo shows
+side-by-side table. The engine is the chaos suite's (`mcp_once.scenarios`), so the demo shows
 exactly what the tests assert.
 """
 
@@ -31,7 +31,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.chaos import CallRecord, Mode, Report, Scenario
+    from mcp_once.scenarios import CallRecord, Mode, Report, Scenario
 
 DEFAULT_CALLS = 100
 DEFAULT_SEED = 7
@@ -203,7 +203,7 @@ def _summary(
 
 
 async def _run(args: argparse.Namespace, workdir: Path) -> tuple[Report, Report, str]:
-    from orchestrator.chaos import Scenario, default_policy, run_scenario
+    from mcp_once.scenarios import Scenario, default_policy, run_scenario
 
     store = args.store
     if store is None:

@@ -22,15 +22,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator._gate import GATED
-from orchestrator.chaos._ledger import Effect
-from orchestrator.chaos._shop import (
+from mcp_once.scenarios._ledger import Effect
+from mcp_once.scenarios._shop import (
     EFFECT_TOOLS,
     READ_ONLY_TOOLS,
     REEXECUTABLE_TOOLS,
     UNGUARDED_TOOLS,
 )
-from orchestrator.chaos._workload import CallRecord, RunResult
+from mcp_once.scenarios._workload import CallRecord, RunResult
+from orchestrator._gate import GATED
 
 __all__ = ["Report", "check"]
 

@@ -22,16 +22,22 @@ from mcp import Client, MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_none
 
-from orchestrator._outcome import NotExecuted, OutcomeUnknown, ServerOutcomeUnknown, ToolCallError
-from orchestrator._policy import RetryPolicy
-from orchestrator._reconnect import Connect, ReconnectFailed, SessionSlot, transport_closed
-from orchestrator._report import CallReport
-from orchestrator._session import RetryingSession
-from orchestrator.chaos._chaos import Chaos
-from orchestrator.chaos._endpoints import Endpoint
-from orchestrator.chaos._ledger import Ledger
-from orchestrator.chaos._plan import FaultPlan
-from orchestrator.chaos._shop import UNGUARDED_TOOLS
+from mcp_once.scenarios._endpoints import Endpoint
+from mcp_once.scenarios._ledger import Ledger
+from mcp_once.scenarios._shop import UNGUARDED_TOOLS
+from orchestrator import (
+    CallReport,
+    Connect,
+    NotExecuted,
+    OutcomeUnknown,
+    ReconnectFailed,
+    RetryingSession,
+    RetryPolicy,
+    ServerOutcomeUnknown,
+    ToolCallError,
+)
+from orchestrator._reconnect import SessionSlot, transport_closed
+from orchestrator.chaos import Chaos, FaultPlan
 
 __all__ = [
     "CallOutcomeName",

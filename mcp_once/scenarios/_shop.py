@@ -22,7 +22,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 
 from idempotency import KeyStore, idempotent, wire
-from orchestrator.chaos._ledger import Ledger
+from mcp_once.scenarios._ledger import Ledger
 
 __all__ = [
     "EFFECT_TOOLS",

@@ -27,11 +27,10 @@ import httpx2
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.mcpserver import MCPServer
 
-from orchestrator._http import streamable_http_transport
-from orchestrator.chaos._ledger import Ledger
-from orchestrator.chaos._memory import in_memory_transport
-from orchestrator.chaos._process import ChildProcess, free_port
-from orchestrator.chaos._transport import ChaosTransport
+from mcp_once.scenarios._ledger import Ledger
+from mcp_once.scenarios._process import ChildProcess, free_port
+from orchestrator import streamable_http_transport
+from orchestrator.chaos import ChaosTransport, in_memory_transport
 
 if TYPE_CHECKING:
     from mcp.client._transport import Transport
@@ -70,7 +69,7 @@ def server_command(
     argv = [
         sys.executable,
         "-m",
-        "orchestrator.chaos._server_main",
+        "mcp_once.scenarios._server_main",
         "--transport",
         transport,
         "--ledger",

@@ -17,8 +17,7 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 
-from .._decorator import idempotent
-from .._store import KeyStore
+from idempotency import KeyStore, idempotent
 
 #: The server's name is part of every record's scope (`mcp-once keys show --server ...`).
 SERVER_NAME = "mcp-once-example"

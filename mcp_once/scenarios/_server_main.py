@@ -1,4 +1,4 @@
-"""The chaos workload server in a process of its own (`python -m orchestrator.chaos._server_main`).
+"""The chaos workload server in a process of its own (`python -m mcp_once.scenarios._server_main`).
 
 Process-level faults (kill -9, SIGSTOP) need the server in another process; the ledger file and
 the key store URL are how that process shares what the checker reads.
@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from orchestrator.chaos._ledger import Ledger
-from orchestrator.chaos._shop import build_server
+from mcp_once.scenarios._ledger import Ledger
+from mcp_once.scenarios._shop import build_server
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.chaos._server_main")
+    parser = argparse.ArgumentParser(prog="python -m mcp_once.scenarios._server_main")
     parser.add_argument("--transport", choices=["stdio", "http"], required=True)
     parser.add_argument("--ledger", required=True, help="the ledger's SQLite file")
     parser.add_argument("--store", default=None, help="key store URL; omit for the baseline")

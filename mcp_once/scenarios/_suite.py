@@ -11,8 +11,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from idempotency import KeyStore, open_store
-from orchestrator._policy import RetryPolicy
-from orchestrator.chaos._endpoints import (
+from mcp_once.scenarios._endpoints import (
     Endpoint,
     Era,
     HttpEndpoint,
@@ -22,11 +21,12 @@ from orchestrator.chaos._endpoints import (
     TransportName,
     server_command,
 )
-from orchestrator.chaos._invariants import Report, check
-from orchestrator.chaos._ledger import Ledger
-from orchestrator.chaos._plan import FaultPlan
-from orchestrator.chaos._shop import build_server
-from orchestrator.chaos._workload import Mode, Progress, run_workload
+from mcp_once.scenarios._invariants import Report, check
+from mcp_once.scenarios._ledger import Ledger
+from mcp_once.scenarios._shop import build_server
+from mcp_once.scenarios._workload import Mode, Progress, run_workload
+from orchestrator import RetryPolicy
+from orchestrator.chaos import FaultPlan
 
 __all__ = ["Scenario", "default_plan", "open_endpoint", "run_scenario"]
 

@@ -1,5 +1,0 @@
-"""`python -m idempotency._cli`: the `mcp-once` command without the console script."""
-
-from . import entry
-
-entry()

@@ -1,0 +1,67 @@
+"""The scenario engine behind the chaos suite, the soak script and `mcp-once demo`.
+
+    report = await run_scenario(Scenario(transport="stdio", calls=300, seed=3), "mcp-once", tmp)
+    assert report.ok, report.problems        # duplicates == lost_results == gate_violations == 0
+    print(report.summary())
+
+It uses both libraries, which is why it lives above them: `build_server` makes the workload
+server with `idempotency` (a payment, a naturally idempotent write, a read, an unguarded
+notification), each effect written by the tool itself to a `Ledger`; `run_workload` drives it
+through `orchestrator.RetryingSession` ("mcp-once") or a naive tenacity loop ("naive") over an
+`Endpoint` (memory, stdio, HTTP; restartable), with the link broken by `orchestrator.chaos`;
+`check` reads the ledger and the call reports into a `Report`.
+`python -m mcp_once.scenarios.soak --seeds 50` runs it for longer.
+"""
+
+from mcp_once.scenarios._endpoints import (
+    Endpoint,
+    Era,
+    HttpEndpoint,
+    MemoryEndpoint,
+    ServerProcess,
+    StdioEndpoint,
+    TransportName,
+    server_command,
+)
+from mcp_once.scenarios._invariants import Report, check
+from mcp_once.scenarios._ledger import Effect, Ledger
+from mcp_once.scenarios._shop import build_server
+from mcp_once.scenarios._suite import Scenario, default_plan, open_endpoint, run_scenario
+from mcp_once.scenarios._workload import (
+    CallRecord,
+    CallSpec,
+    Mode,
+    RunResult,
+    connect_factory,
+    default_policy,
+    plan_calls,
+    run_workload,
+)
+
+__all__ = [
+    "CallRecord",
+    "CallSpec",
+    "Effect",
+    "Endpoint",
+    "Era",
+    "HttpEndpoint",
+    "Ledger",
+    "MemoryEndpoint",
+    "Mode",
+    "Report",
+    "RunResult",
+    "Scenario",
+    "ServerProcess",
+    "StdioEndpoint",
+    "TransportName",
+    "build_server",
+    "check",
+    "connect_factory",
+    "default_plan",
+    "default_policy",
+    "open_endpoint",
+    "plan_calls",
+    "run_scenario",
+    "run_workload",
+    "server_command",
+]
