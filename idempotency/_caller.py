@@ -13,8 +13,7 @@ bound to the caller that produced it, in this order of preference:
 
 Anything else — stateless streamable HTTP (the 2026-07-28 single-exchange entry, or
 `stateless_http=True`) and the SDK's modern in-process direct dispatch, without authentication —
-has no caller identity: keyless calls there are
-not merged, and the listing says so.
+has no caller identity: keyless calls there are not merged, and the listing says so.
 
 The SDK keeps the connection on a private attribute of its per-request session
 (`ServerSession._connection`); that one read lives here, behind `caller_of`.
@@ -57,10 +56,10 @@ def _channel_id(channel: object) -> str | None:
     try:
         found = _channel_ids.get(channel)
         if found is None:
-            found = _channel_ids.setdefault(channel, uuid.uuid4().hex)
+            found = _channel_ids[channel] = uuid.uuid4().hex
+        return found
     except TypeError:  # not weak-referenceable: no identity rather than a leaked one
         return None
-    return found
 
 
 def caller_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
