@@ -10,14 +10,23 @@ import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import uvicorn
 from mcp_types import CallToolResult
 from starlette.types import ASGIApp
 
-from idempotency import wire
+from idempotency import (
+    KeyStore,
+    MemoryKeyStore,
+    RedisKeyStore,
+    SQLiteKeyStore,
+    StoreUnavailable,
+    wire,
+)
 from idempotency._fingerprint import fingerprint
 from idempotency._scope import CallScope, default_scope, store_key
 
@@ -74,6 +83,20 @@ class Effects:
     def open(self) -> None:
         self.gate.set()
 
+    async def charge(self, order: str, cents: int, *, gated: bool) -> str:
+        """The effect tool's body: announce the start, hold at the gate (when `gated`), then
+        count the effect once."""
+        self.started.set()
+        try:
+            if gated:
+                await self.gate.wait()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        self.count += 1
+        self.done.set()
+        return f"charged {cents} for {order} (execution {self.count})"
+
 
 @asynccontextmanager
 async def serve_http(app: ASGIApp) -> AsyncIterator[str]:
@@ -115,18 +138,35 @@ def effect_server(
     @server.tool()
     @idempotent(store, **options)
     async def charge(order: str, cents: int) -> str:
-        effects.started.set()
-        try:
-            if gated:
-                await effects.gate.wait()
-        except anyio.get_cancelled_exc_class():
-            effects.cancelled += 1
-            raise
-        effects.count += 1
-        effects.done.set()
-        return f"charged {cents} for {order} (execution {effects.count})"
+        return await effects.charge(order, cents, gated=gated)
 
     return server
+
+
+class DownStore(MemoryKeyStore):
+    """Every claim fails as an unreachable store's does."""
+
+    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+        raise StoreUnavailable("connection refused")
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KeyStore]:
+    """A fresh key store of each kind; tests taking it run once per backend (imported by the
+    conftest of each folder that uses it)."""
+    made: KeyStore
+    if request.param == "memory":
+        made = MemoryKeyStore()
+    elif request.param == "sqlite":
+        made = SQLiteKeyStore(tmp_path / "keys.db")
+    else:
+        made = RedisKeyStore.from_url(
+            request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("redis_namespace")
+        )
+    try:
+        yield made
+    finally:
+        await made.aclose()
 
 
 class Watched:
@@ -145,8 +185,6 @@ class Watched:
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
         if self.fail_renewals:
-            from idempotency import StoreUnavailable
-
             raise StoreUnavailable("renewal refused by the test")
         renewed = bool(await self.inner.renew(key, token, lease=lease))
         self.renewals += 1
