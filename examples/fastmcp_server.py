@@ -1,4 +1,4 @@
-"""The example server, written with FastMCP: `uv run python examples/fastmcp_server.py`.
+"""The example server, written with FastMCP: `uv run python examples/fastmcp_server.py [--stdio]`.
 
 The same three tools as `examples/server.py` (a payment, an upsert, a read), on a `fastmcp.FastMCP`
 server (`pip install 'mcp-once[fastmcp]'`). FastMCP runs tools its own way, so the guard is a
@@ -15,20 +15,15 @@ middleware rather than `@idempotent` (which refuses FastMCP tools):
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
-from pathlib import Path
 from typing import Any
 
 from fastmcp import FastMCP
 from mcp_types import ToolAnnotations
+from server import options  # examples/server.py: the same command line and default store
 
 from idempotency import KeyStore, open_store
 from idempotency.fastmcp import IdempotencyMiddleware
-
-# The embedded durable default, as for examples/server.py: a SQLite file in ./.mcp-once/.
-DEFAULT_STORE = "sqlite:///.mcp-once/keys.sqlite3"
 
 
 def build_server(store: KeyStore) -> FastMCP[Any]:
@@ -66,19 +61,13 @@ def build_server(store: KeyStore) -> FastMCP[Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--store",
-        default=os.environ.get("MCP_ONCE_STORE", DEFAULT_STORE),
-        help="key store URL (default: $MCP_ONCE_STORE, else %(default)s)",
-    )
-    args = parser.parse_args()
-    if args.store == DEFAULT_STORE:
-        Path(".mcp-once").mkdir(exist_ok=True)
-    # Streamable HTTP at http://HOST:PORT/mcp (see examples/client_http.py).
-    build_server(open_store(args.store)).run("http", host=args.host, port=args.port)
+    args = options(__doc__.splitlines()[0])  # --stdio, --host, --port, --store
+    server = build_server(open_store(args.store))
+    if args.stdio:
+        server.run("stdio")
+    else:
+        # Streamable HTTP at http://HOST:PORT/mcp (see examples/client_http.py).
+        server.run("http", host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

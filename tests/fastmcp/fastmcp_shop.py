@@ -81,8 +81,6 @@ def build_shop(
 
 
 def main() -> None:
-    import uvicorn
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--store", default=None, help="key store URL; omit for the baseline")
@@ -92,15 +90,14 @@ def main() -> None:
     args = parser.parse_args()
     store = open_store(args.store) if args.store else None
     shop = build_shop(store, Ledger(args.ledger), lease=args.lease, wait=args.wait)
-    config = uvicorn.Config(
-        shop.http_app(),
+    shop.run(
+        "http",
         host="127.0.0.1",
         port=args.port,
         log_level="error",
-        lifespan="on",
-        timeout_graceful_shutdown=1,
+        show_banner=False,
+        uvicorn_config={"timeout_graceful_shutdown": 1},
     )
-    uvicorn.Server(config).run()
 
 
 if __name__ == "__main__":

@@ -10,17 +10,8 @@ import sys
 from pathlib import Path
 
 import anyio.to_thread
+import chaos_engine as engine
 import pytest
-from chaos_engine import (
-    HttpEndpoint,
-    Ledger,
-    Report,
-    ServerProcess,
-    check,
-    default_plan,
-    default_policy,
-    run_workload,
-)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
@@ -29,30 +20,32 @@ CALLS = 240
 SEED = 13
 
 
-async def run(workdir: Path, era: str, *, guarded: bool) -> Report:
+async def run(workdir: Path, era: str, *, guarded: bool) -> engine.Report:
     """One seeded run of `CALLS` calls, the server restarted (kill -9) halfway."""
-    ledger = Ledger(workdir / "ledger.sqlite3")
+    ledger = engine.Ledger(workdir / "ledger.sqlite3")
     argv = [sys.executable, str(SHOP), "--ledger", str(ledger.path), "--lease", "5"]
     if guarded:
         argv += ["--store", f"sqlite:///{workdir / 'keys.sqlite3'}"]
-    process = ServerProcess(lambda port: [*argv, "--port", str(port)], log=workdir / "server.log")
+    process = engine.ServerProcess(
+        lambda port: [*argv, "--port", str(port)], log=workdir / "server.log"
+    )
     await anyio.to_thread.run_sync(process.start)
-    endpoint = HttpEndpoint(process, era)  # type: ignore[arg-type]
+    endpoint = engine.HttpEndpoint(process, era)  # type: ignore[arg-type]
     try:
-        result = await run_workload(
+        result = await engine.run_workload(
             endpoint,
             mode="mcp-once" if guarded else "naive",
             ledger=ledger,
-            plan=default_plan(),
+            plan=engine.default_plan(),
             seed=SEED,
             calls=CALLS,
-            policy=default_policy(attempt_timeout=0.5),
+            policy=engine.default_policy(attempt_timeout=0.5),
             concurrency=4,
             actions={CALLS // 2: endpoint.restart},
         )
     finally:
         await endpoint.aclose()
-    report = check(result)
+    report = engine.check(result)
     print(report.summary())
     return report
 

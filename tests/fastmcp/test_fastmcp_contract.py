@@ -27,10 +27,10 @@ from server_kit import (
     Effects,
     answer,
     body,
-    call_fingerprint,
+    burst,
+    lose_the_lease,
     marker,
     meta,
-    record_key,
 )
 
 from idempotency import KeyStore, MemoryKeyStore, wire
@@ -91,20 +91,10 @@ async def test_a_record_written_for_one_era_replays_to_the_other() -> None:
 async def test_fifty_concurrent_calls_one_execution(store: KeyStore, transport: str) -> None:
     effects = Effects()
     server = charge_server(store, effects)
-    results: list[CallToolResult] = []
-    async with (
-        serving(server, transport) as connect,
-        connect() as client,
-        anyio.create_task_group() as tg,
-    ):
-
-        async def one() -> None:
-            results.append(await client.call_tool_mcp("charge", ARGS, meta=meta("burst")))
-
-        for _ in range(50):
-            tg.start_soon(one)
-        await effects.started.wait()
-        effects.open()
+    async with serving(server, transport) as connect, connect() as client:
+        results = await burst(
+            lambda: client.call_tool_mcp("charge", ARGS, meta=meta("burst")), effects
+        )
     assert effects.count == 1
     assert len(results) == 50
     assert sorted(marker(r)["status"] for r in results) == ["executed"] + ["replayed"] * 49
@@ -183,29 +173,16 @@ async def test_lease_lost_mid_tool_stops_it(
     store = MemoryKeyStore(clock=clock)
     effects = Effects()
     server = charge_server(store, effects, lease=0.3, **options)
-    errors: list[MCPError] = []
-    async with (
-        serving(server, "memory") as connect,
-        connect() as client,
-        anyio.create_task_group() as tg,
-    ):
-
-        async def call() -> None:
-            try:
-                await client.call_tool_mcp("charge", ARGS, meta=meta("fragile"))
-            except MCPError as exc:
-                errors.append(exc)
-
-        tg.start_soon(call)
-        await effects.started.wait()
-        clock.now += 10
-        other = await store.claim(
-            record_key("shop", "charge", "fragile"),
-            call_fingerprint("charge", ARGS),
-            lease=60,
+    async with serving(server, "memory") as connect, connect() as client:
+        errors = await lose_the_lease(
+            lambda: client.call_tool_mcp("charge", ARGS, meta=meta("fragile")),
+            effects,
+            store,
+            clock,
+            key="fragile",
+            args=ARGS,
             takeover=other_takes_over,
         )
-        assert other.status.value == ("claimed" if other_takes_over else "unknown")
     assert effects.cancelled == 1 and effects.count == 0
     assert [e.code for e in errors] == [code]
 

@@ -7,15 +7,17 @@ nothing sleeps to let things settle.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
 import uvicorn
+from fake_clock import FakeClock
+from mcp import MCPError
 from mcp_types import CallToolResult
 from starlette.types import ASGIApp
 
@@ -32,6 +34,8 @@ from idempotency._scope import CallScope, default_scope, store_key
 
 #: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
 SOON = 30.0
+
+R = TypeVar("R")
 
 
 def meta(key: object, **extra: Any) -> dict[str, Any]:
@@ -96,6 +100,56 @@ class Effects:
         self.count += 1
         self.done.set()
         return f"charged {cents} for {order} (execution {self.count})"
+
+
+async def burst(call: Callable[[], Awaitable[R]], effects: Effects, n: int = 50) -> list[R]:
+    """`n` concurrent `call`s of the gated effect tool; the gate opens once the tool started."""
+    results: list[R] = []
+    async with anyio.create_task_group() as tg:
+
+        async def one() -> None:
+            results.append(await call())
+
+        for _ in range(n):
+            tg.start_soon(one)
+        await effects.started.wait()
+        effects.open()
+    return results
+
+
+async def lose_the_lease(
+    call: Callable[[], Awaitable[object]],
+    effects: Effects,
+    store: KeyStore,
+    clock: FakeClock,
+    *,
+    key: str,
+    args: Mapping[str, Any],
+    takeover: bool,
+) -> list[MCPError]:
+    """Run `call` (a `charge` of `args` under `key`, on server "shop") and, once its tool started,
+    let the store's clock run past the lease while another worker claims the record (taking it
+    over, or finding it UNKNOWN). Returns the errors `call` raised."""
+    errors: list[MCPError] = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            try:
+                await call()
+            except MCPError as exc:
+                errors.append(exc)
+
+        tg.start_soon(run)
+        await effects.started.wait()
+        clock.now += 10
+        other = await store.claim(
+            record_key("shop", "charge", key),
+            call_fingerprint("charge", args),
+            lease=60,
+            takeover=takeover,
+        )
+        assert other.status.value == ("claimed" if takeover else "unknown")
+    return errors
 
 
 @asynccontextmanager
