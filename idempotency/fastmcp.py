@@ -17,7 +17,8 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
 - Which tools: all (default), those named in `tools`, those carrying one of `tags` — never a
   task-capable tool (`task=`): its body runs later in a worker, outside every middleware, so the
   guard would cover only the enqueueing. Such tools are listed exactly as registered (no
-  `idempotentHint`, no `_meta` entry): nothing is promised that is not kept.
+  `idempotentHint`, no `_meta` entry): nothing is promised that is not kept, and the log says
+  so once per tool.
 - The key, the caller and the principal come from the wire request behind FastMCP's context
   (the middleware message's own `_meta` is rebuilt by FastMCP and lacks them): derived keys are
   bound to the caller, and FastMCP's access token (the SDK's, on the HTTP request) scopes keys
@@ -60,6 +61,7 @@ from ._guard import Guard, ToolCall
 from ._guard import ToolResult as GuardResult
 from ._policy import PolicyOptions, make_policy
 from ._store import KeyStore
+from ._telemetry import logger
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -101,16 +103,24 @@ class IdempotencyMiddleware(Middleware):
         self.guard = Guard(store, make_policy(options))
         self._tools = _names(tools, "tools")
         self._tags = _names(tags, "tags")
+        self._told: set[str] = set()
 
     def guards(self, tool: Tool) -> bool:
         """Whether calls of `tool` run under the guard (and its listing says so)."""
-        if tool.task_config.supports_tasks():
-            return False
-        if self._tools is None and self._tags is None:
-            return True
-        return (self._tools is not None and tool.name in self._tools) or (
-            self._tags is not None and not self._tags.isdisjoint(tool.tags)
+        chosen = (self._tools is None and self._tags is None) or (
+            (self._tools is not None and tool.name in self._tools)
+            or (self._tags is not None and not self._tags.isdisjoint(tool.tags))
         )
+        if chosen and tool.task_config.supports_tasks():
+            if tool.name not in self._told:
+                self._told.add(tool.name)
+                logger.warning(
+                    "tool %r can run as a background task, outside every middleware: it is not"
+                    " guarded, and not listed as guarded",
+                    tool.name,
+                )
+            return False
+        return chosen
 
     async def on_list_tools(
         self,

@@ -255,7 +255,9 @@ class ForegroundTasks(ServerExtension):
         return await call_next()
 
 
-async def test_task_capable_tools_are_never_guarded_nor_listed_as_guarded() -> None:
+async def test_task_capable_tools_are_never_guarded_nor_listed_as_guarded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     store = MemoryKeyStore()
     effects = Effects()
     server = charge_server(store, effects, gated=False)
@@ -276,6 +278,9 @@ async def test_task_capable_tools_are_never_guarded_nor_listed_as_guarded() -> N
     assert all(wire.IDEMPOTENCY_META not in (r.meta or {}) for r in results)
     assert crunched == [3, 3] and tasks.intercepted == ["crunch", "crunch"]
     assert await records(store) == []
+    # The author is told, once: the middleware was asked to guard every tool.
+    told = [r for r in caplog.records if r.name == "idempotency" and "'crunch'" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelname == "WARNING"
 
 
 # -- input rounds --------------------------------------------------------------------------------
