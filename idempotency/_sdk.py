@@ -1,7 +1,7 @@
-"""Every place mcp-once touches `MCPServer` internals, in one module.
+"""Every place mcp-once touches `MCPServer` internals (and FastMCP's registration), in one module.
 
 The decorator sits under `@server.tool()`, so it runs before the tool is registered and never sees
-the server. Three things still need the SDK's registration machinery:
+the server. Four things still need the registration machinery:
 
 - the listed definition must carry our `_meta` (and `idempotentHint` where it holds) without
   the author writing them: `Tool.from_function` is wrapped once (process-wide) to merge in what
@@ -106,14 +106,19 @@ def _remember(fn: Callable[..., Any], framework: str) -> None:
         _registered[fn] = framework
 
 
+#: What a FastMCP server uses instead, said by every refusal below.
+_USE_THE_MIDDLEWARE = (
+    "`mcp.add_middleware(IdempotencyMiddleware(store, ...))` from `idempotency.fastmcp`"
+    " (pip install 'mcp-once[fastmcp]')."
+)
+
+
 def fastmcp_refusal(fn: object) -> TypeError:
     """The error for `@idempotent` on a FastMCP tool, naming the integration that works."""
     return TypeError(
         f"{getattr(fn, '__name__', fn)!r} is a FastMCP tool: FastMCP runs it without the mcp"
         " SDK's Context, so @idempotent cannot guard it and every call would run unprotected."
-        " Drop @idempotent and add the middleware instead:"
-        " `mcp.add_middleware(IdempotencyMiddleware(store, ...))` from `idempotency.fastmcp`"
-        " (pip install 'mcp-once[fastmcp]')."
+        " Drop @idempotent and add the middleware instead: " + _USE_THE_MIDDLEWARE
     )
 
 
@@ -123,9 +128,7 @@ def check_mcpserver(server: object) -> None:
         return
     if type(server).__module__.partition(".")[0] == "fastmcp":
         raise TypeError(
-            "install() guards the mcp SDK's MCPServer; for a FastMCP server use"
-            " `mcp.add_middleware(IdempotencyMiddleware(store, ...))` from `idempotency.fastmcp`"
-            " (pip install 'mcp-once[fastmcp]')."
+            "install() guards the mcp SDK's MCPServer; a FastMCP server uses " + _USE_THE_MIDDLEWARE
         )
     raise TypeError(f"install() guards the mcp SDK's MCPServer, not {type(server).__name__}")
 
