@@ -28,8 +28,9 @@ from mcp_once._cli._example_server import build_server
 DEFAULT_STORE = "sqlite:///.mcp-once/keys.sqlite3"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(description: str) -> argparse.Namespace:
+    """The command line of the example servers (this one and examples/fastmcp_server.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--stdio", action="store_true", help="serve on stdin/stdout, not HTTP")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -41,7 +42,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.store == DEFAULT_STORE:
         Path(".mcp-once").mkdir(exist_ok=True)
+    return args
 
+
+def main() -> None:
+    args = options(__doc__.splitlines()[0])
     server = build_server(open_store(args.store))
     if args.stdio:
         server.run("stdio")  # a client spawns us (see examples/stdio_pair.py)

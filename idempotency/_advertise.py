@@ -10,9 +10,10 @@ neither by hand.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol, Self, TypeVar
 
-from mcp_types import Tool, ToolAnnotations
+from mcp_types import ToolAnnotations
 
 from . import wire
 from ._policy import Policy
@@ -43,7 +44,22 @@ def advertise_meta(
     return {**(meta or {}), wire.IDEMPOTENCY_META: policy.advertised(caller_known)}
 
 
-def advertise_tool(tool: Tool, policy: Policy, caller_known: bool) -> Tool:
+class ToolDefinition(Protocol):
+    """A tool definition as the SDK (`mcp_types.Tool`) or a framework (FastMCP's `Tool`) lists it:
+    a pydantic model with annotations and a `_meta` mapping."""
+
+    annotations: ToolAnnotations | None
+    meta: dict[str, Any] | None
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Self: ...
+
+
+D = TypeVar("D", bound=ToolDefinition)
+
+
+def advertise_tool(tool: D, policy: Policy, caller_known: bool) -> D:
     """A listed tool definition with the guard's annotations and `_meta` merged in."""
     return tool.model_copy(
         update={

@@ -3,6 +3,22 @@
 Placed under `@server.tool(...)`. The wrapper keeps the tool's input and output schema exactly as
 written — the key travels in the request `_meta`, never in the arguments — and, when the function
 declares no `Context` parameter, adds a hidden one the SDK fills and leaves out of the schema.
+
+Only the mcp SDK's `MCPServer` fills that parameter, so anywhere else the guard would be skipped
+in silence. The decorator therefore refuses, with a `TypeError` naming the integration that works:
+- at decoration time, a function some framework already registered or marked as a tool (the
+  decorator placed above `@server.tool()`, or above FastMCP's `@mcp.tool`);
+- at registration time, FastMCP registering a guarded function (`@mcp.tool`, `mcp.add_tool`),
+  whenever FastMCP was loaded when `idempotent(...)` ran;
+- at call time, as the backstop, a guarded function run by FastMCP (its request context is
+  current) without the SDK's `Context`: it raises instead of running unguarded.
+
+"Without the SDK's context" means exactly that: no `Context` at all *while FastMCP serves the
+request*. `MCPServer` always passes its `Context` — for a tools/call of this tool (guarded), for
+its own `call_tool` or a tool calling another inside its request (run as written: not this
+tool's tools/call, or already covered by the outer call's record). A plain Python call outside
+any server (a unit test, a helper) passes none either; it is not a tool call and has no key, so
+it too runs the function as written.
 """
 
 from __future__ import annotations
@@ -21,16 +37,19 @@ from typing_extensions import Unpack
 from ._guard import Guard, ToolCall, ToolResult
 from ._policy import PolicyOptions, make_policy
 from ._sdk import (
+    FASTMCP,
     HIDDEN_CONTEXT,
     STAMP_ATTR,
     ToolStamp,
     arguments_of,
     ensure_registration_hook,
+    fastmcp_refusal,
     own_tool,
+    registered_by,
     request_of,
     sdk_error_result,
+    served_by_fastmcp,
     stamp_of,
-    was_registered,
 )
 from ._store import KeyStore
 
@@ -90,6 +109,9 @@ def wrap_tool_function(
         ctx = kwargs.get(ctx_name)
         if hidden:
             kwargs.pop(ctx_name, None)
+        if ctx is None and served_by_fastmcp():
+            # The backstop for a FastMCP registration the hook could not see: never unguarded.
+            raise fastmcp_refusal(fn)
         tool = own_tool(ctx, guarded)
         if tool is None:
             # Not a tools/call of this tool (a direct call, or one tool calling another inside
@@ -130,7 +152,10 @@ def check_wrappable(fn: object) -> None:
         raise TypeError(f"@idempotent wraps a tool function, not {type(fn).__name__}")
     if stamp_of(fn) is not None:
         raise TypeError(f"{getattr(fn, '__name__', fn)!r} is already guarded by @idempotent")
-    if was_registered(fn):
+    framework = registered_by(fn)
+    if framework == FASTMCP:
+        raise fastmcp_refusal(fn)
+    if framework is not None:
         raise TypeError(
             f"{getattr(fn, '__name__', fn)!r} was registered as a tool before @idempotent wrapped"
             " it, so the server would call it unguarded: put @idempotent(...) *under*"
@@ -147,7 +172,8 @@ def idempotent(store: KeyStore, **options: Unpack[PolicyOptions]) -> ToolDecorat
     async def charge(order: str, cents: int) -> str: ...
     ```
 
-    Options and defaults: see `Policy`.
+    Options and defaults: see `Policy`. Only for the mcp SDK's `MCPServer`: on a FastMCP server
+    use `idempotency.fastmcp.IdempotencyMiddleware` (this decorator refuses FastMCP tools).
     """
     guard = Guard(store, make_policy(options))
     ensure_registration_hook()

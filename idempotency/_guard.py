@@ -1,8 +1,10 @@
 """The guard: claim → run → complete or release, and wait-then-replay for duplicates.
 
-The one implementation behind every entry point (decorator, `install`, low-level handler). An
-entry point describes the call (`ToolCall`), hands over how to run the tool (`execute`) and how its
-SDK renders an exception as an `isError` result; the guard does the rest.
+The one implementation behind every entry point (decorator, `install`, low-level handler, FastMCP
+middleware). An entry point describes the call (`ToolCall`), hands over how to run the tool
+(`execute`) and how its framework renders an exception as an `isError` result; the guard does the
+rest. A framework that runs more than the tool's body inside `execute` (argument validation, its
+own per-tool timeout) says what happened by raising `NothingDone` or `Interrupted`.
 
 Cancellation (rule 10): once a claim is won, the run and the record write happen inside a shielded
 scope. A client that gives up (its timeout's `notifications/cancelled`, a dropped connection) does
@@ -63,6 +65,29 @@ ErrorResult = Callable[[Exception], CallToolResult]
 RETRY_HINT_CAP = 1.0
 #: Attempts at storing a finished result when the store fails; the claim is ours meanwhile.
 _COMPLETE_ATTEMPTS = 3
+
+
+class NothingDone(Exception):
+    """Raised by `execute` when nothing a retry must not repeat has happened: the framework
+    refused the call before the tool's body ran (arguments invalid, tool unknown or disabled), or
+    the body failed with an exception its author declared effect-free. The claim is released and
+    `raised` — what the framework would have raised without the guard — propagates in its place.
+    """
+
+    def __init__(self, raised: Exception) -> None:
+        super().__init__(type(raised).__name__)
+        self.raised = raised
+
+
+class Interrupted(Exception):
+    """Raised by `execute` when the framework cancelled the tool part-way (its own per-tool
+    timeout). The effect may have happened, so the framework's error is not stored as the key's
+    answer: the call gets the guard's own answer for a run cut short (OUTCOME_UNKNOWN), exactly
+    as when `max_run_time` is exceeded, and the record is left to its lease."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,8 +339,11 @@ class Guard:
                     run.result = await execute()
                 except Exception as exc:  # what the tool raised, judged below
                     run.raised = exc
-            if run.result is None and run.raised is None:
-                answer = await self._after_abort(t, token, takeover, lease_lost=keeper.lost)
+            cut = run.raised.why if isinstance(run.raised, Interrupted) else None
+            if run.result is None and (run.raised is None or cut is not None):
+                answer = await self._after_abort(
+                    t, token, takeover, lease_lost=keeper.lost, interrupted=cut
+                )
             else:
                 answer = await self._finish(t, outcome, token, run, error_result)
         return answer
@@ -323,6 +351,10 @@ class Guard:
     async def _finish(
         self, t: _Ticket, outcome: ClaimOutcome, token: str, run: _Run, error_result: ErrorResult
     ) -> ToolResult:
+        if isinstance(run.raised, NothingDone):
+            await self._release(t, token, f"nothing was done ({run.raised})")
+            t.trace.outcome(Outcome.RELEASED)
+            raise run.raised.raised
         if run.raised is not None:
             exc = run.raised
             # A JSON-RPC error from the tool is a refusal, and an effect-free exception was declared
@@ -421,12 +453,21 @@ class Guard:
         return record
 
     async def _after_abort(
-        self, t: _Ticket, token: str, takeover: bool, *, lease_lost: bool
+        self,
+        t: _Ticket,
+        token: str,
+        takeover: bool,
+        *,
+        lease_lost: bool,
+        interrupted: str | None = None,
     ) -> ToolResult:
-        """The run was cancelled mid-tool (lost lease or max run time): say what is known."""
+        """The run was cut short mid-tool (lost lease, max run time, or the framework's own
+        timeout: `interrupted`): say what is known."""
         t.trace.outcome(Outcome.ABORTED)
         if lease_lost:
             why = "it lost its lease (another worker took the record over, or it was declared lost)"
+        elif interrupted is not None:
+            why = interrupted
         else:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
         logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)

@@ -22,7 +22,14 @@ from typing_extensions import Unpack
 from ._decorator import wrap_tool_function
 from ._guard import Guard
 from ._policy import PolicyOptions, make_policy
-from ._sdk import adopt, ensure_listing, ensure_registration_hook, stamp_of, tool_manager
+from ._sdk import (
+    adopt,
+    check_mcpserver,
+    ensure_listing,
+    ensure_registration_hook,
+    stamp_of,
+    tool_manager,
+)
 from ._store import KeyStore
 
 _INSTALLED_ATTR = "__mcp_once_installed__"
@@ -36,6 +43,7 @@ def install(
     **options: Unpack[PolicyOptions],
 ) -> None:
     """Guard every tool of `server` (now and later) except those named in `exclude`."""
+    check_mcpserver(server)
     if getattr(server, _INSTALLED_ATTR, False):
         raise RuntimeError("mcp-once is already installed on this server")
     guard = Guard(store, make_policy(options))

@@ -1,7 +1,7 @@
-"""Every place mcp-once touches `MCPServer` internals, in one module.
+"""Every place mcp-once touches `MCPServer` internals (and FastMCP's registration), in one module.
 
 The decorator sits under `@server.tool()`, so it runs before the tool is registered and never sees
-the server. Three things still need the SDK's registration machinery:
+the server. Four things still need the registration machinery:
 
 - the listed definition must carry our `_meta` (and `idempotentHint` where it holds) without
   the author writing them: `Tool.from_function` is wrapped once (process-wide) to merge in what
@@ -11,6 +11,11 @@ the server. Three things still need the SDK's registration machinery:
 - a decorator placed *above* `@server.tool()` would wrap a function the server never calls, which
   would silently leave the tool unguarded: the same hook remembers registered functions so that
   `idempotent` can refuse them;
+- FastMCP registers functions through its own `FunctionTool.from_function` and never hands them
+  the SDK's `Context`, so the guard could never run there: when FastMCP is loaded, its
+  registration is wrapped too, to refuse guarded functions (and remember the ones it registers),
+  and `served_by_fastmcp` lets a wrapper refuse to run unguarded under FastMCP at call time.
+  FastMCP is never imported here: only looked up in `sys.modules`;
 - at call time the wrapper finds its registered `Tool` (`MCPServer._tool_manager`) to convert the
   return value exactly as the SDK would (honouring `structured_output`), and to know the tool name.
 
@@ -20,7 +25,9 @@ Pinned to mcp 2.x (`pyproject.toml`); the tests exercise each seam through real 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -69,29 +76,103 @@ def stamp_of(fn: object) -> ToolStamp | None:
     return stamp if isinstance(stamp, ToolStamp) else None
 
 
-_registered: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+MCPSERVER = "MCPServer"
+FASTMCP = "FastMCP"
+#: The attribute FastMCP's `@mcp.tool` / `@tool` decorators put on the function they return.
+_FASTMCP_MARK = "__fastmcp__"
+
+#: Functions registered as tools, and by which framework.
+_registered: weakref.WeakKeyDictionary[Callable[..., Any], str] = weakref.WeakKeyDictionary()
 _hook_lock = threading.Lock()
 _hook_installed = False
+_fastmcp_hooked = False
 
 
-def was_registered(fn: object) -> bool:
-    """Whether `fn` itself was already registered as a tool (the decorator would be too late)."""
-    try:
-        return fn in _registered
-    except TypeError:
-        return False
+def registered_by(fn: object) -> str | None:
+    """The framework that already registered (or marked) `fn` itself as a tool, or None: either
+    way the decorator would come too late."""
+    found: str | None = None
+    if callable(fn):
+        with contextlib.suppress(TypeError):  # not weak-referenceable: never remembered
+            found = _registered.get(fn)
+    if found is None and getattr(fn, _FASTMCP_MARK, None) is not None:
+        return FASTMCP
+    return found
 
 
-def _remember(fn: Callable[..., Any]) -> None:
+def _remember(fn: Callable[..., Any], framework: str) -> None:
     # Not weak-referenceable: misuse detection is best effort.
     with contextlib.suppress(TypeError):
-        _registered.add(fn)
+        _registered[fn] = framework
+
+
+#: What a FastMCP server uses instead, said by every refusal below.
+_USE_THE_MIDDLEWARE = (
+    "`mcp.add_middleware(IdempotencyMiddleware(store, ...))` from `idempotency.fastmcp`"
+    " (pip install 'mcp-once[fastmcp]')."
+)
+
+
+def fastmcp_refusal(fn: object) -> TypeError:
+    """The error for `@idempotent` on a FastMCP tool, naming the integration that works."""
+    return TypeError(
+        f"{getattr(fn, '__name__', fn)!r} is a FastMCP tool: FastMCP runs it without the mcp"
+        " SDK's Context, so @idempotent cannot guard it and every call would run unprotected."
+        " Drop @idempotent and add the middleware instead: " + _USE_THE_MIDDLEWARE
+    )
+
+
+def check_mcpserver(server: object) -> None:
+    """Refuse a server `install` cannot guard, naming the integration that can."""
+    if isinstance(server, MCPServer):
+        return
+    if type(server).__module__.partition(".")[0] == "fastmcp":
+        raise TypeError(
+            "install() guards the mcp SDK's MCPServer; a FastMCP server uses " + _USE_THE_MIDDLEWARE
+        )
+    raise TypeError(f"install() guards the mcp SDK's MCPServer, not {type(server).__name__}")
+
+
+def served_by_fastmcp() -> bool:
+    """Whether the running code is inside a FastMCP request (FastMCP's current Context is set)."""
+    dependencies = sys.modules.get("fastmcp.server.dependencies")
+    if dependencies is None:
+        return False
+    try:
+        dependencies.get_context()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _refuse_fastmcp_registration() -> None:
+    """Once FastMCP is loaded, make its registration refuse functions `@idempotent` wrapped."""
+    global _fastmcp_hooked
+    if _fastmcp_hooked or "fastmcp" not in sys.modules:
+        return
+    function_tool = importlib.import_module("fastmcp.tools.function_tool").FunctionTool
+    original: Callable[..., Any] = function_tool.from_function.__func__
+
+    def from_function(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
+        fn = kwargs["fn"] if "fn" in kwargs else (args[0] if args else None)
+        if stamp_of(fn) is not None:
+            raise fastmcp_refusal(fn)
+        tool = original(cls, *args, **kwargs)
+        if callable(fn):
+            _remember(fn, FASTMCP)
+        return tool
+
+    from_function.__wrapped__ = original  # type: ignore[attr-defined]
+    function_tool.from_function = classmethod(from_function)
+    _fastmcp_hooked = True
 
 
 def ensure_registration_hook() -> None:
-    """Wrap `Tool.from_function` once, so stamped functions are advertised as guarded."""
+    """Wrap `Tool.from_function` once, so stamped functions are advertised as guarded (and,
+    once FastMCP is loaded, refused by FastMCP's registration)."""
     global _hook_installed
     with _hook_lock:
+        _refuse_fastmcp_registration()
         if _hook_installed:
             return
         original: Callable[..., Tool] = Tool.from_function.__func__  # type: ignore[attr-defined]
@@ -112,7 +193,7 @@ def ensure_registration_hook() -> None:
                 bound.arguments["annotations"] = advertise_annotations(annotations, policy, False)
                 bound.arguments["meta"] = advertise_meta(bound.arguments.get("meta"), policy, False)
                 tool = original(cls, *bound.args, **bound.kwargs)
-            _remember(fn)
+            _remember(fn, MCPSERVER)
             return tool
 
         original_add: Callable[..., None] = MCPServer.add_tool
@@ -213,4 +294,4 @@ def adopt(tool: Tool, wrap: Callable[[Callable[..., Any], str | None], Callable[
     policy = stamp.guard.policy
     tool.annotations = advertise_annotations(tool.annotations, policy, False)
     tool.meta = advertise_meta(tool.meta, policy, False)
-    _remember(wrapper)
+    _remember(wrapper, MCPSERVER)

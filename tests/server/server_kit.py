@@ -7,22 +7,35 @@ nothing sleeps to let things settle.
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import anyio
+import pytest
 import uvicorn
+from fake_clock import FakeClock
+from mcp import MCPError
 from mcp_types import CallToolResult
 from starlette.types import ASGIApp
 
-from idempotency import wire
+from idempotency import (
+    KeyStore,
+    MemoryKeyStore,
+    RedisKeyStore,
+    SQLiteKeyStore,
+    StoreUnavailable,
+    wire,
+)
 from idempotency._fingerprint import fingerprint
 from idempotency._scope import CallScope, default_scope, store_key
 
 #: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
 SOON = 30.0
+
+R = TypeVar("R")
 
 
 def meta(key: object, **extra: Any) -> dict[str, Any]:
@@ -74,6 +87,70 @@ class Effects:
     def open(self) -> None:
         self.gate.set()
 
+    async def charge(self, order: str, cents: int, *, gated: bool) -> str:
+        """The effect tool's body: announce the start, hold at the gate (when `gated`), then
+        count the effect once."""
+        self.started.set()
+        try:
+            if gated:
+                await self.gate.wait()
+        except anyio.get_cancelled_exc_class():
+            self.cancelled += 1
+            raise
+        self.count += 1
+        self.done.set()
+        return f"charged {cents} for {order} (execution {self.count})"
+
+
+async def burst(call: Callable[[], Awaitable[R]], effects: Effects, n: int = 50) -> list[R]:
+    """`n` concurrent `call`s of the gated effect tool; the gate opens once the tool started."""
+    results: list[R] = []
+    async with anyio.create_task_group() as tg:
+
+        async def one() -> None:
+            results.append(await call())
+
+        for _ in range(n):
+            tg.start_soon(one)
+        await effects.started.wait()
+        effects.open()
+    return results
+
+
+async def lose_the_lease(
+    call: Callable[[], Awaitable[object]],
+    effects: Effects,
+    store: KeyStore,
+    clock: FakeClock,
+    *,
+    key: str,
+    args: Mapping[str, Any],
+    takeover: bool,
+) -> list[MCPError]:
+    """Run `call` (a `charge` of `args` under `key`, on server "shop") and, once its tool started,
+    let the store's clock run past the lease while another worker claims the record (taking it
+    over, or finding it UNKNOWN). Returns the errors `call` raised."""
+    errors: list[MCPError] = []
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            try:
+                await call()
+            except MCPError as exc:
+                errors.append(exc)
+
+        tg.start_soon(run)
+        await effects.started.wait()
+        clock.now += 10
+        other = await store.claim(
+            record_key("shop", "charge", key),
+            call_fingerprint("charge", args),
+            lease=60,
+            takeover=takeover,
+        )
+        assert other.status.value == ("claimed" if takeover else "unknown")
+    return errors
+
 
 @asynccontextmanager
 async def serve_http(app: ASGIApp) -> AsyncIterator[str]:
@@ -115,18 +192,35 @@ def effect_server(
     @server.tool()
     @idempotent(store, **options)
     async def charge(order: str, cents: int) -> str:
-        effects.started.set()
-        try:
-            if gated:
-                await effects.gate.wait()
-        except anyio.get_cancelled_exc_class():
-            effects.cancelled += 1
-            raise
-        effects.count += 1
-        effects.done.set()
-        return f"charged {cents} for {order} (execution {effects.count})"
+        return await effects.charge(order, cents, gated=gated)
 
     return server
+
+
+class DownStore(MemoryKeyStore):
+    """Every claim fails as an unreachable store's does."""
+
+    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+        raise StoreUnavailable("connection refused")
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KeyStore]:
+    """A fresh key store of each kind; tests taking it run once per backend (imported by the
+    conftest of each folder that uses it)."""
+    made: KeyStore
+    if request.param == "memory":
+        made = MemoryKeyStore()
+    elif request.param == "sqlite":
+        made = SQLiteKeyStore(tmp_path / "keys.db")
+    else:
+        made = RedisKeyStore.from_url(
+            request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("redis_namespace")
+        )
+    try:
+        yield made
+    finally:
+        await made.aclose()
 
 
 class Watched:
@@ -145,8 +239,6 @@ class Watched:
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
         if self.fail_renewals:
-            from idempotency import StoreUnavailable
-
             raise StoreUnavailable("renewal refused by the test")
         renewed = bool(await self.inner.renew(key, token, lease=lease))
         self.renewals += 1

@@ -16,8 +16,8 @@ from server_kit import (
     Effects,
     Watched,
     answer,
-    call_fingerprint,
     effect_server,
+    lose_the_lease,
     marker,
     meta,
     record_key,
@@ -70,26 +70,16 @@ async def test_lost_lease_cancels_the_tool(other_takes_over: bool, code: int) ->
     effects = Effects()
     server = effect_server(store, effects, lease=LEASE)
     with anyio.fail_after(SOON):
-        async with Client(server) as client, anyio.create_task_group() as tg:
-            errors: list[MCPError] = []
-
-            async def call() -> None:
-                try:
-                    await client.call_tool("charge", ARGS, meta=meta("fragile"))
-                except MCPError as exc:
-                    errors.append(exc)
-
-            tg.start_soon(call)
-            await effects.started.wait()
-            # The store's clock says the lease ran out; another worker claims the record.
-            clock.now += 10
-            other = await store.claim(
-                record_key("shop", "charge", "fragile"),
-                call_fingerprint("charge", ARGS),
-                lease=60,
+        async with Client(server) as client:
+            errors = await lose_the_lease(
+                lambda: client.call_tool("charge", ARGS, meta=meta("fragile")),
+                effects,
+                store,
+                clock,
+                key="fragile",
+                args=ARGS,
                 takeover=other_takes_over,
             )
-            assert other.status.value == ("claimed" if other_takes_over else "unknown")
     assert effects.cancelled == 1  # the next renewal found the token gone and stopped the tool
     assert effects.count == 0
     assert [e.code for e in errors] == [code]

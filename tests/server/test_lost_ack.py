@@ -12,7 +12,17 @@ import pytest
 from mcp import MCPError
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
-from server_kit import SOON, Effects, answer, body, effect_server, marker, meta, serve_http
+from server_kit import (
+    SOON,
+    Effects,
+    answer,
+    body,
+    burst,
+    effect_server,
+    marker,
+    meta,
+    serve_http,
+)
 
 from idempotency import KeyStore, MemoryKeyStore
 
@@ -123,17 +133,11 @@ async def test_fifty_concurrent_calls_one_execution(store: KeyStore) -> None:
     effects = Effects()
     server = effect_server(store, effects)
     args = {"order": "burst", "cents": 50}
-    results: list[Any] = []
     with anyio.fail_after(SOON):
-        async with Client(server) as client, anyio.create_task_group() as tg:
-
-            async def one() -> None:
-                results.append(await client.call_tool("charge", args, meta=meta("burst-1")))
-
-            for _ in range(50):
-                tg.start_soon(one)
-            await effects.started.wait()
-            effects.open()
+        async with Client(server) as client:
+            results = await burst(
+                lambda: client.call_tool("charge", args, meta=meta("burst-1")), effects
+            )
     assert effects.count == 1
     assert len(results) == 50
     statuses = sorted(marker(r)["status"] for r in results)

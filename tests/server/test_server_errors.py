@@ -14,6 +14,7 @@ from mcp.client import Client
 from mcp_types import INTERNAL_ERROR
 from server_kit import (
     SOON,
+    DownStore,
     Effects,
     body,
     call_fingerprint,
@@ -28,7 +29,6 @@ from idempotency import (
     KeyStore,
     MemoryKeyStore,
     RedisKeyStore,
-    StoreUnavailable,
     wire,
 )
 from idempotency._mint import resolve_key
@@ -205,13 +205,6 @@ async def test_expired_lease_is_taken_over_by_a_naturally_idempotent_tool() -> N
     assert effects.count == 1
     assert marker(result)["status"] == "executed"
     assert marker(result)["attempts"] == 2
-
-
-class DownStore(MemoryKeyStore):
-    """Every operation fails as an unreachable store does."""
-
-    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
-        raise StoreUnavailable("connection refused")
 
 
 def closed_port() -> int:

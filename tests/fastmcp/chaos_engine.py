@@ -1,0 +1,26 @@
+"""The chaos scenario engine, for the FastMCP chaos case: imported here and only here, so that
+its move to another package changes one line."""
+
+from __future__ import annotations
+
+from orchestrator.chaos import (
+    HttpEndpoint,
+    Ledger,
+    Report,
+    ServerProcess,
+    check,
+    default_plan,
+    default_policy,
+    run_workload,
+)
+
+__all__ = [
+    "HttpEndpoint",
+    "Ledger",
+    "Report",
+    "ServerProcess",
+    "check",
+    "default_plan",
+    "default_policy",
+    "run_workload",
+]
