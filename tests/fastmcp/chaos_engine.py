@@ -3,7 +3,7 @@ its move to another package changes one line."""
 
 from __future__ import annotations
 
-from orchestrator.chaos import (
+from mcp_once.scenarios import (
     HttpEndpoint,
     Ledger,
     Report,
