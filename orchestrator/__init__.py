@@ -1,7 +1,6 @@
 """mcp-once, client side: annotation-gated, keyed retries for MCP tool calls."""
 
 from ._budget import RetryBudget
-from ._catalog import SessionLike
 from ._http import (
     RetryAwareTransport,
     http_client_factory,
@@ -20,6 +19,7 @@ from ._policy import MAX_ATTEMPTS_CEILING, Override, RetryPolicy
 from ._reconnect import Connect, ReconnectFailed
 from ._report import AttemptReport, CallOutcome, CallReport, FailureKind, GiveUpReason
 from ._session import RetryingSession
+from ._sessions import SessionLike, ToolSession
 from ._testing import testing
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "ServerOutcomeUnknown",
     "SessionLike",
     "ToolCallError",
+    "ToolSession",
     "http_client_factory",
     "mint_key",
     "streamable_http_transport",
