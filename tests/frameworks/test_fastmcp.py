@@ -97,3 +97,22 @@ async def test_retrying_client_uses_a_key_from_meta(guarded_shop: Shop) -> None:
     await settle(chaos)
     assert (again.meta or {})[wire.IDEMPOTENCY_META]["key"] == key
     assert [effect.key for effect in guarded_shop.effects(call)] == [key]
+
+
+async def test_without_mcp_once_a_guarded_server_merges_only_what_it_can_attribute(
+    guarded_shop: Shop,
+) -> None:
+    """A caller's keyless retry of `pay`: merged by a derived key on the same stdio connection;
+    over streamable HTTP (no caller identity) the payment runs twice."""
+    chaos = lose_first_answer("pay")
+    call = guarded_shop.call_id()
+    args = {"call_id": call, "account": "acct", "cents": 100}
+    async with Client(over(guarded_shop, chaos), timeout=ATTEMPT_TIMEOUT) as client:
+        for _ in range(2):
+            try:
+                await client.call_tool("pay", args)
+                break
+            except MCPError as error:
+                assert error.code == REQUEST_TIMEOUT
+    await settle(chaos)
+    assert len(guarded_shop.effects(call)) == (1 if guarded_shop.transport == "stdio" else 2)
