@@ -6,7 +6,7 @@ from ._http import (
     http_client_factory,
     streamable_http_transport,
 )
-from ._key import mint_key
+from ._key import derive_key, mint_key
 from ._outcome import (
     InvalidParams,
     KeyReused,
@@ -44,6 +44,7 @@ __all__ = [
     "SessionLike",
     "ToolCallError",
     "ToolSession",
+    "derive_key",
     "http_client_factory",
     "mint_key",
     "streamable_http_transport",
