@@ -106,71 +106,55 @@ def chain_list_changed(session: ClientSession, on_change: Callable[[], None]) ->
     return True
 
 
-class _SDKSession:
-    """`mcp.ClientSession` as a `ToolSession`."""
+class OverClientSession:
+    """The half of an adapter that only needs the SDK `ClientSession` underneath (if any yet)."""
 
-    def __init__(self, session: ClientSession) -> None:
-        self._session = session
-
-    async def call_tool(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        read_timeout_seconds: float | None,
-        progress_callback: ProgressFnT | None,
-        *,
-        meta: RequestParamsMeta | None,
-    ) -> CallToolResult:
-        return await self._session.call_tool(
-            name, arguments, read_timeout_seconds, progress_callback, meta=meta
-        )
-
-    async def list_tools_page(self, cursor: str | None) -> ListToolsResult:
-        params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
-        return await self._session.list_tools(params=params)
+    def inner(self) -> ClientSession | None:
+        """The live `ClientSession`, or None when there is none (not entered, or exited)."""
+        raise NotImplementedError
 
     def closed(self) -> bool:
-        return dispatcher_closed(self._session)
-
-    def watch_list_changed(self, on_change: Callable[[], None]) -> bool:
-        return chain_list_changed(self._session, on_change)
-
-
-class _SDKClient:
-    """`mcp.client.Client` as a `ToolSession` (its `call_tool` drives input rounds itself)."""
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-
-    async def call_tool(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        read_timeout_seconds: float | None,
-        progress_callback: ProgressFnT | None,
-        *,
-        meta: RequestParamsMeta | None,
-    ) -> CallToolResult:
-        return await self._client.call_tool(
-            name, arguments, read_timeout_seconds, progress_callback, meta=meta
-        )
-
-    async def list_tools_page(self, cursor: str | None) -> ListToolsResult:
-        return await self._client.list_tools(cursor=cursor, cache_mode="refresh")
-
-    def _inner(self) -> ClientSession | None:
-        try:
-            return self._client.session
-        except RuntimeError:  # exited, or never entered
-            return None
-
-    def closed(self) -> bool:
-        inner = self._inner()
+        inner = self.inner()
         return inner is None or dispatcher_closed(inner)
 
     def watch_list_changed(self, on_change: Callable[[], None]) -> bool:
-        inner = self._inner()
+        inner = self.inner()
         return inner is not None and chain_list_changed(inner, on_change)
+
+
+class _SDK(OverClientSession):
+    """The SDK's `ClientSession` or `mcp.client.Client` as a `ToolSession` (their `call_tool`s
+    take the same arguments; the client's also drives input rounds itself)."""
+
+    def __init__(self, target: ClientSession | Client) -> None:
+        self._target = target
+
+    def inner(self) -> ClientSession | None:
+        if isinstance(self._target, ClientSession):
+            return self._target
+        try:
+            return self._target.session
+        except RuntimeError:  # exited, or never entered
+            return None
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        read_timeout_seconds: float | None,
+        progress_callback: ProgressFnT | None,
+        *,
+        meta: RequestParamsMeta | None,
+    ) -> CallToolResult:
+        return await self._target.call_tool(
+            name, arguments, read_timeout_seconds, progress_callback, meta=meta
+        )
+
+    async def list_tools_page(self, cursor: str | None) -> ListToolsResult:
+        if isinstance(self._target, Client):
+            return await self._target.list_tools(cursor=cursor, cache_mode="refresh")
+        params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
+        return await self._target.list_tools(params=params)
 
 
 def _fastmcp_adapter(session: object) -> ToolSession | None:
@@ -186,10 +170,8 @@ def _fastmcp_adapter(session: object) -> ToolSession | None:
 
 def tool_session(session: object) -> ToolSession:
     """`session` as a `ToolSession`, or TypeError for anything the wrapper cannot drive."""
-    if isinstance(session, ClientSession):
-        return _SDKSession(session)
-    if isinstance(session, Client):
-        return _SDKClient(session)
+    if isinstance(session, ClientSession | Client):
+        return _SDK(session)
     if (adapted := _fastmcp_adapter(session)) is not None:
         return adapted
     if isinstance(session, ToolSession):

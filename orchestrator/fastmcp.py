@@ -31,7 +31,7 @@ from mcp_types import CONNECTION_CLOSED, CallToolResult, ListToolsResult, Reques
 
 from ._integration import PerConnection, attempt_timeout
 from ._policy import RetryPolicy
-from ._sessions import chain_list_changed, dispatcher_closed
+from ._sessions import OverClientSession
 
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
@@ -44,7 +44,7 @@ def as_fastmcp_session(session: object) -> FastMCPSession | None:
     return FastMCPSession(session) if isinstance(session, Client) else None
 
 
-class FastMCPSession:
+class FastMCPSession(OverClientSession):
     """A connected `fastmcp.Client` as an `orchestrator.ToolSession`.
 
     Calls go through the client's own `call_tool_mcp` (trace propagation, input rounds, extension
@@ -85,18 +85,8 @@ class FastMCPSession:
     async def list_tools_page(self, cursor: str | None) -> ListToolsResult:
         return await Client.list_tools_mcp(self._client, cursor=cursor, cache_mode="refresh")
 
-    def _inner(self) -> ClientSession | None:
-        if not self._client.is_connected():
-            return None
-        return self._client.session
-
-    def closed(self) -> bool:
-        inner = self._inner()
-        return inner is None or dispatcher_closed(inner)
-
-    def watch_list_changed(self, on_change: Callable[[], None]) -> bool:
-        inner = self._inner()
-        return inner is not None and chain_list_changed(inner, on_change)
+    def inner(self) -> ClientSession | None:
+        return self._client.session if self._client.is_connected() else None
 
 
 class RetryingClient(Client[Any]):

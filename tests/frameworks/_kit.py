@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -25,6 +25,7 @@ from mcp_once.scenarios._endpoints import ServerProcess, server_command
 from mcp_once.scenarios._ledger import Effect, Ledger
 from orchestrator import RetryPolicy, streamable_http_transport
 from orchestrator.chaos import Chaos, Fault, FaultPlan
+from orchestrator.fastmcp import SDKStreamTransport
 
 if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
@@ -64,6 +65,11 @@ class Shop:
         return [effect for effect in self.ledger.effects() if effect.call_id == call_id]
 
 
+def fastmcp_over(shop: Shop, chaos: Chaos) -> SDKStreamTransport:
+    """A FastMCP transport to the shop through the chaos link (a new link per connection)."""
+    return SDKStreamTransport(lambda: chaos.wrap(shop.connect()))
+
+
 def lose_first_answer(tool: str) -> Chaos:
     """A chaos run that swallows the response to the first `tools/call` of `tool`, only."""
     return Chaos(FaultPlan(schedule={1: Fault.LOST_ACK, 2: None, 3: None}, tools={tool}), seed=7)
@@ -91,3 +97,35 @@ async def open_shop(transport: TransportName, tmp: Path, *, guarded: bool) -> As
         yield Shop(transport, guarded, ledger, lambda: streamable_http_transport(url), url=url)
     finally:
         await anyio.to_thread.run_sync(process.stop)
+
+
+def pay_args(call: str) -> dict[str, Any]:
+    return {"call_id": call, "account": "acct", "cents": 100}
+
+
+def notify_args(call: str) -> dict[str, Any]:
+    return {"call_id": call, "message": "hi"}
+
+
+async def executions(shop: Shop, call: str, chaos: Chaos) -> list[Effect]:
+    """The call's effects, once the server has answered everything the chaos swallowed."""
+    await settle(chaos)
+    return shop.effects(call)
+
+
+async def replayed_once(
+    shop: Shop, call: str, chaos: Chaos, *, key_prefix: str | None = None
+) -> Effect:
+    """The call was sent twice (the first answer lost), with one key, and ran once."""
+    effects = await executions(shop, call, chaos)
+    assert len(effects) == 1, effects
+    assert chaos.requests_seen == 2
+    if key_prefix is not None:
+        assert effects[0].key is not None and effects[0].key.startswith(f"{key_prefix}-")
+    return effects[0]
+
+
+async def sent_once(shop: Shop, call: str, chaos: Chaos) -> None:
+    """The call was never re-sent after its answer was lost, and ran once."""
+    assert len(await executions(shop, call, chaos)) == 1
+    assert chaos.requests_seen == 1

@@ -15,7 +15,18 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
-from _kit import ATTEMPT_TIMEOUT, POLICY, SOON, Shop, lose_first_answer, settle
+from _kit import (
+    ATTEMPT_TIMEOUT,
+    POLICY,
+    SOON,
+    Shop,
+    executions,
+    lose_first_answer,
+    notify_args,
+    pay_args,
+    replayed_once,
+    sent_once,
+)
 from agents import Agent, RunConfig, Runner
 from agents.items import ModelResponse, TResponseInputItem, TResponseStreamEvent
 from agents.mcp import MCPServer, MCPServerStdio, MCPServerStreamableHttp
@@ -36,6 +47,13 @@ from orchestrator.openai_agents import (
 )
 
 pytestmark = pytest.mark.anyio
+
+#: The SDK's own retry, switched on for the baselines.
+SDK_RETRY: dict[str, Any] = {
+    "max_retry_attempts": 1,
+    "retry_backoff_seconds_base": 0,
+    "client_session_timeout_seconds": ATTEMPT_TIMEOUT,
+}
 
 
 class ScriptedModel(Model):
@@ -132,7 +150,7 @@ async def test_the_idempotent_tool_is_retried_with_one_key_and_replayed(
     """No attempt timeout in the policy: the SDK's `client_session_timeout_seconds` is it."""
     chaos = lose_first_answer("pay")
     call = guarded_shop.call_id()
-    model = ScriptedModel("pay", {"call_id": call, "account": "acct", "cents": 100})
+    model = ScriptedModel("pay", pay_args(call))
     policy = RetryPolicy(max_attempts=3, deadline=SOON)
     mcp = server(
         guarded_shop,
@@ -142,11 +160,8 @@ async def test_the_idempotent_tool_is_retried_with_one_key_and_replayed(
         client_session_timeout_seconds=ATTEMPT_TIMEOUT,
     )
     await run(model, mcp)
-    await settle(chaos)
-    effects = guarded_shop.effects(call)
-    assert len(effects) == 1 and effects[0].result in told(model)  # the receipt, replayed
-    assert effects[0].key is not None and effects[0].key.startswith(f"{KEY_SOURCE}-")
-    assert chaos.requests_seen == 2
+    effect = await replayed_once(guarded_shop, call, chaos, key_prefix=KEY_SOURCE)
+    assert effect.result in told(model)  # the receipt, replayed
 
 
 async def test_the_non_idempotent_tool_is_not_resent_and_the_model_is_told(
@@ -154,13 +169,11 @@ async def test_the_non_idempotent_tool_is_not_resent_and_the_model_is_told(
 ) -> None:
     chaos = lose_first_answer("notify")
     call = plain_shop.call_id()
-    model = ScriptedModel("notify", {"call_id": call, "message": "hi"})
+    model = ScriptedModel("notify", notify_args(call))
     # The SDK's own retry switched on: mcp-once keeps it away from tool calls.
     mcp = server(plain_shop, chaos, retrying=True, policy=POLICY, max_retry_attempts=3)
     await run(model, mcp)
-    await settle(chaos)
-    assert len(plain_shop.effects(call)) == 1
-    assert chaos.requests_seen == 1
+    await sent_once(plain_shop, call, chaos)
     output = told(model)
     assert "OUTCOME UNKNOWN" in output and "Do not call it again" in output
     assert "Please try again" not in output
@@ -170,18 +183,9 @@ async def test_without_mcp_once_the_sdks_retry_duplicates(plain_shop: Shop) -> N
     """The baseline: `max_retry_attempts=1` re-sends the timed-out call; it runs twice."""
     chaos = lose_first_answer("notify")
     call = plain_shop.call_id()
-    model = ScriptedModel("notify", {"call_id": call, "message": "hi"})
-    mcp = server(
-        plain_shop,
-        chaos,
-        retrying=False,
-        max_retry_attempts=1,
-        retry_backoff_seconds_base=0,
-        client_session_timeout_seconds=ATTEMPT_TIMEOUT,
-    )
-    await run(model, mcp)
-    await settle(chaos)
-    assert len(plain_shop.effects(call)) == 2
+    model = ScriptedModel("notify", notify_args(call))
+    await run(model, server(plain_shop, chaos, retrying=False, **SDK_RETRY))
+    assert len(await executions(plain_shop, call, chaos)) == 2
     assert chaos.requests_seen == 2
 
 
@@ -196,12 +200,13 @@ async def test_a_meta_resolver_of_the_users_still_runs_and_its_key_wins(
         seen.append(context.tool_name)
         return {"io.github.mcp-once/idempotency-key": f"mine-{call}", "trace": "t-1"}
 
-    model = ScriptedModel("pay", {"call_id": call, "account": "acct", "cents": 100})
+    model = ScriptedModel("pay", pay_args(call))
     mcp = server(guarded_shop, chaos, retrying=True, policy=POLICY, tool_meta_resolver=resolver)
     await run(model, mcp)
-    await settle(chaos)
     assert seen == ["pay"]
-    assert [effect.key for effect in guarded_shop.effects(call)] == [f"mine-{call}"]
+    assert [effect.key for effect in await executions(guarded_shop, call, chaos)] == [
+        f"mine-{call}"
+    ]
 
 
 async def test_without_mcp_once_a_guarded_server_merges_only_what_it_can_attribute(
@@ -212,15 +217,7 @@ async def test_without_mcp_once_a_guarded_server_merges_only_what_it_can_attribu
     fresh session) it cannot, and the payment runs twice. mcp-once's key prevents that."""
     chaos = lose_first_answer("pay")
     call = guarded_shop.call_id()
-    model = ScriptedModel("pay", {"call_id": call, "account": "acct", "cents": 100})
-    mcp = server(
-        guarded_shop,
-        chaos,
-        retrying=False,
-        max_retry_attempts=1,
-        retry_backoff_seconds_base=0,
-        client_session_timeout_seconds=ATTEMPT_TIMEOUT,
-    )
-    await run(model, mcp)
-    await settle(chaos)
-    assert len(guarded_shop.effects(call)) == (1 if guarded_shop.transport == "stdio" else 2)
+    model = ScriptedModel("pay", pay_args(call))
+    await run(model, server(guarded_shop, chaos, retrying=False, **SDK_RETRY))
+    effects = await executions(guarded_shop, call, chaos)
+    assert len(effects) == (1 if guarded_shop.transport == "stdio" else 2)

@@ -13,7 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytest
-from _kit import ATTEMPT_TIMEOUT, POLICY, Shop, lose_first_answer, settle
+from _kit import (
+    ATTEMPT_TIMEOUT,
+    POLICY,
+    Shop,
+    executions,
+    fastmcp_over,
+    lose_first_answer,
+    notify_args,
+    pay_args,
+    replayed_once,
+    sent_once,
+)
 from fastmcp import Client
 from pydantic_ai import Agent
 from pydantic_ai.mcp import MCPToolset
@@ -29,15 +40,10 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from orchestrator import RetryPolicy
-from orchestrator.chaos import Chaos
-from orchestrator.fastmcp import RetryingClient, SDKStreamTransport
+from orchestrator.fastmcp import RetryingClient
 from orchestrator.pydantic_ai import KEY_SOURCE, keyed_tool_calls
 
 pytestmark = pytest.mark.anyio
-
-
-def over(shop: Shop, chaos: Chaos) -> SDKStreamTransport:
-    return SDKStreamTransport(lambda: chaos.wrap(shop.connect()))
 
 
 @dataclass
@@ -90,15 +96,12 @@ async def test_the_idempotent_tool_is_retried_with_one_key_and_replayed(
 ) -> None:
     chaos = lose_first_answer("pay")
     call = guarded_shop.call_id()
-    model = Model("pay", {"call_id": call, "account": "acct", "cents": 100})
-    client = RetryingClient(over(guarded_shop, chaos), policy=POLICY)
+    model = Model("pay", pay_args(call))
+    client = RetryingClient(fastmcp_over(guarded_shop, chaos), policy=POLICY)
     output = await run(model, MCPToolset(client, process_tool_call=keyed_tool_calls))
-    await settle(chaos)
-    effects = guarded_shop.effects(call)
-    assert len(effects) == 1 and output == effects[0].result  # the model got the receipt
-    assert effects[0].key is not None and effects[0].key.startswith(f"{KEY_SOURCE}-")
+    effect = await replayed_once(guarded_shop, call, chaos, key_prefix=KEY_SOURCE)
+    assert output == effect.result  # the model got the receipt
     assert model.calls == ["call-1"]  # retried below the model, which never saw the loss
-    assert chaos.requests_seen == 2
 
 
 async def test_the_non_idempotent_tool_is_not_resent_and_the_model_is_told(
@@ -106,12 +109,10 @@ async def test_the_non_idempotent_tool_is_not_resent_and_the_model_is_told(
 ) -> None:
     chaos = lose_first_answer("notify")
     call = plain_shop.call_id()
-    model = Model("notify", {"call_id": call, "message": "hi"})
-    client = RetryingClient(over(plain_shop, chaos), policy=POLICY)
+    model = Model("notify", notify_args(call))
+    client = RetryingClient(fastmcp_over(plain_shop, chaos), policy=POLICY)
     output = await run(model, MCPToolset(client, process_tool_call=keyed_tool_calls))
-    await settle(chaos)
-    assert len(plain_shop.effects(call)) == 1
-    assert chaos.requests_seen == 1
+    await sent_once(plain_shop, call, chaos)
     (told,) = model.seen
     assert isinstance(told, ToolReturnPart) and told.outcome == "failed"
     assert not asks_to_retry(told)
@@ -125,13 +126,12 @@ async def test_without_mcp_once_the_timeout_becomes_a_retry_and_a_duplicate(
     """The baseline: FastMCP's timeout is a `ModelRetry`; the model calls again, new id."""
     chaos = lose_first_answer("notify")
     call = plain_shop.call_id()
-    model = Model("notify", {"call_id": call, "message": "hi"})
-    client = Client(over(plain_shop, chaos), timeout=ATTEMPT_TIMEOUT)
+    model = Model("notify", notify_args(call))
+    client = Client(fastmcp_over(plain_shop, chaos), timeout=ATTEMPT_TIMEOUT)
     await run(model, MCPToolset(client))
-    await settle(chaos)
     assert asks_to_retry(model.seen[0])
     assert model.calls == ["call-1", "call-2"]
-    assert len(plain_shop.effects(call)) == 2
+    assert len(await executions(plain_shop, call, chaos)) == 2
 
 
 @pytest.mark.parametrize("recall", ["same", "new"], ids=["same-id", "new-id"])
@@ -144,12 +144,11 @@ async def test_a_recall_after_a_timeout_reuses_the_key_when_the_id_repeats(
     that is what a model's "try again" means, and why the model is told not to."""
     chaos = lose_first_answer("pay")
     call = guarded_shop.call_id()
-    model = Model("pay", {"call_id": call, "account": "acct", "cents": 100}, recall=recall)
+    model = Model("pay", pay_args(call), recall=recall)
     policy = RetryPolicy(max_attempts=1, attempt_timeout=ATTEMPT_TIMEOUT)
-    client = RetryingClient(over(guarded_shop, chaos), policy=policy)
+    client = RetryingClient(fastmcp_over(guarded_shop, chaos), policy=policy)
     output = await run(model, MCPToolset(client, process_tool_call=keyed_tool_calls))
-    await settle(chaos)
-    effects = guarded_shop.effects(call)
+    effects = await executions(guarded_shop, call, chaos)
     (told,) = model.seen[:1]
     assert isinstance(told, ToolReturnPart) and str(told.content).startswith("OUTCOME UNKNOWN")
     if recall == "same":
@@ -169,8 +168,8 @@ async def test_without_mcp_once_a_guarded_server_merges_only_what_it_can_attribu
     payment runs twice. mcp-once's key (one per tool-call id) prevents that."""
     chaos = lose_first_answer("pay")
     call = guarded_shop.call_id()
-    model = Model("pay", {"call_id": call, "account": "acct", "cents": 100})
-    await run(model, MCPToolset(Client(over(guarded_shop, chaos), timeout=ATTEMPT_TIMEOUT)))
-    await settle(chaos)
+    model = Model("pay", pay_args(call))
+    await run(model, MCPToolset(Client(fastmcp_over(guarded_shop, chaos), timeout=ATTEMPT_TIMEOUT)))
     assert model.calls == ["call-1", "call-2"]
-    assert len(guarded_shop.effects(call)) == (1 if guarded_shop.transport == "stdio" else 2)
+    effects = await executions(guarded_shop, call, chaos)
+    assert len(effects) == (1 if guarded_shop.transport == "stdio" else 2)
