@@ -29,6 +29,7 @@ from mcp_types import REQUEST_TIMEOUT
 
 from idempotency import wire
 from orchestrator import OutcomeUnknown, RetryingSession
+from orchestrator.chaos import Chaos, Fault, FaultPlan
 from orchestrator.fastmcp import RetryingClient, SDKStreamTransport
 
 pytestmark = pytest.mark.anyio
@@ -111,3 +112,21 @@ async def test_without_mcp_once_a_guarded_server_merges_only_what_it_can_attribu
     await callers_retry(fastmcp_over(guarded_shop, chaos), "pay", pay_args(call))
     effects = await executions(guarded_shop, call, chaos)
     assert len(effects) == (1 if guarded_shop.transport == "stdio" else 2)
+
+
+async def test_retrying_session_replaces_a_dead_fastmcp_client(plain_shop: Shop) -> None:
+    """With `connect=` making `fastmcp.Client`s, a link that dies after the request was written
+    is replaced and the (idempotent) call retried on the new one: reconnection as for the SDK."""
+    chaos = Chaos(FaultPlan(schedule={1: Fault.CLOSE_AFTER_WRITE}, tools={"set_value"}), seed=3)
+    call = plain_shop.call_id()
+
+    def connect() -> Client[SDKStreamTransport]:
+        return Client(fastmcp_over(plain_shop, chaos))
+
+    async with RetryingSession(connect=connect, policy=POLICY) as session:
+        args = {"call_id": call, "name": "n", "value": 1}
+        result, report = await session.call_tool_with_report("set_value", args)
+    assert not result.is_error
+    assert report.connects == 2 and len(report.attempts) == 2  # first connect + a replacement
+    assert report.attempts[0].failure == "maybe_executed"
+    assert 1 <= len(await executions(plain_shop, call, chaos)) <= 2  # idempotent: at least once
