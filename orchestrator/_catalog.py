@@ -9,17 +9,14 @@ and on `notifications/tools/list_changed` when the session lets us hear them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 import anyio
-from mcp import Client, ClientSession
-from mcp_types import PaginatedRequestParams, Tool, ToolListChangedNotification
+from mcp_types import Tool
+
+from ._sessions import SessionLike, tool_session
 
 logger = logging.getLogger("orchestrator")
-
-#: A session the wrapper can drive: the SDK's low-level session or its high-level client.
-SessionLike = ClientSession | Client
 
 #: Pages followed in one listing: a server whose cursors never end cannot hang a call.
 PAGE_CAP = 100
@@ -30,12 +27,9 @@ async def list_all_tools(session: SessionLike) -> list[Tool]:
     tools: list[Tool] = []
     cursor: str | None = None
     seen: set[str] = set()
+    lister = tool_session(session)
     for _ in range(PAGE_CAP):
-        if isinstance(session, Client):
-            page = await session.list_tools(cursor=cursor, cache_mode="refresh")
-        else:
-            params = PaginatedRequestParams(cursor=cursor) if cursor is not None else None
-            page = await session.list_tools(params=params)
+        page = await lister.list_tools_page(cursor)
         tools.extend(page.tools)
         cursor = page.next_cursor
         if cursor is None or cursor in seen:
@@ -95,26 +89,6 @@ class ToolCatalog:
 def watch_list_changed(session: SessionLike, on_change: Callable[[], None]) -> bool:
     """Call `on_change` whenever the session receives `notifications/tools/list_changed`.
 
-    The SDK fixes a session's message handler at construction, before the wrapper exists, so this
-    chains onto it (SDK internals, best effort: returns False when the hook is not available).
-    Every notification still reaches the original handler.
+    Best effort (it hooks SDK internals): returns False when the hook is not available.
     """
-    try:
-        inner: Any = session.session if isinstance(session, Client) else session
-    except RuntimeError:
-        return False
-    original = getattr(inner, "_message_handler", None)
-    if original is None or not callable(original):
-        return False
-    if getattr(original, "_mcp_once_watch", None) == on_change:
-        return True
-    handler: Callable[[Any], Awaitable[None]] = original
-
-    async def chained(message: Any) -> None:
-        if isinstance(message, ToolListChangedNotification):
-            on_change()
-        await handler(message)
-
-    chained._mcp_once_watch = on_change  # type: ignore[attr-defined]
-    inner._message_handler = chained
-    return True
+    return tool_session(session).watch_list_changed(on_change)

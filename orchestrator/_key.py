@@ -7,6 +7,8 @@ coordination between clients.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -44,3 +46,17 @@ def resolve_key(idempotency_key: object, meta: Mapping[str, Any] | None) -> str:
     if isinstance(from_meta, str):
         return from_meta
     return mint_key()
+
+
+def derive_key(source: str, *parts: str) -> str:
+    """A key fixed by the identity of a logical call, e.g. an agent run's id and a tool-call id.
+
+    The same parts give the same key on every attempt, in every process and after a restart, so a
+    framework that re-issues a call under the same tool-call id reuses its key (and a guarded
+    server replays instead of running the tool again). Parts are hashed (SHA-256 of their JSON
+    list, so no two part lists collide by concatenation), which keeps the key short, printable
+    ASCII whatever the ids contain, and does not put raw ids on the wire. `source` names the
+    integration and prefixes the key, for whoever reads a store.
+    """
+    digest = hashlib.sha256(json.dumps([source, *parts]).encode()).hexdigest()
+    return f"{source}-{digest[:40]}"

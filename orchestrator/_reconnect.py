@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
-from mcp import Client
 
 from . import _telemetry as telemetry
-from ._catalog import SessionLike
+from ._sessions import SessionLike, tool_session
 
 logger = logging.getLogger("orchestrator")
 
@@ -48,15 +47,7 @@ def transport_closed(session: SessionLike) -> bool:
     lets a request on a session that was already dead count as never sent. Unknown means open:
     the attempt is then classified by how it fails.
     """
-    if isinstance(session, Client):
-        try:
-            inner: object = session.session
-        except RuntimeError:  # exited, or never entered
-            return True
-    else:
-        inner = session
-    dispatcher = getattr(inner, "_dispatcher", None)
-    return getattr(dispatcher, "_closed", False) is True
+    return tool_session(session).closed()
 
 
 @dataclass(eq=False)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn, cast
 
 import anyio
-from mcp import Client, ClientSession, MCPError
+from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CallToolResult, RequestParamsMeta, Tool
 
@@ -24,7 +24,7 @@ from idempotency import wire
 
 from . import _telemetry as telemetry
 from ._budget import RetryBudget
-from ._catalog import SessionLike, ToolCatalog, watch_list_changed
+from ._catalog import ToolCatalog, watch_list_changed
 from ._classify import Failure, classify
 from ._gate import GATED, retry_gate
 from ._http import AttemptProbe, current_probe
@@ -33,6 +33,7 @@ from ._outcome import NotExecuted, OutcomeUnknown, ServerOutcomeUnknown, tool_ca
 from ._policy import Override, RetryPolicy, check_overrides
 from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable, transport_closed
 from ._report import AttemptReport, CallOutcome, CallReport, GiveUpReason
+from ._sessions import SessionLike, tool_session
 from ._testing import pause
 
 
@@ -42,7 +43,8 @@ def _replayed(result: CallToolResult) -> bool:
 
 
 class RetryingSession:
-    """Wraps a `ClientSession` or `mcp.Client` so that `call_tool` retries safely.
+    """Wraps a `ClientSession`, an `mcp.Client` or a connected `fastmcp.Client` (or any
+    `ToolSession`) so that `call_tool` retries safely.
 
     `session` is used as given and stays the caller's to close. `connect` (optional) makes
     replacement sessions when the current one dies: each call returns a fresh async context
@@ -60,10 +62,8 @@ class RetryingSession:
         connect: Connect | None = None,
         overrides: Mapping[str, Override] | None = None,
     ) -> None:
-        if session is not None and not isinstance(session, ClientSession | Client):
-            raise TypeError(
-                f"session must be an mcp ClientSession or Client, not {type(session).__name__}"
-            )
+        if session is not None:
+            tool_session(session)  # refuses what the loop cannot drive, before anything is sent
         if session is None and connect is None:
             raise ValueError("RetryingSession needs a session, a connect factory, or both")
         if connect is not None and not callable(connect):
@@ -355,7 +355,7 @@ class _Call:
         telemetry.attempt_sent(self.name, attempt)
         try:
             with anyio.CancelScope(deadline=self.deadline) as scope:
-                result = await session.call_tool(
+                result = await tool_session(session).call_tool(
                     self.name,
                     self.arguments,
                     timeout,

@@ -37,6 +37,7 @@ from orchestrator import (
     ToolCallError,
 )
 from orchestrator._reconnect import SessionSlot, transport_closed
+from orchestrator._sessions import tool_session
 from orchestrator.chaos import Chaos, FaultPlan
 
 __all__ = [
@@ -252,8 +253,8 @@ async def _naive_call(
                 attempts += 1
                 session, generation = await slot.acquire()
                 try:
-                    result = await session.call_tool(
-                        spec.tool, dict(spec.arguments), read_timeout_seconds=attempt_timeout
+                    result = await tool_session(session).call_tool(
+                        spec.tool, dict(spec.arguments), attempt_timeout, None, meta=None
                     )
                 except MCPError as exc:
                     if exc.code == CONNECTION_CLOSED or transport_closed(session):

@@ -285,3 +285,32 @@ def test_docker_compose_runs_serve_example_on_redis(private_redis: RedisServer) 
         check_http_client_output(run_example("examples/client_http.py", url))
     finally:
         assert server.stop() == 0, server.seen
+
+
+# -- the agent-framework examples (no LLM, no network: stand-in models) ---------------------------
+
+FRAMEWORK_EXAMPLES = {
+    "fastmcp_client.py": re.compile(r"charge \(first answer lost\): replayed (\{.*\})"),
+    "pydantic_ai_agent.py": re.compile(r"charged: (\{.*\})"),
+    "openai_agents_agent.py": re.compile(r"charged: (\{.*\})"),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("example", sorted(FRAMEWORK_EXAMPLES))
+async def test_framework_examples_charge_once_through_a_lost_answer(
+    example: str, tmp_path: Path
+) -> None:
+    """Each example loses the first answer to `charge` and still charges once: its output says
+    so, and the server's key store (read here, from outside) has one record, executed once."""
+    db = tmp_path / "keys.sqlite3"
+    lines = run_example(str(EXAMPLES / example), "--store", f"sqlite:///{db}", cwd=tmp_path)
+    assert len(lines) == 2, lines
+    assert FRAMEWORK_EXAMPLES[example].fullmatch(lines[0]), lines
+    assert COUNT_LINE.match(lines[1]), lines
+    store = SQLiteKeyStore(db)
+    try:
+        records = await store.list_records(state=RecordState.COMPLETED)
+    finally:
+        await store.aclose()
+    assert [record.attempts for record in records] == [1]
