@@ -11,7 +11,6 @@ import pytest
 from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
-from mcp_types import INTERNAL_ERROR
 from server_kit import (
     SOON,
     Effects,
@@ -263,7 +262,7 @@ async def test_corrupted_record_is_a_clear_error_and_left_untouched() -> None:
     assert await store.complete(name, claim.token, b"\xff not a stored result", retention=60)
     async with Client(server) as client:
         error = await refused(client, "damaged")
-    assert error.code == INTERNAL_ERROR
+    assert error.code == wire.CORRUPT_RECORD
     assert error.error.data == {"key": "damaged"}
     assert "operator" in error.message
     record = await store.get(name)
@@ -281,7 +280,7 @@ async def test_store_reporting_a_corrupt_record_is_a_clear_error() -> None:
     server = effect_server(CorruptStore(), effects, gated=False)
     async with Client(server) as client:
         error = await refused(client, "k")
-    assert error.code == INTERNAL_ERROR
+    assert error.code == wire.CORRUPT_RECORD
     assert error.error.data == {"key": "k"}
     assert effects.count == 0
 
