@@ -242,6 +242,54 @@ async def test_store_unavailable_does_not_run_the_tool(kind: str) -> None:
     assert effects.count == 0
 
 
+class FailsOnceBusy(MemoryKeyStore):
+    """Reachable until a claim finds the key held by another attempt; from then on the store is
+    gone: `wait` fails, or (`fail="claim"`) `wait` ends at once and the next claim fails."""
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+        self.gone = False
+
+    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+        if self.gone:
+            raise StoreUnavailable("connection refused")
+        outcome = await super().claim(key, fingerprint, lease=lease, takeover=takeover)
+        self.gone = outcome.status.value == "busy"
+        return outcome
+
+    async def wait(self, key: str, *, timeout: float) -> Any:
+        if self.fail == "wait":
+            raise StoreUnavailable("connection refused")
+        return None
+
+
+@pytest.mark.parametrize("fail", ["wait", "claim"])
+async def test_a_store_failing_while_another_attempt_holds_the_key_is_in_progress(
+    fail: str,
+) -> None:
+    """A duplicate found the key held by a running attempt, then lost the store. It must not
+    say STORE_UNAVAILABLE ("the tool was not run": the other attempt is running it), and must not
+    run the tool unprotected even under `fail_open`: it answers IN_PROGRESS."""
+    store = FailsOnceBusy(fail)
+    effects = Effects()
+    server = effect_server(store, effects, fail_open=True)
+    with anyio.fail_after(SOON):
+        async with Client(server) as client, anyio.create_task_group() as tg:
+
+            async def first() -> None:
+                await client.call_tool("charge", ARGS, meta=meta("held"))
+
+            tg.start_soon(first)
+            await effects.started.wait()
+            duplicate = await refused(client, "held")
+            store.gone = False
+            effects.open()
+    assert duplicate.code == wire.IN_PROGRESS
+    assert duplicate.error.data["key"] == "held" and duplicate.error.data["retryAfterMs"] > 0
+    assert effects.count == 1
+
+
 async def test_fail_open_runs_unprotected_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     effects = Effects()
     server = effect_server(DownStore(), effects, gated=False, fail_open=True)
