@@ -9,9 +9,10 @@ took it over or turned it UNKNOWN), or two leases have passed since the tool ret
 
 Not until the lease can no longer be proven: while the store is unreachable nobody can claim the
 record either, and once it is back the write still lands if no retry has claimed the key first
-(the token check settles that race). So an outage shorter than the time left on the lease loses
-nothing, and a longer one loses the result only to a retry that gets in before the write. Only at
-the bound is the result given up: the log says so, and the caller is told (`stored: false`).
+(the token check settles that race, as it does when only this worker lost the store). So an
+outage shorter than the time left on the lease loses nothing, and a longer one loses the result
+only to a retry that gets in before the write. Only at the bound is the result given up: the log
+says so, and the caller is told (`stored: false`).
 """
 
 from __future__ import annotations

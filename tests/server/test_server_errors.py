@@ -4,6 +4,8 @@ its `data` and a sentence in `message`; and bad stored data answered clearly, lo
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -39,6 +41,20 @@ ARGS: dict[str, Any] = {"order": "o", "cents": 1}
 
 def assert_sentence(error: MCPError) -> None:
     assert error.message.endswith(".") and len(error.message.split()) >= 6, error.message
+
+
+@asynccontextmanager
+async def first_call_holding(client: Client, effects: Effects, key: str) -> AsyncIterator[None]:
+    """A first call with `key` that holds inside the tool while the block runs, then finishes."""
+    async with anyio.create_task_group() as tg:
+
+        async def first() -> None:
+            await client.call_tool("charge", ARGS, meta=meta(key))
+
+        tg.start_soon(first)
+        await effects.started.wait()
+        yield
+        effects.open()
 
 
 async def refused(client: Client, key: object, args: dict[str, Any] = ARGS) -> MCPError:
@@ -127,15 +143,8 @@ async def test_in_progress_without_wait_carries_retry_hint(store: KeyStore) -> N
     server = effect_server(store, effects, wait=0)
     with anyio.fail_after(SOON):
         async with Client(server) as client:
-            async with anyio.create_task_group() as tg:
-
-                async def first() -> None:
-                    await client.call_tool("charge", ARGS, meta=meta("busy"))
-
-                tg.start_soon(first)
-                await effects.started.wait()
+            async with first_call_holding(client, effects, "busy"):
                 error = await refused(client, "busy")
-                effects.open()
             replay = await client.call_tool("charge", ARGS, meta=meta("busy"))
     assert error.code == wire.IN_PROGRESS
     assert error.error.data["key"] == "busy"
@@ -149,17 +158,10 @@ async def test_in_progress_after_a_bounded_wait() -> None:
     effects = Effects()
     server = effect_server(MemoryKeyStore(), effects, wait=0.05)
     with anyio.fail_after(SOON):
-        async with Client(server) as client, anyio.create_task_group() as tg:
-
-            async def first() -> None:
-                await client.call_tool("charge", ARGS, meta=meta("slow"))
-
-            tg.start_soon(first)
-            await effects.started.wait()
+        async with Client(server) as client, first_call_holding(client, effects, "slow"):
             started = anyio.current_time()
             error = await refused(client, "slow")
             waited = anyio.current_time() - started
-            effects.open()
     assert error.code == wire.IN_PROGRESS
     assert waited >= 0.05
     assert effects.count == 1
@@ -275,16 +277,9 @@ async def test_a_store_failing_while_another_attempt_holds_the_key_is_in_progres
     effects = Effects()
     server = effect_server(store, effects, fail_open=True)
     with anyio.fail_after(SOON):
-        async with Client(server) as client, anyio.create_task_group() as tg:
-
-            async def first() -> None:
-                await client.call_tool("charge", ARGS, meta=meta("held"))
-
-            tg.start_soon(first)
-            await effects.started.wait()
+        async with Client(server) as client, first_call_holding(client, effects, "held"):
             duplicate = await refused(client, "held")
             store.gone = False
-            effects.open()
     assert duplicate.code == wire.IN_PROGRESS
     assert duplicate.error.data["key"] == "held" and duplicate.error.data["retryAfterMs"] > 0
     assert effects.count == 1
