@@ -1,5 +1,6 @@
 """mcp-once, server side: idempotency keys, fenced leases and replays for MCP tools."""
 
+from ._current_claim import Claim, current_claim
 from ._decorator import idempotent
 from ._fingerprint import fingerprint
 from ._install import install
@@ -26,6 +27,7 @@ from ._store import (
 
 __all__ = [
     "CallScope",
+    "Claim",
     "ClaimOutcome",
     "ClaimStatus",
     "CorruptRecord",
@@ -46,6 +48,7 @@ __all__ = [
     "ScopeFn",
     "StoreError",
     "StoreUnavailable",
+    "current_claim",
     "decode_result",
     "default_scope",
     "encode_result",

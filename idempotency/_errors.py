@@ -10,7 +10,6 @@ import math
 from typing import Any
 
 from mcp import MCPError
-from mcp_types import INTERNAL_ERROR
 
 from . import wire
 
@@ -86,8 +85,9 @@ def unfingerprintable(key: str | None, problem: str) -> MCPError:
 
 def corrupt_record(key: str) -> MCPError:
     return MCPError(
-        INTERNAL_ERROR,
-        "The idempotency record for this key is damaged or was written by something else; it was"
-        " left untouched for an operator, and the tool was not run.",
+        wire.CORRUPT_RECORD,
+        "The idempotency record for this key cannot be read (damaged, or written by something"
+        " else); the tool was not run and the record was left untouched for an operator"
+        " (`mcp-once keys list` shows it as corrupt). Do not retry.",
         _data(key),
     )

@@ -12,6 +12,12 @@ not abort a keyed execution: the tool runs to completion, bounded by `max_run_ti
 lease, the result is stored, and the retry replays it. The same holds for a graceful server
 shutdown, which therefore drains running keyed executions (up to `max_run_time`); only a process
 that dies leaves a record IN_PROGRESS, for lease expiry to settle.
+
+Where each step lives: the key is claimed here (`Guard._claim`, one store call); the lease is
+renewed from the claim until the result is stored (`_lease.py`, rule 11); the result is stored by
+`_complete.py` (retried until it lands or the claim is gone, within two leases); replays are
+decoded and stamped by `_replay.py`. The tool reads its claim with `current_claim()`
+(`_current_claim.py`, rule 13).
 """
 
 from __future__ import annotations
@@ -30,24 +36,19 @@ from mcp_types import CallToolResult, InputRequiredResult
 
 from . import _errors
 from ._caller import caller_of
+from ._complete import store_result
+from ._current_claim import Claim, holding
 from ._fingerprint import UnfingerprintableArguments, fingerprint
-from ._lease import keep_lease
+from ._lease import LeaseKeeper, keep_lease
 from ._mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from ._policy import Policy
-from ._replay import (
-    UnreadableResult,
-    decode_result,
-    encode_result,
-    stamped,
-    too_large_placeholder,
-)
+from ._replay import UnreadableResult, decode_result, stamped
 from ._scope import CallScope, principal_of, store_key
 from ._store import (
     ClaimOutcome,
     ClaimStatus,
     CorruptRecord,
     KeyStore,
-    LimitExceeded,
     Record,
     RecordState,
     StoreError,
@@ -63,8 +64,6 @@ ErrorResult = Callable[[Exception], CallToolResult]
 #: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
 #: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
 RETRY_HINT_CAP = 1.0
-#: Attempts at storing a finished result when the store fails; the claim is ours meanwhile.
-_COMPLETE_ATTEMPTS = 3
 
 
 class NothingDone(Exception):
@@ -218,9 +217,10 @@ class Guard:
         self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool
     ) -> ToolResult:
         deadline = anyio.current_time() + self.policy.wait
+        held_elsewhere = False  # another attempt was found holding the claim
         while True:
             started = anyio.current_time()
-            outcome = await self._claim(t, takeover)
+            outcome = await self._claim(t, takeover, held_elsewhere=held_elsewhere)
             if outcome is None:  # store down and the author chose fail-open
                 return await execute()
             status = outcome.status
@@ -242,6 +242,7 @@ class Guard:
                     " and this tool is not declared safe to run twice",
                 )
             # BUSY: another attempt holds the claim. Wait for it (bounded), then look again.
+            held_elsewhere = True
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 t.trace.outcome(Outcome.IN_PROGRESS)
@@ -251,7 +252,15 @@ class Guard:
             lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
             await self._wait(t, min(remaining, lease_left + 0.01))
 
-    async def _claim(self, t: _Ticket, takeover: bool) -> ClaimOutcome | None:
+    async def _claim(
+        self, t: _Ticket, takeover: bool, *, held_elsewhere: bool
+    ) -> ClaimOutcome | None:
+        """The claim's outcome; None to run unprotected (`fail_open`, the store down).
+
+        Once another attempt was seen holding the claim (`held_elsewhere`), a store failure is
+        answered IN_PROGRESS, never STORE_UNAVAILABLE ("the tool was not run" would be untrue:
+        the other attempt may be running it) and never by running the tool unprotected.
+        """
         try:
             # Shielded: a claim won in the store but lost to a cancellation on the way back would
             # leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
@@ -264,6 +273,8 @@ class Guard:
             raise self._corrupt(t, "the stored record is unreadable") from None
         except Exception as exc:
             t.trace.store_error("claim", exc)
+            if held_elsewhere:
+                raise self._held_elsewhere(t, "claiming", exc) from None
             if isinstance(exc, StoreError) and self.policy.fail_open:
                 logger.warning(
                     "key store unavailable (%r); running tool %r UNPROTECTED (fail_open=True)",
@@ -280,15 +291,27 @@ class Guard:
             raise _errors.store_unavailable(t.key) from None
 
     async def _wait(self, t: _Ticket, timeout: float) -> Record | None:
+        """Wait for the attempt that holds the claim; a store failure meanwhile is IN_PROGRESS."""
         try:
             return await self.store.wait(t.store_key, timeout=timeout)
         except CorruptRecord:
             raise self._corrupt(t, "the stored record is unreadable") from None
         except Exception as exc:
             t.trace.store_error("wait", exc)
-            logger.warning("key store unavailable while waiting: %r", exc)
-            t.trace.outcome(Outcome.STORE_UNAVAILABLE)
-            raise _errors.store_unavailable(t.key) from None
+            raise self._held_elsewhere(t, "waiting", exc) from None
+
+    def _held_elsewhere(self, t: _Ticket, doing: str, exc: Exception) -> MCPError:
+        """The store failed while another attempt holds the claim: that attempt may be running
+        the tool, so the answer is IN_PROGRESS (the client retries, and the retry replays or
+        waits again), never STORE_UNAVAILABLE, which would tell the client the tool did not run."""
+        logger.warning(
+            "key store unavailable while %s for the attempt that holds record %s: %r",
+            doing,
+            record_name(t.store_key),
+            exc,
+        )
+        t.trace.outcome(Outcome.IN_PROGRESS)
+        return _errors.in_progress(t.key, RETRY_HINT_CAP)
 
     async def _give_back_if_cancelled(self, t: _Ticket, outcome: ClaimOutcome) -> None:
         """A request cancelled before its tool started gives its fresh claim back: nothing ran."""
@@ -318,40 +341,56 @@ class Guard:
                 record_name(t.store_key),
                 outcome.attempts,
             )
+        assert outcome.fence is not None
+        claim = Claim(
+            key=t.key,
+            fence=outcome.fence,
+            attempt=outcome.attempts,
+            record=t.store_key,
+            tool=t.tool,
+        )
         with anyio.CancelScope(shield=True):
             run = _Run()
             limit = math.inf if policy.max_run_time is None else policy.max_run_time
             run_scope = anyio.CancelScope(deadline=anyio.current_time() + limit)
-            # Renewed by the event loop's shared renewal service: no task per call.
-            with (
-                keep_lease(
-                    self.store,
-                    t.store_key,
-                    token,
-                    lease=policy.lease,
-                    held_until=claimed_at + policy.lease,
-                    run_scope=run_scope,
-                    trace=t.trace,
-                ) as keeper,
-                run_scope,
-            ):
-                try:
-                    run.result = await execute()
-                except Exception as exc:  # what the tool raised, judged below
-                    run.raised = exc
-            cut = run.raised.why if isinstance(run.raised, Interrupted) else None
-            if run.result is None and (run.raised is None or cut is not None):
+            # Renewed by the event loop's shared renewal service (no task per call), from the
+            # claim until the result is stored or given up (rule 11).
+            with keep_lease(
+                self.store,
+                t.store_key,
+                token,
+                lease=policy.lease,
+                held_until=claimed_at + policy.lease,
+                run_scope=run_scope,
+                trace=t.trace,
+            ) as keeper:
+                with run_scope, holding(claim):
+                    try:
+                        run.result = await execute()
+                    except Exception as exc:  # what the tool raised, judged below
+                        run.raised = exc
+                keeper.tool_returned()
+                cut = run.raised.why if isinstance(run.raised, Interrupted) else None
+                aborted = run.result is None and (run.raised is None or cut is not None)
+                if not aborted:
+                    answer = await self._finish(t, outcome, token, run, error_result, keeper)
+            if aborted:
                 answer = await self._after_abort(
                     t, token, takeover, lease_lost=keeper.lost, interrupted=cut
                 )
-            else:
-                answer = await self._finish(t, outcome, token, run, error_result)
         return answer
 
     async def _finish(
-        self, t: _Ticket, outcome: ClaimOutcome, token: str, run: _Run, error_result: ErrorResult
+        self,
+        t: _Ticket,
+        outcome: ClaimOutcome,
+        token: str,
+        run: _Run,
+        error_result: ErrorResult,
+        keeper: LeaseKeeper,
     ) -> ToolResult:
         if isinstance(run.raised, NothingDone):
+            keeper.end()
             await self._release(t, token, f"nothing was done ({run.raised})")
             t.trace.outcome(Outcome.RELEASED)
             raise run.raised.raised
@@ -360,6 +399,7 @@ class Guard:
             # A JSON-RPC error from the tool is a refusal, and an effect-free exception was declared
             # to happen before any effect: either way a retry must be free to run the tool again.
             if isinstance(exc, (MCPError, *self.policy.effect_free)):
+                keeper.end()
                 await self._release(t, token, f"the tool raised {type(exc).__name__}")
                 t.trace.outcome(Outcome.RELEASED)
                 raise exc
@@ -369,11 +409,26 @@ class Guard:
             result = run.result
         if isinstance(result, InputRequiredResult):
             # An input_required round is a question, not an outcome: never stored (rule 8).
+            keeper.end()
             await self._release(t, token, "the tool asked for client input")
             t.trace.outcome(Outcome.RELEASED)
             return result
         executed_at = time.time()
-        stored = await self._complete(t, token, result, executed_at)
+        try:
+            stored = await store_result(
+                self.store,
+                t.store_key,
+                token,
+                result,
+                executed_at=executed_at,
+                retention=t.retention,
+                max_bytes=self.policy.max_result_bytes,
+                lease=self.policy.lease,
+                keeper=keeper,
+                trace=t.trace,
+            )
+        finally:
+            keeper.end()  # stored, given up or gone: nothing left to renew
         if stored is False:
             return await self._after_stale(t)
         t.trace.outcome(Outcome.EXECUTED)
@@ -384,51 +439,8 @@ class Guard:
             status="executed",
             executed_at=executed_at,
             attempts=outcome.attempts,
+            stored=stored is True,
         )
-
-    async def _complete(
-        self, t: _Ticket, token: str, result: CallToolResult, executed_at: float
-    ) -> bool | None:
-        """Store the result: True stored, False the claim was no longer ours, None store failed."""
-        data = encode_result(result, executed_at)
-        limit = self.policy.max_result_bytes
-        if len(data) > limit:
-            data = self._too_large(t, len(data), limit, executed_at)
-        with anyio.CancelScope(shield=True):
-            for attempt in range(_COMPLETE_ATTEMPTS):
-                try:
-                    return await self.store.complete(
-                        t.store_key, token, data, retention=t.retention
-                    )
-                except LimitExceeded as exc:
-                    if exc.what != "result" or len(data) <= exc.limit // 2:
-                        break  # even a placeholder does not fit: nothing sensible to keep
-                    data = self._too_large(t, len(data), exc.limit, executed_at)
-                except Exception as exc:
-                    t.trace.store_error("complete", exc)
-                    logger.warning(
-                        "could not store the result of record %s (try %d): %r",
-                        record_name(t.store_key),
-                        attempt + 1,
-                        exc,
-                    )
-                    await anyio.sleep(0.05 * 2**attempt)
-        logger.error(
-            "the result of record %s could not be stored; the record stays IN_PROGRESS until its"
-            " lease expires",
-            record_name(t.store_key),
-        )
-        return None
-
-    def _too_large(self, t: _Ticket, size: int, limit: int, executed_at: float) -> bytes:
-        logger.warning(
-            "the result of record %s is %d bytes, over the %d kept; replays get an explanation",
-            record_name(t.store_key),
-            size,
-            limit,
-        )
-        t.trace.set(result_too_large=True)
-        return encode_result(too_large_placeholder(size, limit), executed_at)
 
     async def _release(self, t: _Ticket, token: str, why: str) -> None:
         with anyio.CancelScope(shield=True):

@@ -1,9 +1,13 @@
-"""Keeping a claim alive while the tool runs (rule 4), and stopping the tool when it is lost.
+"""Keeping a claim alive while the tool runs (rule 4) and until its result is stored (rule 11),
+and stopping the tool when the claim is lost.
 
 The lease is renewed every `lease / 3`. A renewal that finds the token gone (another worker took
 the record over, or it turned UNKNOWN) cancels the run: a stale worker must stop acting. A store
-that cannot be reached is retried until the last proven lease runs out, then the run is cancelled
-too, because from that instant another worker may legitimately take over.
+that cannot be reached is retried until the last proven lease runs out (a failed renewal is
+retried no later than that instant), then the run is cancelled too, because from that instant
+another worker may legitimately take over. Once the tool has returned, the claim is still renewed
+while the guard stores the result (`_complete`): a store outage shorter than the lease must not
+turn a finished result into an UNKNOWN record.
 
 Almost every tool finishes long before its first renewal, so a renewer task per call (started
 and cancelled around every run) would be pure overhead. Instead each event loop has one
@@ -51,6 +55,7 @@ class LeaseKeeper:
         self._held_until = held_until
         self._run_scope = run_scope
         self._trace = trace
+        self._running = True
         #: Event-loop time of the next renewal (each one `lease / 3` after the last ended).
         self.due = anyio.current_time() + lease / 3
         #: True while a renewal of this claim is in flight.
@@ -58,10 +63,21 @@ class LeaseKeeper:
         #: The in-flight renewal, cancelled when the run ends (its answer no longer matters).
         self._inflight: anyio.CancelScope | None = None
         self._ended = False
-        #: True once the claim could no longer be proven and the run was cancelled.
+        #: True once the claim could no longer be proven (the run, if still going, is cancelled).
         self.lost = False
 
+    @property
+    def held_until(self) -> float:
+        """Event-loop time until which the claim is proven ours."""
+        return self._held_until
+
+    def tool_returned(self) -> None:
+        """The tool is over; the claim is now kept only while its result is stored, so a loss
+        has nothing left to cancel."""
+        self._running = False
+
     def end(self) -> None:
+        """Stop renewing: the claim is settled (stored, released, given up) or lost."""
         self._ended = True
         if self._inflight is not None:
             self._inflight.cancel()
@@ -91,11 +107,17 @@ class LeaseKeeper:
         elif renewed is False or now >= self._held_until:
             self.lost = True
             logger.warning(
-                "lost the lease of record %s; cancelling the running tool", record_name(self._key)
+                "lost the lease of record %s %s",
+                record_name(self._key),
+                "; cancelling the running tool" if self._running else "while storing its result",
             )
             self._run_scope.cancel()
             return False
         self.due = now + self._lease / 3
+        if not renewed:
+            # Not proven, not refused: try again before the proof runs out, so that the loss is
+            # noticed when it happens rather than up to `lease / 3` later.
+            self.due = min(self.due, self._held_until)
         return True
 
 

@@ -64,6 +64,7 @@ from ._store import (
     StoreError,
     StoreUnavailable,
     check_list_limit,
+    pass_over,
 )
 
 logger = logging.getLogger(__name__)
@@ -355,7 +356,7 @@ class RedisKeyStore:
                 try:
                     record = _visible(key, reply)
                 except CorruptRecord as exc:
-                    logger.warning("list_records skips an unreadable record: %s", exc)
+                    pass_over(exc)
                     continue
                 if record is not None and (state is None or record.state is state):
                     found.append(record)

@@ -85,15 +85,23 @@ def stamped(
     status: str,
     executed_at: float,
     attempts: int,
+    stored: bool = True,
 ) -> CallToolResult:
-    """`result` with the contract's marker in its `_meta`; the author's entries are kept."""
-    marker = {
+    """`result` with the contract's marker in its `_meta`; the author's entries are kept.
+
+    `stored=False` (an executed result the guard could not store, rule 11) adds `stored: false`:
+    the caller holds the only copy, and a retry will get OUTCOME_UNKNOWN (or, for a tool that may
+    run twice, run it again) instead of a replay.
+    """
+    marker: dict[str, object] = {
         "key": key,
         "keySource": key_source,
         "status": status,
         "executedAt": rfc3339(executed_at),
         "attempts": attempts,
     }
+    if not stored:
+        marker["stored"] = False
     meta = {**(result.meta or {}), wire.IDEMPOTENCY_META: marker}
     return result.model_copy(update={"meta": meta})
 

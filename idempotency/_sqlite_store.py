@@ -13,7 +13,6 @@ shared memory between the processes, which means one host.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 import secrets
@@ -41,11 +40,11 @@ from ._store import (
     RecordState,
     StoreUnavailable,
     check_list_limit,
+    pass_over,
 )
 
 T = TypeVar("T")
 
-logger = logging.getLogger(__name__)
 
 #: Seconds a writer waits for another process's write lock before the store counts as unavailable.
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -267,8 +266,7 @@ class SQLiteKeyStore:
                 try:
                     record = rules.visible(_decode(key, row[1:]), now)
                 except CorruptRecord as exc:
-                    # One damaged row must not hide every other record from the operator.
-                    logger.warning("list_records skips an unreadable record: %s", exc)
+                    pass_over(exc)
                     continue
                 if record is not None:
                     found.append(record)

@@ -6,10 +6,14 @@ Every backend answers to this protocol with the same behaviour; the contract sui
 
 from __future__ import annotations
 
+import contextvars
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from ._telemetry import logger
 
 #: Seconds since the epoch. Injectable so that tests move time instead of sleeping.
 Clock = Callable[[], float]
@@ -119,6 +123,37 @@ class Limits:
     def check_result(self, result: bytes) -> None:
         if len(result) > self.max_result_bytes:
             raise LimitExceeded("result", len(result), self.max_result_bytes)
+
+
+#: Where `list_records` reports the records it could not read, while someone collects them.
+_passed_over: contextvars.ContextVar[list[CorruptRecord] | None] = contextvars.ContextVar(
+    "mcp_once_unreadable_records", default=None
+)
+
+
+def pass_over(record: CorruptRecord) -> None:
+    """`list_records` met a record it cannot read. It goes on with the others (one damaged
+    record must not hide every other one), logs it, and reports it to `unreadable_records()`:
+    an operator must be able to find it, not only read about it in a log."""
+    logger.warning("list_records passes over an unreadable record: %s", record)
+    found = _passed_over.get()
+    if found is not None:
+        found.append(record)
+
+
+@contextmanager
+def unreadable_records() -> Iterator[list[CorruptRecord]]:
+    """Collect the records the listings made inside the block could not read.
+
+    A side channel rather than a `list_records` parameter, so that the store protocol (and every
+    store written against it) stays as it is; stores that never pass records over report none.
+    """
+    found: list[CorruptRecord] = []
+    token = _passed_over.set(found)
+    try:
+        yield found
+    finally:
+        _passed_over.reset(token)
 
 
 def check_list_limit(limit: int) -> None:

@@ -30,6 +30,9 @@ KEY_REUSED: Final = -32011
 OUTCOME_UNKNOWN: Final = -32012
 #: The key store could not be reached and the tool was not run; retry after backoff.
 STORE_UNAVAILABLE: Final = -32013
+#: The key's record cannot be read (damaged, or written by something else); the tool was not
+#: run and the record was left for an operator. Never retry: the answer stays the same.
+CORRUPT_RECORD: Final = -32014
 #: JSON-RPC invalid params: a key that is missing where required, malformed or too long.
 INVALID_PARAMS: Final = -32602
 

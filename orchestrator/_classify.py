@@ -95,6 +95,8 @@ def _classify_mcp(error: MCPError, probe: AttemptProbe | None, closed: bool) -> 
         return Failure("in_progress", error, code, status, _hint_from_data(error.data))
     if code == wire.STORE_UNAVAILABLE:
         return Failure("store_unavailable", error, code, status, _hint_from_data(error.data))
+    # Everything else is final, the contract's own KEY_REUSED, OUTCOME_UNKNOWN and CORRUPT_RECORD
+    # included: the server would answer a retry the same way.
     return Failure("permanent", error, code, status)
 
 

@@ -1,7 +1,10 @@
 """`mcp-once keys`: see and settle records, for the operator who must reconcile an unknown outcome.
 
 Stored results are not printed unless asked (`--reveal-result`): they are user data, and an
-operator listing records should not see them by accident.
+operator listing records should not see them by accident. Records that cannot be read are listed
+as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014), so an operator
+must be able to find them. Settling a record as failed is refused for a grace period after its
+last lease ran out (see `_grace`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from idempotency import (
 )
 from idempotency._replay import UnreadableResult, domain_form, rfc3339
 from idempotency._scope import store_key
+from idempotency._store import unreadable_records
 
+from . import _grace
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -51,6 +56,9 @@ _STORE_KEY = re.compile(r"[0-9a-f]{64}")
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
+#: What `keys list` calls a record the server cannot read, in place of its state.
+CORRUPT = "corrupt"
+_LISTED_STATES = [s.value for s in RecordState if s is not RecordState.RELEASED]
 
 
 def add_parser(commands: Any) -> None:
@@ -58,7 +66,7 @@ def add_parser(commands: Any) -> None:
     actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     listing = actions.add_parser("list", help="list records, optionally of one state")
-    listing.add_argument("--state", choices=[s.value for s in RecordState if s.value != "released"])
+    listing.add_argument("--state", choices=[*_LISTED_STATES, CORRUPT])
     listing.add_argument("--limit", type=int, default=100)
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_run(_list, _check_limit))
@@ -85,6 +93,7 @@ def add_parser(commands: Any) -> None:
         " match the tool's output schema, or the SDK turns the replay into an error)",
     )
     settle.add_argument("--retention", type=float, default=DEFAULT_SETTLE_RETENTION)
+    _grace.add_arguments(settle)
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 
     purge = actions.add_parser("purge", help="physically remove expired records")
@@ -170,6 +179,10 @@ def _when(timestamp: float | None) -> str | None:
 
 
 def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
+    """One record for an operator. `fence` is the fence of its last lease, `leaseRanOutAt` when
+    that lease ran out (on this machine's clock; None while it runs, or when it ended with a
+    stored result): what to weigh before settling an UNKNOWN record as failed."""
+    ran_out = record.lease_deadline is not None and record.lease_deadline <= _grace.clock()
     described: dict[str, Any] = {
         "key": record.key,
         "state": record.state.value,
@@ -178,25 +191,56 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
         "createdAt": _when(record.created_at),
         "updatedAt": _when(record.updated_at),
         "leaseDeadline": _when(record.lease_deadline),
+        "leaseRanOutAt": _when(record.lease_deadline) if ran_out else None,
         "completedAt": _when(record.completed_at),
         "expiresAt": _when(record.expires_at),
         "resultBytes": None if record.result is None else len(record.result),
+        "corrupt": None,
     }
-    if reveal and record.result is not None:
+    if record.result is not None:
         try:
             stored = decode_result(record.result)
-            # Domain form: what was stored, without a protocol era's envelope (`resultType`).
-            described["result"] = domain_form(stored.result)
         except UnreadableResult as exc:
-            described["result"] = f"<unreadable: {exc}>"
+            # The server answers CORRUPT_RECORD for it, exactly as for a record it cannot read.
+            described["state"] = CORRUPT
+            described["corrupt"] = f"its stored result is unreadable: {exc}"
+            if reveal:
+                described["result"] = f"<unreadable: {exc}>"
+        else:
+            if reveal:
+                # Domain form: what was stored, without a protocol era's envelope (`resultType`).
+                described["result"] = domain_form(stored.result)
     return described
 
 
+def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
+    """A record the store could not read at all: its key and why, nothing else is known."""
+    fields = ("fence", "attempts", "createdAt", "updatedAt", "leaseDeadline", "leaseRanOutAt")
+    more = ("completedAt", "expiresAt", "resultBytes")
+    return {
+        "key": found.key,
+        "state": CORRUPT,
+        **dict.fromkeys(fields + more),
+        "corrupt": found.why,
+    }
+
+
+_COLUMNS = (
+    "key",
+    "state",
+    "fence",
+    "attempts",
+    "leaseRanOutAt",
+    "updatedAt",
+    "expiresAt",
+    "resultBytes",
+)
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ("key", "state", "fence", "attempts", "updatedAt", "expiresAt", "resultBytes")
-    print("  ".join(columns))
+    print("  ".join(_COLUMNS))
     for row in rows:
-        print("  ".join("-" if row[c] is None else str(row[c]) for c in columns))
+        print("  ".join("-" if row[c] is None else str(row[c]) for c in _COLUMNS))
     print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
 
 
@@ -206,15 +250,29 @@ def _check_limit(args: argparse.Namespace) -> None:
 
 
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
-    state = RecordState(args.state) if args.state else None
-    records = await store.list_records(state=state, limit=args.limit)
+    """Exit 1 when a corrupt record was found: something an operator must look at."""
+    state = RecordState(args.state) if args.state in _LISTED_STATES else None
+    with unreadable_records() as unreadable:
+        records = await store.list_records(state=state, limit=args.limit)
     rows = [_describe(r, reveal=False) for r in records]
+    if state is None:
+        # An unreadable record has no state to filter on: shown when every state is asked for.
+        rows += [_describe_unreadable(found) for found in unreadable]
+    if args.state == CORRUPT:
+        rows = [row for row in rows if row["state"] == CORRUPT]
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
     else:
         _print_table(rows)
-    return 0
+    corrupt = [row for row in rows if row["state"] == CORRUPT]
+    for row in corrupt:
+        print(
+            f"mcp-once: record {row['key']} is corrupt ({row['corrupt']}); the server refuses"
+            " it (-32014) and leaves it untouched: inspect it in the store",
+            file=sys.stderr,
+        )
+    return EXIT_PROBLEM if corrupt else 0
 
 
 async def _show(store: KeyStore, args: argparse.Namespace) -> int:
@@ -230,7 +288,7 @@ async def _show(store: KeyStore, args: argparse.Namespace) -> int:
         for name, value in described.items():
             shown = json.dumps(value) if isinstance(value, dict) else value
             print(f"{name}: {'-' if shown is None else shown}")
-    return 0
+    return EXIT_PROBLEM if described["state"] == CORRUPT else 0
 
 
 def _settled_result(args: argparse.Namespace) -> bytes | None:
@@ -260,11 +318,18 @@ def _settled_result(args: argparse.Namespace) -> bytes | None:
 def _prepare_settle(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.retention) and args.retention > 0):
         fail("--retention must be a positive number of seconds", EXIT_USAGE)
+    if not (math.isfinite(args.grace) and args.grace >= 0):
+        fail("--grace must be a number of seconds >= 0", EXIT_USAGE)
     args.settled = _settled_result(args)
 
 
 async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
     result: bytes | None = args.settled
+    if result is None and not args.force:
+        refusal = _grace.too_soon_to_fail(await store.get(args.key), args.grace)
+        if refusal is not None:
+            print(f"mcp-once: {refusal}", file=sys.stderr)
+            return EXIT_PROBLEM
     if await store.settle(args.key, result=result, retention=args.retention):
         verdict = "released (the next call runs again)" if result is None else "completed"
         print(f"settled {args.key}: {verdict}")

@@ -9,7 +9,8 @@ server with `idempotency` (a payment, a naturally idempotent write, a read, an u
 notification), each effect written by the tool itself to a `Ledger`; `run_workload` drives it
 through `orchestrator.RetryingSession` ("mcp-once") or a naive tenacity loop ("naive") over an
 `Endpoint` (memory, stdio, HTTP; restartable), with the link broken by `orchestrator.chaos`;
-`check` reads the ledger and the call reports into a `Report`.
+`check` reads the ledger and the call reports into a `Report`. `open_replicas` runs several HTTP
+replicas on one store behind a balancer that can freeze one of them.
 `python -m mcp_once.scenarios.soak --seeds 50` runs it for longer.
 """
 
@@ -25,6 +26,7 @@ from mcp_once.scenarios._endpoints import (
 )
 from mcp_once.scenarios._invariants import Report, check
 from mcp_once.scenarios._ledger import Effect, Ledger
+from mcp_once.scenarios._replicas import Replicas, open_replicas
 from mcp_once.scenarios._shop import build_server
 from mcp_once.scenarios._suite import Scenario, default_plan, open_endpoint, run_scenario
 from mcp_once.scenarios._workload import (
@@ -48,6 +50,7 @@ __all__ = [
     "Ledger",
     "MemoryEndpoint",
     "Mode",
+    "Replicas",
     "Report",
     "RunResult",
     "Scenario",
@@ -60,6 +63,7 @@ __all__ = [
     "default_plan",
     "default_policy",
     "open_endpoint",
+    "open_replicas",
     "plan_calls",
     "run_scenario",
     "run_workload",

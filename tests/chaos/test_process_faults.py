@@ -22,7 +22,8 @@ from mcp import Client
 from mcp_types import CallToolResult, TextContent
 from redis_server import RedisServer, redis_server_binary  # tests/ is on sys.path (conftest)
 
-from idempotency import RecordState, SQLiteKeyStore, encode_result
+from idempotency import RecordState, RedisKeyStore, SQLiteKeyStore, encode_result
+from idempotency._scope import CallScope, default_scope, store_key
 from mcp_once.scenarios import (
     Endpoint,
     Ledger,
@@ -33,10 +34,12 @@ from mcp_once.scenarios import (
     default_plan,
     default_policy,
     open_endpoint,
+    open_replicas,
     run_scenario,
     run_workload,
     server_command,
 )
+from mcp_once.scenarios._shop import UNGUARDED_TOOLS
 from orchestrator import (
     CallReport,
     RetryingSession,
@@ -410,3 +413,111 @@ async def test_store_unreachable_for_a_while(tmp_path: Path) -> None:
     assert report.attempt_failures.get("store_unavailable", 0) > 0
     assert report.not_executed > 0 and report.reconciled > 0
     assert report.ok and report.problems == [] and report.unexplained == 0
+
+
+# -- two replicas on one Redis: Redis gone during completions, then a frozen worker -------------
+
+REPLICA_LEASE = 3.0
+#: Redis is down this long (a third of the lease) while tools are finishing.
+OUTAGE = 1.0
+#: Each first attempt of a payment or a write holds this long after its effect, so that faults
+#: find tools mid-run and their completions in the outage.
+TOOL_TIME = 0.2
+
+
+async def mid_tool(ledger: Ledger, pid: int | None = None) -> None:
+    """Until a tool (on process `pid`, or any) is in the middle of its run: a new `started`."""
+    seen = len(ledger.events("started"))
+    with anyio.fail_after(SOON):
+        # Another process writes it: a bounded poll of the shared file is the only signal.
+        while not any(  # noqa: ASYNC110
+            pid in (None, p) for _, _, p in ledger.events("started")[seen:]
+        ):
+            await anyio.sleep(0.02)
+
+
+def log_lines(ledger: Ledger, replica: int, text: str) -> int:
+    log = ledger.path.with_suffix(f".replica-{replica}.log")
+    return sum(text in line for line in log.read_text(errors="replace").splitlines())
+
+
+@needs_redis_server
+@pytest.mark.slow
+async def test_replicas_with_a_store_outage_during_completions_and_a_frozen_worker(
+    tmp_path: Path,
+) -> None:
+    """Two HTTP replicas on one Redis (AOF). As tools are finishing, Redis is killed for a third
+    of the lease and restarted: completions keep their claim and retry, so nothing is given up.
+    Later replica 0 is frozen (SIGSTOP) mid-tool for longer than its lease and taken out of
+    rotation, then thawed. Checked: no duplicate, no lost result; every record left UNKNOWN, or
+    IN_PROGRESS with nobody running (it turns UNKNOWN at the next retry), and every tool run
+    twice, belongs to a key the frozen replica had seen — none to a worker that stayed alive."""
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    with RedisServer(appendonly=True) as redis:
+        async with open_replicas(
+            ledger, redis.url, lease=REPLICA_LEASE, wait=10.0, hold=TOOL_TIME
+        ) as replicas:
+            frozen_pid = replicas.pids()[0]
+
+            async def redis_outage() -> None:
+                await mid_tool(ledger)
+                await anyio.to_thread.run_sync(redis.kill)
+                await anyio.sleep(OUTAGE)  # the fault's own length
+                await anyio.to_thread.run_sync(redis.start)
+
+            async def freeze() -> None:
+                await mid_tool(ledger, frozen_pid)
+                await replicas.freeze(0)
+                await anyio.sleep(REPLICA_LEASE + 1)  # the pause outlasts the lease
+                await replicas.thaw(0)
+
+            run = await run_workload(
+                replicas,
+                mode="mcp-once",
+                ledger=ledger,
+                plan=default_plan(scale=0.5),
+                seed=11,
+                calls=120,
+                policy=default_policy(attempt_timeout=1.0),
+                concurrency=4,
+                actions={20: redis_outage, 70: freeze},
+            )
+            run.extra_faults.update(redis_outage=1, frozen_replica=1)
+            report = check(run)
+            store = RedisKeyStore.from_url(redis.url)
+            try:
+                # After the run nothing runs: an IN_PROGRESS record is an orphan.
+                orphans = [
+                    r
+                    for r in await store.list_records(limit=10_000)
+                    if r.state in (RecordState.UNKNOWN, RecordState.IN_PROGRESS)
+                ]
+            finally:
+                await store.aclose()
+    scope = default_scope(CallScope("chaos-shop", "", None, None, None))
+    client_keys = {
+        store_key(scope, record.tool, record.key): record.key
+        for record in run.records
+        if record.key is not None
+    }
+    lost_alive = replicas.never_struck([client_keys[record.key] for record in orphans])
+    effects = ledger.by_call()
+    twice = [  # guarded tools only: a copy of an unguarded call the network made is no retry
+        r.key
+        for r in run.records
+        if r.key and r.tool not in UNGUARDED_TOOLS and len(effects.get(r.spec.call_id, [])) > 1
+    ]
+    twice_alive = replicas.never_struck(twice)
+    retried = [log_lines(ledger, n, "could not store the result") for n in (0, 1)]
+    given_up = [log_lines(ledger, n, "gave up storing the result") for n in (0, 1)]
+    print(report.summary(), report.attempt_failures)
+    print(
+        f"[replicas] records left UNKNOWN/IN_PROGRESS: {len(orphans)} (keys the frozen replica"
+        f" saw: {len(orphans) - len(lost_alive)}, live workers': {len(lost_alive)}); tools run"
+        f" twice: {len(twice)} (live workers': {len(twice_alive)}); completion retries logged"
+        f" per replica: {retried}; results given up: {given_up}"
+    )
+    assert report.ok and report.problems == [] and report.unexplained == 0
+    assert lost_alive == [] and twice_alive == []
+    assert sum(retried) > 0  # the outage did meet completions, and they were retried
+    assert given_up[1] == 0  # the replica that was never frozen gave no result up

@@ -33,7 +33,7 @@ from redis_server import RedisServer, free_port, redis_server_binary
 from idempotency import KeyStore, RecordState, SQLiteKeyStore, idempotent, open_store, wire
 from idempotency._scope import CallScope, default_scope, store_key
 from idempotency._sqlite_store import sqlite_path_from_url
-from mcp_once._cli import _common, main
+from mcp_once._cli import _common, _grace, main
 
 pytestmark = pytest.mark.anyio
 
@@ -109,6 +109,21 @@ class Backend:
         client = redis.Redis.from_url(self.url)
         try:
             return int(client.dbsize())
+        finally:
+            client.close()
+
+    def damage(self, key: str) -> None:
+        """Make the record stored under `key` unreadable as ours, from outside the store."""
+        if self.name == "sqlite":
+            with sqlite3.connect(sqlite_path_from_url(self.url)) as conn:
+                changed = conn.execute("UPDATE records SET state = 'banana' WHERE key = ?", (key,))
+                assert changed.rowcount == 1
+            return
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            assert client.set(f"mcp-once:{{{key}}}", b"not a record", xx=True)
         finally:
             client.close()
 
@@ -230,12 +245,25 @@ def derive_args(client_key: str) -> list[str]:
     return ["--client-key", client_key, "--tool", "charge", "--server", SERVER]
 
 
+def operator_clock(monkeypatch: pytest.MonkeyPatch, ahead: float) -> None:
+    """The CLI's clock `ahead` seconds past the real one: the operator looks later, as the
+    server store's clock moved in `make_unknown` (nothing sleeps)."""
+    monkeypatch.setattr(_grace, "clock", lambda: time.time() + ahead)
+
+
+#: The operator's clock just after `make_unknown`'s lease ran out (the store moved LEASE + 1).
+JUST_AFTER = LEASE + 2
+#: The operator's clock once the grace period after that lease has passed.
+AFTER_GRACE = LEASE + _grace.DEFAULT_GRACE + 60
+
+
 # -- list --------------------------------------------------------------------------------------
 
 
 async def test_list_all_by_state_and_as_json(
-    backend: Backend, capsys: pytest.CaptureFixture[str]
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    operator_clock(monkeypatch, JUST_AFTER)
     effects = Effects()
     async with Client(shop(backend.store, effects)) as client:
         done = await client.call_tool("charge", ARGS, meta=meta("k-done"))
@@ -250,6 +278,7 @@ async def test_list_all_by_state_and_as_json(
         "state",
         "fence",
         "attempts",
+        "leaseRanOutAt",
         "updatedAt",
         "expiresAt",
         "resultBytes",
@@ -257,8 +286,10 @@ async def test_list_all_by_state_and_as_json(
     rows = {line.split()[0]: line.split() for line in lines[1:-1]}
     assert set(rows) == {record_key("k-done"), record_key("k-lost")}
     assert rows[record_key("k-done")][1] == "completed"
+    assert rows[record_key("k-done")][4] == "-"  # its lease ended with a stored result
     assert rows[record_key("k-lost")][1] == "unknown"
-    assert rows[record_key("k-lost")][5:] == ["-", "-"]  # kept until settled; no result
+    assert rows[record_key("k-lost")][4].endswith("Z")  # when the lost worker's lease ran out
+    assert rows[record_key("k-lost")][6:] == ["-", "-"]  # kept until settled; no result
     assert lines[-1] == "(2 records)"
 
     unknown = await cli(
@@ -268,6 +299,7 @@ async def test_list_all_by_state_and_as_json(
     [row] = unknown.json()
     assert row["key"] == record_key("k-lost")
     assert (row["state"], row["fence"], row["attempts"]) == ("unknown", 1, 1)
+    assert row["leaseRanOutAt"] == row["leaseDeadline"] is not None and row["corrupt"] is None
     assert row["expiresAt"] is None and row["resultBytes"] is None and "result" not in row
 
     completed = await cli(
@@ -412,8 +444,9 @@ async def test_settle_with_result_json_replays_that_result(
 
 
 async def test_settle_failed_lets_the_next_call_run_again(
-    backend: Backend, capsys: pytest.CaptureFixture[str]
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    operator_clock(monkeypatch, AFTER_GRACE)
     effects = Effects()
     async with Client(shop(backend.store, effects)) as client:
         await make_unknown(client, backend, effects, "k-failed")
@@ -495,6 +528,147 @@ async def test_a_bad_result_json_file_is_refused_and_changes_nothing(
         with pytest.raises(MCPError) as still:
             await client.call_tool("charge", ARGS, meta=meta("k-bad"))
     assert still.value.code == wire.OUTCOME_UNKNOWN and effects.count == 1
+
+
+async def test_settle_failed_is_refused_within_the_grace_period_unless_forced(
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost worker's lease ran out a moment ago: it may be paused, not dead, and would charge
+    when it resumes. `--failed` refuses (exit 1, the record untouched) and says until when;
+    `--force`, or a grace period the lease has outlived, settles."""
+    operator_clock(monkeypatch, JUST_AFTER)
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        for key in ("k-soon", "k-forced", "k-short-grace"):
+            await make_unknown(client, backend, effects, key)
+        before = await backend.store.get(record_key("k-soon"))
+        assert before is not None and before.lease_deadline is not None
+
+        refused = await cli(
+            capsys, "keys", "settle", *derive_args("k-soon"), "--failed", "--store", backend.url
+        )
+        assert refused.code == 1 and refused.out == ""
+        assert "refusing to settle" in refused.err and "fence 1" in refused.err
+        assert "may be paused rather than dead" in refused.err and "--force" in refused.err
+        assert f"({_rfc3339(before.lease_deadline)})" in refused.err
+        assert _rfc3339(before.lease_deadline + _grace.DEFAULT_GRACE) in refused.err
+        assert await backend.store.get(record_key("k-soon")) == before
+        with pytest.raises(MCPError) as still:
+            await client.call_tool("charge", ARGS, meta=meta("k-soon"))
+        assert still.value.code == wire.OUTCOME_UNKNOWN
+
+        # A verdict with a result is not refused: it runs nothing again.
+        text_verdict = await cli(
+            capsys,
+            "keys",
+            "settle",
+            *derive_args("k-soon"),
+            "--result-text",
+            "charged once",
+            "--store",
+            backend.url,
+        )
+        assert text_verdict.code == 0, text_verdict.err
+
+        forced = await cli(
+            capsys,
+            "keys",
+            "settle",
+            *derive_args("k-forced"),
+            "--failed",
+            "--force",
+            "--store",
+            backend.url,
+        )
+        assert forced.code == 0 and "released" in forced.out
+        # Each `make_unknown` moved the store's clock on: the operator looks 2 s after this
+        # record's lease ran out, with a grace of 1 s.
+        latest = await backend.store.get(record_key("k-short-grace"))
+        assert latest is not None and latest.lease_deadline is not None
+        monkeypatch.setattr(_grace, "clock", lambda: latest.lease_deadline + 2)
+        short = await cli(
+            capsys,
+            "keys",
+            "settle",
+            *derive_args("k-short-grace"),
+            "--failed",
+            "--grace",
+            "1",
+            "--store",
+            backend.url,
+        )
+        assert short.code == 0 and "released" in short.out
+        rerun = await client.call_tool("charge", ARGS, meta=meta("k-forced"))
+    assert marker(rerun)["status"] == "executed" and marker(rerun)["attempts"] == 2
+
+
+async def test_show_says_when_the_last_lease_ran_out_and_its_fence(
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator_clock(monkeypatch, JUST_AFTER)
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-when")
+    record = await backend.store.get(record_key("k-when"))
+    assert record is not None and record.lease_deadline is not None
+    shown = await cli(capsys, "keys", "show", *derive_args("k-when"), "--store", backend.url)
+    fields = dict(line.split(": ", 1) for line in shown.out.splitlines())
+    assert fields["state"] == "unknown" and fields["fence"] == "1"
+    assert fields["leaseRanOutAt"] == _rfc3339(record.lease_deadline)
+    monkeypatch.setattr(_grace, "clock", lambda: record.lease_deadline - 1)  # still running
+    early = await cli(
+        capsys, "keys", "show", record_key("k-when"), "--json", "--store", backend.url
+    )
+    assert early.json()["leaseRanOutAt"] is None
+    assert early.json()["leaseDeadline"] == _rfc3339(record.lease_deadline)
+
+
+async def test_list_shows_corrupt_records_and_exits_1(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record the store cannot read, and one whose stored result is unreadable: both answer
+    -32014 to a client, and both are listed as corrupt, never skipped."""
+    effects = Effects()
+    bad = record_key("k-garbled", tool="other")  # a readable record holding a foreign result
+    claim = await backend.store.claim(bad, "f" * 64, lease=LEASE, takeover=False)
+    assert claim.token is not None
+    assert await backend.store.complete(bad, claim.token, b"\xff garbage", retention=60)
+    async with Client(shop(backend.store, effects)) as client:
+        for key in ("k-fine", "k-damaged"):
+            await client.call_tool("charge", ARGS, meta=meta(key))
+        backend.damage(record_key("k-damaged"))
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("charge", ARGS, meta=meta("k-damaged"))
+    assert refused.value.code == wire.CORRUPT_RECORD
+    assert refused.value.error.data == {"key": "k-damaged"}
+    assert effects.count == 2
+
+    listed = await cli(capsys, "keys", "list", "--json", "--store", backend.url)
+    assert listed.code == 1
+    states = {row["key"]: (row["state"], row["corrupt"]) for row in listed.json()}
+    assert states[record_key("k-fine")] == ("completed", None)
+    assert states[bad][0] == "corrupt" and "stored result is unreadable" in states[bad][1]
+    assert states[record_key("k-damaged")][0] == "corrupt" and states[record_key("k-damaged")][1]
+    assert f"record {record_key('k-damaged')} is corrupt" in listed.err
+    assert f"record {bad} is corrupt" in listed.err
+
+    table = await cli(capsys, "keys", "list", "--state", "corrupt", "--store", backend.url)
+    assert table.code == 1
+    rows = {line.split()[0]: line.split()[1] for line in table.out.splitlines()[1:-1]}
+    assert rows == {record_key("k-damaged"): "corrupt", bad: "corrupt"}
+    healthy = await cli(capsys, "keys", "list", "--state", "unknown", "--store", backend.url)
+    assert healthy.out.splitlines()[-1] == "(0 records)"
+
+    shown = await cli(capsys, "keys", "show", record_key("k-damaged"), "--store", backend.url)
+    assert shown.code == 1 and "corrupted or foreign" in shown.err
+    garbled = await cli(capsys, "keys", "show", bad, "--json", "--store", backend.url)
+    assert garbled.code == 1 and garbled.json()["state"] == "corrupt"
+
+
+def _rfc3339(timestamp: float) -> str:
+    from idempotency._replay import rfc3339
+
+    return rfc3339(timestamp)
 
 
 # -- purge -------------------------------------------------------------------------------------
@@ -625,11 +799,10 @@ async def test_the_console_script_lists_shows_and_fails_like_main(
     assert [(r["key"], r["state"]) for r in json.loads(listed.stdout)] == [
         (record_key("k-sub"), "unknown")
     ]
-    settled = await anyio.to_thread.run_sync(
-        functools.partial(
-            run, "keys", "settle", *derive_args("k-sub"), "--failed", "--store", backend.url
-        )
-    )
+    settle = ["keys", "settle", *derive_args("k-sub"), "--failed", "--store", backend.url]
+    too_soon = await anyio.to_thread.run_sync(functools.partial(run, *settle))
+    assert too_soon.returncode == 1 and "refusing to settle" in too_soon.stderr
+    settled = await anyio.to_thread.run_sync(functools.partial(run, *settle, "--force"))
     assert settled.returncode == 0 and "released" in settled.stdout
     dead = await anyio.to_thread.run_sync(
         functools.partial(run, "keys", "list", "--store", f"redis://127.0.0.1:{free_port()}/0")

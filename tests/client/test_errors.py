@@ -30,6 +30,7 @@ pytestmark = [
     [
         (wire.KEY_REUSED, KeyReused),
         (wire.INVALID_PARAMS, InvalidParams),
+        (wire.CORRUPT_RECORD, ToolCallError),
         (-32099, ToolCallError),
         (-32603, ToolCallError),
     ],

@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -239,6 +240,18 @@ def test_stdio_pair_with_a_store_url(tmp_path: Path) -> None:
     ]
     assert lines[1].startswith("charge again, same key: replayed") and lines[2].endswith(": 1")
     assert db.is_file()
+
+
+def test_fenced_write_refuses_the_paused_workers_write_as_the_readme_shows(tmp_path: Path) -> None:
+    """The README's `current_claim()` example: its output is the block the README quotes."""
+    db = tmp_path / "table.sqlite3"
+    lines = run_example(str(EXAMPLES / "fenced_write.py"), "--db", str(db))
+    readme = (ROOT / "README.md").read_text()
+    quoted = readme.split("execution 2 took the record over", 1)[1].split("```", 1)[0]
+    assert lines == ("execution 2 took the record over" + quoted).strip().splitlines()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT fence, value FROM writes").fetchall() == [(2, "2 Side St")]
+        assert conn.execute("SELECT fence FROM refused").fetchall() == [(1,)]
 
 
 # -- docker-compose.yml ----------------------------------------------------------------------------

@@ -6,8 +6,13 @@ Tools:
   `done` row and returns which execution of the order it was and which process ran it.
 - `reentrant_effect(order)`: the same, declared `naturally_idempotent` (expired leases are taken
   over instead of turning UNKNOWN).
+- `fenced_effect(order)`: guarded, default policy, with `--provider`: writes the order to the
+  example's `FencedTable` (a SQLite "provider" shared by every process), stamped with the claim's
+  fence (`current_claim()`). The write is the step a paused worker finishes when it resumes: it
+  runs in a worker thread (held there until `open_gate` when `--gated`), out of cancellation's
+  reach, as a blocking call to a provider would be.
 - `wait_started(count)`: returns this process's pid once `count` effects have started here.
-- `open_gate()`: lets a held `effect` go on.
+- `open_gate()`: lets a held `effect` or `fenced_effect` go on.
 
 The ledger survives SIGKILL, so a test can count effects across processes.
 """
@@ -17,12 +22,18 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import sys
+import threading
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
 
-from idempotency import KeyStore, RedisKeyStore, SQLiteKeyStore, idempotent
+from idempotency import KeyStore, RedisKeyStore, SQLiteKeyStore, current_claim, idempotent
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from fenced_write import FencedTable  # the README's example provider
 
 
 class Ledger:
@@ -67,6 +78,8 @@ async def serve(args: argparse.Namespace) -> None:
     started = 0
     changed = anyio.Event()
     gate = anyio.Event()
+    thread_gate = threading.Event()
+    provider = FencedTable(args.provider) if args.provider else None
     server = MCPServer(args.name)
 
     async def act(order: str) -> str:
@@ -91,6 +104,26 @@ async def serve(args: argparse.Namespace) -> None:
         return await act(order)
 
     @server.tool()
+    @idempotent(store, lease=args.lease, wait=args.wait)
+    async def fenced_effect(order: str) -> str:
+        nonlocal started, changed
+        claim = current_claim()
+        assert claim is not None and provider is not None
+        ledger.write(order, "started")
+        started += 1
+        changed.set()
+        changed = anyio.Event()
+
+        def write() -> None:
+            if args.gated:
+                thread_gate.wait()
+            provider.write(claim.record, claim.fence, order)
+
+        await anyio.to_thread.run_sync(write)
+        ledger.write(order, "done")
+        return f"order {order}: written with fence {claim.fence} by process {os.getpid()}"
+
+    @server.tool()
     async def wait_started(count: int = 1) -> int:
         while started < count:
             await changed.wait()
@@ -99,6 +132,7 @@ async def serve(args: argparse.Namespace) -> None:
     @server.tool()
     async def open_gate() -> str:
         gate.set()
+        thread_gate.set()
         return "open"
 
     try:
@@ -116,6 +150,7 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--wait", type=float, default=10.0)
     parser.add_argument("--gated", action="store_true")
+    parser.add_argument("--provider", help="the FencedTable's SQLite file, for fenced_effect")
     parser.add_argument("--name", default="effects")
     anyio.run(serve, parser.parse_args())
 

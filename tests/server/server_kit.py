@@ -6,7 +6,9 @@ nothing sleeps to let things settle.
 
 from __future__ import annotations
 
+import inspect
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -269,3 +271,81 @@ class Watched:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class Outage(Watched):
+    """A key store proxy that cuts the store off at the first `complete` — the instant between
+    the tool's return and the write of its record — and counts what fails while it is cut off.
+
+    `cut` and `mend` make the store unreachable and reachable again: for a real Redis, kill the
+    server and start it again (AOF keeps the claim); by default the proxy itself refuses every
+    call with `StoreUnavailable` meanwhile. The test decides when to mend, from the failures it
+    has seen (`until`): no sleeping.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        cut: Callable[[], Awaitable[None]] | None = None,
+        mend: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(inner)
+        self.failures: Counter[str] = Counter()
+        self.began = anyio.Event()
+        self.refusing = False
+        self._cut = cut
+        self._mend = mend
+        self._changed = anyio.Event()
+
+    async def begin(self) -> None:
+        if self._cut is not None:
+            await self._cut()
+        else:
+            self.refusing = True
+        self.began.set()
+
+    async def end(self) -> None:
+        if self._mend is not None:
+            await self._mend()
+        self.refusing = False
+
+    async def until(self, **wanted: int) -> None:
+        """Until at least `wanted[op]` calls of each `op` failed during the outage."""
+        while any(self.failures[op] < n for op, n in wanted.items()):
+            await self._changed.wait()
+
+    async def _through(self, op: str, call: Awaitable[Any]) -> Any:
+        from idempotency import StoreUnavailable
+
+        try:
+            if self.refusing:
+                raise StoreUnavailable(f"{op} refused: the store is cut off by the test")
+            return await call
+        except StoreUnavailable:
+            self.failures[op] += 1
+            self._changed.set()
+            self._changed = anyio.Event()
+            raise
+        finally:
+            if inspect.iscoroutine(call):
+                call.close()  # not awaited when refused
+
+    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+        call = super().claim(key, fingerprint, lease=lease, takeover=takeover)
+        return await self._through("claim", call)
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        return bool(await self._through("renew", super().renew(key, token, lease=lease)))
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        if not self.began.is_set():
+            await self.begin()
+        call = super().complete(key, token, result, retention=retention)
+        return bool(await self._through("complete", call))
+
+    async def get(self, key: str) -> Any:
+        return await self._through("get", super().get(key))
+
+    async def wait(self, key: str, *, timeout: float) -> Any:
+        return await self._through("wait", super().wait(key, timeout=timeout))

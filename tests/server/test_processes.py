@@ -22,7 +22,11 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult
 from server_kit import answer, body, marker, meta, record_key
 
-from idempotency import RedisKeyStore, decode_result, wire
+from idempotency import RecordState, RedisKeyStore, decode_result, wire
+from mcp_once._cli import _common, main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from fenced_write import FencedTable  # the README's example provider
 
 pytestmark = pytest.mark.anyio
 
@@ -39,6 +43,7 @@ def server_params(
     lease: float = 30.0,
     wait: float = 10.0,
     prefix: str | None = None,
+    provider: Path | None = None,
 ) -> StdioServerParameters:
     args = [str(SCRIPT), "--store", store, "--ledger", str(ledger)]
     args += ["--lease", str(lease), "--wait", str(wait)]
@@ -46,6 +51,8 @@ def server_params(
         args.append("--gated")
     if prefix is not None:
         args += ["--redis-prefix", prefix]
+    if provider is not None:
+        args += ["--provider", str(provider)]
     # The child gets a minimal environment; the venv's interpreter finds the package itself.
     return StdioServerParameters(command=sys.executable, args=args, env={"PYTHONUNBUFFERED": "1"})
 
@@ -77,6 +84,29 @@ async def doomed(params: StdioServerParameters) -> AsyncIterator[Client]:
     except Exception as exc:  # the transport of a killed child fails on close
         if not _only_connection_errors(exc):
             raise
+
+
+@asynccontextmanager
+async def frozen_mid_call(
+    client: Client, tool: str, args: dict[str, Any], key: str
+) -> AsyncIterator[tuple[int, list[CallToolResult]]]:
+    """Call `tool` through `client`; once it has started in that server process, freeze the
+    process (SIGSTOP). Yields its pid and the list the call's late answer will land in. When the
+    block ends the process is resumed (SIGCONT), its gate opened, and the late answer awaited."""
+    late: list[CallToolResult] = []
+    async with anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            late.append(await client.call_tool(tool, args, meta=meta(key)))
+
+        tg.start_soon(call)
+        pid = await pid_of(client)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield pid, late
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await client.call_tool("open_gate")
 
 
 def _only_connection_errors(exc: BaseException) -> bool:
@@ -203,22 +233,11 @@ async def test_paused_worker_changes_nothing(
     )
     other = server_params(redis_url, ledger, lease=1.0, wait=10.0, prefix=redis_namespace)
     args: dict[str, Any] = {"order": "P"}
-    late: list[CallToolResult] = []
     with anyio.fail_after(STARTUP_BOUND):
         async with Client(paused) as a, Client(other) as b:
-            async with anyio.create_task_group() as tg:
-
-                async def slow() -> None:
-                    late.append(await a.call_tool("reentrant_effect", args, meta=meta("pause-1")))
-
-                tg.start_soon(slow)
-                paused_pid = await pid_of(a)
-                os.kill(paused_pid, signal.SIGSTOP)
-                try:
-                    taken = await b.call_tool("reentrant_effect", args, meta=meta("pause-1"))
-                finally:
-                    os.kill(paused_pid, signal.SIGCONT)
-                await a.call_tool("open_gate")
+            frozen = frozen_mid_call(a, "reentrant_effect", args, "pause-1")
+            async with frozen as (paused_pid, late):
+                taken = await b.call_tool("reentrant_effect", args, meta=meta("pause-1"))
             replay_a = await a.call_tool("reentrant_effect", args, meta=meta("pause-1"))
             replay_b = await b.call_tool("reentrant_effect", args, meta=meta("pause-1"))
     new_owner = ledger_rows(ledger, "P")["started"][1]
@@ -236,3 +255,71 @@ async def test_paused_worker_changes_nothing(
         await store.aclose()
     assert record is not None and record.result is not None
     assert body(decode_result(record.result).result) == body(taken)
+
+
+@pytest.mark.redis
+async def test_a_paused_workers_late_write_is_refused_by_its_fence(
+    tmp_path: Path,
+    redis_url: str,
+    redis_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #11's double charge, replayed with the fence. Worker A is frozen (SIGSTOP) inside
+    the blocking step that writes to the provider. Its lease runs out; the retry on worker B
+    finds the record UNKNOWN. The operator follows the README: `keys settle --failed` is refused
+    within the grace period (A may be paused, not dead); `--force` settles; the next retry runs
+    on B with fence 2 and writes. Then A resumes and finishes its step with fence 1: the
+    provider refuses it. One write stands; A's own caller gets B's answer."""
+    ledger, provider = tmp_path / "ledger.db", tmp_path / "provider.db"
+    common: dict[str, Any] = {"lease": 1.0, "wait": 10.0, "prefix": redis_namespace}
+    paused = server_params(redis_url, ledger, gated=True, provider=provider, **common)
+    other = server_params(redis_url, ledger, provider=provider, **common)
+    monkeypatch.setattr(
+        _common, "open_store", lambda url: RedisKeyStore.from_url(url, prefix=redis_namespace)
+    )
+    settle = ["keys", "settle", "--client-key", "fence-1", "--tool", "fenced_effect"]
+    settle += ["--server", "effects", "--failed", "--store", redis_url]
+
+    async def operator(*extra: str) -> int:
+        def run() -> int:
+            try:
+                return main([*settle, *extra])
+            except SystemExit as exc:
+                return int(exc.code or 0)
+
+        return await anyio.to_thread.run_sync(run)
+
+    args: dict[str, Any] = {"order": "F"}
+    with anyio.fail_after(STARTUP_BOUND):
+        async with Client(paused) as a, Client(other) as b:
+            # On leaving the block A resumes and its blocking step goes on, with fence 1.
+            async with frozen_mid_call(a, "fenced_effect", args, "fence-1") as (paused_pid, late):
+                with pytest.raises(MCPError) as unknown:
+                    await b.call_tool("fenced_effect", args, meta=meta("fence-1"))
+                capsys.readouterr()
+                refused = await operator()
+                refusal = capsys.readouterr().err
+                forced = await operator("--force")
+                charged = await b.call_tool("fenced_effect", args, meta=meta("fence-1"))
+            replay = await b.call_tool("fenced_effect", args, meta=meta("fence-1"))
+    assert unknown.value.code == wire.OUTCOME_UNKNOWN
+    assert refused == 1 and "refusing to settle" in refusal and "fence 1" in refusal
+    assert forced == 0
+    b_pid = ledger_rows(ledger, "F")["started"][1]
+    assert b_pid != paused_pid
+    assert body(charged)["content"] == [
+        {"type": "text", "text": f"order F: written with fence 2 by process {b_pid}"}
+    ]
+    record = record_key("effects", "fenced_effect", "fence-1")
+    table = FencedTable(provider)
+    assert table.writes() == [(record, 2, "F", b_pid)]
+    assert table.refusals() == [(record, 1, "F", paused_pid)]  # the stale write, refused
+    assert [body(r) for r in late] == [body(charged)]  # A's caller got the record's answer
+    assert answer(replay) == answer(charged)
+    store = RedisKeyStore.from_url(redis_url, prefix=redis_namespace)
+    try:
+        stored = await store.get(record)
+    finally:
+        await store.aclose()
+    assert stored is not None and stored.state is RecordState.COMPLETED and stored.fence == 2

@@ -4,6 +4,8 @@ its `data` and a sentence in `message`; and bad stored data answered clearly, lo
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -11,7 +13,6 @@ import pytest
 from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
-from mcp_types import INTERNAL_ERROR
 from server_kit import (
     SOON,
     DownStore,
@@ -29,6 +30,7 @@ from idempotency import (
     KeyStore,
     MemoryKeyStore,
     RedisKeyStore,
+    StoreUnavailable,
     wire,
 )
 from idempotency._mint import resolve_key
@@ -40,6 +42,20 @@ ARGS: dict[str, Any] = {"order": "o", "cents": 1}
 
 def assert_sentence(error: MCPError) -> None:
     assert error.message.endswith(".") and len(error.message.split()) >= 6, error.message
+
+
+@asynccontextmanager
+async def first_call_holding(client: Client, effects: Effects, key: str) -> AsyncIterator[None]:
+    """A first call with `key` that holds inside the tool while the block runs, then finishes."""
+    async with anyio.create_task_group() as tg:
+
+        async def first() -> None:
+            await client.call_tool("charge", ARGS, meta=meta(key))
+
+        tg.start_soon(first)
+        await effects.started.wait()
+        yield
+        effects.open()
 
 
 async def refused(client: Client, key: object, args: dict[str, Any] = ARGS) -> MCPError:
@@ -128,15 +144,8 @@ async def test_in_progress_without_wait_carries_retry_hint(store: KeyStore) -> N
     server = effect_server(store, effects, wait=0)
     with anyio.fail_after(SOON):
         async with Client(server) as client:
-            async with anyio.create_task_group() as tg:
-
-                async def first() -> None:
-                    await client.call_tool("charge", ARGS, meta=meta("busy"))
-
-                tg.start_soon(first)
-                await effects.started.wait()
+            async with first_call_holding(client, effects, "busy"):
                 error = await refused(client, "busy")
-                effects.open()
             replay = await client.call_tool("charge", ARGS, meta=meta("busy"))
     assert error.code == wire.IN_PROGRESS
     assert error.error.data["key"] == "busy"
@@ -150,17 +159,10 @@ async def test_in_progress_after_a_bounded_wait() -> None:
     effects = Effects()
     server = effect_server(MemoryKeyStore(), effects, wait=0.05)
     with anyio.fail_after(SOON):
-        async with Client(server) as client, anyio.create_task_group() as tg:
-
-            async def first() -> None:
-                await client.call_tool("charge", ARGS, meta=meta("slow"))
-
-            tg.start_soon(first)
-            await effects.started.wait()
+        async with Client(server) as client, first_call_holding(client, effects, "slow"):
             started = anyio.current_time()
             error = await refused(client, "slow")
             waited = anyio.current_time() - started
-            effects.open()
     assert error.code == wire.IN_PROGRESS
     assert waited >= 0.05
     assert effects.count == 1
@@ -236,6 +238,47 @@ async def test_store_unavailable_does_not_run_the_tool(kind: str) -> None:
     assert effects.count == 0
 
 
+class FailsOnceBusy(MemoryKeyStore):
+    """Reachable until a claim finds the key held by another attempt; from then on the store is
+    gone: `wait` fails, or (`fail="claim"`) `wait` ends at once and the next claim fails."""
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+        self.gone = False
+
+    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+        if self.gone:
+            raise StoreUnavailable("connection refused")
+        outcome = await super().claim(key, fingerprint, lease=lease, takeover=takeover)
+        self.gone = outcome.status.value == "busy"
+        return outcome
+
+    async def wait(self, key: str, *, timeout: float) -> Any:
+        if self.fail == "wait":
+            raise StoreUnavailable("connection refused")
+        return None
+
+
+@pytest.mark.parametrize("fail", ["wait", "claim"])
+async def test_a_store_failing_while_another_attempt_holds_the_key_is_in_progress(
+    fail: str,
+) -> None:
+    """A duplicate found the key held by a running attempt, then lost the store. It must not
+    say STORE_UNAVAILABLE ("the tool was not run": the other attempt is running it), and must not
+    run the tool unprotected even under `fail_open`: it answers IN_PROGRESS."""
+    store = FailsOnceBusy(fail)
+    effects = Effects()
+    server = effect_server(store, effects, fail_open=True)
+    with anyio.fail_after(SOON):
+        async with Client(server) as client, first_call_holding(client, effects, "held"):
+            duplicate = await refused(client, "held")
+            store.gone = False
+    assert duplicate.code == wire.IN_PROGRESS
+    assert duplicate.error.data["key"] == "held" and duplicate.error.data["retryAfterMs"] > 0
+    assert effects.count == 1
+
+
 async def test_fail_open_runs_unprotected_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     effects = Effects()
     server = effect_server(DownStore(), effects, gated=False, fail_open=True)
@@ -256,7 +299,7 @@ async def test_corrupted_record_is_a_clear_error_and_left_untouched() -> None:
     assert await store.complete(name, claim.token, b"\xff not a stored result", retention=60)
     async with Client(server) as client:
         error = await refused(client, "damaged")
-    assert error.code == INTERNAL_ERROR
+    assert error.code == wire.CORRUPT_RECORD
     assert error.error.data == {"key": "damaged"}
     assert "operator" in error.message
     record = await store.get(name)
@@ -274,7 +317,7 @@ async def test_store_reporting_a_corrupt_record_is_a_clear_error() -> None:
     server = effect_server(CorruptStore(), effects, gated=False)
     async with Client(server) as client:
         error = await refused(client, "k")
-    assert error.code == INTERNAL_ERROR
+    assert error.code == wire.CORRUPT_RECORD
     assert error.error.data == {"key": "k"}
     assert effects.count == 0
 

@@ -28,7 +28,11 @@ from idempotency import (
     SQLiteKeyStore,
     StoreUnavailable,
 )
-from idempotency._store import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESULT_BYTES
+from idempotency._store import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    unreadable_records,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -452,8 +456,11 @@ async def test_a_corrupt_record_is_reported_and_left_untouched(backend: Backend,
         with pytest.raises(CorruptRecord) as caught:
             await call()
         assert caught.value.key == KEY and caught.value.why
-    # An operator's listing still shows every readable record; the damaged one is skipped.
-    assert [r.key for r in await store.list_records()] == ["other"]
+    # An operator's listing still shows every readable record, and reports the damaged one
+    # apart (`mcp-once keys list` shows it as corrupt).
+    with unreadable_records() as unreadable:
+        assert [r.key for r in await store.list_records()] == ["other"]
+    assert [(found.key, bool(found.why)) for found in unreadable] == [(KEY, True)]
     await backend.advance(LEASE + 1)
     with pytest.raises(CorruptRecord):
         await store.claim(KEY, FP, lease=LEASE, takeover=True)

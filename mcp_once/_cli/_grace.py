@@ -1,0 +1,70 @@
+"""The rule that keeps `keys settle --failed` from letting a paused worker charge a second time.
+
+Settling an UNKNOWN record as failed lets the next call run the tool again, which is right only
+if the worker that held the record's last lease is dead. A worker that is merely paused (SIGSTOP,
+a long GC pause, a frozen VM) resumes in the middle of its tool and first finishes the step it
+was in — the charge — because cancellation reaches a tool only at its next `await`. If the next
+call has run the tool meanwhile, the effect happened twice; the fence kept the *record* right,
+not the world.
+
+The rule: `--failed` is refused, unless `--force`, while the record's last lease ran out less
+than `--grace` seconds ago (default 90 s: three default leases). Measured from the lease deadline
+the store recorded (its own clock) to now on this machine's clock. Within that time a paused
+worker that wakes up still renews or completes, and its effect shows at the provider the
+operator is about to check. The grace narrows the window, it does not close it: a worker paused
+for longer can still act once when it resumes. `--force` is for an operator who knows the worker
+is gone (its process exited); a tool that fences its downstream write with `current_claim()`
+closes the window for good.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+from idempotency import Record, RecordState
+from idempotency._policy import DEFAULT_LEASE
+from idempotency._replay import rfc3339
+
+#: Three leases of the server's default length: a worker that resumes at all usually does so
+#: within a lease or two, and its renewal or completion attempt is then visible in the logs.
+DEFAULT_GRACE = 3 * DEFAULT_LEASE
+
+#: This machine's clock (seconds since the epoch). Tests move it instead of sleeping.
+clock: Callable[[], float] = time.time
+
+
+def add_arguments(settle: argparse.ArgumentParser) -> None:
+    settle.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        metavar="SECONDS",
+        help="refuse --failed while the record's last lease ran out less than this long ago"
+        " (default: %(default)g s, three default leases)",
+    )
+    settle.add_argument(
+        "--force",
+        action="store_true",
+        help="settle --failed within the grace period: you know the worker is gone",
+    )
+
+
+def too_soon_to_fail(record: Record | None, grace: float) -> str | None:
+    """Why `record` must not be settled as failed yet, or None when nothing speaks against it
+    (records that are not UNKNOWN are left to the store, which refuses them itself)."""
+    if record is None or record.state is not RecordState.UNKNOWN:
+        return None
+    ran_out = record.lease_deadline if record.lease_deadline is not None else record.updated_at
+    age = clock() - ran_out
+    if age >= grace:
+        return None
+    when = "has not run out yet" if age < 0 else f"ran out only {age:.1f} s ago"
+    return (
+        f"refusing to settle {record.key} as failed: its last lease (fence {record.fence}) {when}"
+        f" ({rfc3339(ran_out)}). The worker that held it may be paused rather than dead; if it"
+        " resumes after the next call ran the tool again, it finishes the step it was in and the"
+        f" effect happens twice. Check again from {rfc3339(ran_out + grace)} (--grace"
+        f" {grace:g} s), or pass --force once you know that worker is gone. Nothing was changed."
+    )
