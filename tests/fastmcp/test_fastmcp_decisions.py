@@ -29,7 +29,7 @@ from mcp_types import (
 )
 from server_kit import Effects, answer, body, marker, meta, record_key
 
-from idempotency import KeyStore, MemoryKeyStore, RecordState, wire
+from idempotency import Claim, KeyStore, MemoryKeyStore, RecordState, current_claim, wire
 from idempotency.fastmcp import IdempotencyMiddleware
 
 pytestmark = pytest.mark.anyio
@@ -472,3 +472,35 @@ async def test_rate_limiting_on_either_side_never_runs_a_rejected_call(guard_fir
     assert "Rate limit exceeded" in limited.value.message
     assert effects.count == 2
     assert marker(first)["status"] == marker(second)["status"] == "executed"
+
+
+# -- the fence for the tool ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["memory", "http"])
+async def test_current_claim_is_the_tools_fence_under_the_middleware(transport: str) -> None:
+    """`idempotency.current_claim()` works in a FastMCP tool as in an `MCPServer` one: the key as
+    the client sent it, the record's fence, the execution count; None outside a guarded call."""
+    seen: list[Claim | None] = []
+    server: FastMCP[Any] = FastMCP("fenced")
+    server.add_middleware(IdempotencyMiddleware(MemoryKeyStore(), tools={"pay"}))
+
+    @server.tool
+    async def pay(order: str) -> str:
+        seen.append(current_claim())
+        return f"paid {order}"
+
+    @server.tool
+    async def peek(order: str) -> str:
+        seen.append(current_claim())
+        return order
+
+    async with serving(server, transport) as connect, connect() as client:
+        await client.call_tool_mcp("pay", {"order": "o-1"}, meta=meta("fence-1"))
+        replay = await client.call_tool_mcp("pay", {"order": "o-1"}, meta=meta("fence-1"))
+        await client.call_tool_mcp("peek", {"order": "o-1"}, meta=meta("fence-2"))
+    assert marker(replay)["status"] == "replayed"
+    claim, unguarded = seen
+    assert claim is not None and (claim.key, claim.fence, claim.attempt) == ("fence-1", 1, 1)
+    assert unguarded is None
+    assert current_claim() is None
