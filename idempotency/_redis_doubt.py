@@ -22,6 +22,9 @@ class Doubts:
     def __init__(self) -> None:
         self._entries: dict[tuple[bytes, str], str] = {}
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def note(self, record: bytes, what: str, token: str) -> None:
         """`what` ("claim", "complete", "release") of `record` with `token` may have happened."""
         entries = self._entries

@@ -10,31 +10,27 @@ then opens its own multiplexed connections with those answers (`_redis_link.py`)
 from __future__ import annotations
 
 import asyncio
-import ssl
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from redis import credentials
 from redis.asyncio import connection as rconn
 
+from ._redis_transport import Address
 from ._redis_wire import command
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    host: str | None
-    port: int
-    #: A unix socket path; then `host` and `port` are unused.
-    path: str | None
-    tls: ssl.SSLContext | None
-    server_hostname: str | None
+    #: Where the configuration points (Sentinel: see `sentinel`).
+    address: Address
     db: int
     client_name: str | None
     credentials: credentials.CredentialProvider | None
     #: Seconds to wait for a reply (the redis-py option `socket_timeout`); None: forever.
     timeout: float | None
     connect_timeout: float | None
-    keepalive: dict[int, int]
     #: A Sentinel-managed pool: asked for the current primary on every connect (asyncio only).
     sentinel: Any = None
 
@@ -46,31 +42,30 @@ class Endpoint:
             provider = credentials.UsernamePasswordCredentialProvider(conn.username, conn.password)
         tls = conn.ssl_context.get() if isinstance(conn, rconn.SSLConnection) else None
         path = conn.path if isinstance(conn, rconn.UnixDomainSocketConnection) else None
-        keepalive = dict(getattr(conn, "socket_keepalive_options", {}) or {})
-        if not getattr(conn, "socket_keepalive", True):
-            keepalive = {}
+        options = dict(getattr(conn, "socket_keepalive_options", {}) or {})
+        keepalive = {int(k): int(v) for k, v in options.items()}
+        host = getattr(conn, "host", None)
         return cls(
-            host=getattr(conn, "host", None),
-            port=int(getattr(conn, "port", 6379)),
-            path=path,
-            tls=tls,
-            server_hostname=getattr(conn, "host", None),
+            address=Address(
+                host=host,
+                port=int(getattr(conn, "port", 6379)),
+                path=path,
+                tls=tls,
+                server_hostname=host,
+                keepalive=keepalive if getattr(conn, "socket_keepalive", True) else None,
+            ),
             db=int(conn.db or 0),
             client_name=conn.client_name,
             credentials=provider,
             timeout=conn.socket_timeout,
             connect_timeout=conn.socket_connect_timeout,
-            keepalive={int(k): int(v) for k, v in keepalive.items()},
             sentinel=pool if hasattr(pool, "get_master_address") else None,
         )
 
-    def where(self) -> str:
-        return self.path if self.path is not None else f"{self.host}:{self.port}"
-
-    async def address(self) -> tuple[str | None, int]:
-        """The host and port to connect to now (Sentinel: the primary it names)."""
+    async def locate(self) -> Address:
+        """Where to connect now (Sentinel: the primary it names at this moment)."""
         if self.sentinel is None:
-            return self.host, self.port
+            return self.address
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -79,7 +74,9 @@ class Endpoint:
                 " so RedisKeyStore needs asyncio there"
             ) from None
         host, port = await self.sentinel.get_master_address()
-        return str(host), int(port)
+        return dataclasses.replace(
+            self.address, host=str(host), port=int(port), server_hostname=str(host)
+        )
 
     async def handshake(self) -> list[bytes]:
         """The commands a fresh connection sends before any other (AUTH, SELECT, SETNAME)."""

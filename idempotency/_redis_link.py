@@ -24,6 +24,7 @@ from ._redis_wire import (
     Traffic,
     Unreachable,
     Wire,
+    Wiring,
 )
 
 
@@ -102,19 +103,9 @@ class Link:
 
     async def _open(self) -> Wire:
         endpoint = self._endpoint
-        host, port = await endpoint.address()
+        wiring = Wiring(endpoint.timeout, self._traffic, self._push, self._on_dead)
         wire = await open_wire(
-            host=host,
-            port=port,
-            path=endpoint.path,
-            tls=endpoint.tls,
-            server_hostname=host if endpoint.sentinel is not None else endpoint.server_hostname,
-            connect_timeout=endpoint.connect_timeout,
-            keepalive=endpoint.keepalive,
-            timeout=endpoint.timeout,
-            traffic=self._traffic,
-            push=self._push,
-            on_dead=self._on_dead,
+            await endpoint.locate(), wiring, connect_timeout=endpoint.connect_timeout
         )
         try:
             setup = await endpoint.handshake()

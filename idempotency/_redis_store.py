@@ -51,12 +51,13 @@ store reads. Keys are Cluster-ready (one hash-tagged key per record, one key per
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import heapq
 import logging
 import math
+import os
 import re
-import secrets
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Final
 
@@ -302,7 +303,7 @@ class RedisKeyStore:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey(key)
         # A claim of ours that may have landed is claimed again under its own token.
-        token = self._doubts.take(rkey, "claim") or secrets.token_hex(16)
+        token = (self._doubts and self._doubts.take(rkey, "claim")) or os.urandom(16).hex()
         args = (
             fingerprint_bytes,
             _micros("lease", lease),
@@ -342,7 +343,8 @@ class RedisKeyStore:
             return False
         rkey = self._rkey(key)
         doubt = ("complete", token)
-        args, resent = _resendable(self._doubts.holds(rkey, *doubt), token, retention_us, result)
+        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        args, resent = _resendable(doubtful, token, retention_us, result)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
         reply, acks = await self._script(
@@ -360,9 +362,8 @@ class RedisKeyStore:
             return False
         rkey = self._rkey(key)
         doubt = ("release", token)
-        args, resent = _resendable(
-            self._doubts.holds(rkey, *doubt), token, self._orphan_retention_us
-        )
+        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        args, resent = _resendable(doubtful, token, self._orphan_retention_us)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
 
     async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
@@ -470,7 +471,10 @@ class RedisKeyStore:
 
     def _here(self) -> _Here:
         """This store's connections on the running event loop."""
-        loop = current_loop()
+        try:
+            loop: object = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = current_loop()
         here = self._loops.get(loop)
         if here is None:
             for gone in [other for other in self._loops if not loop_alive(other)]:
@@ -514,10 +518,10 @@ class RedisKeyStore:
             await self._check_durability()
             group = here.durable(self._endpoint, self._traffic, self._wait_command())
             link = group.link
-        body = (b"EVALSHA", script.sha)
+        body: tuple[bytes | str | int, ...] = (b"EVALSHA", script.sha, 1, rkey, self._offset_us)
         again = False
         while True:
-            chunk = command(*body, 1, rkey, self._offset_us, *args)
+            chunk = command(*body, *args)
             try:
                 if group is None:
                     wire = link.live() or await link.wire()
@@ -535,10 +539,10 @@ class RedisKeyStore:
                 raise self._failed(exc, rkey, doubt) from exc
             if isinstance(reply, ReplyError):
                 if reply.code == "NOSCRIPT" and body[0] == b"EVALSHA":
-                    body = (b"EVAL", script.source)  # a flushed cache or a fresh server
+                    body = (b"EVAL", script.source, *body[2:])  # a flushed script cache
                     continue
                 raise self._refused(reply, link)
-            if doubt is not None:
+            if doubt is not None and self._doubts:
                 self._doubts.settle(rkey, *doubt)
             return answer
 

@@ -6,9 +6,12 @@ object in between, and `transport.write` never blocks. Trio has no callbacks, so
 system task receives from an anyio byte stream, and the caller that finds no write in progress
 writes for everyone.
 
-Both coalesce writes the same way. A command sent while nothing is in flight goes out at once: a
-caller alone pays no extra loop turn. A command sent while others are in flight waits for the end
-of the current loop turn, so that every command issued in that turn leaves in one write.
+On asyncio a command sent while nothing is in flight, by the one caller the last reply woke,
+goes out at once: a caller alone pays no extra loop turn. Any other command waits for the end of
+the current loop turn (`call_soon`), so that every command issued in that turn leaves in one
+write; when one batch of replies woke many callers, their next commands leave together too.
+Under trio the caller that finds no write in progress yields once and then writes everything
+queued meanwhile.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import asyncio
 import math
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import anyio
@@ -25,30 +29,14 @@ import anyio.abc
 import anyio.lowlevel
 
 from . import _system_task
-from ._redis_wire import (
-    NO_DEADLINE,
-    ConnectionLost,
-    PushHandler,
-    Replies,
-    Traffic,
-    Unreachable,
-    Wire,
-)
+from ._redis_wire import NO_DEADLINE, ConnectionLost, Replies, Unreachable, Wire, Wiring
 
 
 class AsyncioWire(Wire, asyncio.Protocol):
     """A `Wire` driven by asyncio's protocol callbacks."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        timeout: float | None,
-        traffic: Traffic,
-        push: PushHandler | None = None,
-        on_dead: Callable[[Wire], None] | None = None,
-    ) -> None:
-        super().__init__(timeout=timeout, traffic=traffic, push=push, on_dead=on_dead)
+    def __init__(self, loop: asyncio.AbstractEventLoop, wiring: Wiring) -> None:
+        super().__init__(wiring)
         self._loop = loop
         self._transport: asyncio.Transport | None = None
         #: Chunks waiting for the end of the loop turn; non-empty exactly while a flush is due.
@@ -90,7 +78,7 @@ class AsyncioWire(Wire, asyncio.Protocol):
             self._timer = self._loop.call_at(self._queue[0].deadline, self._watch)
         if self._buffer:
             self._buffer.append(chunk)
-        elif idle:
+        elif idle and self._answered <= 1:
             assert self._transport is not None
             self._mark_written()
             self._transport.write(chunk)
@@ -150,16 +138,8 @@ class _Slot:
 class StreamWire(Wire):
     """A `Wire` over an anyio byte stream, read by a system task (trio, or any anyio loop)."""
 
-    def __init__(
-        self,
-        stream: anyio.abc.ByteStream,
-        *,
-        timeout: float | None,
-        traffic: Traffic,
-        push: PushHandler | None = None,
-        on_dead: Callable[[Wire], None] | None = None,
-    ) -> None:
-        super().__init__(timeout=timeout, traffic=traffic, push=push, on_dead=on_dead)
+    def __init__(self, stream: anyio.abc.ByteStream, wiring: Wiring) -> None:
+        super().__init__(wiring)
         self._stream = stream
         self._buffer: list[bytes] = []
         self._flushing = False
@@ -248,114 +228,95 @@ class StreamWire(Wire):
         self._reader_scope.cancel()
 
 
-WireFactory = Callable[..., Wire]
+@dataclass(frozen=True, slots=True)
+class Address:
+    """Where to connect: a TCP host and port, or a unix socket `path`; TLS when `tls`."""
+
+    host: str | None
+    port: int
+    path: str | None = None
+    tls: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+    #: TCP keepalive and its options (`socket.TCP_KEEPIDLE` and the like), so that a peer that
+    #: vanished without closing is noticed while the connection is idle; None: off.
+    keepalive: dict[int, int] | None = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.path if self.path is not None else f"{self.host}:{self.port}"
 
 
-async def open_wire(
-    *,
-    host: str | None,
-    port: int,
-    path: str | None,
-    tls: ssl.SSLContext | None,
-    server_hostname: str | None,
-    connect_timeout: float | None,
-    keepalive: dict[int, int],
-    timeout: float | None,
-    traffic: Traffic,
-    push: PushHandler | None = None,
-    on_dead: Callable[[Wire], None] | None = None,
-) -> Wire:
+async def open_wire(address: Address, wiring: Wiring, *, connect_timeout: float | None) -> Wire:
     """Open one connection on the current event loop. Raises `Unreachable`."""
     limit = math.inf if connect_timeout is None else connect_timeout
-    where = path if path is not None else f"{host}:{port}"
-    options: dict[str, Any] = {"timeout": timeout, "traffic": traffic, "push": push}
-    options["on_dead"] = on_dead
     try:
         with anyio.fail_after(limit):
             loop = _system_task.current_loop()
             if isinstance(loop, asyncio.AbstractEventLoop):
-                wire: Wire = await _open_asyncio(
-                    loop, host, port, path, tls, server_hostname, keepalive, options
-                )
+                wire: Wire = await _open_asyncio(loop, address, wiring)
             else:
-                wire = await _open_stream(
-                    host, port, path, tls, server_hostname, keepalive, options
-                )
+                wire = await _open_stream(address, wiring)
     except TimeoutError:
-        raise Unreachable(f"connecting to Redis at {where} timed out after {limit} s") from None
+        raise Unreachable(f"connecting to Redis at {address} timed out after {limit} s") from None
     except OSError as exc:
-        raise Unreachable(f"could not connect to Redis at {where}: {exc}") from exc
-    traffic.connects += 1
+        raise Unreachable(f"could not connect to Redis at {address}: {exc}") from exc
+    wiring.traffic.connects += 1
     return wire
 
 
-async def _open_asyncio(
-    loop: asyncio.AbstractEventLoop,
-    host: str | None,
-    port: int,
-    path: str | None,
-    tls: ssl.SSLContext | None,
-    server_hostname: str | None,
-    keepalive: dict[int, int],
-    options: dict[str, Any],
-) -> Wire:
-    wire = AsyncioWire(loop, **options)
-    if path is not None:
+async def _open_asyncio(loop: asyncio.AbstractEventLoop, address: Address, wiring: Wiring) -> Wire:
+    wire = AsyncioWire(loop, wiring)
+    tls = address.tls
+    hostname = address.server_hostname if tls else None
+    if address.path is not None:
         transport, _ = await loop.create_unix_connection(
-            lambda: wire, path, ssl=tls, server_hostname=server_hostname if tls else None
+            lambda: wire, address.path, ssl=tls, server_hostname=hostname
         )
     else:
-        assert host is not None
+        assert address.host is not None
         transport, _ = await loop.create_connection(
-            lambda: wire, host, port, ssl=tls, server_hostname=server_hostname if tls else None
+            lambda: wire, address.host, address.port, ssl=tls, server_hostname=hostname
         )
-    _keep_alive(transport.get_extra_info("socket"), keepalive, tcp=path is None)
+    _keep_alive(transport.get_extra_info("socket"), address)
     return wire
 
 
-async def _open_stream(
-    host: str | None,
-    port: int,
-    path: str | None,
-    tls: ssl.SSLContext | None,
-    server_hostname: str | None,
-    keepalive: dict[int, int],
-    options: dict[str, Any],
-) -> Wire:
+async def _open_stream(address: Address, wiring: Wiring) -> Wire:
     stream: anyio.abc.ByteStream
-    if path is not None:
-        stream = await anyio.connect_unix(path)
+    tls = address.tls
+    if address.path is not None:
+        stream = await anyio.connect_unix(address.path)
         if tls is not None:
             from anyio.streams.tls import TLSStream
 
             stream = await TLSStream.wrap(
-                stream, hostname=server_hostname, ssl_context=tls, standard_compatible=False
+                stream,
+                hostname=address.server_hostname,
+                ssl_context=tls,
+                standard_compatible=False,
             )
     else:
-        assert host is not None
+        assert address.host is not None
         if tls is None:
-            stream = await anyio.connect_tcp(host, port)
+            stream = await anyio.connect_tcp(address.host, address.port)
         else:
             stream = await anyio.connect_tcp(
-                host,
-                port,
+                address.host,
+                address.port,
                 ssl_context=tls,
-                tls_hostname=server_hostname or host,
+                tls_hostname=address.server_hostname or address.host,
                 tls_standard_compatible=False,
             )
-    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket, None)
-    _keep_alive(raw, keepalive, tcp=path is None)
-    wire = StreamWire(stream, **options)
+    _keep_alive(stream.extra(anyio.abc.SocketAttribute.raw_socket, None), address)
+    wire = StreamWire(stream, wiring)
     _system_task.spawn(wire.read_forever, name="mcp-once Redis reader")
     return wire
 
 
-def _keep_alive(sock: Any, options: dict[int, int], *, tcp: bool) -> None:
-    """TCP keepalive, so that a peer that vanished without closing is noticed while idle."""
-    if sock is None or not tcp:
+def _keep_alive(sock: Any, address: Address) -> None:
+    if sock is None or address.path is not None or address.keepalive is None:
         return
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in options.items():
+    for option, value in address.keepalive.items():
         try:
             sock.setsockopt(socket.IPPROTO_TCP, option, value)
         except OSError:  # not every platform has every knob

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import hiredis
@@ -102,29 +103,36 @@ PushHandler = Callable[[Any], bool]
 NO_DEADLINE: Final = math.inf
 
 
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What a connection answers to: its reply timeout (None: none), the traffic counter, the
+    handler of replies nobody asked for (pub/sub messages), and who hears that it died."""
+
+    timeout: float | None
+    traffic: Traffic
+    push: PushHandler | None = None
+    on_dead: Callable[[Wire], None] | None = None
+
+
 class Wire:
     """The request/reply bookkeeping of one connection. Transports subclass it and supply
-    `request`, `post`, `close` and the `_resolve`/`_fail`/`_abort` hooks."""
+    `request`, `post` and the `_resolve`/`_fail`/`_abort` hooks."""
 
-    def __init__(
-        self,
-        *,
-        timeout: float | None,
-        traffic: Traffic,
-        push: PushHandler | None = None,
-        on_dead: Callable[[Wire], None] | None = None,
-    ) -> None:
+    def __init__(self, wiring: Wiring) -> None:
         #: Why the connection is gone; None while it is usable.
         self.dead: BaseException | None = None
-        self._timeout = timeout
-        self._traffic = traffic
-        self._push = push
-        self._on_dead = on_dead
+        self._timeout = wiring.timeout
+        self._traffic = wiring.traffic
+        self._push = wiring.push
+        self._on_dead = wiring.on_dead
         self._parser = hiredis.Reader(replyError=ReplyError)
         self._queue: collections.deque[_Request] = collections.deque()
         #: Sequence number of the last request enqueued, and of the last one written.
         self._seq = 0
         self._written = 0
+        #: How many requests the last batch of bytes answered: more than one means several
+        #: callers are about to send again in the same loop turn.
+        self._answered = 0
 
     # -- for callers ---------------------------------------------------------------------------
 
@@ -164,6 +172,7 @@ class Wire:
         parser = self._parser
         queue = self._queue
         parser.feed(data)
+        answered = 0
         while True:
             try:
                 reply = parser.gets()
@@ -171,6 +180,7 @@ class Wire:
                 self.die(ConnectionLost(f"Redis sent something unreadable: {exc}", written=True))
                 return
             if reply is False:
+                self._answered = answered
                 return
             if self._push is not None and self._push(reply):
                 continue
@@ -181,12 +191,14 @@ class Wire:
             replies = head.replies
             if replies is None:
                 queue.popleft()
+                answered += 1
                 if head.waiter is not None:
                     self._resolve(head.waiter, reply)
                 continue
             replies.append(reply)
             if len(replies) == head.count:
                 queue.popleft()
+                answered += 1
                 if head.waiter is not None:
                     self._resolve(head.waiter, replies)
 

@@ -139,22 +139,28 @@ def check(answers: list[Any], shop: Shop, duplicates: int, distinct: int) -> Non
     assert statuses[("dup-key", "replayed")] == duplicates - 1  # every duplicate replayed
 
 
+@asynccontextmanager
+async def shop_on(redis: RedisServer, prefix: str, waiters_expected: int) -> AsyncIterator[Shop]:
+    """A shop on its own store, counting its waiters; the store closed afterwards."""
+    store = RedisKeyStore.from_url(redis.url, prefix=prefix)
+    shop = Shop(store, waiters_expected=waiters_expected)
+    shop.count_waiters()
+    try:
+        yield shop
+    finally:
+        await store.aclose()
+
+
 async def test_a_thousand_duplicates_and_a_hundred_other_keys_in_process(
     private_redis: RedisServer, observer: aioredis.Redis
 ) -> None:
-    store = RedisKeyStore.from_url(private_redis.url, prefix="load:")
-    shop = Shop(store, waiters_expected=999)
-    shop.count_waiters()
-    try:
-        async with Client(shop.server) as client:
+    async with shop_on(private_redis, "load:", 999) as shop, Client(shop.server) as client:
 
-            async def call(order: str, key: str) -> Any:
-                return await client.call_tool("charge", {"order": order}, meta=meta(key))
+        async def call(order: str, key: str) -> Any:
+            return await client.call_tool("charge", {"order": order}, meta=meta(key))
 
-            answers, peak = await burst(call, shop, 1000, 100, observer)
-            after = await others(observer)
-    finally:
-        await store.aclose()
+        answers, peak = await burst(call, shop, 1000, 100, observer)
+        after = await others(observer)
     check(answers, shop, 1000, 100)
     print(f"\nRedis connections, most seen: {peak}; after: {after}")
     assert peak <= STORE_CONNECTIONS
@@ -164,25 +170,22 @@ async def test_a_thousand_duplicates_and_a_hundred_other_keys_in_process(
 async def test_two_hundred_duplicates_over_streamable_http(
     private_redis: RedisServer, observer: aioredis.Redis
 ) -> None:
-    store = RedisKeyStore.from_url(private_redis.url, prefix="http:")
-    shop = Shop(store, waiters_expected=199)
-    shop.count_waiters()
-    try:
-        async with serve_http(shop.server.streamable_http_app()) as base:
-            url = f"{base}/mcp"
-            async with Client(url) as first, Client(url) as second:
-                clients = [first, second]
-                sent = 0
+    async with (
+        shop_on(private_redis, "http:", 199) as shop,
+        serve_http(shop.server.streamable_http_app()) as base,
+        Client(f"{base}/mcp") as first,
+        Client(f"{base}/mcp") as second,
+    ):
+        clients = [first, second]
+        sent = 0
 
-                async def call(order: str, key: str) -> Any:
-                    nonlocal sent
-                    sent += 1
-                    client = clients[sent % 2]
-                    return await client.call_tool("charge", {"order": order}, meta=meta(key))
+        async def call(order: str, key: str) -> Any:
+            nonlocal sent
+            sent += 1
+            client = clients[sent % 2]
+            return await client.call_tool("charge", {"order": order}, meta=meta(key))
 
-                answers, peak = await burst(call, shop, 200, 20, observer)
-    finally:
-        await store.aclose()
+        answers, peak = await burst(call, shop, 200, 20, observer)
     check(answers, shop, 200, 20)
     print(f"\nRedis connections over HTTP, most seen: {peak}")
     assert peak <= STORE_CONNECTIONS

@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 FP = "fp-a"
 LEASE = 30.0
+SCRIPTS = {"complete": lua.COMPLETE, "renew": lua.RENEW, "release": lua.RELEASE}
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -54,6 +55,13 @@ async def stores(
         await observer.aclose()
 
 
+async def held(store: RedisKeyStore, key: str = "k", *, lease: float = LEASE) -> str:
+    """A claim on `key`, made without incident; its token."""
+    first = await store.claim(key, FP, lease=lease, takeover=True)
+    assert first.status is ClaimStatus.CLAIMED and first.token
+    return first.token
+
+
 def lua_load(script: lua.Script) -> bytes:
     from idempotency._redis_wire import command
 
@@ -79,37 +87,38 @@ async def test_a_claim_whose_reply_was_lost_finds_itself(
     assert replay.status is ClaimStatus.REPLAY and replay.result == b"r"
 
 
-async def test_a_complete_whose_reply_was_lost_reports_success(
-    proxy: LossyProxy, stores: tuple[RedisKeyStore, RedisKeyStore]
+@pytest.mark.parametrize("write", ["complete", "renew", "release"])
+async def test_a_write_whose_reply_was_lost_reports_success(
+    proxy: LossyProxy, stores: tuple[RedisKeyStore, RedisKeyStore], write: str
 ) -> None:
     store, observer = stores
-    first = await store.claim("k", FP, lease=LEASE, takeover=False)
-    assert first.token
-    proxy.cut_reply_to(lua.COMPLETE.sha.encode())
-    assert await store.complete("k", first.token, b"result", retention=60) is True
+    token = await held(store)
+    proxy.cut_reply_to(SCRIPTS[write].sha.encode())
+    if write == "complete":
+        assert await store.complete("k", token, b"result", retention=60) is True
+    elif write == "renew":
+        assert await store.renew("k", token, lease=LEASE) is True
+    else:
+        assert await store.release("k", token) is True
     assert proxy.cut.is_set()
     record = await observer.get("k")
-    assert record is not None and record.state is RecordState.COMPLETED
-    assert record.result == b"result" and record.attempts == 1
+    if write == "complete":
+        assert record is not None and record.state is RecordState.COMPLETED
+        assert record.result == b"result" and record.attempts == 1
+    elif write == "renew":
+        assert record is not None and record.state is RecordState.IN_PROGRESS
+        assert record.token == token
+    else:
+        assert record is None
+        again = await observer.claim("k", FP, lease=LEASE, takeover=False)
+        assert again.fence == 2  # the release left its tombstone once
 
 
-async def test_renew_release_and_settle_whose_replies_were_lost_report_success(
+async def test_a_settle_whose_reply_was_lost_reports_success(
     proxy: LossyProxy, stores: tuple[RedisKeyStore, RedisKeyStore]
 ) -> None:
     store, observer = stores
-    first = await store.claim("k", FP, lease=LEASE, takeover=False)
-    assert first.token
-    proxy.cut_reply_to(lua.RENEW.sha.encode())
-    assert await store.renew("k", first.token, lease=LEASE) is True
-    proxy.cut_reply_to(lua.RELEASE.sha.encode())
-    assert await store.release("k", first.token) is True
-    assert proxy.cut.is_set()
-    assert await observer.get("k") is None
-    again = await observer.claim("k", FP, lease=LEASE, takeover=False)
-    assert again.fence == 2  # the release left its tombstone once, not twice
-
-    lost = await observer.claim("u", FP, lease=1.0, takeover=False)
-    assert lost.token
+    await held(observer, "u", lease=1.0)
     store.advance_clock_for_testing(2.0)
     unknown = await store.claim("u", FP, lease=1.0, takeover=False)
     assert unknown.status is ClaimStatus.UNKNOWN
@@ -159,14 +168,13 @@ async def test_a_re_sent_write_never_claims_another_attempts_effect(
     """The relaxed rule accepts only the write's own effect: a stale worker's complete whose
     reply was lost, re-sent after another attempt completed, still answers "lost"."""
     store, observer = stores
-    stale = await store.claim("k", FP, lease=5.0, takeover=True)
-    assert stale.token
+    stale = await held(store, lease=5.0)
     observer.advance_clock_for_testing(6.0)
     fresh = await observer.claim("k", FP, lease=5.0, takeover=True)
     assert fresh.token and fresh.took_over
     assert await observer.complete("k", fresh.token, b"fresh", retention=60)
     proxy.cut_reply_to(lua.COMPLETE.sha.encode())
-    assert await store.complete("k", stale.token, b"stale", retention=60) is False
+    assert await store.complete("k", stale, b"stale", retention=60) is False
     assert proxy.cut.is_set()
     record = await observer.get("k")
     assert record is not None and record.result == b"fresh"

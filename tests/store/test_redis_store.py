@@ -20,6 +20,7 @@ import anyio
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from anyio.streams.buffered import BufferedByteReceiveStream
 from redis import exceptions as rx
 from redis_server import RedisServer, free_port, redis_server_binary
 
@@ -593,6 +594,49 @@ async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
             await replica.aclose()
 
 
+async def test_durable_writes_queued_behind_a_wait_share_the_next_one(
+    private_server: RedisServer,
+) -> None:
+    """Group commit: WAIT blocks its connection, so the durable claims that queue up while one
+    WAIT is out go together in the next batch under one WAIT, instead of one WAIT each in
+    turn. Counted by Redis itself (`INFO commandstats`), not timed."""
+    admin = aioredis.Redis.from_url(private_server.url)
+    await load_scripts(admin)
+    durable = RedisKeyStore.from_url(
+        private_server.url, prefix="g:", wait_replicas=1, wait_timeout=0.3
+    )
+    failures: list[BaseException] = []
+
+    async def claim(n: int) -> None:
+        with pytest.raises(ReplicationUnconfirmed) as caught:  # no replica: none confirms
+            await durable.claim(f"k{n}", FP, lease=LEASE, takeover=False)
+        failures.append(caught.value)
+
+    def waits(stats: dict[str, Any]) -> int:
+        return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+    try:
+        before = waits(await admin.info("commandstats"))
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for n in range(20):
+                    tg.start_soon(claim, n)
+        sent = waits(await admin.info("commandstats")) - before
+    finally:
+        await durable.aclose()
+    assert len(failures) == 20 and all(not f.applied for f in failures)  # type: ignore[attr-defined]
+    print(f"\n20 concurrent durable claims: {sent} WAIT command(s)")
+    assert 1 <= sent <= 3, sent  # the first claim's WAIT, then one for all queued behind it
+    plain = RedisKeyStore.from_url(private_server.url, prefix="g:")
+    try:
+        for n in range(20):
+            again = await plain.claim(f"k{n}", FP, lease=LEASE, takeover=False)
+            assert again.fence == 2  # each claim was withdrawn, through its tombstone
+    finally:
+        await plain.aclose()
+        await admin.aclose()
+
+
 async def test_wait_aof_on_a_server_without_waitaof_is_refused_before_writing(
     redis_url: str, prefix: str, raw: aioredis.Redis
 ) -> None:
@@ -814,6 +858,76 @@ async def test_aclose_closes_only_a_client_the_store_opened(redis_url: str, pref
     await borrowed.aclose()
     assert await client.ping()  # still the caller's to use and close
     await client.aclose()
+
+
+async def test_it_connects_as_redis_py_would_password_database_and_name(
+    private_server: RedisServer,
+) -> None:
+    """The store reads redis-py's configuration (here from a URL) and opens its own
+    connections with it: AUTH, SELECT and CLIENT SETNAME on each, under asyncio and trio."""
+    admin = aioredis.Redis.from_url(private_server.url)
+    await admin.config_set("requirepass", "s3cret")
+    await admin.aclose()
+    url = f"redis://:s3cret@127.0.0.1:{private_server.port}/3?client_name=mcp-once-test"
+    store = RedisKeyStore.from_url(url, prefix="a:")
+    authed = aioredis.Redis.from_url(url)
+    try:
+        first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert first.token
+
+        async def under_trio() -> None:
+            record = await store.get(KEY)
+            assert record is not None and record.token == first.token
+
+        await anyio.to_thread.run_sync(lambda: anyio.run(under_trio, backend="trio"))
+        assert await authed.exists(rkey("a:")) == 1  # in database 3
+        names = {c["name"]: c["db"] for c in await authed.client_list()}
+        assert names.get("mcp-once-test") == "3"
+        wrong = RedisKeyStore.from_url(
+            f"redis://:wrong@127.0.0.1:{private_server.port}/3", prefix="a:"
+        )
+        with pytest.raises(StoreUnavailable, match="refused the connection setup"):
+            await wrong.get(KEY)
+        await wrong.aclose()
+    finally:
+        await store.aclose()
+        await authed.aclose()
+
+
+async def test_it_connects_over_a_unix_socket(tmp_path: Path) -> None:
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not on PATH")
+    path = tmp_path / "redis.sock"
+    server = await anyio.open_process(
+        [
+            str(redis_server_binary()),
+            *("--port", "0", "--unixsocket", str(path), "--dir", str(tmp_path)),
+            *("--save", "", "--appendonly", "no", "--loglevel", "notice"),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    store = RedisKeyStore.from_url(f"unix://{path}", prefix="u:")
+    try:
+        assert server.stdout is not None
+        log = BufferedByteReceiveStream(server.stdout)
+        with anyio.fail_after(20):
+            while (
+                b"ready to accept connections" not in (await log.receive_until(b"\n", 4096)).lower()
+            ):
+                pass
+        first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert first.token and await store.complete(KEY, first.token, b"r", retention=60)
+
+        async def under_trio() -> None:
+            replay = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+            assert replay.result == b"r"
+
+        await anyio.to_thread.run_sync(lambda: anyio.run(under_trio, backend="trio"))
+    finally:
+        await store.aclose()
+        server.terminate()
+        with anyio.fail_after(10):
+            await server.aclose()
 
 
 # -- memory per record -----------------------------------------------------------------------
