@@ -4,7 +4,11 @@ Contenders, measured interleaved in each round on one private redis-server:
 
 * `mcp_once` — `RedisKeyStore.claim` + `.complete` (asyncio tasks, one process).
 * `raw_redis_py` — the same two scripts through plain `redis.asyncio` EVALSHA calls, no store
-  code around them: the floor for any Python client, so the gap to `mcp_once` is our own cost.
+  code around them: what the store cost when it was built on redis-py's asyncio client.
+* `bare_asyncio` — the same two scripts through the least an asyncio client can be (one
+  connection, hiredis, replies matched in order, writes coalesced per loop turn; no
+  configuration, reconnection or store logic): the gap to `mcp_once` is the store's own cost,
+  the gap to `redis_benchmark` is the event loop's and the interpreter's.
 * `powertools` — AWS Powertools' Redis layer, `save_inprogress` + `save_success` (threads).
 * `redis_benchmark` — `redis-benchmark` running claim and complete as ONE script per request
   (the same server-side work at half the network cost): the practical limit of the server.
@@ -16,19 +20,24 @@ flushed before each measurement so no contender inherits another's records.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import csv
 import io
 import random
 import subprocess
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import hiredis
 import redis
 import redis.asyncio as aioredis
 
 from idempotency import RedisKeyStore
 from idempotency import _redis_lua as lua
 from idempotency._redis_store import _pack_fingerprint
+from idempotency._redis_wire import command
 
 from . import _powertools, _workload
 from ._redis import RedisServer, redis_benchmark_binary
@@ -37,7 +46,7 @@ from ._stats import spread
 from ._timing import async_rate, thread_rate
 
 CONCURRENCY = (1, 16, 64)
-CONTENDERS = ("mcp_once", "raw_redis_py", "powertools", "redis_benchmark")
+CONTENDERS = ("mcp_once", "raw_redis_py", "bare_asyncio", "powertools", "redis_benchmark")
 
 
 async def _mcp_once(url: str, concurrency: int, duration: float, run: str) -> float:
@@ -57,30 +66,81 @@ async def _mcp_once(url: str, concurrency: int, duration: float, run: str) -> fl
         await store.aclose()
 
 
-async def _raw(url: str, concurrency: int, duration: float, run: str) -> float:
-    client = aioredis.Redis.from_url(url)
+def _scripted_pairs(
+    run: str, call: Callable[..., Awaitable[Any]]
+) -> Callable[[int], Awaitable[None]]:
+    """Pairs sent as the store's two scripts through `call(*command)`, with no store code."""
     result = _workload.result_bytes()
     lease_us = int(_workload.LEASE * 1e6)
     retention_us = int(_workload.RETENTION * 1e6)
-    await client.script_load(lua.CLAIM.source)
-    await client.script_load(lua.COMPLETE.source)
     prefix = _workload.PREFIX.encode()
 
     async def pair(n: int) -> None:
         key, fp = _workload.call_names(run, n)
         rkey = prefix + b"{" + key.encode() + b"}"
         token = _workload.new_token()
-        claimed = await client.evalsha(
-            lua.CLAIM.sha, 1, rkey, 0, _pack_fingerprint(fp), lease_us, 0, retention_us, token
-        )
+        claimed = await call(
+            b"EVALSHA", lua.CLAIM.sha, 1, rkey, 0, _pack_fingerprint(fp), lease_us, 0,
+            retention_us, token,
+        )  # fmt: skip
         assert claimed[0] == b"claimed", claimed
-        done = await client.evalsha(lua.COMPLETE.sha, 1, rkey, 0, token, retention_us, result)
+        done = await call(b"EVALSHA", lua.COMPLETE.sha, 1, rkey, 0, token, retention_us, result)
         assert done == [b"ok"], done
 
+    return pair
+
+
+async def _raw(url: str, concurrency: int, duration: float, run: str) -> float:
+    client = aioredis.Redis.from_url(url)
+    await client.script_load(lua.CLAIM.source)
+    await client.script_load(lua.COMPLETE.source)
     try:
-        return await async_rate(concurrency, duration, pair)
+        return await async_rate(concurrency, duration, _scripted_pairs(run, client.execute_command))
     finally:
         await client.aclose()
+
+
+class _Bare(asyncio.Protocol):
+    """One connection; commands of one loop turn written together; replies matched FIFO."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._reader = hiredis.Reader()
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._pending: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while (reply := self._reader.gets()) is not False:
+            self._waiting.popleft().set_result(reply)
+
+    def call(self, *args: bytes | str | int) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.append(future)
+        if not self._pending:
+            loop.call_soon(self._flush)
+        self._pending.append(command(*args))
+        return future
+
+    def _flush(self) -> None:
+        assert self.transport is not None
+        self.transport.write(b"".join(self._pending))
+        self._pending.clear()
+
+
+async def _bare(port: int, concurrency: int, duration: float, run: str) -> float:
+    loop = asyncio.get_running_loop()
+    _, client = await loop.create_connection(_Bare, "127.0.0.1", port)
+    try:
+        return await async_rate(concurrency, duration, _scripted_pairs(run, client.call))
+    finally:
+        assert client.transport is not None
+        client.transport.close()
 
 
 def _powertools_rate(url: str, concurrency: int, duration: float, run: str) -> float:
@@ -165,6 +225,8 @@ def measure(scale: Scale) -> dict[str, Any]:
                         rate = anyio.run(_mcp_once, server.url, concurrency, duration, run)
                     elif contender == "raw_redis_py":
                         rate = anyio.run(_raw, server.url, concurrency, duration, run)
+                    elif contender == "bare_asyncio":
+                        rate = anyio.run(_bare, server.port, concurrency, duration, run)
                     elif contender == "powertools":
                         if not have_powertools:
                             continue
@@ -200,6 +262,7 @@ def _report(
     ratios: dict[str, dict[str, float]] = {"vs_powertools": {}, "vs_redis_benchmark": {}}
     ratio_spread: dict[str, dict[str, Any]] = {"vs_powertools": {}, "vs_redis_benchmark": {}}
     ours_vs_raw: dict[str, float] = {}
+    ours_vs_bare: dict[str, float] = {}
     for level in CONCURRENCY:
         key = str(level)
         ours = samples["mcp_once"][level]
@@ -214,6 +277,8 @@ def _report(
                 ratios[name][key] = ratio_spread[name][key]["median"]
         raw = samples["raw_redis_py"][level]
         ours_vs_raw[key] = spread([a / b for a, b in zip(ours, raw, strict=True)])["median"]
+        bare = samples["bare_asyncio"][level]
+        ours_vs_bare[key] = spread([a / b for a, b in zip(ours, bare, strict=True)])["median"]
     out: dict[str, Any] = {
         "unit": "claim+complete pairs per second (median of rounds, with min and max)",
         "rounds": rounds,
@@ -223,6 +288,7 @@ def _report(
         "ratios": ratios,
         "ratio_spread": ratio_spread,
         "mcp_once_vs_raw_redis_py": ours_vs_raw,
+        "mcp_once_vs_bare_asyncio": ours_vs_bare,
         "redis_benchmark_command": " ".join(
             [
                 *redis_benchmark_command(port, pair_sha, 16, 100_000)[:-1],

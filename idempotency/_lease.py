@@ -21,7 +21,6 @@ after the last run ended, and is cancelled with any other task when the event lo
 
 from __future__ import annotations
 
-import contextvars
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from contextlib import contextmanager
 import anyio
 
 from ._store import KeyStore
+from ._system_task import current_loop, spawn
 from ._telemetry import Trace, logger, record_name
 
 
@@ -187,36 +187,12 @@ class _Renewals:
 _services: dict[object, _Renewals] = {}
 
 
-def _current_loop() -> object:
-    """The running event loop's identity: an asyncio loop, or a trio run's token."""
-    import asyncio
-
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        import trio
-
-        return trio.lowlevel.current_trio_token()
-
-
 def _service() -> _Renewals:
-    import asyncio
-
-    loop = _current_loop()
+    loop = current_loop()
     service = _services.get(loop)
     if service is None:
         service = _services[loop] = _Renewals(loop)
-        # A fresh context: the service outlives the call that happened to start it.
-        context = contextvars.Context()
-        if isinstance(loop, asyncio.AbstractEventLoop):
-            # Held here: asyncio keeps only a weak reference to a running task.
-            service._task = loop.create_task(service.serve(), context=context)
-        else:
-            import trio
-
-            service._task = trio.lowlevel.spawn_system_task(
-                service.serve, name="mcp-once lease renewals", context=context
-            )
+        service._task = spawn(service.serve, name="mcp-once lease renewals")
     return service
 
 
@@ -251,4 +227,4 @@ def keep_lease(
 
 def _renewal_service() -> _Renewals | None:
     """The current event loop's renewal service, if one is running (a probe for tests)."""
-    return _services.get(_current_loop())
+    return _services.get(current_loop())

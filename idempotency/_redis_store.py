@@ -13,20 +13,39 @@ Why it is built this way:
   `_redis_scripts/lib.lua`) in key `{prefix}{key}`: the key is its own hash tag, so every key a
   record touches lives in one Redis Cluster slot. One string costs ~250 bytes beyond the result;
   a hash would turn into a hashtable past 64-byte values and cost ~900.
+* One multiplexed connection per event loop carries every call (`_redis_wire.py`): concurrent
+  calls share it, commands issued in one loop turn leave in one write, and replies are matched
+  in order. There is no pool to run out of. Waiting duplicates share one subscriber connection
+  (`_redis_waiters.py`). So a store holds two connections per event loop, three with durable
+  writes, however many calls and waiters it serves. redis-py supplies the configuration (URL,
+  TLS, credentials, Sentinel; `_redis_endpoint.py`) and hiredis parses the replies.
+* Self-healing (rule 12). A connection that died while idle is replaced before a call uses it
+  (`_redis_link.py`). A call that fails because the connection died under it is sent once more
+  on a fresh connection. Every transition is safe to re-send. A claim carries a token the store
+  generated, and a re-sent claim that finds the record IN_PROGRESS under that very token (and
+  fingerprint) answers `claimed`, with its lease restarted: 128 random bits never match another
+  claim. A complete, release or settle re-sent after its reply was lost carries a flag that also
+  accepts its own effect as success: the record COMPLETED with byte-identical result (the stored
+  payload holds its execution time, so another attempt's result never is), RELEASED or gone, or
+  settled as asked. Only such re-sends use the flag, so the normal semantics (and the reference
+  model in the tests) are unchanged. When even the re-send fails, the store remembers the write
+  as in doubt (`_redis_doubt.py`), and the caller's own retry of it is sent as a re-send: the
+  same token for a claim, the flag for a complete or release.
 * Redis errors never leak: an unreachable, timed-out, loading, read-only or out-of-memory
   server is `StoreUnavailable` (cause chained); a key holding something that is not our record
-  is `CorruptRecord` and is left untouched. redis-py's own retries are off in `from_url`: a
-  script whose reply was lost may have run, and a blind re-send would misreport it.
+  is `CorruptRecord` and is left untouched. A reply that does not arrive within `socket_timeout`
+  is not re-sent: the server is not answering, and waiting twice would only double the wait.
 * Optional durability: with `wait_replicas` (or `wait_aof`) the claim and complete scripts are
-  pipelined with `WAIT`/`WAITAOF` on the same connection, still one round trip; see
-  `ReplicationUnconfirmed` for what happens when too few acknowledge.
+  followed by `WAIT`/`WAITAOF` on a connection of their own, in one write, grouped with the other
+  durable writes queued meanwhile (`_redis_durable.py`); see `ReplicationUnconfirmed` for what
+  happens when too few acknowledge.
 
-redis-py's asyncio client runs under asyncio only, so this backend does too (under trio it says
-so; use `MemoryKeyStore` or `SQLiteKeyStore` there). Cancelling a call never leaves half a
-record: the script either ran whole or not at all.
+Runs under asyncio and trio (anyio). Cancelling a call never leaves half a record: the script
+either ran whole or not at all, and a cancelled caller's reply is read and dropped.
 
-Topologies: one Redis, or a primary behind Sentinel or a proxy, through a `redis.asyncio.Redis`.
-Keys are Cluster-ready (one hash-tagged key per record, one key per script), but a
+Topologies: one Redis, or a primary behind Sentinel (asyncio only: discovery uses redis-py's
+asyncio client) or a proxy, given as a URL or a `redis.asyncio.Redis` whose configuration the
+store reads. Keys are Cluster-ready (one hash-tagged key per record, one key per script), but a
 `RedisCluster` client is not accepted yet, and `list_records`/`purge_expired` SCAN one node.
 """
 
@@ -37,20 +56,25 @@ import contextlib
 import heapq
 import logging
 import math
+import os
 import re
-import secrets
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Final
 
 import anyio
+import anyio.lowlevel
 import redis.asyncio as aioredis
 from redis import exceptions as rx
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from . import _redis_lua as lua
 from . import _transitions as rules
 from ._memory_store import DEFAULT_ORPHAN_RETENTION
+from ._redis_doubt import Doubts
+from ._redis_durable import GroupCommit
+from ._redis_endpoint import Endpoint
+from ._redis_link import Link
+from ._redis_waiters import Waiters
+from ._redis_wire import ConnectionLost, ReplyError, ReplyTimeout, Traffic, command
 from ._store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -66,10 +90,12 @@ from ._store import (
     check_list_limit,
     pass_over,
 )
+from ._system_task import current_loop, loop_alive
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX: Final = "mcp-once:"
+#: Seconds to wait for a reply before the connection is given up (and to connect, by default).
 DEFAULT_SOCKET_TIMEOUT: Final = 5.0
 #: The record header stores the fingerprint's length in two bytes; real ones are 64 hex chars.
 MAX_FINGERPRINT_BYTES: Final = 1024
@@ -84,9 +110,19 @@ _STATES: Final = {
     3: RecordState.UNKNOWN,
     4: RecordState.RELEASED,
 }
-#: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
 _LOWER_HEX: Final = re.compile(r"[0-9a-f]{64}")
-_TRANSIENT_REPLIES: Final = ("BUSY", "LOADING", "MASTERDOWN", "NOREPLICAS", "TRYAGAIN")
+#: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
+_TRANSIENT_REPLIES: Final = (
+    "BUSY",
+    "LOADING",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "TRYAGAIN",
+    "OOM",
+    "READONLY",
+    "CLUSTERDOWN",
+    "ASK",
+)
 
 
 class ReplicationUnconfirmed(StoreUnavailable):
@@ -117,6 +153,39 @@ class DurabilityUnsupported(StoreError):
     (`WAITAOF` needs Redis 7.2 or later). Nothing was written."""
 
 
+class _Here:
+    """What one store holds on one event loop: its command connection, and (made on first use)
+    the waiters' subscriber connection and the durable writes' connection."""
+
+    __slots__ = ("_durable", "_waiters", "main")
+
+    def __init__(self, main: Link) -> None:
+        self.main = main
+        self._waiters: Waiters | None = None
+        self._durable: GroupCommit | None = None
+
+    def waiters(self, endpoint: Endpoint, traffic: Traffic) -> Waiters:
+        if self._waiters is None:
+            self._waiters = Waiters(endpoint, traffic)
+        return self._waiters
+
+    def durable(self, endpoint: Endpoint, traffic: Traffic, wait: bytes) -> GroupCommit:
+        if self._durable is None:
+            self._durable = GroupCommit(Link(endpoint, traffic), wait)
+        return self._durable
+
+    def close(self) -> None:
+        links = [self.main]
+        if self._waiters is not None:
+            links.append(self._waiters.link)
+        if self._durable is not None:
+            links.append(self._durable.link)
+        for link in links:
+            # A loop that is already closed refuses even to be told; its sockets go with it.
+            with contextlib.suppress(RuntimeError):
+                link.close()
+
+
 class RedisKeyStore:
     """Records in Redis, safe across processes and hosts. Implements `KeyStore`."""
 
@@ -132,9 +201,12 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
     ) -> None:
-        """Use an existing client; `aclose` leaves it open (its owner closes it).
+        """Connect where `client` connects, as it would (URL, TLS, credentials, database,
+        timeouts, Sentinel). The store opens connections of its own and never uses the
+        client's; `aclose` leaves the client open (its owner closes it).
 
-        The client must return bytes (`decode_responses=False`): results are binary.
+        The client must return bytes (`decode_responses=False`), as a sign it is configured
+        for binary results like the store's own connections.
         """
         if "{" in prefix or "}" in prefix:
             raise ValueError(
@@ -145,20 +217,22 @@ class RedisKeyStore:
             raise ValueError("RedisKeyStore needs a client with decode_responses=False")
         if wait_replicas < 0:
             raise ValueError(f"wait_replicas must be >= 0, not {wait_replicas}")
+        endpoint = Endpoint.of_pool(client.connection_pool)
         durable = wait_replicas > 0 or wait_aof
         if durable:
             if not (math.isfinite(wait_timeout) and wait_timeout > 0):
                 raise ValueError(
                     f"wait_timeout must be a positive number of seconds: {wait_timeout!r}"
                 )
-            socket_timeout = connection_kwargs.get("socket_timeout")
-            if socket_timeout is not None and socket_timeout <= wait_timeout:
+            if endpoint.timeout is not None and endpoint.timeout <= wait_timeout:
                 raise ValueError(
-                    f"socket_timeout ({socket_timeout}s) must exceed wait_timeout"
+                    f"socket_timeout ({endpoint.timeout}s) must exceed wait_timeout"
                     f" ({wait_timeout}s), or every durable write would time out"
                 )
-        self._client = client
-        self._owns_client = False
+        self._endpoint = endpoint
+        self._traffic = Traffic()
+        self._loops: dict[object, _Here] = {}
+        self._doubts = Doubts()
         self._prefix = prefix
         self._prefix_bytes = prefix.encode()
         self._limits = Limits(max_key_bytes, max_result_bytes)
@@ -188,17 +262,18 @@ class RedisKeyStore:
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
         **redis_kwargs: Any,
     ) -> RedisKeyStore:
-        """A store with its own connection pool (closed by `aclose`). Connects lazily.
+        """A store for the Redis at `url`. Connects lazily; `aclose` closes its connections.
 
-        `socket_connect_timeout` defaults to `socket_timeout`; redis-py's retries default to
-        none (pass `retry=` to override); any other `redis_kwargs` go to `redis.asyncio.Redis`.
+        `socket_timeout` bounds the wait for each reply (None: forever); a late reply gives the
+        connection up and the call fails with `StoreUnavailable`. `socket_connect_timeout`
+        defaults to `socket_timeout`. Other `redis_kwargs` are redis-py's connection options
+        (`password`, `username`, `ssl_*`, `client_name`, `socket_keepalive_options`, ...).
         """
         if redis_kwargs.get("decode_responses"):
             raise ValueError("RedisKeyStore needs decode_responses=False: results are binary")
         redis_kwargs.setdefault("socket_connect_timeout", socket_timeout)
-        redis_kwargs.setdefault("retry", Retry(NoBackoff(), 0))
         client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
-        store = cls(
+        return cls(
             client,
             prefix=prefix,
             max_key_bytes=max_key_bytes,
@@ -208,8 +283,6 @@ class RedisKeyStore:
             wait_timeout=wait_timeout,
             wait_aof=wait_aof,
         )
-        store._owns_client = True
-        return store
 
     def advance_clock_for_testing(self, seconds: float) -> None:
         """Move this store's view of the Redis clock forward, so tests need not sleep.
@@ -229,17 +302,22 @@ class RedisKeyStore:
         fingerprint_bytes = _pack_fingerprint(fingerprint)
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
+        rkey = self._rkey(key)
+        # A claim of ours that may have landed is claimed again under its own token.
+        token = (self._doubts and self._doubts.take(rkey, "claim")) or os.urandom(16).hex()
         args = (
             fingerprint_bytes,
             _micros("lease", lease),
             1 if takeover else 0,
             self._orphan_retention_us,
-            secrets.token_hex(16),
+            token,
         )
-        rkey = self._rkey(key)
         if not self._durable:
-            return _claim_outcome(key, await self._call(lua.CLAIM, rkey, *args))
-        reply, acks = await self._call_durably(lua.CLAIM, rkey, *args)
+            reply = await self._script(lua.CLAIM, rkey, args, args, doubt=("claim", token))
+            return _claim_outcome(key, reply)
+        reply, acks = await self._script(
+            lua.CLAIM, rkey, args, args, doubt=("claim", token), durable=True
+        )
         outcome = _claim_outcome(key, reply)
         if outcome.status is ClaimStatus.CLAIMED:
             problem = self._unconfirmed(acks)
@@ -256,19 +334,23 @@ class RedisKeyStore:
         lease_us = _micros("lease", lease)
         if not self._fits(key):
             return False
-        reply = await self._call(
-            lua.RENEW, self._rkey(key), token, lease_us, self._orphan_retention_us
-        )
-        return _done(key, reply)
+        args = (token, lease_us, self._orphan_retention_us)
+        return _done(key, await self._script(lua.RENEW, self._rkey(key), args, args))
 
     async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
         self._limits.check_result(result)
-        args = (token, _micros("retention", retention), result)
+        retention_us = _micros("retention", retention)
         if not self._fits(key):
             return False
+        rkey = self._rkey(key)
+        doubt = ("complete", token)
+        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        args, resent = _resendable(doubtful, token, retention_us, result)
         if not self._durable:
-            return _done(key, await self._call(lua.COMPLETE, self._rkey(key), *args))
-        reply, acks = await self._call_durably(lua.COMPLETE, self._rkey(key), *args)
+            return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
+        reply, acks = await self._script(
+            lua.COMPLETE, rkey, args, resent, doubt=doubt, durable=True
+        )
         done = _done(key, reply)
         if done:
             problem = self._unconfirmed(acks)
@@ -279,8 +361,11 @@ class RedisKeyStore:
     async def release(self, key: str, token: str) -> bool:
         if not self._fits(key):
             return False
-        reply = await self._call(lua.RELEASE, self._rkey(key), token, self._orphan_retention_us)
-        return _done(key, reply)
+        rkey = self._rkey(key)
+        doubt = ("release", token)
+        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        args, resent = _resendable(doubtful, token, self._orphan_retention_us)
+        return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
 
     async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
         if result is not None:
@@ -288,21 +373,17 @@ class RedisKeyStore:
         retention_us = _micros("retention", retention)
         if not self._fits(key):
             return False
-        reply = await self._call(
-            lua.SETTLE,
-            self._rkey(key),
-            0 if result is None else 1,
-            retention_us,
-            b"" if result is None else result,
+        args, resent = _resendable(
+            False, 0 if result is None else 1, retention_us, b"" if result is None else result
         )
-        return _done(key, reply)
+        return _done(key, await self._script(lua.SETTLE, self._rkey(key), args, resent))
 
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, key: str) -> Record | None:
         if not self._fits(key):
             return None
-        return _visible(key, await self._call(lua.READ, self._rkey(key)))
+        return _visible(key, await self._script(lua.READ, self._rkey(key), (), ()))
 
     async def wait(self, key: str, *, timeout: float) -> Record | None:
         """Woken by the PUBLISH that complete/release/settle (and a claim turning the record
@@ -318,24 +399,16 @@ class RedisKeyStore:
         record = await self.get(key)
         if record is None or record.state is not RecordState.IN_PROGRESS:
             return record
-        pubsub = self._client.pubsub()
-        try:
-            with self._reaching():
-                await pubsub.subscribe(self._rkey(key))
-                # The confirmation proves the subscription is live, so a completion landing
-                # after the next read cannot slip by unannounced.
-                await pubsub.get_message(timeout=None)
-            delay = self._poll_first
-            while True:
-                record = await self.get(key)
-                if record is None or record.state is not RecordState.IN_PROGRESS:
-                    return record
-                with self._reaching():
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=delay)
-                delay = min(delay * 2, self._poll_cap)
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+        waiters = self._here().waiters(self._endpoint, self._traffic)
+        with self._reaching():
+            async with waiters.watching(self._rkey(key)) as watch:
+                delay = self._poll_first
+                while True:
+                    record = await self.get(key)
+                    if record is None or record.state is not RecordState.IN_PROGRESS:
+                        return record
+                    await watch.changed(delay)
+                    delay = min(delay * 2, self._poll_cap)
 
     async def list_records(
         self, *, state: RecordState | None = None, limit: int = 100
@@ -350,7 +423,7 @@ class RedisKeyStore:
 
         found: list[Record] = []
         async for rkeys in self._scan():
-            replies = await self._call_many(lua.READ, rkeys)
+            replies = await self._script_many(lua.READ, rkeys)
             for rkey, reply in zip(rkeys, replies, strict=True):
                 key = self._key_of(rkey)
                 try:
@@ -371,13 +444,15 @@ class RedisKeyStore:
         ones are left for an operator."""
         purged = 0
         async for rkeys in self._scan():
-            purged += sum(int(n) for n in await self._call_many(lua.PURGE, rkeys))
+            purged += sum(int(n) for n in await self._script_many(lua.PURGE, rkeys))
         return purged
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            with self._reaching():
-                await self._client.aclose()
+        """Close this store's connections (on every event loop it used)."""
+        loops, self._loops = self._loops, {}
+        for here in loops.values():
+            here.close()
+        await anyio.lowlevel.checkpoint()
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -395,75 +470,141 @@ class RedisKeyStore:
     def _key_of(self, rkey: bytes) -> str:
         return rkey[len(self._prefix_bytes) + 1 : -1].decode(errors="replace")
 
+    def _here(self) -> _Here:
+        """This store's connections on the running event loop."""
+        try:
+            loop: object = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = current_loop()
+        here = self._loops.get(loop)
+        if here is None:
+            for gone in [other for other in self._loops if not loop_alive(other)]:
+                self._loops.pop(gone).close()
+            here = self._loops[loop] = _Here(Link(self._endpoint, self._traffic))
+        return here
+
     async def _scan(self) -> AsyncIterator[list[bytes]]:
         pattern = _glob_escape(self._prefix_bytes) + b"{*}"
         seen: set[bytes] = set()
-        cursor = 0
+        cursor = b"0"
         while True:
-            with self._reaching():
-                cursor, keys = await self._client.scan(cursor, match=pattern, count=SCAN_BATCH)
-            # SCAN may repeat a key; a str would mean someone set decode_responses later.
-            fresh = [k for k in keys if isinstance(k, bytes) and k not in seen]
+            step = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_BATCH)
+            reply = await self._plain(step)
+            cursor, keys = reply[0], reply[1]
+            fresh = [k for k in keys if k not in seen]  # SCAN may repeat a key
             seen.update(fresh)
             if fresh:
                 yield fresh
-            if cursor == 0:
+            if cursor == b"0":
                 return
 
-    async def _call(self, script: lua.Script, rkey: bytes, *args: bytes | str | int) -> Any:
-        with self._reaching():
+    async def _script(
+        self,
+        script: lua.Script,
+        rkey: bytes,
+        args: tuple[bytes | str | int, ...],
+        resent: tuple[bytes | str | int, ...],
+        *,
+        doubt: tuple[str, str] | None = None,
+        durable: bool = False,
+    ) -> Any:
+        """Run one transition script; `resent` are its arguments for a re-send after the
+        first reply was lost, `doubt` names it for `Doubts`. `durable`: followed by
+        WAIT/WAITAOF, grouped with the other durable writes of this loop
+        (`_redis_durable.py`), and the answer is (reply, acknowledgements)."""
+        here = self._here()
+        link = here.main
+        group = None
+        if durable:
+            await self._check_durability()
+            group = here.durable(self._endpoint, self._traffic, self._wait_command())
+            link = group.link
+        body: tuple[bytes | str | int, ...] = (b"EVALSHA", script.sha, 1, rkey, self._offset_us)
+        again = False
+        while True:
+            chunk = command(*body, *args)
             try:
-                return await self._client.evalsha(script.sha, 1, rkey, self._offset_us, *args)
-            except rx.NoScriptError:  # script cache flushed or a fresh server: EVAL caches it
-                return await self._client.eval(script.source, 1, rkey, self._offset_us, *args)
+                if group is None:
+                    wire = link.live() or await link.wire()
+                    answer = reply = await wire.request(chunk)
+                else:
+                    answer = await group.write(chunk)
+                    reply = answer[0]
+            except ConnectionLost as exc:
+                if not again:
+                    again = True
+                    args = resent if exc.written else args
+                    continue
+                raise self._failed(exc, rkey, doubt) from exc
+            except rx.RedisError as exc:  # unreachable, or no reply in time
+                raise self._failed(exc, rkey, doubt) from exc
+            if isinstance(reply, ReplyError):
+                if reply.code == "NOSCRIPT" and body[0] == b"EVALSHA":
+                    body = (b"EVAL", script.source, *body[2:])  # a flushed script cache
+                    continue
+                raise self._refused(reply, link)
+            if doubt is not None and self._doubts:
+                self._doubts.settle(rkey, *doubt)
+            return answer
 
-    async def _call_many(self, script: lua.Script, rkeys: Sequence[bytes]) -> list[Any]:
+    async def _plain(self, chunk: bytes, count: int = 1) -> Any:
+        """Commands that are safe to repeat (reads, SCAN, SCRIPT LOAD, INFO), sent again once
+        on a fresh connection if the first one died under them."""
+        link = self._here().main
+        for attempt in range(2):
+            try:
+                return await link.call(chunk, count)
+            except ConnectionLost as exc:
+                if attempt == 0:
+                    continue
+                raise _translate(exc) from exc
+            except rx.RedisError as exc:
+                raise _translate(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def _script_many(self, script: lua.Script, rkeys: Sequence[bytes]) -> list[Any]:
         """One script per key, pipelined: one round trip per batch, each key its own slot."""
         for _ in range(2):
-            with self._reaching():
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for rkey in rkeys:
-                        pipe.evalsha(script.sha, 1, rkey, self._offset_us)
-                    replies = await pipe.execute(raise_on_error=False)
-                if not any(isinstance(r, rx.NoScriptError) for r in replies):
-                    break
-                await self._client.script_load(script.source)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise _translate(reply) from reply
-        return replies
-
-    async def _call_durably(
-        self, script: lua.Script, rkey: bytes, *args: bytes | str | int
-    ) -> tuple[Any, Any]:
-        """The script and WAIT/WAITAOF in one pipeline on one connection: one round trip."""
-        await self._check_durability()
-        wait = (
-            ("WAITAOF", 1, self._wait_replicas, self._wait_ms())
-            if self._wait_aof
-            else ("WAIT", self._wait_replicas, self._wait_ms())
-        )
-        for command, body in (("EVALSHA", script.sha), ("EVAL", script.source)):
-            with self._reaching():
-                async with self._client.pipeline(transaction=False) as pipe:
-                    pipe.execute_command(command, body, 1, rkey, self._offset_us, *args)
-                    pipe.execute_command(*wait)
-                    reply, acks = await pipe.execute(raise_on_error=False)
-            if not isinstance(reply, rx.NoScriptError):
+            chunk = b"".join(
+                command(b"EVALSHA", script.sha, 1, rkey, self._offset_us) for rkey in rkeys
+            )
+            replies = await self._plain(chunk, len(rkeys))
+            if len(rkeys) == 1:
+                replies = [replies]
+            if not any(isinstance(r, ReplyError) and r.code == "NOSCRIPT" for r in replies):
                 break
-        if isinstance(reply, Exception):
-            raise _translate(reply) from reply
-        return reply, acks
+            await self._plain(command(b"SCRIPT", b"LOAD", script.source))
+        for reply in replies:
+            if isinstance(reply, ReplyError):
+                raise _translate(reply) from reply
+        return list(replies)
 
-    def _wait_ms(self) -> int:
-        return max(1, math.ceil(self._wait_timeout * 1000))
+    def _failed(self, exc: rx.RedisError, rkey: bytes, doubt: tuple[str, str] | None) -> StoreError:
+        """The error for a call that got no answer; remembers a write that may have landed."""
+        landed = isinstance(exc, ReplyTimeout) or (isinstance(exc, ConnectionLost) and exc.written)
+        if landed and doubt is not None:
+            what, token = doubt
+            self._doubts.note(rkey, what, token)
+        return _translate(exc)
+
+    def _refused(self, reply: ReplyError, link: Link) -> StoreError:
+        if reply.code == "READONLY":
+            # A demoted primary (a failover): the next call connects afresh, and through
+            # Sentinel finds the new primary.
+            link.drop()
+        return _translate(reply)
+
+    def _wait_command(self) -> bytes:
+        wait_ms = max(1, math.ceil(self._wait_timeout * 1000))
+        if self._wait_aof:
+            return command(b"WAITAOF", 1, self._wait_replicas, wait_ms)
+        return command(b"WAIT", self._wait_replicas, wait_ms)
 
     async def _check_durability(self) -> None:
         if self._durability_checked or not self._wait_aof:
             return
-        with self._reaching():
-            info = await self._client.info("server")
-        version = str(info.get("redis_version", "0"))
+        info = await self._plain(command(b"INFO", b"server"))
+        version = _info_field(info, "redis_version") or "0"
         if _version(version) < (7, 2):
             raise DurabilityUnsupported(
                 f"wait_aof=True needs WAITAOF (Redis 7.2 or later); this server is {version}"
@@ -500,35 +641,37 @@ class RedisKeyStore:
 
     @contextlib.contextmanager
     def _reaching(self) -> Iterator[None]:
-        """Turn every redis-py failure into the store's own errors, cause chained."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                "RedisKeyStore runs under asyncio only (redis-py's asyncio client);"
-                " under trio use MemoryKeyStore or SQLiteKeyStore"
-            ) from None
+        """Turn every connection failure into the store's own errors, cause chained."""
         try:
             yield
         except rx.RedisError as exc:
             raise _translate(exc) from exc
-        except OSError as exc:  # a socket error redis-py did not wrap
-            raise StoreUnavailable(f"the Redis key store could not be reached: {exc}") from exc
 
 
 def _translate(exc: Exception) -> StoreError:
     if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
         return StoreUnavailable(f"the Redis key store could not be reached: {exc}")
-    if isinstance(
-        exc,
-        rx.OutOfMemoryError
-        | rx.ReadOnlyError
-        | rx.ClusterDownError
-        | rx.TryAgainError
-        | rx.AskError,
-    ) or str(exc).startswith(_TRANSIENT_REPLIES):
+    if str(exc).startswith(_TRANSIENT_REPLIES):
         return StoreUnavailable(f"the Redis key store cannot serve writes now: {exc}")
     return StoreError(f"the Redis key store failed: {exc!r}")
+
+
+def _resendable(
+    doubtful: bool, *args: bytes | str | int
+) -> tuple[tuple[bytes | str | int, ...], tuple[bytes | str | int, ...]]:
+    """A write's arguments as first sent, and as re-sent after a lost reply (the trailing
+    flag that accepts its own effect as success). A write in doubt goes out as a re-send."""
+    resent = (*args, 1)
+    return (resent if doubtful else (*args, 0)), resent
+
+
+def _info_field(info: Any, name: str) -> str | None:
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        field, _, value = line.partition(":")
+        if field == name:
+            return value.strip()
+    return None
 
 
 def _micros(what: str, seconds: float) -> int:

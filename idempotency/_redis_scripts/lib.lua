@@ -129,16 +129,26 @@ end
 
 -- The compare-and-set every transition after claim starts with: the record at `key` if `token`
 -- still holds it, else the reply the script must give ({'corrupt', why} or {'lost'}).
-local function load_held(key, token, now)
+-- `resent` (a write sent again after its first reply was lost) with `mine`: a record for which
+-- mine(found) holds (found may be nil) is the write's own effect, already applied; the reply is
+-- then {'ok'}, and the record is saved again unchanged, so that a WAIT after it covers it.
+local function load_held(key, token, now, resent, mine)
     local stored, why = load(key)
     if why then
         return nil, {'corrupt', why}
     end
     local r = held(stored, token, now)
-    if r == nil then
-        return nil, {'lost'}
+    if r ~= nil then
+        return r, nil
     end
-    return r, nil
+    local found = live(stored, now)
+    if resent and mine(found) then
+        if found ~= nil then
+            save(key, found, now)
+        end
+        return nil, {'ok'}
+    end
+    return nil, {'lost'}
 end
 
 local function tombstone(r, now, retention)

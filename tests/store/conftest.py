@@ -1,5 +1,6 @@
 """The `backend` fixture: each contract test runs against every key store (memory, SQLite,
-Redis); see `store_backends.py` for how each one is built and moved through time."""
+Redis), and against Redis once more under trio; see `store_backends.py` for how each one is built
+and moved through time."""
 
 from __future__ import annotations
 
@@ -9,8 +10,23 @@ from pathlib import Path
 import pytest
 from store_backends import Backend, make_memory, make_redis, make_sqlite
 
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-trio", marks=pytest.mark.redis),
+]
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+
+@pytest.fixture
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """trio for the `redis-trio` backend, asyncio for everything else."""
+    callspec = getattr(request.node, "callspec", None)
+    chosen = callspec.params.get("backend") if callspec is not None else None
+    return "trio" if chosen == "redis-trio" else "asyncio"
+
+
+@pytest.fixture(params=BACKENDS)
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     if request.param == "memory":
         made = make_memory()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 from fake_clock import FakeClock
 
@@ -126,49 +127,51 @@ async def damage(backend: Backend, key: str, how: str) -> None:
     pytest.skip("the memory store holds Python objects and cannot be damaged from outside")
 
 
-async def _redis_client(backend: Backend) -> Any:
-    import redis.asyncio as aioredis
+def _redis_client(backend: Backend) -> Any:
+    # Synchronous, run in a worker thread: the contract also runs under trio, where redis-py's
+    # asyncio client cannot.
+    import redis
 
-    return aioredis.Redis.from_url(backend.location)
+    return redis.Redis.from_url(backend.location)
 
 
-async def _redis_names(client: Any, backend: Backend, key: str) -> list[bytes]:
+def _redis_names(client: Any, backend: Backend, key: str) -> list[bytes]:
     """The Redis keys of this test's namespace that belong to record `key` (found by SCAN)."""
-    return [
-        name async for name in client.scan_iter(match=f"{backend.prefix}*") if key.encode() in name
-    ]
+    return [name for name in client.scan_iter(match=f"{backend.prefix}*") if key.encode() in name]
 
 
 async def _redis_raw(backend: Backend, key: str) -> dict[bytes, object]:
-    client = await _redis_client(backend)
-    try:
+    return await anyio.to_thread.run_sync(_redis_raw_now, backend, key)
+
+
+def _redis_raw_now(backend: Backend, key: str) -> dict[bytes, object]:
+    with _redis_client(backend) as client:
         found: dict[bytes, object] = {}
-        for name in await _redis_names(client, backend, key):
-            kind = await client.type(name)
+        for name in _redis_names(client, backend, key):
+            kind = client.type(name)
             if kind == b"hash":
-                found[name] = ("hash", await client.hgetall(name))
+                found[name] = ("hash", client.hgetall(name))
             elif kind == b"string":
-                found[name] = ("string", await client.get(name))
+                found[name] = ("string", client.get(name))
             else:
-                found[name] = (kind, await client.dump(name))
+                found[name] = (kind, client.dump(name))
         return found
-    finally:
-        await client.aclose()
 
 
 async def _redis_damage(backend: Backend, key: str, how: str) -> None:
+    await anyio.to_thread.run_sync(_redis_damage_now, backend, key, how)
+
+
+def _redis_damage_now(backend: Backend, key: str, how: str) -> None:
     """Overwrite the record's key: with a garbage string, or with another Redis type."""
-    client = await _redis_client(backend)
-    try:
-        names = await _redis_names(client, backend, key)
-        records = [name for name in names if await client.type(name) == b"string"]
+    with _redis_client(backend) as client:
+        names = _redis_names(client, backend, key)
+        records = [name for name in names if client.type(name) == b"string"]
         assert len(records) == 1, f"expected one record for {key!r}, found {names}"
         name = records[0]
-        ttl = await client.pttl(name)
+        ttl = client.pttl(name)
         if how == "garbled":
-            await client.set(name, b"banana" * 20, px=ttl if ttl > 0 else None)
+            client.set(name, b"banana" * 20, px=ttl if ttl > 0 else None)
         else:
-            await client.delete(name)
-            await client.hset(name, mapping={"state": "banana", "fingerprint": ""})
-    finally:
-        await client.aclose()
+            client.delete(name)
+            client.hset(name, mapping={"state": "banana", "fingerprint": ""})

@@ -20,6 +20,7 @@ import anyio
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
+from anyio.streams.buffered import BufferedByteReceiveStream
 from redis import exceptions as rx
 from redis_server import RedisServer, free_port, redis_server_binary
 
@@ -46,26 +47,12 @@ RETENTION = 3600.0
 ORPHAN = 24 * 3600.0
 
 
-class Counted:
-    """A redis-py client whose connections count what they send: one socket write is one
-    round trip (a pipeline goes out in one write)."""
-
-    def __init__(self, url: str) -> None:
-        self.writes = 0
-        counted = self
-
-        class Connection(aioredis.Connection):
-            async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-                counted.writes += 1
-                await super().send_packed_command(command, check_health)
-
-        pool = aioredis.ConnectionPool.from_url(url, connection_class=Connection)
-        self.client = aioredis.Redis(connection_pool=pool)
-
-    async def trips(self, call: Awaitable[Any]) -> tuple[Any, int]:
-        before = self.writes
-        answer = await call
-        return answer, self.writes - before
+async def trips(store: RedisKeyStore, call: Awaitable[Any]) -> tuple[Any, int]:
+    """The answer of `call` and how many writes the store's connections made for it: for one
+    caller alone, one write is one round trip (however many commands it carries)."""
+    before = store._traffic.writes
+    answer = await call
+    return answer, store._traffic.writes - before
 
 
 @pytest_asyncio.fixture
@@ -95,11 +82,14 @@ async def load_scripts(client: aioredis.Redis) -> None:
 
 
 @pytest_asyncio.fixture
-async def counted(redis_url: str) -> AsyncIterator[Counted]:
-    made = Counted(redis_url)
-    await load_scripts(made.client)
-    yield made
-    await made.client.aclose()
+async def counted(redis_url: str, prefix: str, raw: aioredis.Redis) -> AsyncIterator[RedisKeyStore]:
+    """A store whose scripts are cached and whose connection is open, so that counting starts
+    from steady state."""
+    await load_scripts(raw)
+    opened = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    assert await opened.get("warm-up") is None
+    yield opened
+    await opened.aclose()
 
 
 @pytest.fixture
@@ -134,31 +124,31 @@ async def redis_seconds(raw: aioredis.Redis) -> float:
 
 
 async def test_every_transition_is_one_round_trip(
-    counted: Counted, raw: aioredis.Redis, prefix: str
+    counted: RedisKeyStore, raw: aioredis.Redis
 ) -> None:
-    store = RedisKeyStore(counted.client, prefix=prefix)
+    store = counted
     stats_before = await raw.info("commandstats")
-    first, n_claim = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
+    first, n_claim = await trips(store, store.claim(KEY, FP, lease=LEASE, takeover=False))
     assert first.status is ClaimStatus.CLAIMED and first.token
-    done, n_complete = await counted.trips(store.complete(KEY, first.token, b"r", retention=60))
+    done, n_complete = await trips(store, store.complete(KEY, first.token, b"r", retention=60))
     assert done is True
-    replay, n_replay = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
+    replay, n_replay = await trips(store, store.claim(KEY, FP, lease=LEASE, takeover=False))
     assert replay.status is ClaimStatus.REPLAY and replay.result == b"r"
     assert (n_claim, n_complete, n_replay) == (1, 1, 1)
     assert n_claim + n_complete == 2  # a first execution
 
     other = await store.claim("k2", FP, lease=LEASE, takeover=False)
     assert other.token
-    renewed, n_renew = await counted.trips(store.renew("k2", other.token, lease=LEASE))
-    released, n_release = await counted.trips(store.release("k2", other.token))
+    renewed, n_renew = await trips(store, store.renew("k2", other.token, lease=LEASE))
+    released, n_release = await trips(store, store.release("k2", other.token))
     assert renewed and released and (n_renew, n_release) == (1, 1)
 
     lost = await store.claim("k3", FP, lease=1.0, takeover=False)
     assert lost.status is ClaimStatus.CLAIMED
     store.advance_clock_for_testing(2.0)
-    unknown, n_unknown = await counted.trips(store.claim("k3", FP, lease=1.0, takeover=False))
-    settled, n_settle = await counted.trips(store.settle("k3", result=b"ok", retention=60))
-    record, n_get = await counted.trips(store.get("k3"))
+    unknown, n_unknown = await trips(store, store.claim("k3", FP, lease=1.0, takeover=False))
+    settled, n_settle = await trips(store, store.settle("k3", result=b"ok", retention=60))
+    record, n_get = await trips(store, store.get("k3"))
     assert unknown.status is ClaimStatus.UNKNOWN and settled
     assert record is not None and record.state is RecordState.COMPLETED
     assert (n_unknown, n_settle, n_get) == (1, 1, 1)
@@ -174,17 +164,17 @@ async def test_every_transition_is_one_round_trip(
 
 
 async def test_a_flushed_script_cache_is_reloaded_transparently(
-    counted: Counted, raw: aioredis.Redis, prefix: str
+    counted: RedisKeyStore, raw: aioredis.Redis
 ) -> None:
-    store = RedisKeyStore(counted.client, prefix=prefix)
+    store = counted
     await raw.script_flush()
-    first, trips = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
-    assert first.status is ClaimStatus.CLAIMED and trips == 2  # NOSCRIPT, then EVAL
+    first, n = await trips(store, store.claim(KEY, FP, lease=LEASE, takeover=False))
+    assert first.status is ClaimStatus.CLAIMED and n == 2  # NOSCRIPT, then EVAL
     assert first.token
-    done, trips = await counted.trips(store.complete(KEY, first.token, b"r", retention=60))
-    assert done and trips == 2  # this script was not cached yet either
-    replay, trips = await counted.trips(store.claim(KEY, FP, lease=LEASE, takeover=False))
-    assert replay.result == b"r" and trips == 1  # cached again by the EVAL
+    done, n = await trips(store, store.complete(KEY, first.token, b"r", retention=60))
+    assert done and n == 2  # this script was not cached yet either
+    replay, n = await trips(store, store.claim(KEY, FP, lease=LEASE, takeover=False))
+    assert replay.result == b"r" and n == 1  # cached again by the EVAL
     await raw.script_flush()
     listed = await store.list_records()  # the pipelined path reloads too
     assert [r.key for r in listed] == [KEY]
@@ -520,17 +510,18 @@ async def test_physical_expiry_follows_logical_expiry_and_unknown_never_expires(
 
 
 async def test_wait_replicas_without_replicas_withdraws_the_claim(
-    counted: Counted, redis_url: str, prefix: str
+    redis_url: str, prefix: str, raw: aioredis.Redis
 ) -> None:
-    durable = RedisKeyStore(counted.client, prefix=prefix, wait_replicas=1, wait_timeout=0.2)
+    await load_scripts(raw)
+    durable = RedisKeyStore.from_url(redis_url, prefix=prefix, wait_replicas=1, wait_timeout=0.2)
     plain = RedisKeyStore.from_url(redis_url, prefix=prefix)
     try:
         started = time.monotonic()
-        before = counted.writes
+        before = durable._traffic.writes
         with pytest.raises(ReplicationUnconfirmed) as caught:
             await durable.claim(KEY, FP, lease=LEASE, takeover=False)
         assert time.monotonic() - started >= 0.2
-        assert counted.writes - before == 2  # claim+WAIT in one, then the release
+        assert durable._traffic.writes - before == 2  # claim+WAIT in one, then the release
         assert caught.value.applied is False and caught.value.key == KEY
         assert isinstance(caught.value, StoreUnavailable)  # fail closed: the tool must not run
         assert "0 replica(s)" in str(caught.value)
@@ -551,6 +542,7 @@ async def test_wait_replicas_without_replicas_withdraws_the_claim(
         assert replay.status is ClaimStatus.REPLAY and replay.result == b"r"
     finally:
         await plain.aclose()
+        await durable.aclose()
 
 
 async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
@@ -570,9 +562,11 @@ async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    counted = Counted(private_server.url)
+    primary = aioredis.Redis.from_url(private_server.url)
     replica_client = aioredis.Redis(port=replica_port)
-    durable = RedisKeyStore(counted.client, prefix="d:", wait_replicas=1, wait_timeout=2.0)
+    durable = RedisKeyStore.from_url(
+        private_server.url, prefix="d:", wait_replicas=1, wait_timeout=2.0
+    )
     try:
         with anyio.fail_after(20):  # the replica's first sync
             while True:
@@ -583,20 +577,64 @@ async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
                 if info.get("master_link_status") == "up":
                     break
                 await anyio.sleep(0.05)
-        await load_scripts(counted.client)
-        first, trips = await counted.trips(durable.claim(KEY, FP, lease=LEASE, takeover=False))
-        assert first.status is ClaimStatus.CLAIMED and trips == 1
+        await load_scripts(primary)
+        first, n = await trips(durable, durable.claim(KEY, FP, lease=LEASE, takeover=False))
+        assert first.status is ClaimStatus.CLAIMED and n == 1
         assert first.token
-        done, trips = await counted.trips(durable.complete(KEY, first.token, b"r", retention=60))
-        assert done and trips == 1
+        done, n = await trips(durable, durable.complete(KEY, first.token, b"r", retention=60))
+        assert done and n == 1
         name = rkey("d:")
-        assert await replica_client.get(name) == await counted.client.get(name)
+        assert await replica_client.get(name) == await primary.get(name)
     finally:
-        await counted.client.aclose()
+        await durable.aclose()
+        await primary.aclose()
         await replica_client.aclose()
         replica.terminate()
         with anyio.fail_after(10):
             await replica.aclose()
+
+
+async def test_durable_writes_queued_behind_a_wait_share_the_next_one(
+    private_server: RedisServer,
+) -> None:
+    """Group commit: WAIT blocks its connection, so the durable claims that queue up while one
+    WAIT is out go together in the next batch under one WAIT, instead of one WAIT each in
+    turn. Counted by Redis itself (`INFO commandstats`), not timed."""
+    admin = aioredis.Redis.from_url(private_server.url)
+    await load_scripts(admin)
+    durable = RedisKeyStore.from_url(
+        private_server.url, prefix="g:", wait_replicas=1, wait_timeout=0.3
+    )
+    failures: list[BaseException] = []
+
+    async def claim(n: int) -> None:
+        with pytest.raises(ReplicationUnconfirmed) as caught:  # no replica: none confirms
+            await durable.claim(f"k{n}", FP, lease=LEASE, takeover=False)
+        failures.append(caught.value)
+
+    def waits(stats: dict[str, Any]) -> int:
+        return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+    try:
+        before = waits(await admin.info("commandstats"))
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for n in range(20):
+                    tg.start_soon(claim, n)
+        sent = waits(await admin.info("commandstats")) - before
+    finally:
+        await durable.aclose()
+    assert len(failures) == 20 and all(not f.applied for f in failures)  # type: ignore[attr-defined]
+    print(f"\n20 concurrent durable claims: {sent} WAIT command(s)")
+    assert 1 <= sent <= 3, sent  # the first claim's WAIT, then one for all queued behind it
+    plain = RedisKeyStore.from_url(private_server.url, prefix="g:")
+    try:
+        for n in range(20):
+            again = await plain.claim(f"k{n}", FP, lease=LEASE, takeover=False)
+            assert again.fence == 2  # each claim was withdrawn, through its tombstone
+    finally:
+        await plain.aclose()
+        await admin.aclose()
 
 
 async def test_wait_aof_on_a_server_without_waitaof_is_refused_before_writing(
@@ -617,11 +655,12 @@ async def test_wait_aof_on_a_server_without_waitaof_is_refused_before_writing(
 # -- wait: woken by the store, bounded by its timeout -------------------------------------------
 
 
-async def subscribed(raw: aioredis.Redis, name: bytes) -> None:
-    """Until someone listens on the record's channel (what a waiter does before blocking)."""
+async def subscribed(raw: aioredis.Redis, name: bytes, *, count: int = 1) -> None:
+    """Until `count` connections listen on the record's channel (what a waiter does before
+    blocking; 0: until the last one has left)."""
     with anyio.fail_after(10):
         while True:
-            if await _subscribers(raw, name):
+            if await _subscribers(raw, name) == count:
                 return
             await anyio.sleep(0.01)
 
@@ -652,7 +691,7 @@ async def test_wait_is_woken_by_the_completion_message(
         assert time.monotonic() - started < 5
         [record] = found
         assert record.state is RecordState.COMPLETED and record.result == b"r"
-        assert await _subscribers(raw, rkey(prefix)) == 0  # the subscription was closed
+        await subscribed(raw, rkey(prefix), count=0)  # the subscription was given up
     finally:
         await waiter.aclose()
 
@@ -733,13 +772,13 @@ async def test_bad_configuration_is_refused_with_a_clear_error(redis_url: str) -
 
 
 async def test_bad_inputs_are_refused_before_any_round_trip(
-    counted: Counted, raw: aioredis.Redis, prefix: str
+    redis_url: str, raw: aioredis.Redis, prefix: str
 ) -> None:
-    store = RedisKeyStore(counted.client, prefix=prefix, max_key_bytes=64, max_result_bytes=100)
+    store = RedisKeyStore.from_url(redis_url, prefix=prefix, max_key_bytes=64, max_result_bytes=100)
     first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
     assert first.token
     held = await snapshot(raw, rkey(prefix))
-    before = counted.writes
+    before = store._traffic.writes
     refused: list[tuple[Callable[[], Awaitable[object]], type[Exception]]] = [
         (lambda: store.claim("k" * 65, FP, lease=LEASE, takeover=False), LimitExceeded),
         (lambda: store.claim("", FP, lease=LEASE, takeover=False), LimitExceeded),
@@ -764,8 +803,9 @@ async def test_bad_inputs_are_refused_before_any_round_trip(
     assert await store.wait("k" * 65, timeout=1) is None
     with pytest.raises(ValueError, match="forward"):
         store.advance_clock_for_testing(-1)
-    assert counted.writes == before
+    assert store._traffic.writes == before
     assert await snapshot(raw, rkey(prefix)) == held
+    await store.aclose()
 
 
 async def test_fingerprints_come_back_as_given(store: RedisKeyStore) -> None:
@@ -786,16 +826,29 @@ async def test_fingerprints_come_back_as_given(store: RedisKeyStore) -> None:
     assert same.status is ClaimStatus.BUSY
 
 
-async def test_under_trio_it_says_it_needs_asyncio(redis_url: str, prefix: str) -> None:
-    store = RedisKeyStore.from_url(redis_url, prefix=prefix)
+async def test_under_trio_the_same_store_works_on_its_own_connection(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str
+) -> None:
+    """One store, two event loops: each gets its own connections, and both see one record."""
+    first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert first.token
+    seen: list[Any] = []
 
     async def under_trio() -> None:
-        with pytest.raises(RuntimeError, match="asyncio only"):
-            await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        busy = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        waited = await store.wait(KEY, timeout=0.2)  # subscribes and re-reads under trio too
+        other = await store.claim("trio-key", FP, lease=LEASE, takeover=False)
+        assert other.token
+        seen.append(
+            (busy.status, waited, await store.complete("trio-key", other.token, b"t", retention=60))
+        )
 
     await anyio.to_thread.run_sync(lambda: anyio.run(under_trio, backend="trio"))
-    assert await store.get(KEY) is None  # nothing was sent
-    await store.aclose()
+    [(status, waited, completed)] = seen
+    assert status is ClaimStatus.BUSY and completed
+    assert waited is not None and waited.token == first.token
+    record = await store.get("trio-key")
+    assert record is not None and record.result == b"t"
 
 
 async def test_aclose_closes_only_a_client_the_store_opened(redis_url: str, prefix: str) -> None:
@@ -805,6 +858,76 @@ async def test_aclose_closes_only_a_client_the_store_opened(redis_url: str, pref
     await borrowed.aclose()
     assert await client.ping()  # still the caller's to use and close
     await client.aclose()
+
+
+async def test_it_connects_as_redis_py_would_password_database_and_name(
+    private_server: RedisServer,
+) -> None:
+    """The store reads redis-py's configuration (here from a URL) and opens its own
+    connections with it: AUTH, SELECT and CLIENT SETNAME on each, under asyncio and trio."""
+    admin = aioredis.Redis.from_url(private_server.url)
+    await admin.config_set("requirepass", "s3cret")
+    await admin.aclose()
+    url = f"redis://:s3cret@127.0.0.1:{private_server.port}/3?client_name=mcp-once-test"
+    store = RedisKeyStore.from_url(url, prefix="a:")
+    authed = aioredis.Redis.from_url(url)
+    try:
+        first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert first.token
+
+        async def under_trio() -> None:
+            record = await store.get(KEY)
+            assert record is not None and record.token == first.token
+
+        await anyio.to_thread.run_sync(lambda: anyio.run(under_trio, backend="trio"))
+        assert await authed.exists(rkey("a:")) == 1  # in database 3
+        names = {c["name"]: c["db"] for c in await authed.client_list()}
+        assert names.get("mcp-once-test") == "3"
+        wrong = RedisKeyStore.from_url(
+            f"redis://:wrong@127.0.0.1:{private_server.port}/3", prefix="a:"
+        )
+        with pytest.raises(StoreUnavailable, match="refused the connection setup"):
+            await wrong.get(KEY)
+        await wrong.aclose()
+    finally:
+        await store.aclose()
+        await authed.aclose()
+
+
+async def test_it_connects_over_a_unix_socket(tmp_path: Path) -> None:
+    if redis_server_binary() is None:
+        pytest.skip("redis-server is not on PATH")
+    path = tmp_path / "redis.sock"
+    server = await anyio.open_process(
+        [
+            str(redis_server_binary()),
+            *("--port", "0", "--unixsocket", str(path), "--dir", str(tmp_path)),
+            *("--save", "", "--appendonly", "no", "--loglevel", "notice"),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    store = RedisKeyStore.from_url(f"unix://{path}", prefix="u:")
+    try:
+        assert server.stdout is not None
+        log = BufferedByteReceiveStream(server.stdout)
+        with anyio.fail_after(20):
+            while (
+                b"ready to accept connections" not in (await log.receive_until(b"\n", 4096)).lower()
+            ):
+                pass
+        first = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+        assert first.token and await store.complete(KEY, first.token, b"r", retention=60)
+
+        async def under_trio() -> None:
+            replay = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+            assert replay.result == b"r"
+
+        await anyio.to_thread.run_sync(lambda: anyio.run(under_trio, backend="trio"))
+    finally:
+        await store.aclose()
+        server.terminate()
+        with anyio.fail_after(10):
+            await server.aclose()
 
 
 # -- memory per record -----------------------------------------------------------------------

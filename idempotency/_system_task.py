@@ -1,0 +1,62 @@
+"""The event loop a call runs on, and background tasks that belong to that loop, not to a request.
+
+Some work serves every request of an event loop at once: the lease renewals (`_lease.py`), the
+reader of a Redis connection under trio (`_redis_transport.py`). Started from inside whichever
+request needed it first, such a task must neither hold up that request's task group nor die with
+it, and must not inherit its context variables (the current span, the current claim). So it runs
+as a system task: on asyncio a task of the loop in a fresh context, held here because asyncio
+keeps only weak references to running tasks; on trio `spawn_system_task`. Either way it is
+cancelled when the event loop shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+#: Running asyncio system tasks, held so the loop's weak references cannot drop them mid-run.
+_running: set[asyncio.Task[None]] = set()
+
+
+def current_loop() -> object:
+    """The running event loop's identity: an asyncio loop, or a trio run's token."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        import trio
+
+        return trio.lowlevel.current_trio_token()
+
+
+def loop_alive(loop: object) -> bool:
+    """Whether `loop` (from `current_loop`) can still run anything."""
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        return not loop.is_closed()
+    import trio
+
+    assert isinstance(loop, trio.lowlevel.TrioToken)
+    try:
+        loop.run_sync_soon(_nothing)
+    except trio.RunFinishedError:
+        return False
+    return True
+
+
+def _nothing() -> None:
+    pass
+
+
+def spawn(run: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> object:
+    """Start `run()` as a system task of the current event loop; returns its task handle."""
+    loop = current_loop()
+    context = contextvars.Context()
+    if isinstance(loop, asyncio.AbstractEventLoop):
+        task = loop.create_task(run(), name=name, context=context)
+        _running.add(task)
+        task.add_done_callback(_running.discard)
+        return task
+    import trio
+
+    return trio.lowlevel.spawn_system_task(run, name=name, context=context)
