@@ -27,7 +27,7 @@ from mcp_once.scenarios._endpoints import (
 from mcp_once.scenarios._invariants import Report, check
 from mcp_once.scenarios._ledger import Effect, Ledger
 from mcp_once.scenarios._replicas import Replicas, open_replicas
-from mcp_once.scenarios._shop import build_server
+from mcp_once.scenarios._shop import ShopEffects, build_server, marks
 from mcp_once.scenarios._suite import Scenario, default_plan, open_endpoint, run_scenario
 from mcp_once.scenarios._workload import (
     CallRecord,
@@ -55,6 +55,7 @@ __all__ = [
     "RunResult",
     "Scenario",
     "ServerProcess",
+    "ShopEffects",
     "StdioEndpoint",
     "TransportName",
     "build_server",
@@ -62,6 +63,7 @@ __all__ = [
     "connect_factory",
     "default_plan",
     "default_policy",
+    "marks",
     "open_endpoint",
     "open_replicas",
     "plan_calls",

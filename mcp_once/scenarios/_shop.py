@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -29,7 +30,9 @@ __all__ = [
     "READ_ONLY_TOOLS",
     "REEXECUTABLE_TOOLS",
     "UNGUARDED_TOOLS",
+    "ShopEffects",
     "build_server",
+    "marks",
 ]
 
 #: Tools whose every execution is an effect recorded in the ledger.
@@ -44,14 +47,46 @@ _IDEMPOTENT = ToolAnnotations(idempotent_hint=True)
 _READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
-def _request(ctx: Context) -> tuple[str | None, int | None]:
-    meta = ctx.request_context.meta or {}
+def marks(meta: Mapping[str, Any] | None) -> tuple[str | None, int | None]:
+    """The key and attempt number a request's `_meta` carried, for the ledger."""
+    meta = meta or {}
     key = meta.get(wire.KEY_META)
     attempt = meta.get(wire.ATTEMPT_META)
     return (
         key if isinstance(key, str) else None,
         attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
     )
+
+
+class ShopEffects:
+    """The shop's effects, each written to the ledger by the body that makes it: one
+    implementation for every server framework that serves the shop (the checker knows the tools
+    by name, so every shop must make the same effects the same way)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def pay(
+        self, call_id: str, account: str, cents: int, key: str | None, attempt: int | None
+    ) -> str:
+        receipt = f"receipt {uuid.uuid4().hex[:12]} {cents} to {account}"
+        self._ledger.record(call_id, "pay", receipt, key=key, attempt=attempt)
+        return receipt
+
+    def set_value(
+        self, call_id: str, name: str, value: int, key: str | None, attempt: int | None
+    ) -> str:
+        written = f"{name}={value} (write {uuid.uuid4().hex[:12]})"
+        self._ledger.record(call_id, "set_value", written, key=key, attempt=attempt)
+        return written
+
+    def balance(self, account: str) -> str:
+        return f"{account}: {self._ledger.balance(account)}"
+
+    def notify(self, call_id: str, message: str, key: str | None, attempt: int | None) -> str:
+        sent = f"sent {uuid.uuid4().hex[:12]}: {message}"
+        self._ledger.record(call_id, "notify", sent, key=key, attempt=attempt)
+        return sent
 
 
 def build_server(
@@ -71,6 +106,7 @@ def build_server(
     `started` ledger event): the window in which process-level faults strike mid-tool.
     """
     server = MCPServer(name)
+    effects = ShopEffects(ledger)
     options: dict[str, Any] = {"lease": lease, "wait": wait}
 
     def guard(fn: Any) -> Any:
@@ -89,9 +125,8 @@ def build_server(
     @server.tool(description="Pay `cents` to `account` (an effect that must happen once).")
     @guard
     async def pay(call_id: str, account: str, cents: int, ctx: Context) -> str:
-        key, attempt = _request(ctx)
-        receipt = f"receipt {uuid.uuid4().hex[:12]} {cents} to {account}"
-        ledger.record(call_id, "pay", receipt, key=key, attempt=attempt)
+        key, attempt = marks(ctx.request_context.meta)
+        receipt = effects.pay(call_id, account, cents, key, attempt)
         await maybe_hold("pay", call_id, attempt, ctx)
         return receipt
 
@@ -100,22 +135,18 @@ def build_server(
     )
     @guard
     async def set_value(call_id: str, name: str, value: int, ctx: Context) -> str:
-        key, attempt = _request(ctx)
-        written = f"{name}={value} (write {uuid.uuid4().hex[:12]})"
-        ledger.record(call_id, "set_value", written, key=key, attempt=attempt)
+        key, attempt = marks(ctx.request_context.meta)
+        written = effects.set_value(call_id, name, value, key, attempt)
         await maybe_hold("set_value", call_id, attempt, ctx)
         return written
 
     @server.tool(annotations=_READ_ONLY, description="Cents paid to `account` so far.")
     @guard
     async def get_balance(account: str) -> str:
-        return f"{account}: {ledger.balance(account)}"
+        return effects.balance(account)
 
     @server.tool(description="Send a notification (not idempotent, not guarded).")
     async def notify(call_id: str, message: str, ctx: Context) -> str:
-        key, attempt = _request(ctx)
-        sent = f"sent {uuid.uuid4().hex[:12]}: {message}"
-        ledger.record(call_id, "notify", sent, key=key, attempt=attempt)
-        return sent
+        return effects.notify(call_id, message, *marks(ctx.request_context.meta))
 
     return server

@@ -8,9 +8,11 @@ from mcp_once.scenarios import (
     Ledger,
     Report,
     ServerProcess,
+    ShopEffects,
     check,
     default_plan,
     default_policy,
+    marks,
     run_workload,
 )
 
@@ -19,8 +21,10 @@ __all__ = [
     "Ledger",
     "Report",
     "ServerProcess",
+    "ShopEffects",
     "check",
     "default_plan",
     "default_policy",
+    "marks",
     "run_workload",
 ]

@@ -7,35 +7,28 @@ engine's `MCPServer` shop (the checker knows them by name), guarded by `Idempote
 - `notify`: not idempotent, not annotated and not guarded: the client gate alone must keep it
   from running twice.
 
-Every effect is written to the ledger by the tool body itself. Run as a script, it serves
-streamable HTTP on 127.0.0.1 in a process the chaos case can kill -9.
+Every effect is the engine shop's own (`ShopEffects`), written to the ledger by the tool body.
+Run as a script, it serves streamable HTTP on 127.0.0.1 in a process the chaos case can kill -9.
 """
 
 from __future__ import annotations
 
 import argparse
-import uuid
 from typing import Any
 
-from chaos_engine import Ledger
+from chaos_engine import Ledger, ShopEffects, marks
 from fastmcp import Context, FastMCP
 from mcp_types import ToolAnnotations
 
-from idempotency import KeyStore, open_store, wire
+from idempotency import KeyStore, open_store
 from idempotency.fastmcp import IdempotencyMiddleware
 
 GUARDED = ["pay", "set_value", "get_balance"]
 
 
-def _request(ctx: Context) -> tuple[str | None, int | None]:
-    """The key and attempt number the request carried, for the ledger."""
+def _marks(ctx: Context) -> tuple[str | None, int | None]:
     request = ctx.request_context
-    meta: dict[str, Any] = (request.meta if request is not None else None) or {}
-    key, attempt = meta.get(wire.KEY_META), meta.get(wire.ATTEMPT_META)
-    return (
-        key if isinstance(key, str) else None,
-        attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
-    )
+    return marks(request.meta if request is not None else None)
 
 
 def build_shop(
@@ -43,39 +36,31 @@ def build_shop(
 ) -> FastMCP[Any]:
     """The shop over `ledger`, guarded by `store` (None: the unguarded baseline)."""
     shop: FastMCP[Any] = FastMCP("chaos-shop")
+    effects = ShopEffects(ledger)
     if store is not None:
         shop.add_middleware(IdempotencyMiddleware(store, tools=GUARDED, lease=lease, wait=wait))
 
     @shop.tool(description="Pay `cents` to `account` (an effect that must happen once).")
     async def pay(call_id: str, account: str, cents: int, ctx: Context) -> str:
-        key, attempt = _request(ctx)
-        receipt = f"receipt {uuid.uuid4().hex[:12]} {cents} to {account}"
-        ledger.record(call_id, "pay", receipt, key=key, attempt=attempt)
-        return receipt
+        return effects.pay(call_id, account, cents, *_marks(ctx))
 
     @shop.tool(
         annotations=ToolAnnotations(idempotent_hint=True),
         description="Set `name` to `value` (naturally idempotent).",
     )
     async def set_value(call_id: str, name: str, value: int, ctx: Context) -> str:
-        key, attempt = _request(ctx)
-        written = f"{name}={value} (write {uuid.uuid4().hex[:12]})"
-        ledger.record(call_id, "set_value", written, key=key, attempt=attempt)
-        return written
+        return effects.set_value(call_id, name, value, *_marks(ctx))
 
     @shop.tool(
         annotations=ToolAnnotations(read_only_hint=True),
         description="Cents paid to `account` so far.",
     )
     async def get_balance(account: str) -> str:
-        return f"{account}: {ledger.balance(account)}"
+        return effects.balance(account)
 
     @shop.tool(description="Send a notification (not idempotent, not guarded).")
     async def notify(call_id: str, message: str, ctx: Context) -> str:
-        key, attempt = _request(ctx)
-        sent = f"sent {uuid.uuid4().hex[:12]}: {message}"
-        ledger.record(call_id, "notify", sent, key=key, attempt=attempt)
-        return sent
+        return effects.notify(call_id, message, *_marks(ctx))
 
     return shop
 
