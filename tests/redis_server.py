@@ -11,6 +11,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from mcp_once.scenarios._process import ChildProcess, free_port
@@ -24,13 +25,21 @@ class RedisServer(ChildProcess):
     """One private redis-server process. `appendonly=True` makes restarts keep acknowledged
     writes (fsync always), which the chaos suite relies on."""
 
-    def __init__(self, *, appendonly: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        appendonly: bool = False,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         binary = redis_server_binary()
         if binary is None:
             raise FileNotFoundError("redis-server is not on PATH")
         self.binary = binary
         self.port = port or free_port()
         self.appendonly = appendonly
+        #: More `--option value` words (replication, cluster mode, ...), appended last.
+        self.extra_args = list(extra_args)
         self.dir = Path(tempfile.mkdtemp(prefix="mcp-once-redis-"))
         super().__init__()
 
@@ -60,6 +69,7 @@ class RedisServer(ChildProcess):
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
+        args += self.extra_args
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
