@@ -26,6 +26,10 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
 - What FastMCP reports below the guard is judged by `_fastmcp_results`: refusals before the body
   release the claim; a tool's `timeout=` expiring is OUTCOME_UNKNOWN (-32012), as for the guard's
   own `max_run_time`, never a stored "timed out"; body errors are stored as FastMCP renders them.
+- The guarded tool is the one FastMCP will run, found as `FastMCP.call_tool` finds it: by name
+  under the version it was asked for (an exact version or a `gte`/`lt` range), else by an
+  app-callable tool's hashed name (`<hash>_<local_name>`); see `_tool`. A name neither finds is
+  refused with FastMCP's own not-found error before anything runs, never passed on unguarded.
 - One guard per tools/call in a process: a call already running under a guard (a tool calling
   another, a mounted server's own middleware) passes through, so a parent and a mounted child that
   both add the middleware keep one record, under the outermost.
@@ -38,7 +42,7 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -47,6 +51,7 @@ from fastmcp.server.context import Context
 from fastmcp.server.dependencies import extract_version_spec
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.server.middleware.caching import ResponseCachingMiddleware
+from fastmcp.server.providers.addressing import parse_hashed_backend_name, tool_identity
 from fastmcp.tools.base import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
 from mcp import MCPError
@@ -83,6 +88,38 @@ def _request(ctx: Context) -> ServerRequestContext[Any, Any] | None:
     # FastMCP's documented escape hatch to the SDK context: the raw `_meta`, the HTTP request
     # (its authenticated user) and the connection all live there.
     return None if wrapped is None else wrapped._srctx
+
+
+def _requested_version(meta: Mapping[str, Any] | None) -> VersionSpec | None:
+    """The version FastMCP's `call_tool` was asked for, from the middleware message's `_meta`.
+
+    FastMCP runs the version it was given, not what the message says; the message carries it
+    as `_version_request_meta` wrote it: `{"fastmcp": {"version": "1.0"}}` for an exact version,
+    `{"fastmcp": {"version": {"gte": .., "lt": .., "eq": ..}}}` (the set ones) for a range.
+    Anything else there (a middleware outside this one rewrote it) cannot be read back into the
+    version FastMCP will run, so the call is refused rather than guarded as another version.
+    `VersionSpec()` with nothing set leaves no `_meta` and reads as no version: the same tool,
+    or (its highest version disabled) a lower one FastMCP then refuses as not found, which
+    releases the claim with nothing run.
+    """
+    exact = extract_version_spec(dict(meta) if meta else None)
+    if exact is not None:
+        return VersionSpec(eq=exact)
+    fastmcp_meta = (meta or {}).get("fastmcp")
+    wanted = fastmcp_meta.get("version") if isinstance(fastmcp_meta, Mapping) else None
+    if wanted is None:
+        return None
+    if (
+        isinstance(wanted, Mapping)
+        and set(wanted) <= {"gte", "lt", "eq"}
+        and all(isinstance(v, str) for v in wanted.values())
+    ):
+        return VersionSpec(gte=wanted.get("gte"), lt=wanted.get("lt"), eq=wanted.get("eq"))
+    raise MCPError(
+        INTERNAL_ERROR,
+        f"The idempotency guard cannot tell which version of the tool FastMCP will run from"
+        f" _meta.fastmcp.version = {wanted!r}; nothing was run.",
+    )
 
 
 class IdempotencyMiddleware(Middleware):
@@ -145,14 +182,14 @@ class IdempotencyMiddleware(Middleware):
         if _guarding.get() or ctx is None:
             return await call_next(context)
         message = context.message
-        tool = await self._tool(ctx, message)
-        if tool is None or not self.guards(tool):
-            return await call_next(context)  # unknown here: FastMCP reports it as it would
+        tool, guarded_as = await self._tool(ctx, message)
+        if not self.guards(tool):
+            return await call_next(context)
         self._check_order(ctx)
         request = _request(ctx)
         call = ToolCall(
             server=ctx.fastmcp.name,
-            tool=message.name,
+            tool=guarded_as,
             arguments=message.arguments,
             meta=None if request is None else request.meta,
             request=request,
@@ -182,15 +219,46 @@ class IdempotencyMiddleware(Middleware):
         return to_fastmcp(answer)
 
     @staticmethod
-    async def _tool(ctx: Context, message: CallToolRequestParams) -> Tool | None:
-        """The tool FastMCP will run for this call (the version the request asks for)."""
-        meta = dict(message.meta) if message.meta else None
-        wanted = extract_version_spec(meta)
-        version = VersionSpec(eq=wanted) if wanted else None
-        try:
-            return await ctx.fastmcp.get_tool(message.name, version)
-        except NotFoundError:
-            return None
+    async def _tool(ctx: Context, message: CallToolRequestParams) -> tuple[Tool, str]:
+        """The tool FastMCP will run for this call, and the name the guard keeps its records under.
+
+        Found exactly as `FastMCP.call_tool` finds it, with FastMCP's own functions on the same
+        server: `get_tool(name, version)`, then for a `<hash>_<local_name>` name
+        `get_tool_by_hash` (FastMCP's hashed path ignores the version, so this does too). The
+        version is the one `call_tool` was given, read back from the `_meta` it puts on this
+        message (`_version_request_meta`): an exact version as a string, a range as a dict.
+
+        Nothing found: FastMCP would raise `NotFoundError` from those same lookups and run
+        nothing, but only if nothing changes in between. A middleware inside this one may rename
+        the call or answer it itself, and a tool may be registered or enabled concurrently, so
+        "not found here" does not prove "nothing will run". The call is therefore refused here
+        with FastMCP's own `NotFoundError` (on the wire: FastMCP's "Unknown tool" result,
+        byte-identical), never passed on unguarded, whatever `tools` and `tags` choose (a tool
+        not found has no name or tags to judge).
+
+        The records' name: a call by name keeps its records under that name, as always. The
+        hashed name is a second address of the same tool, so it shares the display name's records
+        (one key, one execution, whichever address a retry uses) when that display name
+        addresses the same tool here, i.e. resolves to a tool with the same identity hash.
+        Otherwise (another tool listed under that name shadows it, or none) the hashed name is
+        kept: two different tools never share a record.
+        """
+        server = ctx.fastmcp
+        name = message.name
+        tool = await server.get_tool(name, _requested_version(message.meta))
+        if tool is not None:
+            return tool, name
+        hashed = parse_hashed_backend_name(name)
+        if hashed is not None:
+            tool = await server.get_tool_by_hash(*hashed)
+        if tool is None:
+            raise NotFoundError(
+                f"Unknown tool: {name!r} (the idempotency guard found no tool FastMCP would run"
+                " under this name; nothing was run)"
+            )
+        listed = await server.get_tool(tool.name)
+        same = listed is not None and tool_identity(listed) == tool_identity(tool)
+        return tool, tool.name if same else name
 
     def _check_order(self, ctx: Context) -> None:
         chain = ctx.fastmcp.middleware
