@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -63,9 +63,10 @@ def seeds_of_url(url: str) -> tuple[list[NodeId], str]:
     seeds = [_node_of(part, url) for part in hosts.split(",") if part.strip()]
     if not seeds:
         raise ValueError(f"a Redis Cluster URL names at least one host:port: {url!r}")
-    path = urlsplit(f"redis://x/{tail}" if slash else f"redis://x{tail}").path.strip("/")
-    if path not in ("", "0"):
-        raise ValueError(f"Redis Cluster has only database 0, not {path!r}: {url!r}")
+    parts = urlsplit(f"redis://x/{tail}" if slash else f"redis://x{tail}")
+    for db in [parts.path.strip("/"), *parse_qs(parts.query).get("db", [])]:
+        if db not in ("", "0"):
+            raise ValueError(f"Redis Cluster has only database 0, not {db!r}: {url!r}")
     plain = "rediss" if scheme.startswith("rediss") else "redis"
     host, port = seeds[0]
     first = f"[{host}]" if ":" in host else host
