@@ -628,7 +628,10 @@ class RedisKeyStore:
                     again = True
                     args = resent if exc.written else args
                     if cluster is not None:
-                        here, asking = await self._rerouted(rkey, seen), b""
+                        try:
+                            here, asking = await self._rerouted(rkey, seen), b""
+                        except StoreError:  # no map to follow: what may have landed is noted
+                            raise self._failed(exc, rkey, doubt) from exc
                     continue
                 raise self._failed(exc, rkey, doubt) from exc
             except Unreachable as exc:  # nothing was sent: on a cluster, a failover?
