@@ -106,6 +106,20 @@ async def first_execution(store: RedisKeyStore, key: str, result: bytes = b"r") 
     assert await store.complete(key, outcome.token, result, retention=3600)
 
 
+async def warm_up(store: RedisKeyStore) -> None:
+    """Every master runs every transition script once, so that counted runs see no NOSCRIPT
+    (a node's first EVALSHA of a script costs an EVAL more), and the store holds the slot map.
+    """
+    owners: set[int] = set()
+    for _ in range(30):
+        key = f"warm-{uuid.uuid4().hex}"
+        await first_execution(store, key)
+        assert (await store.claim(key, FP, lease=LEASE, takeover=False)).result == b"r"
+        node = store._cluster.owner(store._rkey(key)) if store._cluster else None
+        owners.add(node[1] if node else 0)
+    assert len(owners) == 3
+
+
 # -- spread and round trips -----------------------------------------------------------------------
 
 
@@ -133,11 +147,7 @@ async def test_records_spread_over_every_master(
 async def test_one_round_trip_per_transition_on_the_owning_node(
     store: RedisKeyStore, redis_cluster: LocalCluster
 ) -> None:
-    # Every master has run every script once (a node's first EVALSHA of a script answers
-    # NOSCRIPT and costs an EVAL more), and the store holds the slot map.
-    for n in range(30):
-        await first_execution(store, f"warm-{n}")
-        assert (await store.claim(f"warm-{n}", FP, lease=LEASE, takeover=False)).result == b"r"
+    await warm_up(store)
     masters = await in_thread(redis_cluster.masters)
     seen: dict[int, int] = {}
     for n in range(3 * 8):
@@ -436,6 +446,7 @@ async def test_durable_writes_wait_on_the_node_that_ran_them(
     )
     masters = await in_thread(redis_cluster.masters)
     try:
+        await warm_up(durable)
         for master in masters:
             await admin(redis_cluster, master, "CONFIG", "RESETSTAT")
         owners = await in_thread(redis_cluster.slot_owners)
@@ -450,6 +461,38 @@ async def test_durable_writes_wait_on_the_node_that_ran_them(
             assert (calls(found, "evalsha"), calls(found, "wait")) == (2, 2), found
     finally:
         await durable.aclose()
+
+
+async def test_a_durable_write_sent_on_by_ask_is_confirmed_by_the_new_owners_replica(
+    redis_cluster_url: str, redis_cluster: LocalCluster, prefix: str
+) -> None:
+    """While a slot migrates, a claim of a new key is answered ASK and runs on the importing
+    node (ASKING + script + WAIT in one write there); the record and its WAIT land there."""
+    slot = 4242
+    [key] = keys_in_slot(slot, 1)
+    masters = await in_thread(redis_cluster.masters)
+    source = await in_thread(functools.partial(redis_cluster.owner, slot))
+    target = next(m for m in masters if m.port != source.port)
+    source_id = (await admin(redis_cluster, source, "CLUSTER", "MYID")).decode()
+    target_id = (await admin(redis_cluster, target, "CLUSTER", "MYID")).decode()
+    durable = RedisKeyStore.from_url(
+        redis_cluster_url, prefix=prefix, wait_replicas=1, wait_timeout=2.0
+    )
+    try:
+        await warm_up(durable)  # the slot map, before the migration starts
+        await admin(redis_cluster, target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        await admin(redis_cluster, source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        for master in masters:
+            await admin(redis_cluster, master, "CONFIG", "RESETSTAT")
+        await first_execution(durable, key)  # raises ReplicationUnconfirmed if unconfirmed
+        found = stats(redis_cluster, target, "commandstats")
+        assert (calls(found, "asking"), calls(found, "evalsha"), calls(found, "wait")) == (2, 2, 2)
+        assert await admin(redis_cluster, target, "CLUSTER", "COUNTKEYSINSLOT", slot) == 1
+    finally:
+        for master in masters:
+            await admin(redis_cluster, master, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        await durable.aclose()
+        await in_thread(redis_cluster.wait_healthy)
 
 
 # -- the redis-py cluster client, bad URLs, a plain redis:// at a cluster node --------------------
