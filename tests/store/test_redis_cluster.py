@@ -27,9 +27,16 @@ from mcp_types import CallToolResult, TextContent
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 from redis_cluster import LocalCluster
-from redis_server import RedisServer
+from redis_server import RedisServer, free_port
 
-from idempotency import ClaimStatus, RecordState, RedisKeyStore, StoreError, open_store
+from idempotency import (
+    ClaimStatus,
+    RecordState,
+    RedisKeyStore,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+)
 from idempotency._replay import encode_result
 from mcp_once._cli import _common, main
 
@@ -538,6 +545,26 @@ async def test_a_bad_cluster_url_is_refused_clearly(url: str, why: str) -> None:
         RedisKeyStore.from_url(url)
     with pytest.raises(ValueError, match=why):
         open_store(url)
+
+
+async def test_seeds_that_do_not_answer_are_skipped_and_none_is_unavailable(
+    redis_cluster: LocalCluster, prefix: str
+) -> None:
+    dead = [free_port(), free_port()]
+    live = redis_cluster.masters()[0].port
+    found = RedisKeyStore.from_url(
+        f"redis+cluster://127.0.0.1:{dead[0]},127.0.0.1:{dead[1]},127.0.0.1:{live}", prefix=prefix
+    )
+    lost = RedisKeyStore.from_url(
+        f"redis+cluster://127.0.0.1:{dead[0]},127.0.0.1:{dead[1]}", prefix=prefix
+    )
+    try:
+        await first_execution(found, "seeded")
+        with pytest.raises(StoreUnavailable, match="no Redis Cluster node answered CLUSTER SLOTS"):
+            await lost.claim("seeded", FP, lease=LEASE, takeover=False)
+    finally:
+        await found.aclose()
+        await lost.aclose()
 
 
 async def test_a_plain_redis_url_at_a_cluster_node_says_to_use_the_cluster_scheme(
