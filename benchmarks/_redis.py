@@ -19,9 +19,17 @@ _TESTS = str(REPO / "tests")
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+from redis_cluster import LocalCluster  # type: ignore[import-not-found]  # noqa: E402
 from redis_server import RedisServer, free_port  # type: ignore[import-not-found]  # noqa: E402
 
-__all__ = ["Counters", "RedisServer", "free_port", "read_counters", "redis_benchmark_binary"]
+__all__ = [
+    "Counters",
+    "LocalCluster",
+    "RedisServer",
+    "free_port",
+    "read_counters",
+    "redis_benchmark_binary",
+]
 
 
 def redis_benchmark_binary() -> str | None:

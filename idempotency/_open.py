@@ -11,6 +11,7 @@ from ._sqlite_store import SQLiteKeyStore
 from ._store import KeyStore
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_REDIS_CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
 def open_store(url: str) -> KeyStore:
@@ -18,7 +19,8 @@ def open_store(url: str) -> KeyStore:
 
     `memory://` (one process, lost on restart), `sqlite:///relative.db`,
     `sqlite:////absolute.db` or a plain file path (durable, one host), `redis://`, `rediss://`
-    or `unix://` (shared by many hosts).
+    or `unix://` (shared by many hosts), `redis+cluster://host:port[,host:port...]` (a Redis
+    Cluster, `rediss+cluster://` over TLS).
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"a key store URL must be a non-empty string, not {url!r}")
@@ -28,7 +30,7 @@ def open_store(url: str) -> KeyStore:
         return MemoryKeyStore()
     if url.startswith("sqlite:"):
         return SQLiteKeyStore.from_url(url)
-    if url.startswith(_REDIS_SCHEMES):
+    if url.startswith(_REDIS_SCHEMES + _REDIS_CLUSTER_SCHEMES):
         # Imported here so that servers without Redis never load its client.
         from ._redis_store import RedisKeyStore
 
@@ -37,6 +39,7 @@ def open_store(url: str) -> KeyStore:
         scheme = url.split("://", 1)[0]
         raise ValueError(
             f"unknown key store scheme {scheme!r} in {url!r}; use memory://,"
-            " sqlite:///path.db (or a plain file path), redis://, rediss:// or unix://"
+            " sqlite:///path.db (or a plain file path), redis://, rediss://, unix://"
+            " or redis+cluster://"
         )
     return SQLiteKeyStore(url)

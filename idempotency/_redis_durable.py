@@ -38,7 +38,8 @@ class GroupCommit:
     def __init__(self, link: Link, wait: bytes) -> None:
         #: A connection of its own: WAIT holds up everything behind it on its connection.
         self.link = link
-        self._wait = wait
+        #: The WAIT/WAITAOF command that ends every batch.
+        self.wait = wait
         self._queue: list[_Pending] = []
         self._busy = False
 
@@ -61,7 +62,7 @@ class GroupCommit:
         batch, self._queue = self._queue, []
         try:
             chunks = [p.chunk for p in batch]
-            replies = await self.link.call(b"".join(chunks) + self._wait, len(batch) + 1)
+            replies = await self.link.call(b"".join(chunks) + self.wait, len(batch) + 1)
             assert isinstance(replies, list)
             acks = replies[-1]
             for each, reply in zip(batch, replies, strict=False):

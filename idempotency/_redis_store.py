@@ -45,8 +45,15 @@ either ran whole or not at all, and a cancelled caller's reply is read and dropp
 
 Topologies: one Redis, or a primary behind Sentinel (asyncio only: discovery uses redis-py's
 asyncio client) or a proxy, given as a URL or a `redis.asyncio.Redis` whose configuration the
-store reads. Keys are Cluster-ready (one hash-tagged key per record, one key per script), but a
-`RedisCluster` client is not accepted yet, and `list_records`/`purge_expired` SCAN one node.
+store reads; or a Redis Cluster (`redis+cluster://` or a `redis.asyncio.cluster.RedisCluster`),
+where each transition goes to the master owning the record's slot, on that node's connection of
+this event loop (`_redis_cluster.py`: slot map, MOVED/ASK, failover). On a cluster, waits
+subscribe on the owner of the record: a script's PUBLISH is broadcast over the cluster bus, so
+the subscriber hears it wherever the slot has moved since (sharded pub/sub would spare that
+fan-out but would need other scripts for Redis < 7 and a re-subscription per migration). Durable
+writes WAIT on the node that ran them (its own `GroupCommit`), and `list_records`/
+`purge_expired` SCAN every master and read each key on its owner. The one-Redis path pays one
+`is None` test per call for all this.
 """
 
 from __future__ import annotations
@@ -65,16 +72,27 @@ import anyio
 import anyio.lowlevel
 import redis.asyncio as aioredis
 from redis import exceptions as rx
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from . import _redis_lua as lua
 from . import _transitions as rules
 from ._memory_store import DEFAULT_ORPHAN_RETENTION
+from ._redis_cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
+from ._redis_cluster import redirect as _redirect
+from ._redis_cluster import seeds_of_url as _seeds_of_url
 from ._redis_doubt import Doubts
 from ._redis_durable import GroupCommit
 from ._redis_endpoint import Endpoint
 from ._redis_link import Link
 from ._redis_waiters import Waiters
-from ._redis_wire import ConnectionLost, ReplyError, ReplyTimeout, Traffic, command
+from ._redis_wire import (
+    ConnectionLost,
+    ReplyError,
+    ReplyTimeout,
+    Traffic,
+    Unreachable,
+    command,
+)
 from ._store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -121,8 +139,8 @@ _TRANSIENT_REPLIES: Final = (
     "OOM",
     "READONLY",
     "CLUSTERDOWN",
-    "ASK",
 )
+_ASKING: Final = command(b"ASKING")
 
 
 class ReplicationUnconfirmed(StoreUnavailable):
@@ -154,27 +172,41 @@ class DurabilityUnsupported(StoreError):
 
 
 class _Here:
-    """What one store holds on one event loop: its command connection, and (made on first use)
-    the waiters' subscriber connection and the durable writes' connection."""
+    """What one store holds on one event loop for one Redis: its command connection, and (made
+    on first use) the waiters' subscriber connection and the durable writes' connection. On a
+    cluster, the loop's holder also holds one of these per node, and the map read in flight."""
 
-    __slots__ = ("_durable", "_waiters", "main")
+    __slots__ = ("_durable", "_traffic", "_waiters", "endpoint", "main", "nodes", "refreshing")
 
-    def __init__(self, main: Link) -> None:
-        self.main = main
+    def __init__(self, endpoint: Endpoint, traffic: Traffic) -> None:
+        self.endpoint = endpoint
+        self._traffic = traffic
+        self.main = Link(endpoint, traffic)
         self._waiters: Waiters | None = None
         self._durable: GroupCommit | None = None
+        #: Cluster only: each node's connections on this loop, and the slot map read under way.
+        self.nodes: dict[NodeId, _Here] = {}
+        self.refreshing: anyio.Event | None = None
 
-    def waiters(self, endpoint: Endpoint, traffic: Traffic) -> Waiters:
+    def node(self, cluster: Cluster, node: NodeId) -> _Here:
+        held = self.nodes.get(node)
+        if held is None:
+            held = self.nodes[node] = _Here(cluster.endpoint(node), self._traffic)
+        return held
+
+    def waiters(self) -> Waiters:
         if self._waiters is None:
-            self._waiters = Waiters(endpoint, traffic)
+            self._waiters = Waiters(self.endpoint, self._traffic)
         return self._waiters
 
-    def durable(self, endpoint: Endpoint, traffic: Traffic, wait: bytes) -> GroupCommit:
+    def durable(self, wait: bytes) -> GroupCommit:
         if self._durable is None:
-            self._durable = GroupCommit(Link(endpoint, traffic), wait)
+            self._durable = GroupCommit(Link(self.endpoint, self._traffic), wait)
         return self._durable
 
     def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
         links = [self.main]
         if self._waiters is not None:
             links.append(self._waiters.link)
@@ -191,7 +223,7 @@ class RedisKeyStore:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: aioredis.Redis | RedisCluster,
         *,
         prefix: str = DEFAULT_PREFIX,
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
@@ -205,6 +237,11 @@ class RedisKeyStore:
         timeouts, Sentinel). The store opens connections of its own and never uses the
         client's; `aclose` leaves the client open (its owner closes it).
 
+        A `redis.asyncio.cluster.RedisCluster` gives its startup nodes (the seeds) and their
+        connection options; the store reads the slot map itself. So the client never needs
+        to be initialized, nor used by many calls at once before it is (redis-py 8.1's asyncio
+        cluster client fails when ~30 concurrent first calls initialize it together).
+
         The client must return bytes (`decode_responses=False`), as a sign it is configured
         for binary results like the store's own connections.
         """
@@ -212,12 +249,21 @@ class RedisKeyStore:
             raise ValueError(
                 f"the prefix must not contain braces (they mark the hash tag): {prefix!r}"
             )
-        connection_kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
+        cluster: Cluster | None = None
+        if isinstance(client, RedisCluster):
+            seeds = [(str(node.host), int(node.port)) for node in client.startup_nodes]
+            # A cluster node carries what a pool does: the connection class and its options.
+            pool: Any = client.startup_nodes[0]
+        else:
+            pool = client.connection_pool
+        connection_kwargs: dict[str, Any] = pool.connection_kwargs
         if connection_kwargs.get("decode_responses"):
             raise ValueError("RedisKeyStore needs a client with decode_responses=False")
         if wait_replicas < 0:
             raise ValueError(f"wait_replicas must be >= 0, not {wait_replicas}")
-        endpoint = Endpoint.of_pool(client.connection_pool)
+        endpoint = Endpoint.of_pool(pool)
+        if isinstance(client, RedisCluster):
+            cluster = Cluster(endpoint, seeds)
         durable = wait_replicas > 0 or wait_aof
         if durable:
             if not (math.isfinite(wait_timeout) and wait_timeout > 0):
@@ -230,6 +276,7 @@ class RedisKeyStore:
                     f" ({wait_timeout}s), or every durable write would time out"
                 )
         self._endpoint = endpoint
+        self._cluster = cluster
         self._traffic = Traffic()
         self._loops: dict[object, _Here] = {}
         self._doubts = Doubts()
@@ -264,6 +311,10 @@ class RedisKeyStore:
     ) -> RedisKeyStore:
         """A store for the Redis at `url`. Connects lazily; `aclose` closes its connections.
 
+        `redis+cluster://host:port[,host:port...]` (`rediss+cluster://` with TLS) names the
+        seed nodes of a Redis Cluster; credentials and options are written as for `redis://`,
+        and the database, if named, must be 0.
+
         `socket_timeout` bounds the wait for each reply (None: forever); a late reply gives the
         connection up and the call fails with `StoreUnavailable`. `socket_connect_timeout`
         defaults to `socket_timeout`. Other `redis_kwargs` are redis-py's connection options
@@ -272,7 +323,17 @@ class RedisKeyStore:
         if redis_kwargs.get("decode_responses"):
             raise ValueError("RedisKeyStore needs decode_responses=False: results are binary")
         redis_kwargs.setdefault("socket_connect_timeout", socket_timeout)
-        client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
+        client: aioredis.Redis | RedisCluster
+        if url.startswith(CLUSTER_SCHEMES):
+            seeds, first = _seeds_of_url(url)
+            client = RedisCluster.from_url(
+                first,
+                startup_nodes=[ClusterNode(host, port) for host, port in seeds[1:]],
+                socket_timeout=socket_timeout,
+                **redis_kwargs,
+            )
+        else:
+            client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
         return cls(
             client,
             prefix=prefix,
@@ -399,9 +460,13 @@ class RedisKeyStore:
         record = await self.get(key)
         if record is None or record.state is not RecordState.IN_PROGRESS:
             return record
-        waiters = self._here().waiters(self._endpoint, self._traffic)
+        rkey = self._rkey(key)
+        here = self._here()
+        if self._cluster is not None:
+            here = await self._owner(here, rkey)
+        waiters = here.waiters()
         with self._reaching():
-            async with waiters.watching(self._rkey(key)) as watch:
+            async with waiters.watching(rkey) as watch:
                 delay = self._poll_first
                 while True:
                     record = await self.get(key)
@@ -480,23 +545,33 @@ class RedisKeyStore:
         if here is None:
             for gone in [other for other in self._loops if not loop_alive(other)]:
                 self._loops.pop(gone).close()
-            here = self._loops[loop] = _Here(Link(self._endpoint, self._traffic))
+            here = self._loops[loop] = _Here(self._endpoint, self._traffic)
         return here
 
     async def _scan(self) -> AsyncIterator[list[bytes]]:
+        """Every key under the prefix, in batches: of the one Redis, or of every master."""
+        here = self._here()
+        cluster = self._cluster
+        if cluster is None:
+            nodes = [here]
+        else:
+            if not cluster.masters():
+                await self._refresh(here, cluster.generation)
+            nodes = [here.node(cluster, node) for node in cluster.masters()]
         pattern = _glob_escape(self._prefix_bytes) + b"{*}"
-        seen: set[bytes] = set()
-        cursor = b"0"
-        while True:
-            step = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_BATCH)
-            reply = await self._plain(step)
-            cursor, keys = reply[0], reply[1]
-            fresh = [k for k in keys if k not in seen]  # SCAN may repeat a key
-            seen.update(fresh)
-            if fresh:
-                yield fresh
-            if cursor == b"0":
-                return
+        seen: set[bytes] = set()  # SCAN may repeat a key, and a migrating key sit on two nodes
+        for node_here in nodes:
+            cursor = b"0"
+            while True:
+                step = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_BATCH)
+                reply = await self._plain(step, here=node_here)
+                cursor, keys = reply[0], reply[1]
+                fresh = [k for k in keys if k not in seen]
+                seen.update(fresh)
+                if fresh:
+                    yield fresh
+                if cursor == b"0":
+                    break
 
     async def _script(
         self,
@@ -511,29 +586,58 @@ class RedisKeyStore:
         """Run one transition script; `resent` are its arguments for a re-send after the
         first reply was lost, `doubt` names it for `Doubts`. `durable`: followed by
         WAIT/WAITAOF, grouped with the other durable writes of this loop
-        (`_redis_durable.py`), and the answer is (reply, acknowledgements)."""
+        (`_redis_durable.py`), and the answer is (reply, acknowledgements).
+
+        On a cluster: sent to the slot's owner, following MOVED and ASK, and once more to
+        the owner named by a fresh slot map when the node could not be reached."""
         here = self._here()
-        link = here.main
-        group = None
+        cluster = self._cluster
+        seen = 0
+        if cluster is not None:
+            seen = cluster.generation
+            here = await self._owner(here, rkey)
         if durable:
             await self._check_durability()
-            group = here.durable(self._endpoint, self._traffic, self._wait_command())
-            link = group.link
+        asking = b""  # ASKING, for the one command sent after an ASK redirect
+        redirects = 0
         body: tuple[bytes | str | int, ...] = (b"EVALSHA", script.sha, 1, rkey, self._offset_us)
         again = False
         while True:
+            link = here.main
             chunk = command(*body, *args)
             try:
-                if group is None:
+                if not durable:
                     wire = link.live() or await link.wire()
-                    answer = reply = await wire.request(chunk)
+                    if asking:
+                        answer = reply = (await wire.request(asking + chunk, 2))[1]
+                    else:
+                        answer = reply = await wire.request(chunk)
                 else:
-                    answer = await group.write(chunk)
-                    reply = answer[0]
+                    group = here.durable(self._wait_command())
+                    link = group.link
+                    if asking:
+                        # Off the group: ASKING must come right before its script. WAIT still
+                        # confirms every write made before it on this connection.
+                        replies: Any = await link.call(asking + chunk + group.wait, 3)
+                        answer = (reply := replies[1], replies[2])
+                    else:
+                        answer = await group.write(chunk)
+                        reply = answer[0]
             except ConnectionLost as exc:
                 if not again:
                     again = True
                     args = resent if exc.written else args
+                    if cluster is not None:
+                        try:
+                            here, asking = await self._rerouted(rkey, seen), b""
+                        except StoreError:  # no map to follow: what may have landed is noted
+                            raise self._failed(exc, rkey, doubt) from exc
+                    continue
+                raise self._failed(exc, rkey, doubt) from exc
+            except Unreachable as exc:  # nothing was sent: on a cluster, a failover?
+                if cluster is not None and not again:
+                    again = True
+                    here, asking = await self._rerouted(rkey, seen), b""
                     continue
                 raise self._failed(exc, rkey, doubt) from exc
             except rx.RedisError as exc:  # unreachable, or no reply in time
@@ -542,15 +646,69 @@ class RedisKeyStore:
                 if reply.code == "NOSCRIPT" and body[0] == b"EVALSHA":
                     body = (b"EVAL", script.source, *body[2:])  # a flushed script cache
                     continue
+                if cluster is not None and reply.code in REDIRECTS and redirects < MAX_REDIRECTS:
+                    redirects += 1
+                    here, asking = self._redirected(cluster, reply)
+                    continue
                 raise self._refused(reply, link)
             if doubt is not None and self._doubts:
                 self._doubts.settle(rkey, *doubt)
             return answer
 
-    async def _plain(self, chunk: bytes, count: int = 1) -> Any:
+    # -- cluster routing -----------------------------------------------------------------------
+
+    async def _owner(self, here: _Here, rkey: bytes) -> _Here:
+        """The connections, on this loop, to the master owning `rkey`'s slot."""
+        cluster = self._cluster
+        assert cluster is not None
+        node = cluster.owner(rkey)
+        if node is None:
+            await self._refresh(here, cluster.generation)
+            node = cluster.owner(rkey)
+            if node is None:
+                raise StoreUnavailable("no Redis Cluster node serves this record's slot now")
+        return here.node(cluster, node)
+
+    async def _rerouted(self, rkey: bytes, seen: int) -> _Here:
+        """After a node failed under a call: a fresh map (unless one was read since `seen`)
+        and the slot's owner in it."""
+        here = self._here()
+        await self._refresh(here, seen)
+        return await self._owner(here, rkey)
+
+    def _redirected(self, cluster: Cluster, reply: ReplyError) -> tuple[_Here, bytes]:
+        """Where a MOVED or ASK reply sends the command, and the prefix it needs there."""
+        ask, slot, node = _redirect(reply)
+        if not ask:
+            cluster.moved(slot, node)
+        return self._here().node(cluster, node), (_ASKING if ask else b"")
+
+    async def _refresh(self, here: _Here, seen: int) -> None:
+        """Read the slot map, once per loop at a time; not at all if it changed since `seen`."""
+        cluster = self._cluster
+        assert cluster is not None
+        if cluster.generation != seen:
+            return
+        if here.refreshing is not None:
+            await here.refreshing.wait()
+            return
+        here.refreshing = done = anyio.Event()
+        try:
+
+            async def ask(node: NodeId, chunk: bytes) -> Any:
+                return await self._plain(chunk, here=here.node(cluster, node))
+
+            await cluster.refresh(ask)
+        finally:
+            here.refreshing = None
+            done.set()
+
+    # -- commands that are safe to repeat ------------------------------------------------------
+
+    async def _plain(self, chunk: bytes, count: int = 1, *, here: _Here | None = None) -> Any:
         """Commands that are safe to repeat (reads, SCAN, SCRIPT LOAD, INFO), sent again once
-        on a fresh connection if the first one died under them."""
-        link = self._here().main
+        on a fresh connection if the first one died under them. `here`: another node's."""
+        link = (here or self._here()).main
         for attempt in range(2):
             try:
                 return await link.call(chunk, count)
@@ -563,20 +721,44 @@ class RedisKeyStore:
         raise AssertionError("unreachable")
 
     async def _script_many(self, script: lua.Script, rkeys: Sequence[bytes]) -> list[Any]:
-        """One script per key, pipelined: one round trip per batch, each key its own slot."""
+        """One script per key, pipelined: one round trip per batch (per node on a cluster),
+        each key its own slot. On a cluster a key redirected meanwhile is run on its own."""
+        here = self._here()
+        cluster = self._cluster
+        if cluster is None:
+            return await self._script_batch(script, rkeys, here)
+        groups: dict[NodeId, list[bytes]] = {}
+        for rkey in rkeys:
+            node = cluster.owner(rkey) or cluster.masters()[0]  # a wrong guess is redirected
+            groups.setdefault(node, []).append(rkey)
+        replies: dict[bytes, Any] = {}
+        for node, group in groups.items():
+            batch = await self._script_batch(script, group, here.node(cluster, node))
+            replies.update(zip(group, batch, strict=True))
+        for rkey, reply in replies.items():
+            if isinstance(reply, ReplyError):
+                replies[rkey] = await self._script(script, rkey, (), ())
+        return [replies[rkey] for rkey in rkeys]
+
+    async def _script_batch(
+        self, script: lua.Script, rkeys: Sequence[bytes], here: _Here
+    ) -> list[Any]:
+        """`_script_many` on one Redis (node); error replies are returned on a cluster, where
+        they may be redirects, and raised on one Redis."""
         for _ in range(2):
             chunk = b"".join(
                 command(b"EVALSHA", script.sha, 1, rkey, self._offset_us) for rkey in rkeys
             )
-            replies = await self._plain(chunk, len(rkeys))
+            replies = await self._plain(chunk, len(rkeys), here=here)
             if len(rkeys) == 1:
                 replies = [replies]
             if not any(isinstance(r, ReplyError) and r.code == "NOSCRIPT" for r in replies):
                 break
-            await self._plain(command(b"SCRIPT", b"LOAD", script.source))
-        for reply in replies:
-            if isinstance(reply, ReplyError):
-                raise _translate(reply) from reply
+            await self._plain(command(b"SCRIPT", b"LOAD", script.source), here=here)
+        if self._cluster is None:
+            for reply in replies:
+                if isinstance(reply, ReplyError):
+                    raise _translate(reply) from reply
         return list(replies)
 
     def _failed(self, exc: rx.RedisError, rkey: bytes, doubt: tuple[str, str] | None) -> StoreError:
@@ -588,6 +770,8 @@ class RedisKeyStore:
         return _translate(exc)
 
     def _refused(self, reply: ReplyError, link: Link) -> StoreError:
+        if self._cluster is not None and reply.code in REDIRECTS:
+            return StoreUnavailable(f"the Redis Cluster kept redirecting the call: {reply}")
         if reply.code == "READONLY":
             # A demoted primary (a failover): the next call connects afresh, and through
             # Sentinel finds the new primary.
@@ -651,6 +835,10 @@ class RedisKeyStore:
 def _translate(exc: Exception) -> StoreError:
     if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
         return StoreUnavailable(f"the Redis key store could not be reached: {exc}")
+    if str(exc).startswith(REDIRECTS):
+        return StoreError(
+            f"the Redis key store is a Redis Cluster node ({exc}); name it redis+cluster://"
+        )
     if str(exc).startswith(_TRANSIENT_REPLIES):
         return StoreUnavailable(f"the Redis key store cannot serve writes now: {exc}")
     return StoreError(f"the Redis key store failed: {exc!r}")

@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from redis_cluster import LocalCluster, missing_binaries
 from redis_server import RedisServer, redis_server_binary
 
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -47,6 +48,27 @@ def redis_url() -> Iterator[str]:
         _no_redis(f"could not start redis-server: {exc!r}")
     yield server.url
     server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A private Redis Cluster for the whole session: 3 masters and 3 replicas on loopback
+    ports. Tests that reshard or kill nodes must leave it healthy (`wait_healthy`)."""
+    missing = missing_binaries()
+    if missing:
+        _no_redis(f"{', '.join(missing)} not on PATH, so no Redis Cluster can be started")
+    cluster = LocalCluster()
+    try:
+        cluster.start()
+    except Exception as exc:  # start() cleans up after itself
+        _no_redis(f"could not start a Redis Cluster: {exc!r}")
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(redis_cluster: LocalCluster) -> str:
+    return redis_cluster.url
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ class Shop:
 
     def count_waiters(self) -> None:
         """Watch the store's waiter table on this event loop (call inside the test's loop)."""
-        waiters = self.store._here().waiters(self.store._endpoint, self.store._traffic)
+        waiters = self.store._here().waiters()
         watching = waiters.watching
         subscribed = 0
 

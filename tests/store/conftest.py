@@ -1,6 +1,7 @@
 """The `backend` fixture: each contract test runs against every key store (memory, SQLite,
-Redis), and against Redis once more under trio; see `store_backends.py` for how each one is built
-and moved through time."""
+Redis, a 3-master Redis Cluster), and against Redis and the cluster once more under trio; see
+`store_backends.py` for how each one is built and moved through time. The cluster backends are
+the same `redis` backend (same name, same checks) given a `redis+cluster://` URL."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ BACKENDS = [
     "sqlite",
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("redis-trio", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=[pytest.mark.redis, pytest.mark.slow]),
+    pytest.param("redis-cluster-trio", marks=[pytest.mark.redis, pytest.mark.slow]),
 ]
 
 
@@ -23,7 +26,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     """trio for the `redis-trio` backend, asyncio for everything else."""
     callspec = getattr(request.node, "callspec", None)
     chosen = callspec.params.get("backend") if callspec is not None else None
-    return "trio" if chosen == "redis-trio" else "asyncio"
+    return "trio" if chosen in ("redis-trio", "redis-cluster-trio") else "asyncio"
 
 
 @pytest.fixture(params=BACKENDS)
@@ -33,7 +36,8 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     elif request.param == "sqlite":
         made = make_sqlite(tmp_path / "keys.db")
     else:
-        url = request.getfixturevalue("redis_url")
+        cluster = str(request.param).startswith("redis-cluster")
+        url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
         made = make_redis(url, request.getfixturevalue("redis_namespace"))
     try:
         yield made

@@ -129,10 +129,22 @@ async def damage(backend: Backend, key: str, how: str) -> None:
 
 def _redis_client(backend: Backend) -> Any:
     # Synchronous, run in a worker thread: the contract also runs under trio, where redis-py's
-    # asyncio client cannot.
-    import redis
+    # asyncio client cannot. On a cluster, redis-py's cluster client: SCAN covers every master,
+    # and each key command goes to the key's owner.
+    return sync_redis_client(backend.location)
 
-    return redis.Redis.from_url(backend.location)
+
+def sync_redis_client(url: str) -> Any:
+    """A synchronous redis-py client for a `redis://` or a `redis+cluster://` URL."""
+    import redis
+    from redis.cluster import ClusterNode, RedisCluster
+
+    from idempotency._redis_cluster import seeds_of_url
+
+    if not url.startswith("redis+cluster://"):
+        return redis.Redis.from_url(url)
+    seeds, _ = seeds_of_url(url)
+    return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in seeds])
 
 
 def _redis_names(client: Any, backend: Backend, key: str) -> list[bytes]:

@@ -224,15 +224,23 @@ def portal() -> Iterator[BlockingPortal]:
         yield running
 
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
-EXAMPLES = {"memory": 150, "sqlite": 50, "redis": 50}
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=[pytest.mark.redis, pytest.mark.slow]),
+]
+EXAMPLES = {"memory": 150, "sqlite": 50, "redis": 50, "redis-cluster": 50}
 
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_backend_matches_the_reference_model(
     name: str, portal: BlockingPortal, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    redis_url = request.getfixturevalue("redis_url") if name == "redis" else ""
+    on_redis = name.startswith("redis")
+    redis_url = ""
+    if on_redis:
+        redis_url = request.getfixturevalue("redis_url" if name == "redis" else "redis_cluster_url")
     databases = iter(range(1_000_000))
 
     def fresh() -> Backend:
@@ -243,7 +251,7 @@ def test_backend_matches_the_reference_model(
         return make_redis(redis_url, f"m{uuid.uuid4().hex[:12]}", orphan_retention=ORPHAN)
 
     # Real time moves under Redis's clock; everything else runs on an exact fake clock.
-    tolerance = DRIFT if name == "redis" else 1e-6
+    tolerance = DRIFT if on_redis else 1e-6
 
     class StoreMatchesModel(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -252,7 +260,7 @@ def test_backend_matches_the_reference_model(
             self.model = Model(EPOCH, ORPHAN)
             self.tokens: dict[str, list[str]] = {"a": [], "b": []}
             #: Redis's clock is its own: learn its distance from the model's at the first claim.
-            self.skew: float | None = None if name == "redis" else 0.0
+            self.skew: float | None = None if on_redis else 0.0
 
         def call(self, make: Callable[[], Awaitable[T]]) -> T:
             return portal.call(make)

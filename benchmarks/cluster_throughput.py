@@ -1,0 +1,72 @@
+"""Claim+complete pairs per second on a 3-master Redis Cluster vs one Redis, same run.
+
+Both deployments are private and started here from the `redis-server`/`redis-cli` binaries: one
+redis-server, and a 3-master + 3-replica cluster (`tests/redis_cluster.py`). The workload is
+`store_throughput`'s `mcp_once` contender (one asyncio process, unique keys, 200-byte results)
+at 1, 16 and 64 concurrent callers; rounds alternate which deployment goes first, and the ratio
+is taken within each round (paired), then the median over rounds.
+
+What it shows on a small box: the store's client is one Python process, so a cluster does not
+make one process faster; it spreads records and server work over masters (more memory, more
+server CPU, more processes). On 2 cores the six cluster nodes and the client share the CPUs.
+
+    uv run python -m benchmarks.cluster_throughput [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import anyio
+
+from ._redis import LocalCluster, RedisServer
+from ._scale import FULL, QUICK, Scale
+from ._stats import spread
+from .store_throughput import CONCURRENCY, _mcp_once
+
+DEPLOYMENTS = ("single", "cluster")
+
+
+def measure(scale: Scale) -> dict[str, Any]:
+    rounds = scale.throughput_rounds
+    duration = scale.throughput_window
+    samples: dict[str, dict[int, list[float]]] = {
+        d: {n: [] for n in CONCURRENCY} for d in DEPLOYMENTS
+    }
+    cluster = LocalCluster()
+    cluster.start()
+    try:
+        with RedisServer() as server:
+            urls = {"single": server.url, "cluster": cluster.url}
+            for round_no in range(rounds):
+                for concurrency in CONCURRENCY:
+                    order = DEPLOYMENTS if round_no % 2 == 0 else DEPLOYMENTS[::-1]
+                    for deployment in order:
+                        run = f"r{round_no}c{concurrency}{deployment}"
+                        rate = anyio.run(_mcp_once, urls[deployment], concurrency, duration, run)
+                        samples[deployment][concurrency].append(rate)
+    finally:
+        cluster.cleanup()
+    ratio = {
+        str(n): spread(
+            [c / s for c, s in zip(samples["cluster"][n], samples["single"][n], strict=True)]
+        )
+        for n in CONCURRENCY
+    }
+    return {
+        "unit": "claim+complete pairs per second (median of rounds, with min and max)",
+        "rounds": rounds,
+        "window_seconds": duration,
+        "cluster": "3 masters + 3 replicas, one asyncio client process",
+        "deployments": {
+            d: {str(n): spread(values, 0) for n, values in by.items()} for d, by in samples.items()
+        },
+        "cluster_vs_single": ratio,
+        "command": "uv run python -m benchmarks.cluster_throughput",
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(QUICK if "--quick" in sys.argv else FULL), indent=2))
