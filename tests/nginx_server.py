@@ -135,12 +135,24 @@ class NginxServer(ServerProcess):
     `deployed_config`; its access log goes to nginx's stdout, not to `requests()`).
     """
 
-    def __init__(self, binary: str, upstreams: Sequence[str], *, deployed: bool = False) -> None:
+    def __init__(
+        self,
+        binary: str,
+        upstreams: Sequence[str],
+        *,
+        deployed: bool = False,
+        location: Path = PROXY_CONF,
+        max_fails: int = 1,
+    ) -> None:
         if not upstreams:
             raise ValueError("nginx needs at least one upstream")
         self.binary = binary
         self.upstreams = list(upstreams)
         self.deployed = deployed
+        #: The location block (test config only): the deployed one unless a test varies it.
+        self.location = location
+        #: Failures that take an upstream out of rotation for 10 s (0: never).
+        self.max_fails = max_fails
         self.dir = Path(tempfile.mkdtemp(prefix="mcp-once-nginx-"))
         # Run as root, nginx's workers drop to an unprivileged user: they must reach the prefix.
         self.dir.chmod(0o755)
@@ -151,12 +163,12 @@ class NginxServer(ServerProcess):
             conf = deployed_config(self.upstreams, port, self.dir)
         else:
             servers = "\n".join(
-                f"        server {upstream} max_fails=1 fail_timeout=10s;"
+                f"        server {upstream} max_fails={self.max_fails} fail_timeout=10s;"
                 for upstream in self.upstreams
             )
             conf = self.dir / "nginx.conf"
             conf.write_text(
-                _CONFIG.format(dir=self.dir, servers=servers, port=port, proxy=PROXY_CONF)
+                _CONFIG.format(dir=self.dir, servers=servers, port=port, proxy=self.location)
             )
         prefix = ["-p", str(self.dir), "-e", str(self.error_log)]
         return [self.binary, *prefix, "-c", str(conf), "-g", "daemon off;"]

@@ -11,6 +11,10 @@ failure is a typed one, and what the dead replica left half-done is all that is 
 nginx's access log (the request body and `$upstream_addr`) tells which replica each attempt of a
 call reached: the proof that consecutive attempts of one call did land on different replicas,
 i.e. that the shared store, not a sticky replica, is what made the retries safe.
+
+The tests that show these can fail: the same run with unguarded replicas and a naive retry loop
+has duplicates; and nginx told to resend POSTs (`non_idempotent`, which deploy/mcp-proxy.conf
+leaves off) duplicates effects on unguarded replicas by itself, without any chaos.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from chaos_suite_settings import calls
-from nginx_server import NginxServer  # tests/ is on sys.path (conftest)
+from nginx_server import PROXY_CONF, NginxServer  # tests/ is on sys.path (conftest)
 
 from idempotency import wire
 from mcp_once.scenarios import (
@@ -42,6 +46,7 @@ from mcp_once.scenarios import (
     strays,
 )
 from orchestrator import streamable_http_transport
+from orchestrator.chaos import FaultPlan
 
 if TYPE_CHECKING:
     from mcp.client._transport import Transport
@@ -49,9 +54,8 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]
 
 CALLS = calls(300, soak=3000)
-#: The replica killed, as call number KILL_AT (0-based) starts.
+#: The replica killed (mid-tool) once call number CALLS // 2 (0-based) has started.
 VICTIM = 1
-KILL_AT = CALLS // 2
 #: Short, so that claims the dead replica held expire (and turn UNKNOWN) within the run.
 LEASE = 2.0
 #: The first attempt of each payment or write holds this long, so that the kill finds tools
@@ -93,6 +97,8 @@ class Routing:
     sessions: Counter[str] = field(default_factory=Counter)
     #: Requests nginx offered to more than one replica (the first could not be connected to).
     passed_on: int = 0
+    #: Requests nginx answered itself (no replica to send them to).
+    unrouted: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
 
     def calls_on_several(self) -> int:
@@ -129,11 +135,13 @@ def routing(nginx: NginxServer, replicas: Replicas) -> Routing:
         seen.sessions[request.session] += 1
         seen.statuses[request.status] += 1
         seen.passed_on += len(request.upstreams) > 1
-        if not request.upstreams:
-            continue  # nginx answered itself: no replica saw it
         # The last upstream is the one that got the request; nginx moved on from the others
-        # before sending it (it never resends a POST a replica received).
-        replica = index[request.upstreams[-1]]
+        # before sending it (it never resends a POST a replica received). None, or the upstream
+        # group's name ("no live upstreams"): nginx answered itself, no replica saw it.
+        replica = index.get(request.upstreams[-1]) if request.upstreams else None
+        if replica is None:
+            seen.unrouted += 1
+            continue
         replicas.keys_seen[replica].add(key)
         seen.attempts.setdefault(key, {}).setdefault(attempt, set()).add(replica)
     return seen
@@ -155,10 +163,14 @@ async def behind_nginx(
 async def run_with_a_kill(
     endpoint: BehindNginx, ledger: Ledger, mode: str, count: int
 ) -> RunResult:
-    """The workload through nginx, under chaos, replica VICTIM SIGKILLed as call count/2 starts."""
+    """The workload through nginx, under chaos, replica VICTIM SIGKILLed as call count/2 starts,
+    as soon as a tool is mid-run on it (its effect done, its result not yet stored)."""
+    victim = endpoint.replicas.pids()[VICTIM]
 
     async def kill() -> None:
+        _, call_id, _ = await ledger.next_event("started", pid=victim)
         await endpoint.replicas.kill(VICTIM)
+        print(f"replica {VICTIM} (pid {victim}) SIGKILLed with {call_id} mid-run on it")
 
     run = await run_workload(
         endpoint,
@@ -184,8 +196,9 @@ def describe(
         report.summary(),
         f"  attempt failures: {report.attempt_failures}; failures by type: {dict(failures)}",
         f"  nginx: tools/call requests by status {dict(seen.statuses)}, passed on past a dead"
-        f" replica {seen.passed_on}; calls on >= 2 replicas: {seen.calls_on_several()}"
-        f" of {len(seen.attempts)}; retries {pairs}, on another replica {moved}",
+        f" replica {seen.passed_on}, answered by nginx itself {seen.unrouted}; calls on >= 2"
+        f" replicas: {seen.calls_on_several()} of {len(seen.attempts)}; retries {pairs}, on"
+        f" another replica {moved}",
         f"  keys per replica: {[len(keys) for keys in replicas.keys_seen]}",
         f"  left UNKNOWN/IN_PROGRESS: {len(left.orphans)} (live workers':"
         f" {len(left.orphans_alive)}); guarded tools run twice: {len(left.twice)}"
@@ -236,3 +249,71 @@ async def test_the_checker_sees_duplicates_behind_nginx_without_the_guard(
         report = check(run)
     print(report.summary())
     assert report.duplicates > 0 and not report.ok
+
+
+# -- why deploy/mcp-proxy.conf keeps `non_idempotent` off ---------------------------------------
+
+#: Each first attempt of a payment or a write outlasts nginx's read timeout below.
+SLOW_TOOL = 0.3
+
+
+def resending(tmp_path: Path) -> Path:
+    """deploy/mcp-proxy.conf "improved": nginx resends a POST on read timeout (100 ms)."""
+    text = PROXY_CONF.read_text()
+    for deployed, changed in (
+        ("proxy_next_upstream error timeout;", "proxy_next_upstream error timeout non_idempotent;"),
+        ("proxy_read_timeout 300s;", "proxy_read_timeout 100ms;"),
+    ):
+        assert deployed in text, deployed
+        text = text.replace(deployed, changed)
+    location = tmp_path / "resending.conf"
+    location.write_text(text)
+    return location
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
+async def test_nginx_resending_posts_duplicates_what_the_guard_does_not_stop(
+    tmp_path: Path, redis_url: str, nginx_binary: str, guarded: bool
+) -> None:
+    """With `non_idempotent`, nginx itself resends a slow tool's POST to the next replica, no
+    chaos needed, and the client cannot know. Unguarded replicas run it again (duplicates, with
+    the careful client unchanged); guarded ones replay it from the shared store. So the deployed
+    config leaves resending to the client, and the guard is what makes any resend harmless."""
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    async with open_replicas(
+        ledger, redis_url if guarded else None, replicas=3, lease=5.0, hold=SLOW_TOOL
+    ) as replicas:
+        upstreams = [f"127.0.0.1:{process.port}" for process in replicas.processes]
+        # max_fails=0: a timed-out replica stays in rotation (otherwise all three soon leave it).
+        with NginxServer(
+            nginx_binary, upstreams, location=resending(tmp_path), max_fails=0
+        ) as nginx:
+            run = await run_workload(
+                BehindNginx(replicas, nginx),
+                mode="mcp-once",
+                ledger=ledger,
+                plan=FaultPlan(),
+                seed=15,
+                calls=24,
+                policy=default_policy(attempt_timeout=2.0),
+                concurrency=4,
+            )
+            report = check(run)
+            seen = routing(nginx, replicas)
+    # One attempt (same key, same attempt number) run more than once: no client sent it twice
+    # (there is no chaos), nginx did.
+    resent_runs = sum(
+        len(effects) - len({(effect.key, effect.attempt) for effect in effects})
+        for effects in ledger.by_call().values()
+    )
+    print(
+        report.summary(),
+        f"\n  nginx resent past a timeout: {seen.passed_on}; attempts run again: {resent_runs}",
+    )
+    assert seen.passed_on > 0  # nginx did resend POSTs a replica had received
+    if guarded:
+        assert report.ok and report.duplicates == 0 and report.replays > 0
+        assert resent_runs == 0
+    else:
+        assert report.duplicates > 0 and not report.ok
+        assert resent_runs > 0

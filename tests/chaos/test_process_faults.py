@@ -426,13 +426,7 @@ TOOL_TIME = 0.2
 
 async def mid_tool(ledger: Ledger, pid: int | None = None) -> None:
     """Until a tool (on process `pid`, or any) is in the middle of its run: a new `started`."""
-    seen = len(ledger.events("started"))
-    with anyio.fail_after(SOON):
-        # Another process writes it: a bounded poll of the shared file is the only signal.
-        while not any(  # noqa: ASYNC110
-            pid in (None, p) for _, _, p in ledger.events("started")[seen:]
-        ):
-            await anyio.sleep(0.02)
+    await ledger.next_event("started", pid=pid, timeout=SOON)
 
 
 def log_lines(ledger: Ledger, replica: int, text: str) -> int:
