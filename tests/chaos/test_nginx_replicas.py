@@ -95,7 +95,8 @@ class Routing:
     #: The protocol versions and session ids the requests carried.
     versions: Counter[str] = field(default_factory=Counter)
     sessions: Counter[str] = field(default_factory=Counter)
-    #: Requests nginx offered to more than one replica (the first could not be connected to).
+    #: Requests nginx offered to more than one replica: the first could not be connected to
+    #: (or, when told to resend POSTs, timed out).
     passed_on: int = 0
     #: Requests nginx answered itself (no replica to send them to).
     unrouted: int = 0
@@ -135,9 +136,9 @@ def routing(nginx: NginxServer, replicas: Replicas) -> Routing:
         seen.sessions[request.session] += 1
         seen.statuses[request.status] += 1
         seen.passed_on += len(request.upstreams) > 1
-        # The last upstream is the one that got the request; nginx moved on from the others
-        # before sending it (it never resends a POST a replica received). None, or the upstream
-        # group's name ("no live upstreams"): nginx answered itself, no replica saw it.
+        # The last upstream is the one that answered; with the deployed config nginx moved on
+        # from the others before sending (it never resends a POST a replica received). None, or
+        # the upstream group's name ("no live upstreams"): nginx answered, no replica saw it.
         replica = index.get(request.upstreams[-1]) if request.upstreams else None
         if replica is None:
             seen.unrouted += 1
@@ -190,7 +191,7 @@ async def run_with_a_kill(
 def describe(
     report: Report, run: RunResult, replicas: Replicas, seen: Routing, left: Strays
 ) -> str:
-    failures = Counter(r.error_type for r in run.records if r.outcome != "result")
+    failures = Counter(f"{r.error_type} ({r.tool})" for r in run.records if r.outcome != "result")
     pairs, moved = seen.retries()
     lines = [
         report.summary(),
