@@ -80,3 +80,22 @@ def redis_namespace() -> str:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+# -- nginx (the load-balancer tests) -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def nginx_binary() -> str:
+    """Debian's nginx, for the tests that put a real load balancer in front of replicas. Missing,
+    they skip with a loud reason; under CI a skip is a failure, as for Redis."""
+    from nginx_server import nginx_binary as find_nginx
+
+    found = find_nginx()
+    if found is None:
+        message = "NGINX NOT AVAILABLE — load-balancer tests cannot run: nginx is not installed"
+        if UNDER_CI:
+            pytest.fail(message + " (under CI a missing nginx is a failure)", pytrace=False)
+        warnings.warn(message, stacklevel=2)
+        pytest.skip(message)
+    return found

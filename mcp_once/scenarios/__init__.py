@@ -10,7 +10,8 @@ notification), each effect written by the tool itself to a `Ledger`; `run_worklo
 through `orchestrator.RetryingSession` ("mcp-once") or a naive tenacity loop ("naive") over an
 `Endpoint` (memory, stdio, HTTP; restartable), with the link broken by `orchestrator.chaos`;
 `check` reads the ledger and the call reports into a `Report`. `open_replicas` runs several HTTP
-replicas on one store behind a balancer that can freeze one of them.
+replicas on one store behind a balancer that can freeze or kill one of them; `strays` tells
+whether what a run left half-done belongs to a struck replica.
 `python -m mcp_once.scenarios.soak --seeds 50` runs it for longer.
 """
 
@@ -26,7 +27,7 @@ from mcp_once.scenarios._endpoints import (
 )
 from mcp_once.scenarios._invariants import Report, check
 from mcp_once.scenarios._ledger import Effect, Ledger
-from mcp_once.scenarios._replicas import Replicas, open_replicas
+from mcp_once.scenarios._replicas import Replicas, Strays, open_replicas, strays
 from mcp_once.scenarios._shop import ShopEffects, build_server, marks
 from mcp_once.scenarios._suite import Scenario, default_plan, open_endpoint, run_scenario
 from mcp_once.scenarios._workload import (
@@ -57,6 +58,7 @@ __all__ = [
     "ServerProcess",
     "ShopEffects",
     "StdioEndpoint",
+    "Strays",
     "TransportName",
     "build_server",
     "check",
@@ -70,4 +72,5 @@ __all__ = [
     "run_scenario",
     "run_workload",
     "server_command",
+    "strays",
 ]

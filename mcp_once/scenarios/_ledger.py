@@ -19,6 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+
 __all__ = ["Effect", "Ledger"]
 
 _SCHEMA = """
@@ -145,6 +147,20 @@ class Ledger:
         finally:
             conn.close()
         return [(str(k), c, int(p)) for k, c, p in rows]
+
+    async def next_event(
+        self, kind: str, *, pid: int | None = None, timeout: float = 30.0
+    ) -> tuple[str, str | None, int]:
+        """The first `kind` event written after this call (by process `pid`, or any), waited for
+        at most `timeout` seconds: another process's progress (a tool mid-run is `started`)."""
+        seen = len(self.events(kind))
+        with anyio.fail_after(timeout):
+            while True:
+                for event in self.events(kind)[seen:]:
+                    if pid in (None, event[2]):
+                        return event
+                # Another process writes it: a bounded poll of the shared file is the only signal.
+                await anyio.sleep(0.02)
 
     def balance(self, account: str) -> int:
         """Cents paid to `account` so far: what the read-only tool reports."""

@@ -5,6 +5,7 @@ whose transports reach whichever replica is in service, round-robin per request 
 era is stateless, so any replica can answer any request). A replica can be frozen (SIGSTOP) and
 taken out of rotation at the same instant, as a health check would notice, and thawed later: the
 paused-worker fault, with requests already on it hanging until the client gives up on them.
+A replica can also be killed for good (SIGKILL, never restarted): the crashed-worker fault.
 
 The balancer notes which replica saw which idempotency key. A record that ends UNKNOWN although
 its key never reached a frozen or killed replica was lost by a worker that stayed alive — the
@@ -17,20 +18,24 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
 import httpx2
 
-from idempotency import wire
+from idempotency import RecordState, open_store, wire
+from idempotency._scope import CallScope, default_scope, store_key
 from mcp_once.scenarios._endpoints import Endpoint, Era, ServerProcess, server_command
 from mcp_once.scenarios._ledger import Ledger
+from mcp_once.scenarios._shop import UNGUARDED_TOOLS
+from mcp_once.scenarios._workload import RunResult
 from orchestrator import streamable_http_transport
 
 if TYPE_CHECKING:
     from mcp.client._transport import Transport
 
-__all__ = ["Replicas", "open_replicas"]
+__all__ = ["Replicas", "Strays", "open_replicas", "strays"]
 
 
 def _key_of(request: httpx2.Request) -> str | None:
@@ -93,8 +98,10 @@ class Replicas(Endpoint):
         return index
 
     async def ready(self) -> None:
-        for process in self.processes:
-            await process.wait_up()
+        """Every replica in service is up (a killed one is not waited for)."""
+        for index, process in enumerate(self.processes):
+            if self.in_service[index]:
+                await process.wait_up()
 
     async def freeze(self, index: int) -> None:
         """SIGSTOP replica `index` and take it out of rotation: requests on it hang."""
@@ -106,6 +113,13 @@ class Replicas(Endpoint):
         """SIGCONT replica `index` and put it back into rotation."""
         self.processes[index].resume()
         self.in_service[index] = True
+
+    async def kill(self, index: int) -> None:
+        """SIGKILL replica `index` for good (a crashed worker nobody restarts): out of rotation,
+        and whatever it was running is lost mid-way."""
+        self.in_service[index] = False
+        self.struck.add(index)
+        await anyio.to_thread.run_sync(self.processes[index].kill)
 
     async def restart(self) -> None:
         """kill -9 the first replica and start it again (same port)."""
@@ -134,7 +148,7 @@ class Replicas(Endpoint):
 @asynccontextmanager
 async def open_replicas(
     ledger: Ledger,
-    store_url: str,
+    store_url: str | None,
     *,
     replicas: int = 2,
     era: Era = "modern",
@@ -142,8 +156,9 @@ async def open_replicas(
     wait: float = 10.0,
     hold: float = 0.0,
 ) -> AsyncIterator[Replicas]:
-    """`replicas` workload server processes on the store at `store_url`, each logging next to the
-    ledger (`ledger.replica-N.log`), for as long as the block runs."""
+    """`replicas` workload server processes on the store at `store_url` (None: unguarded, the
+    baseline), each logging next to the ledger (`ledger.replica-N.log`), for as long as the block
+    runs."""
 
     def argv(port: int) -> list[str]:
         return server_command(
@@ -159,3 +174,49 @@ async def open_replicas(
     finally:
         for process in made:
             await anyio.to_thread.run_sync(process.stop)
+
+
+@dataclass(frozen=True, slots=True)
+class Strays:
+    """What a run with struck replicas left behind, and whether only struck replicas left it."""
+
+    #: Client keys of this run whose record is UNKNOWN, or IN_PROGRESS with nobody running it
+    #: (it turns UNKNOWN at the next retry).
+    orphans: list[str]
+    #: Client keys of guarded calls whose tool ran more than once.
+    twice: list[str]
+    #: Of those, the keys no frozen or killed replica was ever sent: lost by a live worker.
+    orphans_alive: list[str]
+    twice_alive: list[str]
+
+
+async def strays(replicas: Replicas, run: RunResult, store_url: str) -> Strays:
+    """Read the store (after the run: nothing runs any more) and the ledger for what `run`
+    left half-done, and tell which of it a worker that stayed alive is to blame for. Records of
+    other runs sharing the store are ignored."""
+    scope = default_scope(CallScope("chaos-shop", "", None, None, None))
+    client_keys = {
+        store_key(scope, record.tool, record.key): record.key
+        for record in run.records
+        if record.key is not None
+    }
+    store = open_store(store_url)
+    try:
+        records = await store.list_records(limit=1_000_000)
+    finally:
+        await store.aclose()
+    orphans = [
+        client_keys[record.key]
+        for record in records
+        if record.key in client_keys
+        and record.state in (RecordState.UNKNOWN, RecordState.IN_PROGRESS)
+    ]
+    effects = run.ledger.by_call()
+    twice = [  # guarded tools only: a copy of an unguarded call the network made is no retry
+        record.key
+        for record in run.records
+        if record.key
+        and record.tool not in UNGUARDED_TOOLS
+        and len(effects.get(record.spec.call_id, [])) > 1
+    ]
+    return Strays(orphans, twice, replicas.never_struck(orphans), replicas.never_struck(twice))

@@ -22,8 +22,7 @@ from mcp import Client
 from mcp_types import CallToolResult, TextContent
 from redis_server import RedisServer, redis_server_binary  # tests/ is on sys.path (conftest)
 
-from idempotency import RecordState, RedisKeyStore, SQLiteKeyStore, encode_result
-from idempotency._scope import CallScope, default_scope, store_key
+from idempotency import RecordState, SQLiteKeyStore, encode_result
 from mcp_once.scenarios import (
     Endpoint,
     Ledger,
@@ -38,8 +37,8 @@ from mcp_once.scenarios import (
     run_scenario,
     run_workload,
     server_command,
+    strays,
 )
-from mcp_once.scenarios._shop import UNGUARDED_TOOLS
 from orchestrator import (
     CallReport,
     RetryingSession,
@@ -427,13 +426,7 @@ TOOL_TIME = 0.2
 
 async def mid_tool(ledger: Ledger, pid: int | None = None) -> None:
     """Until a tool (on process `pid`, or any) is in the middle of its run: a new `started`."""
-    seen = len(ledger.events("started"))
-    with anyio.fail_after(SOON):
-        # Another process writes it: a bounded poll of the shared file is the only signal.
-        while not any(  # noqa: ASYNC110
-            pid in (None, p) for _, _, p in ledger.events("started")[seen:]
-        ):
-            await anyio.sleep(0.02)
+    await ledger.next_event("started", pid=pid, timeout=SOON)
 
 
 def log_lines(ledger: Ledger, replica: int, text: str) -> int:
@@ -484,40 +477,19 @@ async def test_replicas_with_a_store_outage_during_completions_and_a_frozen_work
             )
             run.extra_faults.update(redis_outage=1, frozen_replica=1)
             report = check(run)
-            store = RedisKeyStore.from_url(redis.url)
-            try:
-                # After the run nothing runs: an IN_PROGRESS record is an orphan.
-                orphans = [
-                    r
-                    for r in await store.list_records(limit=10_000)
-                    if r.state in (RecordState.UNKNOWN, RecordState.IN_PROGRESS)
-                ]
-            finally:
-                await store.aclose()
-    scope = default_scope(CallScope("chaos-shop", "", None, None, None))
-    client_keys = {
-        store_key(scope, record.tool, record.key): record.key
-        for record in run.records
-        if record.key is not None
-    }
-    lost_alive = replicas.never_struck([client_keys[record.key] for record in orphans])
-    effects = ledger.by_call()
-    twice = [  # guarded tools only: a copy of an unguarded call the network made is no retry
-        r.key
-        for r in run.records
-        if r.key and r.tool not in UNGUARDED_TOOLS and len(effects.get(r.spec.call_id, [])) > 1
-    ]
-    twice_alive = replicas.never_struck(twice)
+            # After the run nothing runs: an IN_PROGRESS record is an orphan.
+            left = await strays(replicas, run, redis.url)
     retried = [log_lines(ledger, n, "could not store the result") for n in (0, 1)]
     given_up = [log_lines(ledger, n, "gave up storing the result") for n in (0, 1)]
     print(report.summary(), report.attempt_failures)
     print(
-        f"[replicas] records left UNKNOWN/IN_PROGRESS: {len(orphans)} (keys the frozen replica"
-        f" saw: {len(orphans) - len(lost_alive)}, live workers': {len(lost_alive)}); tools run"
-        f" twice: {len(twice)} (live workers': {len(twice_alive)}); completion retries logged"
-        f" per replica: {retried}; results given up: {given_up}"
+        f"[replicas] records left UNKNOWN/IN_PROGRESS: {len(left.orphans)} (keys the frozen"
+        f" replica saw: {len(left.orphans) - len(left.orphans_alive)}, live workers':"
+        f" {len(left.orphans_alive)}); tools run twice: {len(left.twice)} (live workers':"
+        f" {len(left.twice_alive)}); completion retries logged per replica: {retried};"
+        f" results given up: {given_up}"
     )
     assert report.ok and report.problems == [] and report.unexplained == 0
-    assert lost_alive == [] and twice_alive == []
+    assert left.orphans_alive == [] and left.twice_alive == []
     assert sum(retried) > 0  # the outage did meet completions, and they were retried
     assert given_up[1] == 0  # the replica that was never frozen gave no result up

@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from redis_server import RedisServer, redis_server_binary
+from nginx_server import DEPLOY_CONF, NginxServer, check_config, deployed_config
+from redis_server import RedisServer, free_port, redis_server_binary
 
 from idempotency import RecordState, SQLiteKeyStore, wire
 from idempotency._scope import CallScope, default_scope, store_key
@@ -264,7 +266,7 @@ def compose_command(service: str) -> list[str]:
     """
     text = (ROOT / "docker-compose.yml").read_text()
     found = re.search(
-        rf"^  {re.escape(service)}:\n(?:    .*\n|\n)*?    command:\n((?:      - .*\n)+)",
+        rf"^  {re.escape(service)}:\n(?:    .*\n|\n)*?    command:(?: &\S+)?\n((?:      - .*\n)+)",
         text,
         re.MULTILINE,
     )
@@ -286,18 +288,99 @@ def test_docker_compose_runs_serve_example_on_redis(private_redis: RedisServer) 
         parsed: Any = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
         assert parsed["services"]["example-server"]["command"] == command
 
-    # The same command here: the console script instead of `uv run`, loopback instead of all
-    # interfaces, a free port, and our Redis in place of the compose service's.
-    local = [console_script(), *command[5:]]
-    local[local.index("0.0.0.0")] = "127.0.0.1"
-    local[local.index("8000")] = "0"
-    local[local.index("redis://redis:6379/0")] = private_redis.url
-    server = ServerProcess(local, cwd=ROOT)
+    server = ServerProcess(run_here(command, private_redis.url), cwd=ROOT)
     try:
         url = server.wait_for(SERVE_BANNER).group(1)
         check_http_client_output(run_example("examples/client_http.py", url))
     finally:
         assert server.stop() == 0, server.seen
+
+
+def run_here(command: list[str], redis_url: str) -> list[str]:
+    """A compose service's command as it runs here: the console script instead of `uv run`,
+    loopback instead of all interfaces, a free port, and our Redis in place of the compose
+    service's."""
+    local = [console_script(), *command[5:]]
+    local[local.index("0.0.0.0")] = "127.0.0.1"
+    local[local.index("8000")] = "0"
+    local[local.index("redis://redis:6379/0")] = redis_url
+    return local
+
+
+# -- docker-compose.yml, --profile scale: three replicas behind nginx ------------------------------
+
+REPLICAS = ("replica-1", "replica-2", "replica-3")
+
+
+def test_the_scale_profile_is_three_example_servers_behind_the_deployed_nginx() -> None:
+    """The profile's shape: three replicas running the example-server command (no published
+    port), an nginx with deploy/ mounted whose upstreams are exactly those replicas."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (not a dependency)")
+    services: Any = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    command = compose_command("example-server")
+    port = command[command.index("--port") + 1]
+    for name in REPLICAS:
+        replica = services[name]
+        assert replica["profiles"] == ["scale"] and replica["command"] == command, name
+        assert "ports" not in replica and replica["healthcheck"]["test"][0] == "CMD"
+    nginx = services["nginx"]
+    assert nginx["profiles"] == ["scale"] and nginx["ports"] == ["127.0.0.1:8080:8080"]
+    assert set(nginx["depends_on"]) == set(REPLICAS)
+    mounts = {m.split(":")[0]: m.split(":")[1] for m in nginx["volumes"]}
+    assert mounts == {
+        "./deploy/nginx.conf": "/etc/nginx/nginx.conf",
+        "./deploy/mcp-proxy.conf": "/etc/nginx/mcp-proxy.conf",
+    }
+    assert all((ROOT / source).is_file() for source in mounts)
+    upstreams = re.findall(r"^\s*server (\S+) ", DEPLOY_CONF.read_text(), re.MULTILINE)
+    assert upstreams == [f"{name}:{port}" for name in REPLICAS]
+    assert "listen 8080;" in DEPLOY_CONF.read_text()
+
+
+def test_the_deployed_nginx_config_passes_nginx_t(nginx_binary: str, tmp_path: Path) -> None:
+    """`nginx -t` on deploy/nginx.conf, the compose host names replaced by loopback addresses
+    (they resolve only inside compose)."""
+    conf = deployed_config([f"127.0.0.1:{8001 + n}" for n in range(3)], free_port(), tmp_path)
+    checked = check_config(nginx_binary, conf)
+    assert checked.returncode == 0, checked.stderr
+    assert "syntax is ok" in checked.stderr
+
+
+@pytest.mark.anyio
+async def test_the_scale_profile_charges_once_through_nginx(
+    private_redis: RedisServer, nginx_binary: str
+) -> None:
+    """The profile run here as compose runs it (see `run_here`, `deployed_config`): three
+    `serve-example` replicas on one Redis behind nginx with deploy/nginx.conf. A charge sent six
+    times with one key through nginx, which spreads them over the replicas, runs once: the
+    first is executed, the five others are replays, and the replicas' own ledgers, read
+    directly, hold one charge between them."""
+    command = run_here(compose_command("example-server"), private_redis.url)
+    servers = [ServerProcess(command, cwd=ROOT) for _ in REPLICAS]
+    try:
+        urls = [server.wait_for(SERVE_BANNER).group(1) for server in servers]
+        upstreams = [url.removeprefix("http://").removesuffix("/mcp") for url in urls]
+        with NginxServer(nginx_binary, upstreams, deployed=True) as nginx:
+            order, key = f"order-{uuid.uuid4().hex[:8]}", f"charge-{uuid.uuid4()}"
+            statuses = []
+            async with Client(streamable_http_transport(nginx.url)) as client:
+                for _ in range(6):
+                    result = await client.call_tool(
+                        "charge", {"order_id": order, "cents": 700}, meta={wire.KEY_META: key}
+                    )
+                    marker = (result.meta or {})[wire.IDEMPOTENCY_META]
+                    statuses.append(marker["status"])
+        charges = 0
+        for url in urls:
+            async with Client(streamable_http_transport(url)) as client:
+                listed = await client.call_tool("list_charges", {"order_id": order})
+            assert listed.structured_content is not None
+            charges += len(listed.structured_content["result"])
+    finally:
+        for server in servers:
+            assert server.stop() == 0, server.seen
+    assert statuses == ["executed"] + ["replayed"] * 5, statuses
+    assert charges == 1
 
 
 # -- the agent-framework examples (no LLM, no network: stand-in models) ---------------------------
