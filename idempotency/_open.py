@@ -10,15 +10,16 @@ from ._memory_store import MemoryKeyStore
 from ._sqlite_store import SQLiteKeyStore
 from ._store import KeyStore
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 
 
 def open_store(url: str) -> KeyStore:
     """The key store `url` names.
 
     `memory://` (one process, lost on restart), `sqlite:///relative.db`,
-    `sqlite:////absolute.db` or a plain file path (durable, one host), `redis://`, `rediss://`
-    or `unix://` (shared by many hosts).
+    `sqlite:////absolute.db` or a plain file path (durable, one host), `redis://`, `rediss://`,
+    `unix://` or `redis+sentinel://host:port[,host:port...]/service_name[/db]` (shared by many
+    hosts).
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"a key store URL must be a non-empty string, not {url!r}")
@@ -37,6 +38,7 @@ def open_store(url: str) -> KeyStore:
         scheme = url.split("://", 1)[0]
         raise ValueError(
             f"unknown key store scheme {scheme!r} in {url!r}; use memory://,"
-            " sqlite:///path.db (or a plain file path), redis://, rediss:// or unix://"
+            " sqlite:///path.db (or a plain file path), redis://, rediss://, unix://"
+            " or redis+sentinel://"
         )
     return SQLiteKeyStore(url)

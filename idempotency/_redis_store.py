@@ -43,8 +43,9 @@ Why it is built this way:
 Runs under asyncio and trio (anyio). Cancelling a call never leaves half a record: the script
 either ran whole or not at all, and a cancelled caller's reply is read and dropped.
 
-Topologies: one Redis, or a primary behind Sentinel (asyncio only: discovery uses redis-py's
-asyncio client) or a proxy, given as a URL or a `redis.asyncio.Redis` whose configuration the
+Topologies: one Redis, or a primary behind Sentinel (`redis+sentinel://`, or a redis-py
+`Sentinel(...).master_for(...)` client; discovered over the store's own connections, under asyncio
+and trio) or a proxy, given as a URL or a `redis.asyncio.Redis` whose configuration the
 store reads. Keys are Cluster-ready (one hash-tagged key per record, one key per script), but a
 `RedisCluster` client is not accepted yet, and `list_records`/`purge_expired` SCAN one node.
 """
@@ -264,6 +265,9 @@ class RedisKeyStore:
     ) -> RedisKeyStore:
         """A store for the Redis at `url`. Connects lazily; `aclose` closes its connections.
 
+        `redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]` finds the
+        primary through Sentinel, again after a failover (`_redis_sentinel.py`).
+
         `socket_timeout` bounds the wait for each reply (None: forever); a late reply gives the
         connection up and the call fails with `StoreUnavailable`. `socket_connect_timeout`
         defaults to `socket_timeout`. Other `redis_kwargs` are redis-py's connection options
@@ -272,7 +276,12 @@ class RedisKeyStore:
         if redis_kwargs.get("decode_responses"):
             raise ValueError("RedisKeyStore needs decode_responses=False: results are binary")
         redis_kwargs.setdefault("socket_connect_timeout", socket_timeout)
-        client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
+        if url.startswith("redis+sentinel://"):
+            from ._redis_sentinel import sentinel_client
+
+            client = sentinel_client(url, socket_timeout=socket_timeout, **redis_kwargs)
+        else:
+            client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
         return cls(
             client,
             prefix=prefix,

@@ -1,6 +1,6 @@
 """The `backend` fixture: each contract test runs against every key store (memory, SQLite,
-Redis), and against Redis once more under trio; see `store_backends.py` for how each one is built
-and moved through time."""
+Redis), and against Redis once more under trio and once more through Sentinel; see
+`store_backends.py` for how each one is built and moved through time."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from store_backends import Backend, make_memory, make_redis, make_sqlite
+from store_backends import Backend, make_memory, make_redis, make_redis_sentinel, make_sqlite
 
 BACKENDS = [
     "memory",
     "sqlite",
     pytest.param("redis", marks=pytest.mark.redis),
     pytest.param("redis-trio", marks=pytest.mark.redis),
+    pytest.param("redis-sentinel", marks=pytest.mark.redis),
 ]
 
 
@@ -32,6 +33,8 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         made = make_memory()
     elif request.param == "sqlite":
         made = make_sqlite(tmp_path / "keys.db")
+    elif request.param == "redis-sentinel":
+        made = sentinel_backend(request)
     else:
         url = request.getfixturevalue("redis_url")
         made = make_redis(url, request.getfixturevalue("redis_namespace"))
@@ -39,3 +42,9 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield made
     finally:
         await made.close()
+
+
+def sentinel_backend(request: pytest.FixtureRequest) -> Backend:
+    """The Redis store through the session's Sentinel deployment."""
+    url = request.getfixturevalue("redis_sentinel_url")
+    return make_redis_sentinel(url, request.getfixturevalue("redis_namespace"))

@@ -98,6 +98,16 @@ def make_redis(url: str, namespace: str, *, orphan_retention: float = ORPHAN_RET
     )
 
 
+def make_redis_sentinel(
+    url: str, namespace: str, *, orphan_retention: float = ORPHAN_RETENTION
+) -> Backend:
+    """The Redis store reached through Sentinel (`redis+sentinel://`); everything else as
+    `make_redis`, and raw access goes through Sentinel too (`_redis_client`)."""
+    made = make_redis(url, namespace, orphan_retention=orphan_retention)
+    made.name = "redis-sentinel"
+    return made
+
+
 # -- reaching into the stored data, to damage it or prove it did not change ----------------------
 
 
@@ -106,7 +116,7 @@ async def raw_state(backend: Backend, key: str) -> object:
     if backend.name == "sqlite":
         with sqlite3.connect(backend.location) as conn:
             return conn.execute("SELECT * FROM records WHERE key = ?", (key,)).fetchall()
-    if backend.name == "redis":
+    if backend.name.startswith("redis"):
         return await _redis_raw(backend, key)
     pytest.skip("the memory store holds Python objects; there is no raw form to damage")
 
@@ -121,7 +131,7 @@ async def damage(backend: Backend, key: str, how: str) -> None:
         with sqlite3.connect(backend.location) as conn:
             assert conn.execute(statement, (key,)).rowcount == 1
         return
-    if backend.name == "redis":
+    if backend.name.startswith("redis"):
         await _redis_damage(backend, key, how)
         return
     pytest.skip("the memory store holds Python objects and cannot be damaged from outside")
@@ -132,7 +142,19 @@ def _redis_client(backend: Backend) -> Any:
     # asyncio client cannot.
     import redis
 
+    if backend.name == "redis-sentinel":
+        return _sentinel_client(backend.location)
     return redis.Redis.from_url(backend.location)
+
+
+def _sentinel_client(url: str) -> Any:
+    """A synchronous redis-py client of the primary a `redis+sentinel://` URL names."""
+    from redis.sentinel import Sentinel
+
+    from idempotency._redis_sentinel import parse_sentinel_url
+
+    hosts, service, options, sentinel_options = parse_sentinel_url(url)
+    return Sentinel(hosts, sentinel_kwargs=sentinel_options).master_for(service, **options)
 
 
 def _redis_names(client: Any, backend: Backend, key: str) -> list[bytes]:
