@@ -72,6 +72,14 @@ def redis_sentinel() -> Iterator[RedisSentinel]:
     deployment.cleanup()
 
 
+@pytest.fixture
+def fresh_sentinel() -> Iterator[RedisSentinel]:
+    """A Sentinel deployment of this test's own, for tests that crash its primary."""
+    deployment = start_sentinel_deployment()
+    yield deployment
+    deployment.cleanup()
+
+
 @pytest.fixture(scope="session")
 def redis_sentinel_url(redis_sentinel: RedisSentinel) -> str:
     """`redis+sentinel://` URL of the session's Sentinel deployment."""

@@ -1,0 +1,65 @@
+"""Replicated Redis deployments the failover benchmark can crash: a small protocol, and Sentinel.
+
+The benchmark needs five things of a deployment, all blocking (it calls them in a worker
+thread): start it, the store URL that reaches it, SIGKILL the primary that serves the workload,
+wait until it serves writes again, clean it up. Anything that can do these five plugs in (Redis
+Cluster: kill one of the masters, wait for the cluster to be healthy again).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ._redis import REPO  # noqa: F401  (puts tests/ on sys.path for the launchers)
+
+
+class Deployment(Protocol):
+    """A replicated Redis the benchmark can crash. Methods block; `kill_primary` returns a
+    handle that `wait_recovered` takes back."""
+
+    #: A short label for the results ("sentinel", "cluster").
+    name: str
+
+    def start(self) -> None: ...
+
+    def store_url(self) -> str: ...
+
+    def kill_primary(self) -> object: ...
+
+    def wait_recovered(self, killed: object, timeout: float) -> None:
+        """Return once a primary other than `killed` accepts writes; TimeoutError after
+        `timeout` seconds."""
+        ...
+
+    def cleanup(self) -> None: ...
+
+
+class SentinelDeployment:
+    """1 primary + 2 replicas + 3 Sentinels on loopback (`tests/redis_sentinel.py`), every node
+    with `appendfsync always`."""
+
+    name = "sentinel"
+
+    def __init__(self) -> None:
+        from redis_sentinel import RedisSentinel  # type: ignore[import-not-found]
+
+        self._sentinel = RedisSentinel()
+
+    def start(self) -> None:
+        self._sentinel.start()
+
+    def store_url(self) -> str:
+        url: str = self._sentinel.url
+        return url
+
+    def kill_primary(self) -> object:
+        return self._sentinel.kill_master()
+
+    def wait_recovered(self, killed: object, timeout: float) -> None:
+        self._sentinel.wait_failover(killed, timeout)
+
+    def cleanup(self) -> None:
+        self._sentinel.cleanup()
+
+
+DEPLOYMENTS = {"sentinel": SentinelDeployment}

@@ -1,0 +1,309 @@
+"""`RedisKeyStore` behind Sentinel, on a real deployment (1 primary, 2 replicas, 3 Sentinels).
+
+The contract suite and the model test also run through Sentinel (`backend` "redis-sentinel");
+these tests cover what only Sentinel has: discovery, the refusal of a node that is not a master,
+re-discovery after a real failover (records acknowledged with `wait_replicas=1` survive it),
+trio, what `wait_replicas`/`wait_aof` mean there, URLs, a redis-py `master_for` client, the CLI,
+and a shortened run of the failover benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import pytest
+import redis
+from redis.asyncio.sentinel import Sentinel
+from redis_sentinel import RedisSentinel
+from redis_server import RedisServer
+
+from idempotency import (
+    ClaimStatus,
+    RecordState,
+    RedisKeyStore,
+    StoreUnavailable,
+    open_store,
+)
+from idempotency._redis_store import DurabilityUnsupported, ReplicationUnconfirmed
+from mcp_once._cli import main as cli_main
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+REPO = Path(__file__).resolve().parents[2]
+FP = "fingerprint"
+LEASE = 60.0
+RETENTION = 600.0
+
+
+def raw(node: RedisServer, name: bytes) -> bytes | None:
+    """What `node` itself holds under `name` (no store code in between)."""
+    with redis.Redis(port=node.port) as client:
+        value: bytes | None = client.get(name)
+        return value
+
+
+def replica_of(deployment: RedisSentinel) -> RedisServer:
+    primary = deployment.master()
+    return next(n for n in deployment.nodes if n is not primary and n.proc is not None)
+
+
+async def test_the_store_writes_to_the_primary_sentinel_names(
+    redis_sentinel: RedisSentinel, redis_namespace: str
+) -> None:
+    store = RedisKeyStore.from_url(redis_sentinel.url, prefix=f"{redis_namespace}:")
+    try:
+        outcome = await store.claim("k", FP, lease=LEASE, takeover=False)
+        assert outcome.status is ClaimStatus.CLAIMED and outcome.token is not None
+        assert await store.complete("k", outcome.token, b"result", retention=RETENTION)
+        assert (await store.claim("k", FP, lease=LEASE, takeover=False)).result == b"result"
+    finally:
+        await store.aclose()
+    name = f"{redis_namespace}:{{k}}".encode()
+    stored = raw(redis_sentinel.master(), name)
+    assert stored is not None and stored.endswith(b"result")
+
+
+async def test_a_node_that_is_not_a_master_is_refused(
+    redis_sentinel: RedisSentinel, redis_namespace: str
+) -> None:
+    """A Sentinel with a stale view names a replica: the handshake's ROLE refuses it, the
+    call fails as unavailable, and nothing is written anywhere."""
+    replica = replica_of(redis_sentinel)
+    named = f"{replica.port}".encode()
+    answer = b"*2\r\n$9\r\n127.0.0.1\r\n$%d\r\n%s\r\n" % (len(named), named)
+    asked = 0
+
+    async def stale_sentinel(stream: anyio.abc.SocketStream) -> None:
+        nonlocal asked
+        async with stream:
+            try:
+                while await stream.receive():
+                    asked += 1
+                    await stream.send(answer)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, stale_sentinel)
+        store = RedisKeyStore.from_url(
+            f"redis+sentinel://127.0.0.1:{port}/{redis_sentinel.service}",
+            prefix=f"{redis_namespace}:",
+        )
+        try:
+            with pytest.raises(StoreUnavailable, match="not a master"):
+                await store.claim("k", FP, lease=LEASE, takeover=False)
+        finally:
+            await store.aclose()
+        tg.cancel_scope.cancel()
+    await listener.aclose()
+    assert asked >= 1
+    name = f"{redis_namespace}:{{k}}".encode()
+    assert raw(replica, name) is None and raw(redis_sentinel.master(), name) is None
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_discovery_works_under_trio(
+    redis_sentinel: RedisSentinel, redis_namespace: str
+) -> None:
+    store = RedisKeyStore.from_url(
+        redis_sentinel.url, prefix=f"{redis_namespace}:", wait_replicas=1
+    )
+    try:
+        outcome = await store.claim("k", FP, lease=LEASE, takeover=False)
+        assert outcome.token is not None
+        assert await store.complete("k", outcome.token, b"r", retention=RETENTION)
+        record = await store.get("k")
+        assert record is not None and record.state is RecordState.COMPLETED
+    finally:
+        await store.aclose()
+
+
+async def test_wait_replicas_counts_the_primarys_replicas(
+    redis_sentinel: RedisSentinel, redis_namespace: str
+) -> None:
+    """Two replicas: waiting for 2 is confirmed; waiting for 3 is not, and the claim is
+    withdrawn, as against a single Redis."""
+    prefix = f"{redis_namespace}:"
+    two = RedisKeyStore.from_url(redis_sentinel.url, prefix=prefix, wait_replicas=2)
+    three = RedisKeyStore.from_url(
+        redis_sentinel.url, prefix=prefix, wait_replicas=3, wait_timeout=0.2
+    )
+    try:
+        assert (await two.claim("two", FP, lease=LEASE, takeover=False)).token is not None
+        with pytest.raises(ReplicationUnconfirmed) as caught:
+            await three.claim("three", FP, lease=LEASE, takeover=False)
+        assert not caught.value.applied and caught.value.acked == "2 replica(s)"
+        assert await two.get("three") is None
+    finally:
+        await two.aclose()
+        await three.aclose()
+
+
+async def test_wait_aof_needs_redis_7_2_behind_sentinel_too(
+    redis_sentinel: RedisSentinel, redis_namespace: str
+) -> None:
+    with redis.Redis(port=redis_sentinel.master().port) as client:
+        version = str(client.info("server")["redis_version"])
+    if tuple(int(p) for p in version.split(".")[:2]) >= (7, 2):
+        pytest.skip(f"Redis {version} has WAITAOF")
+    store = RedisKeyStore.from_url(
+        redis_sentinel.url, prefix=f"{redis_namespace}:", wait_replicas=1, wait_aof=True
+    )
+    try:
+        with pytest.raises(DurabilityUnsupported, match=r"7\.2"):
+            await store.claim("k", FP, lease=LEASE, takeover=False)
+        assert await store.get("k") is None
+    finally:
+        await store.aclose()
+
+
+async def test_a_redis_py_master_for_client_is_accepted(
+    redis_sentinel: RedisSentinel, redis_namespace: str
+) -> None:
+    """Its Sentinel list is read; its own (asyncio) connections are never used."""
+    hosts = [("127.0.0.1", s.port) for s in redis_sentinel.sentinels]
+    client = Sentinel(hosts, socket_timeout=5.0).master_for(redis_sentinel.service)  # type: ignore[no-untyped-call]
+    store = RedisKeyStore(client, prefix=f"{redis_namespace}:")
+    try:
+        outcome = await store.claim("k", FP, lease=LEASE, takeover=False)
+        assert outcome.status is ClaimStatus.CLAIMED
+    finally:
+        await store.aclose()
+        await client.aclose()
+    assert raw(redis_sentinel.master(), f"{redis_namespace}:{{k}}".encode()) is not None
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel:///svc", "no Sentinel host"),
+        ("redis+sentinel://127.0.0.1:26379", "no service name"),
+        ("redis+sentinel://127.0.0.1:26379/", "no service name"),
+        ("redis+sentinel://127.0.0.1:26379/svc/x", "database"),
+        ("redis+sentinel://127.0.0.1:26379/svc/-1", "database"),
+        ("redis+sentinel://127.0.0.1:26379/svc/0/more", "too many path parts"),
+        ("redis+sentinel://127.0.0.1:port/svc", "bad Sentinel address"),
+        ("redis+sentinel://127.0.0.1:70000/svc", "bad Sentinel address"),
+        ("redis+sentinel://:26379/svc", "bad Sentinel address"),
+    ],
+)
+def test_bad_sentinel_urls_are_refused(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        RedisKeyStore.from_url(url)
+    with pytest.raises(ValueError, match=says):
+        open_store(url)
+
+
+def test_a_sentinel_url_carries_credentials_db_and_options() -> None:
+    from idempotency._redis_sentinel import parse_sentinel_url
+
+    url = (
+        "redis+sentinel://user:p%40ss@h1:1,h2:2,[::1]:3/svc/4"
+        "?socket_timeout=2.5&sentinel_password=sp&client_name=me"
+    )
+    hosts, service, options, sentinel = parse_sentinel_url(url)
+    assert hosts == [("h1", 1), ("h2", 2), ("::1", 3)] and service == "svc"
+    assert options["username"] == "user" and options["password"] == "p@ss"
+    assert (options["db"], options["socket_timeout"], options["client_name"]) == (4, 2.5, "me")
+    assert sentinel == {"password": "sp"}
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        code = cli_main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def test_the_cli_reads_records_through_sentinel(
+    redis_sentinel: RedisSentinel, redis_namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The CLI takes no prefix: a store key (64 hex digits) unique to this test.
+    key = (uuid.uuid4().hex * 2)[:64]
+    store = open_store(redis_sentinel.url)
+    try:
+        outcome = await store.claim(key, FP, lease=LEASE, takeover=False)
+        assert outcome.status is ClaimStatus.CLAIMED
+    finally:
+        await store.aclose()
+    argv = ["keys", "show", key, "--store", redis_sentinel.url]
+    code, out, err = await anyio.to_thread.run_sync(_cli, argv, capsys)
+    assert code == 0, (out, err)
+    fields = dict(line.split(": ", 1) for line in out.splitlines())
+    assert (fields["key"], fields["state"], fields["fence"]) == (key, "in_progress", "1")
+
+
+@pytest.mark.slow
+async def test_after_a_real_failover_the_store_follows_and_durable_records_survive(
+    fresh_sentinel: RedisSentinel,
+) -> None:
+    """Records acknowledged with `wait_replicas=1` are all on the new primary after the old one
+    is SIGKILLed, and the same store object writes there without being told."""
+    store = RedisKeyStore.from_url(fresh_sentinel.url, wait_replicas=1)
+    keys = [f"k{i}" for i in range(20)]
+    try:
+        for key in keys:
+            outcome = await store.claim(key, FP, lease=LEASE, takeover=False)
+            assert outcome.token is not None
+            assert await store.complete(key, outcome.token, key.encode(), retention=RETENTION)
+        old = await anyio.to_thread.run_sync(fresh_sentinel.kill_master)
+        new = await anyio.to_thread.run_sync(fresh_sentinel.wait_failover, old)
+        assert new.port != old.port
+        for key in keys:
+            replay = await store.claim(key, FP, lease=LEASE, takeover=False)
+            assert (replay.status, replay.result) == (ClaimStatus.REPLAY, key.encode())
+        after = await store.claim("after", FP, lease=LEASE, takeover=False)
+        assert after.status is ClaimStatus.CLAIMED
+    finally:
+        await store.aclose()
+    assert raw(new, b"mcp-once:{after}") is not None
+
+
+def _run_failover_benchmark(tmp_path: Path, wait_replicas: int, calls: int) -> dict[str, Any]:
+    out = tmp_path / "failover.json"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.failover",
+        "--rounds",
+        "1",
+        "--calls",
+        str(calls),
+        "--wait-replicas",
+        str(wait_replicas),
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+@pytest.mark.slow
+def test_a_failover_with_wait_replicas_duplicates_no_effect(tmp_path: Path) -> None:
+    """The failover benchmark, shortened: the primary is SIGKILLed mid-run; with
+    `wait_replicas=1` no effect runs twice, no acknowledged write is lost, and every call that
+    failed failed with an explicit outcome."""
+    [run] = _run_failover_benchmark(tmp_path, wait_replicas=1, calls=150)["runs"]
+    assert run["killed"] and run["recover_failover_s"] is not None
+    assert run["calls"] == 150 and run["succeeded"] + run["failed_calls"] == 150
+    assert run["duplicate_effects"] == 0
+    assert run["acked_claims_lost"] == 0 and run["acked_completions_lost"] == 0
+    assert run["unexplained_failures"] == 0 and run["lost_results"] == 0
+    explicit = ("NotExecuted", "OutcomeUnknown", "ToolCallError")
+    assert all(kind.startswith(explicit) for kind in run["failed_calls_by_kind"]), run
+    assert run["recover_first_write_s"] is not None
