@@ -34,6 +34,18 @@ class Deployment(Protocol):
     def cleanup(self) -> None: ...
 
 
+class Stallable(Protocol):
+    """A deployment whose replicas can be frozen, so that the writes the primary takes just
+    before it dies reach no replica (replication lag, made certain instead of left to luck)."""
+
+    def stall_replicas(self) -> object:
+        """Cut the serving primary's replicas off (they get nothing more from it) until
+        `resume_replicas`; returns a handle for it."""
+        ...
+
+    def resume_replicas(self, stalled: object) -> None: ...
+
+
 class SentinelDeployment:
     """1 primary + 2 replicas + 3 Sentinels on loopback (`tests/redis_sentinel.py`), every node
     with `appendfsync always`."""
@@ -60,6 +72,25 @@ class SentinelDeployment:
 
     def cleanup(self) -> None:
         self._sentinel.cleanup()
+
+    def stall_replicas(self) -> object:
+        """Freeze the replicas, then close their links on the primary: a frozen process's
+        kernel would still take in what the primary sends over loopback, so freezing alone
+        loses nothing. The primary keeps writes for them in its backlog until it dies."""
+        import redis
+
+        primary = self._sentinel.master()
+        replicas = [n for n in self._sentinel.nodes if n is not primary and n.proc is not None]
+        for replica in replicas:
+            replica.pause()
+        with redis.Redis(port=primary.port) as client:
+            client.client_kill_filter(_type="replica")
+        return replicas
+
+    def resume_replicas(self, stalled: object) -> None:
+        assert isinstance(stalled, list)
+        for replica in stalled:
+            replica.resume()
 
 
 DEPLOYMENTS = {"sentinel": SentinelDeployment}

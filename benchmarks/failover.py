@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -55,7 +55,7 @@ from mcp_once.scenarios import (
 from orchestrator import RetryPolicy
 from orchestrator.chaos import FaultPlan
 
-from ._deployments import DEPLOYMENTS, Deployment
+from ._deployments import DEPLOYMENTS, Deployment, Stallable
 from ._stats import spread
 from ._witness import Witness
 
@@ -99,14 +99,26 @@ async def measure_once(
     calls: int = 500,
     concurrency: int = 8,
     kill_at: float = 0.4,
+    lag: float = 0.0,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """One run against a started `deployment` (which it crashes); the figures as a dict."""
+    """One run against a started `deployment` (which it crashes); the figures as a dict.
+
+    `lag` > 0: the primary's replicas are frozen (SIGSTOP) that many seconds before the kill
+    and thawed right after it, so the writes of that window exist on the primary alone (the
+    deployment must be `Stallable`)."""
     crash = Crash()
 
     async def kill() -> None:
+        stalled: object = None
+        if lag > 0:
+            stallable = cast(Stallable, deployment)
+            stalled = await anyio.to_thread.run_sync(stallable.stall_replicas)
+            await anyio.sleep(lag)  # the fault's length, a parameter of the run
         handle = await anyio.to_thread.run_sync(deployment.kill_primary)
         crash.killed_at = time.monotonic()
+        if stalled is not None:
+            await anyio.to_thread.run_sync(cast(Stallable, deployment).resume_replicas, stalled)
         await anyio.to_thread.run_sync(deployment.wait_recovered, handle, RECOVERY_TIMEOUT)
         crash.recovered_at = time.monotonic()
 
@@ -143,6 +155,7 @@ async def measure_once(
     return {
         "deployment": deployment.name,
         "wait_replicas": wait_replicas,
+        "replica_lag_s": lag,
         "calls": len(run.records),
         "succeeded": report.succeeded,
         "acked_claims_lost": len(losses.claims),
@@ -183,11 +196,14 @@ async def measure(
     calls: int = 500,
     concurrency: int = 8,
     wait_replicas_values: tuple[int, ...] = (0, 1),
+    lags: tuple[float, ...] = (0.0,),
 ) -> dict[str, Any]:
-    """`rounds` runs per `wait_replicas` value (interleaved), each on a fresh deployment."""
+    """`rounds` runs per (`lag`, `wait_replicas`) pair (interleaved), each on a fresh
+    deployment."""
     runs: list[dict[str, Any]] = []
+    pairs = [(lag, wait_replicas) for lag in lags for wait_replicas in wait_replicas_values]
     for round_no in range(rounds):
-        for wait_replicas in wait_replicas_values:
+        for lag, wait_replicas in pairs:
             deployment = DEPLOYMENTS[kind]()
             await anyio.to_thread.run_sync(deployment.start)
             try:
@@ -197,6 +213,7 @@ async def measure(
                         wait_replicas=wait_replicas,
                         calls=calls,
                         concurrency=concurrency,
+                        lag=lag,
                         seed=round_no,
                     )
                 )
@@ -217,10 +234,17 @@ _TIMES = ("recover_first_write_s", "recover_failover_s")
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per `wait_replicas`: totals of the counts over the runs, spread of the times."""
+    """Per (replica lag, `wait_replicas`): totals of the counts over the runs, spread of the
+    times."""
     summary: dict[str, Any] = {}
-    for wait_replicas in sorted({run["wait_replicas"] for run in runs}):
-        mine = [run for run in runs if run["wait_replicas"] == wait_replicas]
+    for lag, wait_replicas in sorted(
+        {(run["replica_lag_s"], run["wait_replicas"]) for run in runs}
+    ):
+        mine = [
+            run
+            for run in runs
+            if (run["replica_lag_s"], run["wait_replicas"]) == (lag, wait_replicas)
+        ]
         row: dict[str, Any] = {"runs": len(mine), "calls": sum(run["calls"] for run in mine)}
         for name in _COUNTS:
             row[name] = {
@@ -230,14 +254,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for name in _TIMES:
             values = [run[name] for run in mine if run[name] is not None]
             row[name] = spread(values) if values else None
-        summary[f"wait_replicas={wait_replicas}"] = row
+        summary[f"replica lag {lag}s, wait_replicas={wait_replicas}"] = row
     return summary
 
 
 def _table(summary: dict[str, Any]) -> str:
     lines = [
-        "| | acked claims lost | acked completions lost | duplicate effects | UNKNOWN records"
-        " | failed calls (unexplained) | kill → first write (s) | kill → failover (s) |",
+        "| scenario | acked claims lost | acked completions lost | duplicate effects"
+        " | UNKNOWN records | failed calls (unexplained) | kill → first write (s)"
+        " | kill → failover (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, row in summary.items():
@@ -266,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=(0, 1),
         help="measure only this wait_replicas value (repeatable; default: 0 and 1)",
     )
+    parser.add_argument(
+        "--lag",
+        type=float,
+        action="append",
+        help="freeze the replicas this many seconds before the kill (repeatable; default:"
+        " 0 and 0.5)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = parser.parse_args(argv)
@@ -273,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     started = time.perf_counter()
     values = tuple(args.wait_replicas or (0, 1))
+    lags = tuple(args.lag or (0.0, 0.5))
+    if any(lag < 0 for lag in lags):
+        parser.error("--lag must be >= 0")
     out = anyio.run(
         lambda: measure(
             args.deployment,
@@ -280,9 +315,11 @@ def main(argv: list[str] | None = None) -> int:
             calls=args.calls,
             concurrency=args.concurrency,
             wait_replicas_values=values,
+            lags=lags,
         )
     )
     only = "".join(f" --wait-replicas {value}" for value in args.wait_replicas or ())
+    only += "".join(f" --lag {lag}" for lag in args.lag or ())
     out = {
         "benchmark": "failover",
         "reproduce": f"{REPRODUCE} --deployment {args.deployment} --rounds {args.rounds}"

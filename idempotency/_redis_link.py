@@ -129,4 +129,3 @@ class Link:
             wire.close()
             raise Unreachable("the key store was closed")
         return wire
-

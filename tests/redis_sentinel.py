@@ -56,21 +56,10 @@ class SentinelProcess(RedisServer):
         )
 
     def command(self) -> list[str]:
-        return [
-            self.binary,
-            str(self.config),
-            "--sentinel",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.dir),
-            "--daemonize",
-            "no",
-            "--loglevel",
-            "warning",
-        ]
+        # The config file must come first; the server's own options follow (Sentinel ignores
+        # the persistence ones).
+        binary, *options = super().command()
+        return [binary, str(self.config), "--sentinel", *options]
 
 
 class RedisSentinel:
