@@ -41,9 +41,12 @@ DEFAULT_SENTINEL_PORT: Final = 26379
 _SENTINEL_OPTIONS: Final = ("sentinel_username", "sentinel_password")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sentinels:
-    """The Sentinels watching one service, and how to ask them."""
+    """The Sentinels watching one service, and how to ask them.
+
+    The Sentinel that answered last is asked first next time (as redis-py does), so a dead or
+    unreachable first Sentinel costs one failed attempt, not one per connect."""
 
     service: str
     addresses: tuple[Address, ...]
@@ -51,6 +54,8 @@ class Sentinels:
     auth: tuple[str, ...]
     timeout: float | None
     connect_timeout: float | None
+    #: Index in `addresses` of the Sentinel that answered last.
+    first: int = 0
 
     @classmethod
     def of_pool(cls, pool: Any) -> Sentinels | None:
@@ -83,13 +88,16 @@ class Sentinels:
 
         Raises `Unreachable` (naming every Sentinel's failure) when none does."""
         failures: list[str] = []
-        for address in self.addresses:
+        count = len(self.addresses)
+        for index in [(self.first + step) % count for step in range(count)]:
+            address = self.addresses[index]
             try:
                 found = await self._ask(address)
             except rx.RedisError as exc:  # unreachable, refused, no reply in time
                 failures.append(f"{address}: {exc}")
                 continue
             if found is not None:
+                self.first = index
                 return found
             failures.append(f"{address}: knows no primary for {self.service!r}")
         raise Unreachable(

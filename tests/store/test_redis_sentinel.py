@@ -10,6 +10,7 @@ and a shortened run of the failover benchmark.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import uuid
@@ -27,12 +28,15 @@ from redis_server import RedisServer
 
 from idempotency import (
     ClaimStatus,
+    Record,
     RecordState,
     RedisKeyStore,
+    ReplicationUnconfirmed,
     StoreUnavailable,
     open_store,
 )
-from idempotency._redis_store import DurabilityUnsupported, ReplicationUnconfirmed
+from idempotency._redis_store import DurabilityUnsupported
+from idempotency._redis_wire import command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -47,6 +51,13 @@ def raw(node: RedisServer, name: bytes) -> bytes | None:
     with redis.Redis(port=node.port) as client:
         value: bytes | None = client.get(name)
         return value
+
+
+def subscribers(node: RedisServer, key: str) -> int:
+    """Subscribers of record `key`'s channel (default prefix) on `node`."""
+    with redis.Redis(port=node.port) as client:
+        counts: Any = client.pubsub_numsub(f"mcp-once:{{{key}}}")
+        return int(counts[0][1])
 
 
 def replica_of(deployment: RedisSentinel) -> RedisServer:
@@ -74,19 +85,20 @@ async def test_a_node_that_is_not_a_master_is_refused(
     redis_sentinel: RedisSentinel, redis_namespace: str
 ) -> None:
     """A Sentinel with a stale view names a replica: the handshake's ROLE refuses it, the
-    call fails as unavailable, and nothing is written anywhere."""
+    call fails as unavailable, and nothing is written anywhere. (The stale Sentinel is a
+    stand-in that answers one question; the replica is real.) The Sentinel password of the
+    URL is sent to the Sentinel."""
     replica = replica_of(redis_sentinel)
     named = f"{replica.port}".encode()
     answer = b"*2\r\n$9\r\n127.0.0.1\r\n$%d\r\n%s\r\n" % (len(named), named)
-    asked = 0
+    asked: list[bytes] = []
 
     async def stale_sentinel(stream: anyio.abc.SocketStream) -> None:
-        nonlocal asked
         async with stream:
             try:
-                while await stream.receive():
-                    asked += 1
-                    await stream.send(answer)
+                while request := await stream.receive():
+                    asked.append(request)
+                    await stream.send(b"+OK\r\n" + answer)  # AUTH, then the question
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 return
 
@@ -95,7 +107,7 @@ async def test_a_node_that_is_not_a_master_is_refused(
     async with anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, stale_sentinel)
         store = RedisKeyStore.from_url(
-            f"redis+sentinel://127.0.0.1:{port}/{redis_sentinel.service}",
+            f"redis+sentinel://127.0.0.1:{port}/{redis_sentinel.service}?sentinel_password=s3cret",
             prefix=f"{redis_namespace}:",
         )
         try:
@@ -105,9 +117,27 @@ async def test_a_node_that_is_not_a_master_is_refused(
             await store.aclose()
         tg.cancel_scope.cancel()
     await listener.aclose()
-    assert asked >= 1
+    question = command(b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", redis_sentinel.service)
+    assert asked and all(r == command(b"AUTH", b"s3cret") + question for r in asked)
     name = f"{redis_namespace}:{{k}}".encode()
     assert raw(replica, name) is None and raw(redis_sentinel.master(), name) is None
+
+
+async def test_a_dead_sentinel_is_passed_over_and_the_next_one_answers(
+    redis_sentinel: RedisSentinel, redis_namespace: str
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    hosts = ",".join(f"127.0.0.1:{p}" for p in [dead, *(s.port for s in redis_sentinel.sentinels)])
+    store = RedisKeyStore.from_url(
+        f"redis+sentinel://{hosts}/{redis_sentinel.service}", prefix=f"{redis_namespace}:"
+    )
+    try:
+        assert (await store.claim("k", FP, lease=LEASE, takeover=False)).token is not None
+    finally:
+        await store.aclose()
+    assert raw(redis_sentinel.master(), f"{redis_namespace}:{{k}}".encode()) is not None
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
@@ -241,14 +271,19 @@ async def test_after_a_real_failover_the_store_follows_and_durable_records_survi
     fresh_sentinel: RedisSentinel,
 ) -> None:
     """Records acknowledged with `wait_replicas=1` are all on the new primary after the old one
-    is SIGKILLed, and the same store object writes there without being told."""
+    is SIGKILLed, and the same store object writes there without being told; so does its
+    waiters' subscriber connection (a waiter that only a message can wake is woken)."""
     store = RedisKeyStore.from_url(fresh_sentinel.url, wait_replicas=1)
+    store._poll_first = store._poll_cap = 120.0  # no re-reads: only the message can wake it
+    other = RedisKeyStore.from_url(fresh_sentinel.url)
     keys = [f"k{i}" for i in range(20)]
     try:
         for key in keys:
             outcome = await store.claim(key, FP, lease=LEASE, takeover=False)
             assert outcome.token is not None
             assert await store.complete(key, outcome.token, key.encode(), retention=RETENTION)
+        # The subscriber connection is open on the old primary when it dies.
+        await woken_by_message(store, other, "before", fresh_sentinel.master())
         old = await anyio.to_thread.run_sync(fresh_sentinel.kill_master)
         new = await anyio.to_thread.run_sync(fresh_sentinel.wait_failover, old)
         assert new.port != old.port
@@ -257,9 +292,36 @@ async def test_after_a_real_failover_the_store_follows_and_durable_records_survi
             assert (replay.status, replay.result) == (ClaimStatus.REPLAY, key.encode())
         after = await store.claim("after", FP, lease=LEASE, takeover=False)
         assert after.status is ClaimStatus.CLAIMED
+        await woken_by_message(store, other, "waited", new)
     finally:
         await store.aclose()
+        await other.aclose()
     assert raw(new, b"mcp-once:{after}") is not None
+
+
+async def woken_by_message(
+    store: RedisKeyStore, other: RedisKeyStore, key: str, primary: RedisServer
+) -> None:
+    """`store` waits for `key` while `other` completes it; the wait must end by the message
+    (its re-reads are 120 s apart), well within 30 s."""
+    claim = await other.claim(key, FP, lease=LEASE, takeover=False)
+    assert claim.token is not None
+    found: list[object] = []
+
+    async def waiter() -> None:
+        found.append(await store.wait(key, timeout=60))
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            # The waiter subscribes first: wait until the primary counts its subscription.
+            while True:
+                if await anyio.to_thread.run_sync(subscribers, primary, key):
+                    break
+                await anyio.sleep(0.01)
+            assert await other.complete(key, claim.token, b"r", retention=RETENTION)
+    [record] = found
+    assert isinstance(record, Record) and record.state is RecordState.COMPLETED
 
 
 def _run_failover_benchmark(tmp_path: Path, calls: int) -> dict[str, Any]:
