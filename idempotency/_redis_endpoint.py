@@ -65,7 +65,9 @@ class Endpoint:
             credentials=provider,
             timeout=conn.socket_timeout,
             connect_timeout=conn.socket_connect_timeout,
-            sentinel=Sentinels.of_pool(pool),
+            sentinel=Sentinels.of_pool(
+                pool, timeout=conn.socket_timeout, connect_timeout=conn.socket_connect_timeout
+            ),
         )
 
     async def locate(self) -> Address:

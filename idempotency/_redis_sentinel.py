@@ -58,8 +58,13 @@ class Sentinels:
     first: int = 0
 
     @classmethod
-    def of_pool(cls, pool: Any) -> Sentinels | None:
-        """The Sentinels of a redis-py `SentinelConnectionPool`; None for any other pool."""
+    def of_pool(
+        cls, pool: Any, *, timeout: float | None, connect_timeout: float | None
+    ) -> Sentinels | None:
+        """The Sentinels of a redis-py `SentinelConnectionPool`; None for any other pool.
+
+        `timeout`/`connect_timeout` (the data nodes') apply where the Sentinels have none of
+        their own: an unanswering Sentinel must not hold up every connect for ever."""
         manager = getattr(pool, "sentinel_manager", None)
         service = getattr(pool, "service_name", None)
         if manager is None or service is None:
@@ -79,8 +84,8 @@ class Sentinels:
                 for o in options
             ),
             auth=auth,
-            timeout=first.get("socket_timeout"),
-            connect_timeout=first.get("socket_connect_timeout"),
+            timeout=first.get("socket_timeout") or timeout,
+            connect_timeout=first.get("socket_connect_timeout") or connect_timeout,
         )
 
     async def primary(self) -> tuple[str, int]:

@@ -199,10 +199,18 @@ async def test_wait_aof_needs_redis_7_2_behind_sentinel_too(
 async def test_a_redis_py_master_for_client_is_accepted(
     redis_sentinel: RedisSentinel, redis_namespace: str
 ) -> None:
-    """Its Sentinel list is read; its own (asyncio) connections are never used."""
+    """Its Sentinel list is read; its own (asyncio) connections are never used. Sentinels
+    configured without timeouts get the data nodes' (an unanswering one must not hang)."""
     hosts = [("127.0.0.1", s.port) for s in redis_sentinel.sentinels]
-    client = Sentinel(hosts, socket_timeout=5.0).master_for(redis_sentinel.service)  # type: ignore[no-untyped-call]
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        hosts, sentinel_kwargs={"socket_timeout": None, "socket_connect_timeout": None}
+    )
+    client = manager.master_for(
+        redis_sentinel.service, socket_timeout=3.0, socket_connect_timeout=3.0
+    )
     store = RedisKeyStore(client, prefix=f"{redis_namespace}:")
+    sentinels = store._endpoint.sentinel
+    assert sentinels is not None and (sentinels.timeout, sentinels.connect_timeout) == (3.0, 3.0)
     try:
         outcome = await store.claim("k", FP, lease=LEASE, takeover=False)
         assert outcome.status is ClaimStatus.CLAIMED
