@@ -8,7 +8,7 @@ Cluster: kill one of the masters, wait for the cluster to be healthy again).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ._redis import REPO  # noqa: F401  (puts tests/ on sys.path for the launchers)
 
@@ -34,6 +34,7 @@ class Deployment(Protocol):
     def cleanup(self) -> None: ...
 
 
+@runtime_checkable
 class Stallable(Protocol):
     """A deployment whose replicas can be frozen, so that the writes the primary takes just
     before it dies reach no replica (replication lag, made certain instead of left to luck)."""

@@ -15,7 +15,9 @@ The ledger, not this wrapper, counts effects: the store under test cannot vouch 
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from idempotency import ClaimOutcome, ClaimStatus, KeyStore, Record, RecordState
@@ -45,12 +47,27 @@ class Witness(KeyStore):
         #: (sent, answered) `time.monotonic()` of every write that succeeded (any answer
         #: counts: it reached a primary that took it).
         self.writes: list[tuple[float, float]] = []
+        #: Per key, what each write answered ("claim CLAIMED fence 2", "complete
+        #: StoreUnavailable"): the story behind a record that ended UNKNOWN. No arguments, no
+        #: results.
+        self.history: dict[str, list[str]] = {}
 
     def first_write_after(self, instant: float) -> float | None:
         """When the first write sent at or after `instant` was answered (a write sent earlier
         may have been answered by the primary that died)."""
         later = [answered for sent, answered in self.writes if sent >= instant]
         return min(later) if later else None
+
+    @contextlib.contextmanager
+    def _noting(self, key: str, what: str) -> Iterator[list[str]]:
+        """Note how the write `what` on `key` ended: the answer the body appends, or the error."""
+        told: list[str] = []
+        try:
+            yield told
+        except BaseException as exc:
+            self.history.setdefault(key, []).append(f"{what} {type(exc).__name__}")
+            raise
+        self.history.setdefault(key, []).append(" ".join([what, *told]))
 
     async def audit(self) -> Losses:
         """Compare each key's last acknowledged write with its record as stored now."""
@@ -70,7 +87,9 @@ class Witness(KeyStore):
         self, key: str, fingerprint: str, *, lease: float, takeover: bool
     ) -> ClaimOutcome:
         sent = time.monotonic()
-        outcome = await self.store.claim(key, fingerprint, lease=lease, takeover=takeover)
+        with self._noting(key, "claim") as told:
+            outcome = await self.store.claim(key, fingerprint, lease=lease, takeover=takeover)
+            told += [outcome.status.name, f"fence {outcome.fence}"]
         self.writes.append((sent, time.monotonic()))
         seen = self.keys.setdefault(key, _Key())
         if seen.completed and outcome.status is not ClaimStatus.REPLAY:
@@ -88,7 +107,9 @@ class Witness(KeyStore):
 
     async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
         sent = time.monotonic()
-        done = await self.store.complete(key, token, result, retention=retention)
+        with self._noting(key, "complete") as told:
+            done = await self.store.complete(key, token, result, retention=retention)
+            told.append(str(done))
         self.writes.append((sent, time.monotonic()))
         if done:
             seen = self.keys.setdefault(key, _Key())
@@ -97,7 +118,9 @@ class Witness(KeyStore):
         return done
 
     async def release(self, key: str, token: str) -> bool:
-        released = await self.store.release(key, token)
+        with self._noting(key, "release") as told:
+            released = await self.store.release(key, token)
+            told.append(str(released))
         if released:
             self.keys.setdefault(key, _Key()).last = "release"
         return released

@@ -107,13 +107,14 @@ async def measure_once(
     `lag` > 0: the primary's replicas are frozen (SIGSTOP) that many seconds before the kill
     and thawed right after it, so the writes of that window exist on the primary alone (the
     deployment must be `Stallable`)."""
+    if lag > 0 and not isinstance(deployment, Stallable):
+        raise ValueError(f"the {deployment.name} deployment cannot cut its replicas off (--lag)")
     crash = Crash()
 
     async def kill() -> None:
         stalled: object = None
         if lag > 0:
-            stallable = cast(Stallable, deployment)
-            stalled = await anyio.to_thread.run_sync(stallable.stall_replicas)
+            stalled = await anyio.to_thread.run_sync(cast(Stallable, deployment).stall_replicas)
             await anyio.sleep(lag)  # the fault's length, a parameter of the run
         handle = await anyio.to_thread.run_sync(deployment.kill_primary)
         crash.killed_at = time.monotonic()
@@ -162,6 +163,7 @@ async def measure_once(
         "acked_completions_lost": len(losses.completions),
         "duplicate_effects": report.duplicates,
         "unknown_records": len(unknown),
+        "unknown_record_histories": [witness.history.get(r.key, []) for r in unknown],
         "failed_calls": sum(failures.values()),
         "failed_calls_by_kind": dict(sorted(failures.items())),
         "unexplained_failures": report.unexplained,

@@ -530,6 +530,7 @@ class RedisKeyStore:
             link = group.link
         body: tuple[bytes | str | int, ...] = (b"EVALSHA", script.sha, 1, rkey, self._offset_us)
         again = False
+        written = False  # whether the first try's bytes were handed to the socket
         while True:
             chunk = command(*body, *args)
             try:
@@ -541,12 +542,12 @@ class RedisKeyStore:
                     reply = answer[0]
             except ConnectionLost as exc:
                 if not again:
-                    again = True
+                    again, written = True, exc.written
                     args = resent if exc.written else args
                     continue
-                raise self._failed(exc, rkey, doubt) from exc
+                raise self._failed(exc, rkey, doubt, written) from exc
             except rx.RedisError as exc:  # unreachable, or no reply in time
-                raise self._failed(exc, rkey, doubt) from exc
+                raise self._failed(exc, rkey, doubt, written) from exc
             if isinstance(reply, ReplyError):
                 if reply.code == "NOSCRIPT" and body[0] == b"EVALSHA":
                     body = (b"EVAL", script.source, *body[2:])  # a flushed script cache
@@ -588,9 +589,21 @@ class RedisKeyStore:
                 raise _translate(reply) from reply
         return list(replies)
 
-    def _failed(self, exc: rx.RedisError, rkey: bytes, doubt: tuple[str, str] | None) -> StoreError:
-        """The error for a call that got no answer; remembers a write that may have landed."""
-        landed = isinstance(exc, ReplyTimeout) or (isinstance(exc, ConnectionLost) and exc.written)
+    def _failed(
+        self,
+        exc: rx.RedisError,
+        rkey: bytes,
+        doubt: tuple[str, str] | None,
+        written_before: bool = False,
+    ) -> StoreError:
+        """The error for a call that got no answer; remembers a write that may have landed,
+        also when only the first try was written and the re-send could not even connect
+        (a failover: the claim may have reached a replica before its primary died)."""
+        landed = (
+            written_before
+            or isinstance(exc, ReplyTimeout)
+            or (isinstance(exc, ConnectionLost) and exc.written)
+        )
         if landed and doubt is not None:
             what, token = doubt
             self._doubts.note(rkey, what, token)

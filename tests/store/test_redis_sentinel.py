@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 import redis
+from lossy_proxy import LossyProxy
 from redis.asyncio.sentinel import Sentinel
 from redis_sentinel import RedisSentinel
 from redis_server import RedisServer
@@ -35,6 +38,7 @@ from idempotency import (
     StoreUnavailable,
     open_store,
 )
+from idempotency import _redis_lua as lua
 from idempotency._redis_store import DurabilityUnsupported
 from idempotency._redis_wire import command
 
@@ -81,33 +85,61 @@ async def test_the_store_writes_to_the_primary_sentinel_names(
     assert stored is not None and stored.endswith(b"result")
 
 
+class StandInSentinel:
+    """Answers `SENTINEL get-master-addr-by-name` (after an optional AUTH) with the ports in
+    `names`, one per question, repeating the last: a Sentinel whose view the test controls
+    (stale, or changing mid-call). The nodes it names are real."""
+
+    def __init__(self, names: list[int]) -> None:
+        self.names = names
+        self.asked: list[bytes] = []
+        self.port = 0
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[StandInSentinel]:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, self._serve)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _serve(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            try:
+                while request := await stream.receive():
+                    self.asked.append(request)
+                    named = str(self.names.pop(0) if len(self.names) > 1 else self.names[0])
+                    answer = b"*2\r\n$9\r\n127.0.0.1\r\n$%d\r\n%s\r\n" % (
+                        len(named),
+                        named.encode(),
+                    )
+                    ok = b"+OK\r\n" if request.startswith(command(b"AUTH", b"s3cret")) else b""
+                    await stream.send(ok + answer)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 async def test_a_node_that_is_not_a_master_is_refused(
     redis_sentinel: RedisSentinel, redis_namespace: str
 ) -> None:
     """A Sentinel with a stale view names a replica: the handshake's ROLE refuses it, the
-    call fails as unavailable, and nothing is written anywhere. (The stale Sentinel is a
-    stand-in that answers one question; the replica is real.) The Sentinel password of the
+    call fails as unavailable, and nothing is written anywhere. The Sentinel password of the
     URL is sent to the Sentinel."""
     replica = replica_of(redis_sentinel)
-    named = f"{replica.port}".encode()
-    answer = b"*2\r\n$9\r\n127.0.0.1\r\n$%d\r\n%s\r\n" % (len(named), named)
-    asked: list[bytes] = []
-
-    async def stale_sentinel(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            try:
-                while request := await stream.receive():
-                    asked.append(request)
-                    await stream.send(b"+OK\r\n" + answer)  # AUTH, then the question
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                return
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, stale_sentinel)
+    async with StandInSentinel([replica.port]).running() as stale:
         store = RedisKeyStore.from_url(
-            f"redis+sentinel://127.0.0.1:{port}/{redis_sentinel.service}?sentinel_password=s3cret",
+            f"redis+sentinel://127.0.0.1:{stale.port}/{redis_sentinel.service}"
+            "?sentinel_password=s3cret",
             prefix=f"{redis_namespace}:",
         )
         try:
@@ -115,21 +147,47 @@ async def test_a_node_that_is_not_a_master_is_refused(
                 await store.claim("k", FP, lease=LEASE, takeover=False)
         finally:
             await store.aclose()
-        tg.cancel_scope.cancel()
-    await listener.aclose()
     question = command(b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", redis_sentinel.service)
-    assert asked and all(r == command(b"AUTH", b"s3cret") + question for r in asked)
+    assert stale.asked and all(r == command(b"AUTH", b"s3cret") + question for r in stale.asked)
     name = f"{redis_namespace}:{{k}}".encode()
     assert raw(replica, name) is None and raw(redis_sentinel.master(), name) is None
+
+
+async def test_a_claim_that_may_have_landed_before_the_primary_vanished_is_claimed_again(
+    redis_url: str, redis_namespace: str
+) -> None:
+    """Found by the failover benchmark: a claim is written, its connection dies before the
+    reply (the primary is killed; the claim may already be on a replica), and the re-send
+    cannot even connect (Sentinel still names the dead primary). The claim stays in doubt,
+    so the caller's next try claims under the same token instead of finding an orphan that
+    nobody holds (BUSY until its lease ends, then UNKNOWN for an operator)."""
+    prefix = f"{redis_namespace}:"
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with redis.Redis(port=port) as client:
+        client.script_load(lua.CLAIM.source)  # the cut must hit the EVALSHA that runs
+    async with LossyProxy(port).running() as proxy:
+        proxy.cut_reply_to(lua.CLAIM.sha.encode())
+        async with StandInSentinel([proxy.port, closed_port()]).running() as sentinel:
+            store = RedisKeyStore.from_url(
+                f"redis+sentinel://127.0.0.1:{sentinel.port}/svc", prefix=prefix
+            )
+            try:
+                with pytest.raises(StoreUnavailable):
+                    await store.claim("k", FP, lease=LEASE, takeover=False)
+                assert proxy.cut.is_set()
+                sentinel.names = [port]  # the new primary, holding the claim
+                retried = await store.claim("k", FP, lease=LEASE, takeover=False)
+            finally:
+                await store.aclose()
+    assert retried.status is ClaimStatus.CLAIMED, retried  # not BUSY: its own claim
+    assert (retried.fence, retried.attempts) == (1, 1)
 
 
 async def test_a_dead_sentinel_is_passed_over_and_the_next_one_answers(
     redis_sentinel: RedisSentinel, redis_namespace: str
 ) -> None:
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
-    hosts = ",".join(f"127.0.0.1:{p}" for p in [dead, *(s.port for s in redis_sentinel.sentinels)])
+    ports = [closed_port(), *(s.port for s in redis_sentinel.sentinels)]
+    hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
     store = RedisKeyStore.from_url(
         f"redis+sentinel://{hosts}/{redis_sentinel.service}", prefix=f"{redis_namespace}:"
     )
