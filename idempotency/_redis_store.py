@@ -312,8 +312,11 @@ class RedisKeyStore:
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey(key)
-        # A claim of ours that may have landed is claimed again under its own token.
-        token = (self._doubts and self._doubts.take(rkey, "claim")) or os.urandom(16).hex()
+        # A claim of ours that may have landed is claimed again under its own token: taken, so
+        # that no concurrent claim re-sends it too, and given back if this try gets no answer
+        # either (it may not even have been sent: the earlier one is still in doubt).
+        doubted = self._doubts.take(rkey, "claim") if self._doubts else None
+        token = doubted or os.urandom(16).hex()
         args = (
             fingerprint_bytes,
             _micros("lease", lease),
@@ -321,12 +324,17 @@ class RedisKeyStore:
             self._orphan_retention_us,
             token,
         )
-        if not self._durable:
-            reply = await self._script(lua.CLAIM, rkey, args, args, doubt=("claim", token))
-            return _claim_outcome(key, reply)
-        reply, acks = await self._script(
-            lua.CLAIM, rkey, args, args, doubt=("claim", token), durable=True
-        )
+        try:
+            if not self._durable:
+                reply = await self._script(lua.CLAIM, rkey, args, args, doubt=("claim", token))
+                return _claim_outcome(key, reply)
+            reply, acks = await self._script(
+                lua.CLAIM, rkey, args, args, doubt=("claim", token), durable=True
+            )
+        except BaseException:
+            if doubted is not None:
+                self._doubts.note(rkey, "claim", doubted)
+            raise
         outcome = _claim_outcome(key, reply)
         if outcome.status is ClaimStatus.CLAIMED:
             problem = self._unconfirmed(acks)

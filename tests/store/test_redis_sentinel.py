@@ -3,8 +3,10 @@
 The contract suite and the model test also run through Sentinel (`backend` "redis-sentinel");
 these tests cover what only Sentinel has: discovery, the refusal of a node that is not a master,
 re-discovery after a real failover (records acknowledged with `wait_replicas=1` survive it),
-trio, what `wait_replicas`/`wait_aof` mean there, URLs, a redis-py `master_for` client, the CLI,
-and a shortened run of the failover benchmark.
+a claim left in doubt by a failover, trio, what `wait_replicas`/`wait_aof` mean there, URLs, a
+redis-py `master_for` client, the CLI, and a shortened run of the failover benchmark. Where a
+Sentinel's answer must be stale or change mid-call, a stand-in Sentinel gives it; the Redis
+nodes are always real.
 """
 
 from __future__ import annotations
@@ -158,9 +160,10 @@ async def test_a_claim_that_may_have_landed_before_the_primary_vanished_is_claim
 ) -> None:
     """Found by the failover benchmark: a claim is written, its connection dies before the
     reply (the primary is killed; the claim may already be on a replica), and the re-send
-    cannot even connect (Sentinel still names the dead primary). The claim stays in doubt,
-    so the caller's next try claims under the same token instead of finding an orphan that
-    nobody holds (BUSY until its lease ends, then UNKNOWN for an operator)."""
+    cannot even connect (Sentinel still names the dead primary); so can the caller's next
+    try. The claim stays in doubt through both, so the try that reaches the new primary
+    claims under the same token instead of finding an orphan that nobody holds (BUSY until
+    its lease ends, then UNKNOWN for an operator)."""
     prefix = f"{redis_namespace}:"
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     with redis.Redis(port=port) as client:
@@ -175,6 +178,10 @@ async def test_a_claim_that_may_have_landed_before_the_primary_vanished_is_claim
                 with pytest.raises(StoreUnavailable):
                     await store.claim("k", FP, lease=LEASE, takeover=False)
                 assert proxy.cut.is_set()
+                # The next try cannot connect either (never written): still in doubt.
+                sentinel.names = [closed_port()]
+                with pytest.raises(StoreUnavailable):
+                    await store.claim("k", FP, lease=LEASE, takeover=False)
                 sentinel.names = [port]  # the new primary, holding the claim
                 retried = await store.claim("k", FP, lease=LEASE, takeover=False)
             finally:
