@@ -26,7 +26,7 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 import redis
-from lossy_proxy import LossyProxy
+from lossy_proxy import LossyProxy, serving
 from redis.asyncio.sentinel import Sentinel
 from redis_sentinel import RedisSentinel
 from redis_server import RedisServer
@@ -99,14 +99,8 @@ class StandInSentinel:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[StandInSentinel]:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, self._serve)
-            try:
-                yield self
-            finally:
-                tg.cancel_scope.cancel()
+        async with serving(self._serve) as self.port:
+            yield self
 
     async def _serve(self, stream: anyio.abc.SocketStream) -> None:
         async with stream:
