@@ -10,7 +10,7 @@ from ._memory_store import MemoryKeyStore
 from ._sqlite_store import SQLiteKeyStore
 from ._store import KeyStore
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 _REDIS_CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
@@ -18,9 +18,10 @@ def open_store(url: str) -> KeyStore:
     """The key store `url` names.
 
     `memory://` (one process, lost on restart), `sqlite:///relative.db`,
-    `sqlite:////absolute.db` or a plain file path (durable, one host), `redis://`, `rediss://`
-    or `unix://` (shared by many hosts), `redis+cluster://host:port[,host:port...]` (a Redis
-    Cluster, `rediss+cluster://` over TLS).
+    `sqlite:////absolute.db` or a plain file path (durable, one host), `redis://`, `rediss://`,
+    `unix://` or `redis+sentinel://host:port[,host:port...]/service_name[/db]` (shared by many
+    hosts), `redis+cluster://host:port[,host:port...]` (a Redis Cluster, `rediss+cluster://`
+    over TLS).
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"a key store URL must be a non-empty string, not {url!r}")
@@ -40,6 +41,6 @@ def open_store(url: str) -> KeyStore:
         raise ValueError(
             f"unknown key store scheme {scheme!r} in {url!r}; use memory://,"
             " sqlite:///path.db (or a plain file path), redis://, rediss://, unix://"
-            " or redis+cluster://"
+            " redis+sentinel:// or redis+cluster://"
         )
     return SQLiteKeyStore(url)

@@ -2,9 +2,14 @@
 
 redis-py stays the authority on configuration: its URL parsing (`redis://`, `rediss://`,
 `unix://`, query options), its TLS context (certificates, verification, minimum version), its
-credential providers and Sentinel discovery. A connection object built from the pool's own
-`connection_class` and `connection_kwargs` (never connected) answers every question; the store
-then opens its own multiplexed connections with those answers (`_redis_link.py`).
+credential providers, and a Sentinel client's list of Sentinels. A connection object built from
+the pool's own `connection_class` and `connection_kwargs` (never connected) answers every
+question; the store then opens its own multiplexed connections with those answers
+(`_redis_link.py`).
+
+Behind Sentinel the address is asked of the Sentinels on every connect (`_redis_sentinel.py`),
+and the handshake ends with `ROLE`, so that a node that is not (or no longer) the primary is
+refused before any command reaches it (`misplaced`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from redis import credentials
 from redis.asyncio import connection as rconn
 
+from ._redis_sentinel import Sentinels, master_role
 from ._redis_transport import Address
 from ._redis_wire import command
 
@@ -31,8 +37,8 @@ class Endpoint:
     #: Seconds to wait for a reply (the redis-py option `socket_timeout`); None: forever.
     timeout: float | None
     connect_timeout: float | None
-    #: A Sentinel-managed pool: asked for the current primary on every connect (asyncio only).
-    sentinel: Any = None
+    #: Behind Sentinel: who is asked for the current primary on every connect.
+    sentinel: Sentinels | None = None
 
     @classmethod
     def of_pool(cls, pool: rconn.ConnectionPool) -> Endpoint:
@@ -59,27 +65,21 @@ class Endpoint:
             credentials=provider,
             timeout=conn.socket_timeout,
             connect_timeout=conn.socket_connect_timeout,
-            sentinel=pool if hasattr(pool, "get_master_address") else None,
+            sentinel=Sentinels.of_pool(
+                pool, timeout=conn.socket_timeout, connect_timeout=conn.socket_connect_timeout
+            ),
         )
 
     async def locate(self) -> Address:
-        """Where to connect now (Sentinel: the primary it names at this moment)."""
+        """Where to connect now (behind Sentinel: the primary it names at this moment)."""
         if self.sentinel is None:
             return self.address
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                "a Sentinel-managed Redis is discovered through redis-py's asyncio client,"
-                " so RedisKeyStore needs asyncio there"
-            ) from None
-        host, port = await self.sentinel.get_master_address()
-        return dataclasses.replace(
-            self.address, host=str(host), port=int(port), server_hostname=str(host)
-        )
+        host, port = await self.sentinel.primary()
+        return dataclasses.replace(self.address, host=host, port=port, server_hostname=host)
 
     async def handshake(self) -> list[bytes]:
-        """The commands a fresh connection sends before any other (AUTH, SELECT, SETNAME)."""
+        """The commands a fresh connection sends before any other (AUTH, SELECT, SETNAME; ROLE
+        behind Sentinel, checked by `misplaced`)."""
         commands: list[bytes] = []
         if self.credentials is not None:
             commands.append(command(b"AUTH", *await self._credentials()))
@@ -87,7 +87,20 @@ class Endpoint:
             commands.append(command(b"SELECT", self.db))
         if self.client_name:
             commands.append(command(b"CLIENT", b"SETNAME", self.client_name))
+        if self.sentinel is not None:
+            commands.append(command(b"ROLE"))
         return commands
+
+    def misplaced(self, replies: list[object]) -> str | None:
+        """Why a connection whose handshake got `replies` must not be used; None if it may.
+
+        Behind Sentinel, a node that is not a master: a Sentinel's answer can be stale during
+        a failover, and a write must never reach a replica."""
+        if self.sentinel is None or (replies and master_role(replies[-1])):
+            return None
+        role = replies[-1] if replies else None
+        seen = role[0] if isinstance(role, list) and role else role
+        return f"the node Sentinel named for {self.sentinel.service!r} is not a master ({seen!r})"
 
     async def _credentials(self) -> tuple[str, ...]:
         provider = self.credentials

@@ -111,9 +111,14 @@ class Link:
             setup = await endpoint.handshake()
             if setup:
                 replies = await wire.request(b"".join(setup), len(setup))
-                refused = [r for r in _as_list(replies) if isinstance(r, ReplyError)]
+                # One command's reply comes alone (and ROLE's is itself a list).
+                answers = replies if len(setup) > 1 else [replies]
+                refused = [r for r in answers if isinstance(r, ReplyError)]
                 if refused:
                     raise Unreachable(f"Redis refused the connection setup: {refused[0]}")
+                misplaced = endpoint.misplaced(answers)
+                if misplaced is not None:
+                    raise Unreachable(misplaced)
         except (ConnectionLost, ReplyTimeout) as exc:
             wire.close()
             raise Unreachable(f"the connection to Redis failed during setup: {exc}") from exc
@@ -124,7 +129,3 @@ class Link:
             wire.close()
             raise Unreachable("the key store was closed")
         return wire
-
-
-def _as_list(replies: object) -> list[object]:
-    return replies if isinstance(replies, list) else [replies]

@@ -43,9 +43,10 @@ Why it is built this way:
 Runs under asyncio and trio (anyio). Cancelling a call never leaves half a record: the script
 either ran whole or not at all, and a cancelled caller's reply is read and dropped.
 
-Topologies: one Redis, or a primary behind Sentinel (asyncio only: discovery uses redis-py's
-asyncio client) or a proxy, given as a URL or a `redis.asyncio.Redis` whose configuration the
-store reads; or a Redis Cluster (`redis+cluster://` or a `redis.asyncio.cluster.RedisCluster`),
+Topologies: one Redis; a primary behind Sentinel (`redis+sentinel://`, or a redis-py
+`Sentinel(...).master_for(...)` client; discovered over the store's own connections, under asyncio
+and trio); a proxy, given as a URL or a `redis.asyncio.Redis` whose configuration the store reads;
+or a Redis Cluster (`redis+cluster://` or a `redis.asyncio.cluster.RedisCluster`),
 where each transition goes to the master owning the record's slot, on that node's connection of
 this event loop (`_redis_cluster.py`: slot map, MOVED/ASK, failover). On a cluster, waits
 subscribe on the owner of the record: a script's PUBLISH is broadcast over the cluster bus, so
@@ -314,6 +315,8 @@ class RedisKeyStore:
         `redis+cluster://host:port[,host:port...]` (`rediss+cluster://` with TLS) names the
         seed nodes of a Redis Cluster; credentials and options are written as for `redis://`,
         and the database, if named, must be 0.
+        `redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]` finds the
+        primary through Sentinel, again after a failover (`_redis_sentinel.py`).
 
         `socket_timeout` bounds the wait for each reply (None: forever); a late reply gives the
         connection up and the call fails with `StoreUnavailable`. `socket_connect_timeout`
@@ -332,6 +335,10 @@ class RedisKeyStore:
                 socket_timeout=socket_timeout,
                 **redis_kwargs,
             )
+        elif url.startswith("redis+sentinel://"):
+            from ._redis_sentinel import sentinel_client
+
+            client = sentinel_client(url, socket_timeout=socket_timeout, **redis_kwargs)
         else:
             client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
         return cls(
@@ -364,8 +371,11 @@ class RedisKeyStore:
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey(key)
-        # A claim of ours that may have landed is claimed again under its own token.
-        token = (self._doubts and self._doubts.take(rkey, "claim")) or os.urandom(16).hex()
+        # A claim of ours that may have landed is claimed again under its own token: taken, so
+        # that no concurrent claim re-sends it too, and given back if this try gets no answer
+        # either (it may not even have been sent: the earlier one is still in doubt).
+        doubted = self._doubts.take(rkey, "claim") if self._doubts else None
+        token = doubted or os.urandom(16).hex()
         args = (
             fingerprint_bytes,
             _micros("lease", lease),
@@ -373,12 +383,17 @@ class RedisKeyStore:
             self._orphan_retention_us,
             token,
         )
-        if not self._durable:
-            reply = await self._script(lua.CLAIM, rkey, args, args, doubt=("claim", token))
-            return _claim_outcome(key, reply)
-        reply, acks = await self._script(
-            lua.CLAIM, rkey, args, args, doubt=("claim", token), durable=True
-        )
+        try:
+            if not self._durable:
+                reply = await self._script(lua.CLAIM, rkey, args, args, doubt=("claim", token))
+                return _claim_outcome(key, reply)
+            reply, acks = await self._script(
+                lua.CLAIM, rkey, args, args, doubt=("claim", token), durable=True
+            )
+        except BaseException:
+            if doubted is not None:
+                self._doubts.note(rkey, "claim", doubted)
+            raise
         outcome = _claim_outcome(key, reply)
         if outcome.status is ClaimStatus.CLAIMED:
             problem = self._unconfirmed(acks)
@@ -602,6 +617,7 @@ class RedisKeyStore:
         redirects = 0
         body: tuple[bytes | str | int, ...] = (b"EVALSHA", script.sha, 1, rkey, self._offset_us)
         again = False
+        written = False  # whether the first try's bytes were handed to the socket
         while True:
             link = here.main
             chunk = command(*body, *args)
@@ -625,23 +641,23 @@ class RedisKeyStore:
                         reply = answer[0]
             except ConnectionLost as exc:
                 if not again:
-                    again = True
+                    again, written = True, exc.written
                     args = resent if exc.written else args
                     if cluster is not None:
                         try:
                             here, asking = await self._rerouted(rkey, seen), b""
                         except StoreError:  # no map to follow: what may have landed is noted
-                            raise self._failed(exc, rkey, doubt) from exc
+                            raise self._failed(exc, rkey, doubt, written) from exc
                     continue
-                raise self._failed(exc, rkey, doubt) from exc
+                raise self._failed(exc, rkey, doubt, written) from exc
             except Unreachable as exc:  # nothing was sent: on a cluster, a failover?
                 if cluster is not None and not again:
                     again = True
                     here, asking = await self._rerouted(rkey, seen), b""
                     continue
-                raise self._failed(exc, rkey, doubt) from exc
+                raise self._failed(exc, rkey, doubt, written) from exc
             except rx.RedisError as exc:  # unreachable, or no reply in time
-                raise self._failed(exc, rkey, doubt) from exc
+                raise self._failed(exc, rkey, doubt, written) from exc
             if isinstance(reply, ReplyError):
                 if reply.code == "NOSCRIPT" and body[0] == b"EVALSHA":
                     body = (b"EVAL", script.source, *body[2:])  # a flushed script cache
@@ -761,9 +777,21 @@ class RedisKeyStore:
                     raise _translate(reply) from reply
         return list(replies)
 
-    def _failed(self, exc: rx.RedisError, rkey: bytes, doubt: tuple[str, str] | None) -> StoreError:
-        """The error for a call that got no answer; remembers a write that may have landed."""
-        landed = isinstance(exc, ReplyTimeout) or (isinstance(exc, ConnectionLost) and exc.written)
+    def _failed(
+        self,
+        exc: rx.RedisError,
+        rkey: bytes,
+        doubt: tuple[str, str] | None,
+        written_before: bool = False,
+    ) -> StoreError:
+        """The error for a call that got no answer; remembers a write that may have landed,
+        also when only the first try was written and the re-send could not even connect
+        (a failover: the claim may have reached a replica before its primary died)."""
+        landed = (
+            written_before
+            or isinstance(exc, ReplyTimeout)
+            or (isinstance(exc, ConnectionLost) and exc.written)
+        )
         if landed and doubt is not None:
             what, token = doubt
             self._doubts.note(rkey, what, token)

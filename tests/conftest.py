@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from redis_cluster import LocalCluster, missing_binaries
+from redis_sentinel import RedisSentinel
 from redis_server import RedisServer, redis_server_binary
 
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -69,6 +70,42 @@ def redis_cluster() -> Iterator[LocalCluster]:
 @pytest.fixture(scope="session")
 def redis_cluster_url(redis_cluster: LocalCluster) -> str:
     return redis_cluster.url
+
+
+def start_sentinel_deployment() -> RedisSentinel:
+    """A fresh 1 primary + 2 replicas + 3 Sentinels on loopback (`tests/redis_sentinel.py`);
+    skips loudly (fails under CI) when it cannot be started. The caller cleans it up."""
+    if redis_server_binary() is None:
+        _no_redis("redis-server is not on PATH, so no Sentinel deployment can be started")
+    deployment = RedisSentinel()
+    try:
+        deployment.start()
+    except Exception as exc:  # start() already cleaned up what it had started
+        _no_redis(f"could not start the Sentinel deployment: {exc!r}")
+    return deployment
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[RedisSentinel]:
+    """One Sentinel deployment for the whole session; tests that kill its primary must start
+    their own (`start_sentinel_deployment`), so that this one stays as every test expects."""
+    deployment = start_sentinel_deployment()
+    yield deployment
+    deployment.cleanup()
+
+
+@pytest.fixture
+def fresh_sentinel() -> Iterator[RedisSentinel]:
+    """A Sentinel deployment of this test's own, for tests that crash its primary."""
+    deployment = start_sentinel_deployment()
+    yield deployment
+    deployment.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel_url(redis_sentinel: RedisSentinel) -> str:
+    """`redis+sentinel://` URL of the session's Sentinel deployment."""
+    return redis_sentinel.url
 
 
 @pytest.fixture

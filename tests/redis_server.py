@@ -47,7 +47,8 @@ class RedisServer(ChildProcess):
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> None:
+    def command(self) -> list[str]:
+        """The command line that starts this server (a Sentinel overrides it)."""
         args = [
             self.binary,
             "--port",
@@ -69,7 +70,10 @@ class RedisServer(ChildProcess):
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
-        args += self.extra_args
+        return args + self.extra_args
+
+    def start(self, timeout: float = 10.0) -> None:
+        args = self.command()
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -8,7 +8,7 @@ new connection at once (Redis looks unreachable) until `accept()`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -41,14 +41,8 @@ class LossyProxy:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[LossyProxy]:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, self._serve)
-            try:
-                yield self
-            finally:
-                tg.cancel_scope.cancel()
+        async with serving(self._serve) as self.port:
+            yield self
 
     async def _serve(self, client: anyio.abc.SocketStream) -> None:
         self.connections += 1
@@ -90,3 +84,18 @@ class LossyProxy:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass
                 forwarding.cancel()
+
+
+@asynccontextmanager
+async def serving(
+    handler: Callable[[anyio.abc.SocketStream], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """A listener on a free loopback port running `handler` for each connection; yields the
+    port, stops serving on exit (also used by the Sentinel tests' stand-in Sentinel)."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handler)
+        try:
+            yield listener.extra(anyio.abc.SocketAttribute.local_port)
+        finally:
+            tg.cancel_scope.cancel()

@@ -98,6 +98,16 @@ def make_redis(url: str, namespace: str, *, orphan_retention: float = ORPHAN_RET
     )
 
 
+def make_redis_sentinel(
+    url: str, namespace: str, *, orphan_retention: float = ORPHAN_RETENTION
+) -> Backend:
+    """The Redis store reached through Sentinel (`redis+sentinel://`); everything else as
+    `make_redis`, and raw access goes through Sentinel too (`_redis_client`)."""
+    made = make_redis(url, namespace, orphan_retention=orphan_retention)
+    made.name = "redis-sentinel"
+    return made
+
+
 # -- reaching into the stored data, to damage it or prove it did not change ----------------------
 
 
@@ -106,7 +116,7 @@ async def raw_state(backend: Backend, key: str) -> object:
     if backend.name == "sqlite":
         with sqlite3.connect(backend.location) as conn:
             return conn.execute("SELECT * FROM records WHERE key = ?", (key,)).fetchall()
-    if backend.name == "redis":
+    if backend.name.startswith("redis"):
         return await _redis_raw(backend, key)
     pytest.skip("the memory store holds Python objects; there is no raw form to damage")
 
@@ -121,7 +131,7 @@ async def damage(backend: Backend, key: str, how: str) -> None:
         with sqlite3.connect(backend.location) as conn:
             assert conn.execute(statement, (key,)).rowcount == 1
         return
-    if backend.name == "redis":
+    if backend.name.startswith("redis"):
         await _redis_damage(backend, key, how)
         return
     pytest.skip("the memory store holds Python objects and cannot be damaged from outside")
@@ -135,16 +145,29 @@ def _redis_client(backend: Backend) -> Any:
 
 
 def sync_redis_client(url: str) -> Any:
-    """A synchronous redis-py client for a `redis://` or a `redis+cluster://` URL."""
+    """A synchronous redis-py client for a `redis://`, `redis+cluster://` or
+    `redis+sentinel://` URL (the primary Sentinel names)."""
     import redis
     from redis.cluster import ClusterNode, RedisCluster
 
     from idempotency._redis_cluster import seeds_of_url
 
+    if url.startswith("redis+sentinel://"):
+        return _sentinel_client(url)
     if not url.startswith("redis+cluster://"):
         return redis.Redis.from_url(url)
     seeds, _ = seeds_of_url(url)
     return RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in seeds])
+
+
+def _sentinel_client(url: str) -> Any:
+    """A synchronous redis-py client of the primary a `redis+sentinel://` URL names."""
+    from redis.sentinel import Sentinel
+
+    from idempotency._redis_sentinel import parse_sentinel_url
+
+    hosts, service, options, sentinel_options = parse_sentinel_url(url)
+    return Sentinel(hosts, sentinel_kwargs=sentinel_options).master_for(service, **options)
 
 
 def _redis_names(client: Any, backend: Backend, key: str) -> list[bytes]:
