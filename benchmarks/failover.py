@@ -1,11 +1,14 @@
 """Benchmark: the primary SIGKILLed mid-run, with and without `wait_replicas=1`.
 
-    uv run --group bench python -m benchmarks.failover                 # 3 rounds each, writes
-                                                                       # results/failover.json
+    # Sentinel, 3 rounds each, writes results/failover-sentinel.json:
+    uv run --group bench python -m benchmarks.failover
+    # Redis Cluster, writes results/failover-cluster.json:
+    uv run --group bench python -m benchmarks.failover --deployment cluster
     uv run --group bench python -m benchmarks.failover --rounds 1 --calls 500 --json
 
-A real replicated Redis (`_deployments.py`: Sentinel now, 1 primary + 2 replicas + 3 Sentinels,
-`appendfsync always` on every node) keeps the records of the scenario shop's MCP server
+A real replicated Redis (`_deployments.py`: Sentinel, 1 primary + 2 replicas + 3 Sentinels; or a
+Redis Cluster, 3 masters + 3 replicas, the first master crashed; `appendfsync always` on every
+node) keeps the records of the scenario shop's MCP server
 (`mcp_once.scenarios.build_server`, in-process, every tool guarded). A `RetryingSession` makes
 `calls` keyed `pay` calls (an effect that must happen once), `concurrency` at a time; when call
 number `kill_at * calls` starts (an event of the workload, not a timer), the primary gets
@@ -59,7 +62,8 @@ from ._deployments import DEPLOYMENTS, Deployment, Stallable
 from ._stats import spread
 from ._witness import Witness
 
-RESULTS = Path(__file__).resolve().parent / "results" / "failover.json"
+#: Where each deployment's last run is written (`--out` overrides).
+RESULTS = Path(__file__).resolve().parent / "results"
 REPRODUCE = "uv run --group bench python -m benchmarks.failover"
 #: The guard's lease and how long a duplicate waits: longer than a Sentinel failover (~2-3 s),
 #: so a result computed before the crash is still stored after it (`_complete.py`).
@@ -301,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         " 0 and 0.5)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the JSON (default: results/failover-<deployment>.json)",
+    )
     args = parser.parse_args(argv)
     for name in ("idempotency", "orchestrator", "mcp", "httpx"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -330,10 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.perf_counter() - started, 1),
         **out,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    target: Path = args.out or RESULTS / f"failover-{args.deployment}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2) if args.json else _table(out["summary"]))
-    print(f"results: {args.out}")
+    print(f"results: {target}")
     return 0
 
 

@@ -24,7 +24,9 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
         default=os.environ.get("MCP_ONCE_STORE", DEFAULT_STORE_URL),
-        help="key store URL: memory://, sqlite:///path.db or redis://host:port/db"
+        help="key store URL: memory://, sqlite:///path.db, redis://host:port/db,"
+        " redis+sentinel://host:port[,host:port...]/service_name[/db] or"
+        " redis+cluster://host:port[,host:port...]"
         " (default: $MCP_ONCE_STORE or %(default)s)",
     )
 

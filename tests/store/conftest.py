@@ -53,3 +53,9 @@ def sentinel_backend(request: pytest.FixtureRequest) -> Backend:
     """The Redis store through the session's Sentinel deployment."""
     url = request.getfixturevalue("redis_sentinel_url")
     return make_redis_sentinel(url, request.getfixturevalue("redis_namespace"))
+
+
+@pytest.fixture
+def prefix(redis_namespace: str) -> str:
+    """This test's key prefix on a shared Redis or cluster."""
+    return f"{redis_namespace}:"

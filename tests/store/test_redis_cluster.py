@@ -50,11 +50,6 @@ TOP_LEVEL = ("evalsha", "eval", "asking", "cluster|slots", "script|load", "scan"
 
 
 @pytest_asyncio.fixture
-async def prefix(redis_namespace: str) -> str:
-    return f"{redis_namespace}:"
-
-
-@pytest_asyncio.fixture
 async def store(redis_cluster_url: str, prefix: str) -> AsyncIterator[RedisKeyStore]:
     made = RedisKeyStore.from_url(redis_cluster_url, prefix=prefix)
     yield made
@@ -113,6 +108,13 @@ async def first_execution(store: RedisKeyStore, key: str, result: bytes = b"r") 
     assert await store.complete(key, outcome.token, result, retention=3600)
 
 
+async def first_executions(store: RedisKeyStore, keys: list[str]) -> None:
+    """`first_execution` of every key, all at once."""
+    async with anyio.create_task_group() as tg:
+        for key in keys:
+            tg.start_soon(first_execution, store, key)
+
+
 async def warm_up(store: RedisKeyStore) -> None:
     """Every master runs every transition script once, so that counted runs see no NOSCRIPT
     (a node's first EVALSHA of a script costs an EVAL more), and the store holds the slot map.
@@ -134,9 +136,7 @@ async def test_records_spread_over_every_master(
     store: RedisKeyStore, redis_cluster: LocalCluster, prefix: str
 ) -> None:
     keys = [f"spread-{n}" for n in range(300)]
-    async with anyio.create_task_group() as tg:
-        for key in keys:
-            tg.start_soon(first_execution, store, key)
+    await first_executions(store, keys)
     masters = await in_thread(redis_cluster.masters)
     per_master = {
         m.port: await in_thread(functools.partial(names_on, redis_cluster, m, prefix))
@@ -366,9 +366,7 @@ async def test_list_and_purge_cover_every_shard(
     store: RedisKeyStore, redis_cluster: LocalCluster, prefix: str
 ) -> None:
     keys = [f"scan-{n}" for n in range(90)]
-    async with anyio.create_task_group() as tg:
-        for key in keys:
-            tg.start_soon(first_execution, store, key)
+    await first_executions(store, keys)
     owners = await in_thread(redis_cluster.slot_owners)
     assert len({owners[key_slot(key.encode())] for key in keys}) == 3
     listed = await store.list_records(limit=1000)

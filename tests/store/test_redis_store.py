@@ -56,11 +56,6 @@ async def trips(store: RedisKeyStore, call: Awaitable[Any]) -> tuple[Any, int]:
 
 
 @pytest_asyncio.fixture
-async def prefix(redis_namespace: str) -> str:
-    return f"{redis_namespace}:"
-
-
-@pytest_asyncio.fixture
 async def store(redis_url: str, prefix: str) -> AsyncIterator[RedisKeyStore]:
     opened = RedisKeyStore.from_url(redis_url, prefix=prefix)
     yield opened
