@@ -10,7 +10,7 @@ from ._memory_store import MemoryKeyStore
 from ._sqlite_store import SQLiteKeyStore
 from ._store import KeyStore
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "rediss+sentinel://")
 _REDIS_CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
@@ -20,8 +20,8 @@ def open_store(url: str) -> KeyStore:
     `memory://` (one process, lost on restart), `sqlite:///relative.db`,
     `sqlite:////absolute.db` or a plain file path (durable, one host), `redis://`, `rediss://`,
     `unix://` or `redis+sentinel://host:port[,host:port...]/service_name[/db]` (shared by many
-    hosts), `redis+cluster://host:port[,host:port...]` (a Redis Cluster, `rediss+cluster://`
-    over TLS).
+    hosts; `rediss+sentinel://` over TLS), `redis+cluster://host:port[,host:port...]` (a Redis
+    Cluster, `rediss+cluster://` over TLS).
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"a key store URL must be a non-empty string, not {url!r}")

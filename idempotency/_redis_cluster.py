@@ -22,7 +22,15 @@ Why it is built this way:
 * Cluster mode has only database 0; a URL naming another is refused.
 
 `redis+cluster://[user:password@]host:port[,host:port...][/0][?options]` names the seeds;
-`rediss+cluster://` the same over TLS. The options are redis-py's, read as for `redis://`.
+`rediss+cluster://` the same over TLS. The options are redis-py's, read as for `redis://`
+(`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`, `ssl_cert_reqs`, ...).
+
+Over TLS every node gets the seed's TLS configuration (CA, client certificate), and its
+certificate is verified against the host the store dials: for a seed as written in the URL, for
+any other node as `CLUSTER SLOTS` reports it. With `tls-cluster yes` Redis reports the TLS ports
+and, unless `cluster-announce-hostname` is set, the nodes' IP addresses, so each node's
+certificate must name that IP (subjectAltName IP:...). redis-py rewrites a seed "localhost" to
+127.0.0.1 before the store sees it.
 """
 
 from __future__ import annotations
@@ -54,11 +62,10 @@ def seeds_of_url(url: str) -> tuple[list[NodeId], str]:
     scheme, sep, rest = url.partition("://")
     if not sep or f"{scheme}://" not in CLUSTER_SCHEMES:
         raise ValueError(f"a Redis Cluster URL starts with redis+cluster://, not {url!r}")
-    location, slash, tail = rest.partition("/")
-    location, qmark, query = location.partition("?")
-    if qmark:
-        tail = f"?{query}"
-        slash = ""
+    # The query first: its values may hold slashes (`ssl_ca_certs=/etc/ssl/ca.pem`).
+    rest, qmark, query = rest.partition("?")
+    location, slash, path = rest.partition("/")
+    tail = f"{path}{qmark}{query}"
     credentials, at, hosts = location.rpartition("@")
     seeds = [_node_of(part, url) for part in hosts.split(",") if part.strip()]
     if not seeds:

@@ -19,24 +19,38 @@ the Sentinels again.
 URL: `redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db][?options]`.
 The user and password are the data nodes' (as in `redis://`); the Sentinels' own are the query
 options `sentinel_username` and `sentinel_password`. Other query options are redis-py's
-(`socket_timeout`, `client_name`, ...). TLS through Sentinel is not offered yet.
+(`socket_timeout`, `client_name`, ...).
+
+TLS: `rediss+sentinel://` is TLS to the data nodes AND to the Sentinels, with the same `ssl_*`
+options (CA, client certificate, `ssl_cert_reqs`) for both. That is how Redis itself deploys it:
+a Sentinel that reaches its nodes over TLS (`tls-replication yes`) is configured with the same
+certificates and normally listens on TLS only (`port 0`, `tls-port`); one scheme per deployment
+keeps a plaintext hop from hiding behind a URL that says `rediss`. Each connection verifies the
+certificate against the host it dials: the Sentinel's as written in the URL, the primary's as
+the Sentinel names it (usually an IP address, so the node certificates need that IP as a
+subjectAltName). A deployment whose Sentinels differ (plaintext, another CA) passes
+`sentinel_kwargs` to `from_url`: what it names replaces the TLS defaults for the Sentinels,
+e.g. `sentinel_kwargs={"ssl": False}`.
 """
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from redis import exceptions as rx
 from redis.asyncio import Redis
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.sentinel import Sentinel
 
 from ._redis_transport import Address, open_wire
 from ._redis_wire import ReplyError, Traffic, Unreachable, Wiring, command
 
 SCHEME: Final = "redis+sentinel://"
+TLS_SCHEME: Final = "rediss+sentinel://"
+SENTINEL_SCHEMES: Final = (SCHEME, TLS_SCHEME)
 DEFAULT_SENTINEL_PORT: Final = 26379
 _SENTINEL_OPTIONS: Final = ("sentinel_username", "sentinel_password")
 
@@ -75,12 +89,18 @@ class Sentinels:
         if not options:
             raise ValueError(f"no Sentinel given for service {service!r}")
         first = options[0]
+        tls = _tls_context(manager.sentinels[0].connection_pool)
         username, password = first.get("username"), first.get("password")
         auth = tuple(str(part) for part in (username, password) if part) if password else ()
         return cls(
             service=str(service),
             addresses=tuple(
-                Address(host=str(o.get("host", "localhost")), port=int(o.get("port", 26379)))
+                Address(
+                    host=str(o.get("host", "localhost")),
+                    port=int(o.get("port", 26379)),
+                    tls=tls,
+                    server_hostname=str(o.get("host", "localhost")),
+                )
                 for o in options
             ),
             auth=auth,
@@ -128,15 +148,30 @@ class Sentinels:
         return bytes(named[0]).decode(), int(named[1])
 
 
+def _tls_context(pool: Any) -> ssl.SSLContext | None:
+    """The TLS context a redis-py pool's connections would use (never connected); None
+    without TLS."""
+    conn: Any = pool.connection_class(**pool.connection_kwargs)
+    if not isinstance(conn, SSLConnection):
+        return None
+    context: ssl.SSLContext = conn.ssl_context.get()
+    return context
+
+
 def sentinel_client(url: str, **redis_kwargs: Any) -> Redis:
-    """A redis-py `master_for` client configured by a `redis+sentinel://` URL (never connected:
-    the store only reads its configuration). `redis_kwargs` are redis-py connection options
-    for the data nodes; `sentinel_kwargs` (a dict), if given, configures the Sentinels."""
+    """A redis-py `master_for` client configured by a `redis+sentinel://` or `rediss+sentinel://`
+    URL (never connected: the store only reads its configuration). `redis_kwargs` are redis-py
+    connection options for the data nodes; `sentinel_kwargs` (a dict), if given, configures the
+    Sentinels (with TLS: over the data nodes' `ssl_*` options, which it may replace)."""
     hosts, service, options, sentinel_options = parse_sentinel_url(url)
     sentinel_kwargs = dict(redis_kwargs.pop("sentinel_kwargs", None) or {})
     for name in ("socket_timeout", "socket_connect_timeout"):
         if name in redis_kwargs:
             sentinel_kwargs.setdefault(name, redis_kwargs[name])
+    if url.startswith(TLS_SCHEME):
+        for name, value in {**options, **redis_kwargs}.items():
+            if name == "ssl" or name.startswith("ssl_"):
+                sentinel_kwargs.setdefault(name, value)
     sentinel_kwargs.update(sentinel_options)
     manager = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client: Redis = manager.master_for(service, **{**options, **redis_kwargs})
@@ -147,9 +182,9 @@ def parse_sentinel_url(
     url: str,
 ) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
     """(Sentinel hosts, service name, data-node options, Sentinel options) of a
-    `redis+sentinel://` URL. Raises `ValueError` saying what is wrong."""
-    if not url.startswith(SCHEME):
-        raise ValueError(f"a Sentinel URL starts with {SCHEME}, not {url!r}")
+    `redis+sentinel://` or `rediss+sentinel://` URL. Raises `ValueError` saying what is wrong."""
+    if not url.startswith(SENTINEL_SCHEMES):
+        raise ValueError(f"a Sentinel URL starts with {SCHEME} or {TLS_SCHEME}, not {url!r}")
     parts = urlsplit(url)
     userinfo, _, hostlist = parts.netloc.rpartition("@")
     hosts = [_host_port(piece, url) for piece in hostlist.split(",") if piece.strip()]
@@ -173,6 +208,9 @@ def parse_sentinel_url(
     options: dict[str, Any] = dict(parse_url(f"redis://{at}sentinel/{db}?{rest}"))
     options.pop("host", None)
     options.pop("port", None)
+    if url.startswith(TLS_SCHEME):
+        # redis-py's Sentinel pool picks its TLS connection class from this flag.
+        options["ssl"] = True
     return hosts, path[0], options, sentinel_options
 
 

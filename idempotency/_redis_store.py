@@ -43,9 +43,10 @@ Why it is built this way:
 Runs under asyncio and trio (anyio). Cancelling a call never leaves half a record: the script
 either ran whole or not at all, and a cancelled caller's reply is read and dropped.
 
-Topologies: one Redis; a primary behind Sentinel (`redis+sentinel://`, or a redis-py
-`Sentinel(...).master_for(...)` client; discovered over the store's own connections, under asyncio
-and trio); a proxy, given as a URL or a `redis.asyncio.Redis` whose configuration the store reads;
+Topologies: one Redis; a primary behind Sentinel (`redis+sentinel://`, `rediss+sentinel://`
+with TLS to the Sentinels and the nodes, or a redis-py `Sentinel(...).master_for(...)` client;
+discovered over the store's own connections, under asyncio and trio); a proxy, given as a URL
+or a `redis.asyncio.Redis` whose configuration the store reads;
 or a Redis Cluster (`redis+cluster://` or a `redis.asyncio.cluster.RedisCluster`),
 where each transition goes to the master owning the record's slot, on that node's connection of
 this event loop (`_redis_cluster.py`: slot map, MOVED/ASK, failover). On a cluster, waits
@@ -85,6 +86,7 @@ from ._redis_doubt import Doubts
 from ._redis_durable import GroupCommit
 from ._redis_endpoint import Endpoint
 from ._redis_link import Link
+from ._redis_sentinel import SENTINEL_SCHEMES
 from ._redis_waiters import Waiters
 from ._redis_wire import (
     ConnectionLost,
@@ -316,7 +318,8 @@ class RedisKeyStore:
         seed nodes of a Redis Cluster; credentials and options are written as for `redis://`,
         and the database, if named, must be 0.
         `redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]` finds the
-        primary through Sentinel, again after a failover (`_redis_sentinel.py`).
+        primary through Sentinel, again after a failover (`_redis_sentinel.py`);
+        `rediss+sentinel://` does so over TLS, to the Sentinels and the data nodes alike.
 
         `socket_timeout` bounds the wait for each reply (None: forever); a late reply gives the
         connection up and the call fails with `StoreUnavailable`. `socket_connect_timeout`
@@ -335,7 +338,7 @@ class RedisKeyStore:
                 socket_timeout=socket_timeout,
                 **redis_kwargs,
             )
-        elif url.startswith("redis+sentinel://"):
+        elif url.startswith(SENTINEL_SCHEMES):
             from ._redis_sentinel import sentinel_client
 
             client = sentinel_client(url, socket_timeout=socket_timeout, **redis_kwargs)

@@ -12,6 +12,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -20,11 +21,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from redis_cluster import LocalCluster, missing_binaries
 from redis_sentinel import RedisSentinel
 from redis_server import RedisServer, redis_server_binary
+from redis_tls import TLSFiles, make_certificates, openssl_binary
 
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def _no_redis(reason: str) -> None:
+def _no_redis(reason: str) -> NoReturn:
     message = f"REDIS NOT AVAILABLE — Redis tests cannot run: {reason}"
     if UNDER_CI:
         pytest.fail(message + " (under CI a missing Redis is a failure)", pytrace=False)
@@ -51,18 +53,26 @@ def redis_url() -> Iterator[str]:
     server.cleanup()
 
 
+def start_cluster(replicas_per_master: int = 1, tls: TLSFiles | None = None) -> LocalCluster:
+    """A started `LocalCluster` of 3 masters; skips loudly (fails under CI) when it cannot be
+    started. The caller cleans it up."""
+    missing = missing_binaries()
+    if missing:
+        _no_redis(f"{', '.join(missing)} not on PATH, so no Redis Cluster can be started")
+    cluster = LocalCluster(replicas_per_master=replicas_per_master, tls=tls)
+    try:
+        cluster.start()
+    except Exception as exc:  # start() cleans up after itself
+        kind = "a TLS Redis Cluster" if tls is not None else "a Redis Cluster"
+        _no_redis(f"could not start {kind}: {exc!r}")
+    return cluster
+
+
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[LocalCluster]:
     """A private Redis Cluster for the whole session: 3 masters and 3 replicas on loopback
     ports. Tests that reshard or kill nodes must leave it healthy (`wait_healthy`)."""
-    missing = missing_binaries()
-    if missing:
-        _no_redis(f"{', '.join(missing)} not on PATH, so no Redis Cluster can be started")
-    cluster = LocalCluster()
-    try:
-        cluster.start()
-    except Exception as exc:  # start() cleans up after itself
-        _no_redis(f"could not start a Redis Cluster: {exc!r}")
+    cluster = start_cluster()
     yield cluster
     cluster.cleanup()
 
@@ -72,12 +82,13 @@ def redis_cluster_url(redis_cluster: LocalCluster) -> str:
     return redis_cluster.url
 
 
-def start_sentinel_deployment() -> RedisSentinel:
-    """A fresh 1 primary + 2 replicas + 3 Sentinels on loopback (`tests/redis_sentinel.py`);
-    skips loudly (fails under CI) when it cannot be started. The caller cleans it up."""
+def start_sentinel_deployment(tls: TLSFiles | None = None) -> RedisSentinel:
+    """A fresh 1 primary + 2 replicas + 3 Sentinels on loopback (`tests/redis_sentinel.py`),
+    TLS-only with `tls`; skips loudly (fails under CI) when it cannot be started. The caller
+    cleans it up."""
     if redis_server_binary() is None:
         _no_redis("redis-server is not on PATH, so no Sentinel deployment can be started")
-    deployment = RedisSentinel()
+    deployment = RedisSentinel(tls=tls)
     try:
         deployment.start()
     except Exception as exc:  # start() already cleaned up what it had started
@@ -106,6 +117,45 @@ def fresh_sentinel() -> Iterator[RedisSentinel]:
 def redis_sentinel_url(redis_sentinel: RedisSentinel) -> str:
     """`redis+sentinel://` URL of the session's Sentinel deployment."""
     return redis_sentinel.url
+
+
+# -- TLS (certificates made at test time) --------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A CA, a certificate for 127.0.0.1 it signed (servers and clients use it) and a CA that
+    signed nothing, made with `openssl` for this session."""
+    if openssl_binary() is None:
+        _no_redis("openssl is not on PATH, so no TLS certificates can be made")
+    try:
+        return make_certificates(tmp_path_factory.mktemp("tls"))
+    except Exception as exc:  # a broken openssl must still say why
+        _no_redis(f"could not make TLS certificates: {exc!r}")
+
+
+@pytest.fixture(scope="session")
+def redis_tls_cluster(redis_tls_files: TLSFiles) -> Iterator[LocalCluster]:
+    """A TLS-only Redis Cluster: 3 masters, no replicas, cluster bus over TLS."""
+    cluster = start_cluster(replicas_per_master=0, tls=redis_tls_files)
+    yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_tls_sentinel(redis_tls_files: TLSFiles) -> Iterator[RedisSentinel]:
+    """A TLS-only Sentinel deployment (1 primary, 2 replicas, 3 Sentinels) for the session."""
+    deployment = start_sentinel_deployment(redis_tls_files)
+    yield deployment
+    deployment.cleanup()
+
+
+@pytest.fixture
+def fresh_tls_sentinel(redis_tls_files: TLSFiles) -> Iterator[RedisSentinel]:
+    """A TLS-only Sentinel deployment of this test's own, for tests that crash its primary."""
+    deployment = start_sentinel_deployment(redis_tls_files)
+    yield deployment
+    deployment.cleanup()
 
 
 @pytest.fixture

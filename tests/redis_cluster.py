@@ -11,6 +11,9 @@ live master, and every live replica's link to its master is up.
     victim = cluster.masters()[0]; cluster.kill(victim); cluster.wait_healthy()
     cluster.restart(victim); cluster.wait_healthy()   # back, as a replica
     cluster.cleanup()
+
+With `tls`, every node listens on TLS only (`--port 0`), and the cluster bus and replication
+run over TLS as well (`--tls-cluster yes`), so `CLUSTER SLOTS` reports the TLS ports.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import redis
 from redis_server import RedisServer
+from redis_tls import TLSFiles
 
 from mcp_once.scenarios._process import free_port
 
@@ -42,11 +46,13 @@ class LocalCluster:
         replicas_per_master: int = 1,
         node_timeout_ms: int = 1000,
         appendonly: bool = False,
+        tls: TLSFiles | None = None,
     ) -> None:
+        self.tls = tls
         self.replicas_per_master = replicas_per_master
         self.nodes: list[RedisServer] = []
         for _ in range(masters * (1 + replicas_per_master)):
-            node = RedisServer(appendonly=appendonly)
+            node = RedisServer(appendonly=appendonly, tls=tls)
             node.extra_args = [
                 "--cluster-enabled",
                 "yes",
@@ -62,6 +68,8 @@ class LocalCluster:
                 "--cluster-replica-validity-factor",
                 "0",
             ]
+            if tls is not None:
+                node.extra_args += ["--tls-cluster", "yes"]
             self.nodes.append(node)
         self._dead: set[int] = set()
 
@@ -77,6 +85,7 @@ class LocalCluster:
             created = subprocess.run(
                 [
                     cli,
+                    *(self.tls.cli_args() if self.tls is not None else []),
                     "--cluster",
                     "create",
                     *(f"127.0.0.1:{node.port}" for node in self.nodes),
@@ -119,10 +128,13 @@ class LocalCluster:
     @property
     def url(self) -> str:
         """Every node as a seed, so a store finds the cluster with any of them down."""
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        seeds = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        if self.tls is not None:
+            return f"rediss+cluster://{seeds}?{self.tls.query()}"
+        return f"redis+cluster://{seeds}"
 
     def client(self, node: RedisServer) -> redis.Redis:
-        return redis.Redis(port=node.port, socket_timeout=5.0)
+        return node.client(socket_timeout=5.0)
 
     def by_port(self, port: int) -> RedisServer:
         return next(node for node in self.nodes if node.port == port)

@@ -6,6 +6,9 @@ For the Sentinel tests and the failover benchmark. Every data node runs with `ap
 Readiness is polled with a deadline, never slept for: `start` returns once every Sentinel sees
 both replicas and the two other Sentinels, `wait_failover` once a Sentinel majority names a new
 primary that reports the master role and accepts a write.
+
+With `tls`, every process (data nodes and Sentinels) listens on TLS only and requires client
+certificates; replication and the Sentinels' own links run over TLS too (`tls-replication yes`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis_server import RedisServer
+from redis_tls import TLSFiles
 
 T = TypeVar("T")
 
@@ -45,8 +49,10 @@ def poll(what: str, check: Callable[[], T | None], timeout: float, every: float 
 class SentinelProcess(RedisServer):
     """A redis-server in Sentinel mode, with its own config file (Sentinel rewrites it)."""
 
-    def __init__(self, primary_port: int, service: str = SERVICE) -> None:
-        super().__init__()
+    def __init__(
+        self, primary_port: int, service: str = SERVICE, tls: TLSFiles | None = None
+    ) -> None:
+        super().__init__(tls=tls)
         self.config = Path(self.dir) / "sentinel.conf"
         self.config.write_text(
             f"sentinel monitor {service} 127.0.0.1 {primary_port} 2\n"
@@ -65,19 +71,26 @@ class SentinelProcess(RedisServer):
 class RedisSentinel:
     """1 primary + 2 replicas + 3 Sentinels; `cleanup` stops all and removes their files."""
 
-    def __init__(self, service: str = SERVICE) -> None:
+    def __init__(self, service: str = SERVICE, tls: TLSFiles | None = None) -> None:
         self.service = service
-        primary = RedisServer(appendonly=True)
+        self.tls = tls
+        primary = RedisServer(appendonly=True, tls=tls)
         replicas = [
-            RedisServer(appendonly=True, extra_args=["--replicaof", "127.0.0.1", str(primary.port)])
+            RedisServer(
+                appendonly=True,
+                extra_args=["--replicaof", "127.0.0.1", str(primary.port)],
+                tls=tls,
+            )
             for _ in range(2)
         ]
         self.nodes: list[RedisServer] = [primary, *replicas]
-        self.sentinels = [SentinelProcess(primary.port, service) for _ in range(3)]
+        self.sentinels = [SentinelProcess(primary.port, service, tls) for _ in range(3)]
 
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        if self.tls is not None:
+            return f"rediss+sentinel://{hosts}/{self.service}?{self.tls.query()}"
         return f"redis+sentinel://{hosts}/{self.service}"
 
     def start(self, timeout: float = 30.0) -> RedisSentinel:
@@ -115,7 +128,7 @@ class RedisSentinel:
             if port is None or port == old.port:
                 return None
             node = self._node(port)
-            with redis.Redis(port=port, socket_timeout=1.0) as client:
+            with node.client(socket_timeout=1.0) as client:
                 role: Any = client.execute_command("ROLE")
                 if role[0] != b"master":
                     return None
@@ -143,7 +156,7 @@ class RedisSentinel:
         raise LookupError(f"Sentinel names 127.0.0.1:{port}, not a node of this deployment")
 
     def _ask(self, sentinel: SentinelProcess, *args: str) -> Any:
-        with redis.Redis(port=sentinel.port, socket_timeout=1.0) as client:
+        with sentinel.client(socket_timeout=1.0) as client:
             return client.execute_command(*args)
 
     def _agreed_port(self) -> int | None:
@@ -161,7 +174,7 @@ class RedisSentinel:
 
     def _settled(self) -> bool:
         for sentinel in self.sentinels:
-            with redis.Redis(port=sentinel.port, socket_timeout=1.0) as client:
+            with sentinel.client(socket_timeout=1.0) as client:
                 fields: dict[str, Any] = client.sentinel_master(self.service)
             if int(fields["num-slaves"]) != 2 or int(fields["num-other-sentinels"]) != 2:
                 return False
@@ -169,7 +182,7 @@ class RedisSentinel:
 
     @staticmethod
     def _online_replicas(node: RedisServer) -> int:
-        with redis.Redis(port=node.port, socket_timeout=1.0) as client:
+        with node.client(socket_timeout=1.0) as client:
             info = client.info("replication")
         return sum(
             1

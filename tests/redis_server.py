@@ -13,6 +13,10 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import redis
+from redis_tls import TLSFiles
 
 from mcp_once.scenarios._process import ChildProcess, free_port
 
@@ -23,7 +27,8 @@ def redis_server_binary() -> str | None:
 
 class RedisServer(ChildProcess):
     """One private redis-server process. `appendonly=True` makes restarts keep acknowledged
-    writes (fsync always), which the chaos suite relies on."""
+    writes (fsync always), which the chaos suite relies on. With `tls`, it listens on `port`
+    over TLS only (client certificates required, replication over TLS too)."""
 
     def __init__(
         self,
@@ -31,6 +36,7 @@ class RedisServer(ChildProcess):
         appendonly: bool = False,
         port: int | None = None,
         extra_args: Sequence[str] = (),
+        tls: TLSFiles | None = None,
     ) -> None:
         binary = redis_server_binary()
         if binary is None:
@@ -40,19 +46,35 @@ class RedisServer(ChildProcess):
         self.appendonly = appendonly
         #: More `--option value` words (replication, cluster mode, ...), appended last.
         self.extra_args = list(extra_args)
+        self.tls = tls
         self.dir = Path(tempfile.mkdtemp(prefix="mcp-once-redis-"))
         super().__init__()
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}/0?{self.tls.query()}"
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **options: Any) -> redis.Redis:
+        """A synchronous redis-py client of this server (over TLS if it speaks TLS)."""
+        if self.tls is not None:
+            options.update(
+                ssl=True,
+                ssl_ca_certs=str(self.tls.ca),
+                ssl_certfile=str(self.tls.cert),
+                ssl_keyfile=str(self.tls.key),
+            )
+        return redis.Redis(host="127.0.0.1", port=self.port, **options)
 
     def command(self) -> list[str]:
         """The command line that starts this server (a Sentinel overrides it)."""
+        listen = ["--port", str(self.port)]
+        if self.tls is not None:
+            listen = ["--port", "0", "--tls-port", str(self.port), *self.tls.server_args()]
         args = [
             self.binary,
-            "--port",
-            str(self.port),
+            *listen,
             "--bind",
             "127.0.0.1",
             "--dir",
@@ -86,6 +108,12 @@ class RedisServer(ChildProcess):
         raise TimeoutError(f"redis-server on port {self.port} did not answer in {timeout}s")
 
     def _answers(self) -> bool:
+        if self.tls is not None:
+            try:
+                with self.client(socket_timeout=0.5) as client:
+                    return bool(client.ping())
+            except (redis.RedisError, OSError):
+                return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
                 sock.sendall(b"PING\r\n")
