@@ -26,7 +26,7 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MCP_ONCE_STORE", DEFAULT_STORE_URL),
         help="key store URL: memory://, sqlite:///path.db, redis://host:port/db,"
         " redis+sentinel://host:port[,host:port...]/service_name[/db] or"
-        " redis+cluster://host:port[,host:port...]"
+        " redis+cluster://host:port[,host:port...] (rediss+... for TLS)"
         " (default: $MCP_ONCE_STORE or %(default)s)",
     )
 
