@@ -65,9 +65,7 @@ class Endpoint:
             credentials=provider,
             timeout=conn.socket_timeout,
             connect_timeout=conn.socket_connect_timeout,
-            sentinel=Sentinels.of_pool(
-                pool, timeout=conn.socket_timeout, connect_timeout=conn.socket_connect_timeout
-            ),
+            sentinel=_sentinels_of(pool, conn.socket_timeout, conn.socket_connect_timeout),
         )
 
     async def locate(self) -> Address:
@@ -117,3 +115,32 @@ class Endpoint:
         if overridden and on_asyncio:
             return tuple(await provider.get_credentials_async())
         return tuple(provider.get_credentials())
+
+
+def _sentinels_of(
+    pool: Any, timeout: float | None, connect_timeout: float | None
+) -> Sentinels | None:
+    """The Sentinels of a redis-py `SentinelConnectionPool`, each read like any pool; None for
+    any other pool.
+
+    `timeout`/`connect_timeout` (the data nodes') apply where a Sentinel has none of its own:
+    an unanswering Sentinel must not hold up every connect for ever."""
+    manager = getattr(pool, "sentinel_manager", None)
+    service = getattr(pool, "service_name", None)
+    if manager is None or service is None:
+        return None
+    if not getattr(pool, "is_master", True):
+        raise ValueError("the key store writes: give it master_for(...), not slave_for(...)")
+    if not manager.sentinels:
+        raise ValueError(f"no Sentinel given for service {service!r}")
+    endpoints = []
+    for client in manager.sentinels:
+        endpoint = Endpoint.of_pool(client.connection_pool)
+        endpoints.append(
+            dataclasses.replace(
+                endpoint,
+                timeout=endpoint.timeout or timeout,
+                connect_timeout=endpoint.connect_timeout or connect_timeout,
+            )
+        )
+    return Sentinels(str(service), tuple(endpoints))

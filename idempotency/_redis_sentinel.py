@@ -6,8 +6,8 @@ question is one command (`SENTINEL get-master-addr-by-name <service>`), so the s
 itself, over a short-lived connection of its own transport (`_redis_transport.open_wire`): the
 Sentinels in the order given, the first that names a primary wins. redis-py still holds the
 configuration: a `redis+sentinel://` URL becomes a `Sentinel(...).master_for(...)` client (so a
-client built by hand is accepted the same way), and `Sentinels.of_pool` reads the Sentinels'
-addresses and credentials back from that client's pool, never using its connections.
+client built by hand is accepted the same way), and `Endpoint.of_pool` reads the Sentinels'
+configuration back from that client's pool, never using its connections.
 
 A Sentinel may name a primary that is no longer one (a failover in progress, a stale view): the
 endpoint therefore asks every new connection for its `ROLE` in the handshake and refuses a node
@@ -35,18 +35,20 @@ e.g. `sentinel_kwargs={"ssl": False}`.
 
 from __future__ import annotations
 
-import ssl
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from redis import exceptions as rx
 from redis.asyncio import Redis
-from redis.asyncio.connection import SSLConnection, parse_url
+from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel
 
-from ._redis_transport import Address, open_wire
+from ._redis_transport import open_wire
 from ._redis_wire import ReplyError, Traffic, Unreachable, Wiring, command
+
+if TYPE_CHECKING:
+    from ._redis_endpoint import Endpoint
 
 SCHEME: Final = "redis+sentinel://"
 TLS_SCHEME: Final = "rediss+sentinel://"
@@ -59,81 +61,42 @@ _SENTINEL_OPTIONS: Final = ("sentinel_username", "sentinel_password")
 class Sentinels:
     """The Sentinels watching one service, and how to ask them.
 
-    The Sentinel that answered last is asked first next time (as redis-py does), so a dead or
-    unreachable first Sentinel costs one failed attempt, not one per connect."""
+    Each Sentinel is an `Endpoint` read from its redis-py pool (`Endpoint.of_pool`, the one
+    reader of redis-py's configuration: address, TLS, credentials, timeouts). The Sentinel
+    that answered last is asked first next time (as redis-py does), so a dead or unreachable
+    first Sentinel costs one failed attempt, not one per connect."""
 
     service: str
-    addresses: tuple[Address, ...]
-    #: AUTH arguments for the Sentinels (empty: none).
-    auth: tuple[str, ...]
-    timeout: float | None
-    connect_timeout: float | None
-    #: Index in `addresses` of the Sentinel that answered last.
+    endpoints: tuple[Endpoint, ...]
+    #: Index in `endpoints` of the Sentinel that answered last.
     first: int = 0
-
-    @classmethod
-    def of_pool(
-        cls, pool: Any, *, timeout: float | None, connect_timeout: float | None
-    ) -> Sentinels | None:
-        """The Sentinels of a redis-py `SentinelConnectionPool`; None for any other pool.
-
-        `timeout`/`connect_timeout` (the data nodes') apply where the Sentinels have none of
-        their own: an unanswering Sentinel must not hold up every connect for ever."""
-        manager = getattr(pool, "sentinel_manager", None)
-        service = getattr(pool, "service_name", None)
-        if manager is None or service is None:
-            return None
-        if not getattr(pool, "is_master", True):
-            raise ValueError("the key store writes: give it master_for(...), not slave_for(...)")
-        options = [client.connection_pool.connection_kwargs for client in manager.sentinels]
-        if not options:
-            raise ValueError(f"no Sentinel given for service {service!r}")
-        first = options[0]
-        tls = _tls_context(manager.sentinels[0].connection_pool)
-        username, password = first.get("username"), first.get("password")
-        auth = tuple(str(part) for part in (username, password) if part) if password else ()
-        return cls(
-            service=str(service),
-            addresses=tuple(
-                Address(
-                    host=str(o.get("host", "localhost")),
-                    port=int(o.get("port", 26379)),
-                    tls=tls,
-                    server_hostname=str(o.get("host", "localhost")),
-                )
-                for o in options
-            ),
-            auth=auth,
-            timeout=first.get("socket_timeout") or timeout,
-            connect_timeout=first.get("socket_connect_timeout") or connect_timeout,
-        )
 
     async def primary(self) -> tuple[str, int]:
         """The primary's host and port, as the first Sentinel that knows it says.
 
         Raises `Unreachable` (naming every Sentinel's failure) when none does."""
         failures: list[str] = []
-        count = len(self.addresses)
+        count = len(self.endpoints)
         for index in [(self.first + step) % count for step in range(count)]:
-            address = self.addresses[index]
+            endpoint = self.endpoints[index]
             try:
-                found = await self._ask(address)
+                found = await self._ask(endpoint)
             except rx.RedisError as exc:  # unreachable, refused, no reply in time
-                failures.append(f"{address}: {exc}")
+                failures.append(f"{endpoint.address}: {exc}")
                 continue
             if found is not None:
                 self.first = index
                 return found
-            failures.append(f"{address}: knows no primary for {self.service!r}")
+            failures.append(f"{endpoint.address}: knows no primary for {self.service!r}")
         raise Unreachable(
             f"no Sentinel named the primary of {self.service!r}: " + "; ".join(failures)
         )
 
-    async def _ask(self, address: Address) -> tuple[str, int] | None:
-        wiring = Wiring(self.timeout, Traffic())
-        wire = await open_wire(address, wiring, connect_timeout=self.connect_timeout)
+    async def _ask(self, endpoint: Endpoint) -> tuple[str, int] | None:
+        wiring = Wiring(endpoint.timeout, Traffic())
+        wire = await open_wire(endpoint.address, wiring, connect_timeout=endpoint.connect_timeout)
         try:
-            chunks = [command(b"AUTH", *self.auth)] if self.auth else []
+            chunks = await endpoint.handshake()
             chunks.append(command(b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", self.service))
             replies = await wire.request(b"".join(chunks), len(chunks))
         finally:
@@ -146,16 +109,6 @@ class Sentinels:
         if not (isinstance(named, list) and len(named) == 2):
             return None
         return bytes(named[0]).decode(), int(named[1])
-
-
-def _tls_context(pool: Any) -> ssl.SSLContext | None:
-    """The TLS context a redis-py pool's connections would use (never connected); None
-    without TLS."""
-    conn: Any = pool.connection_class(**pool.connection_kwargs)
-    if not isinstance(conn, SSLConnection):
-        return None
-    context: ssl.SSLContext = conn.ssl_context.get()
-    return context
 
 
 def sentinel_client(url: str, **redis_kwargs: Any) -> Redis:

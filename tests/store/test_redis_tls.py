@@ -79,7 +79,7 @@ def test_the_sentinels_get_the_data_nodes_tls_unless_told_otherwise(
         endpoint = store._endpoint
         assert endpoint.address.tls is not None
         assert endpoint.sentinel is not None
-        (address,) = endpoint.sentinel.addresses
+        (address,) = [sentinel.address for sentinel in endpoint.sentinel.endpoints]
         assert (address.tls is not None) is sentinel_tls
         assert address.server_hostname == "127.0.0.1"
     assert isinstance(open_store(url), RedisKeyStore)
