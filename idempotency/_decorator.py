@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 import anyio.to_thread
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
 from mcp.shared._callable_inspection import is_async_callable
 from typing_extensions import Unpack
@@ -90,10 +91,26 @@ def _free_name(fn: Callable[..., Any]) -> str:
     return name
 
 
+def _derivable(tool: Tool, guard: Guard, underived: Collection[str]) -> bool:
+    """Whether a keyless call of `tool` may be merged under a derived key: not when the policy
+    or `underived` (install's) opts it out, nor for a read-only tool."""
+    if not guard.policy.derived or tool.name in underived:
+        return False
+    return not (tool.annotations is not None and tool.annotations.read_only_hint is True)
+
+
+def _same(answer: Any) -> Any:
+    return answer
+
+
 def wrap_tool_function(
-    fn: Callable[..., Any], guard: Guard, context_param: str | None
+    fn: Callable[..., Any],
+    guard: Guard,
+    context_param: str | None,
+    underived: Collection[str] = (),
 ) -> Callable[..., Awaitable[Any]]:
-    """The guarded stand-in for `fn`; `context_param` is `fn`'s own Context parameter, if any."""
+    """The guarded stand-in for `fn`; `context_param` is `fn`'s own Context parameter, if any;
+    `underived` names tools never merged under a derived key (see `install`)."""
     hidden = context_param is None
     ctx_name = _free_name(fn) if context_param is None else context_param
     fn_is_async = is_async_callable(fn)
@@ -126,6 +143,7 @@ def wrap_tool_function(
             arguments=arguments_of(ctx),
             meta=request.meta,
             request=request,
+            derivable=_derivable(tool, guard, underived),
         )
         convert = tool.fn_metadata.convert_result
 
@@ -133,11 +151,15 @@ def wrap_tool_function(
             return convert(await call_original(args, kwargs))
 
         policy = guard.policy
+        # Passed through, the function's own return value goes back to the SDK, which converts
+        # it exactly as for an unguarded tool; the guard's answers are already converted.
         return await guard.call(
             call,
             execute,
             error_result=functools.partial(sdk_error_result, tool.name),
             takeover=policy.takeover_for(stamp.declared.get(tool.name, False)),
+            passthrough=functools.partial(call_original, args, kwargs),
+            render=_same,
         )
 
     if hidden:

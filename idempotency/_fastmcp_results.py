@@ -9,11 +9,14 @@ The guard stores and replays `CallToolResult`s (domain form). FastMCP's middlewa
   replay is byte-identical to the first answer;
 - an input-required round (SEP-2322) passes through as the guard's `InputRequiredResult`, never
   stored;
-- an exception from further down the chain is judged: refused before the body ran (unknown,
+- an exception from further down the chain is judged: raised before FastMCP entered the tool
+  (another middleware, auth, lookup: see `_fastmcp_body`), refused before the body ran (unknown,
   disabled or unauthorized tool, invalid arguments) or failed with an error the author declared
   effect-free → `NothingDone` (released, re-raised as FastMCP raised it); cut short by the tool's
   own `timeout=` → `Interrupted` (OUTCOME_UNKNOWN, never a stored "timed out"); anything else
-  happened in or after the body and is stored as FastMCP renders it (`error_result`).
+  happened in or after the body and is stored as FastMCP renders it (`error_result`). A failure
+  of an inner middleware *after* the body ran is stored too: the effect may have happened, so a
+  retry must not run it again.
 """
 
 from __future__ import annotations
@@ -90,9 +93,12 @@ def _timed_out(exc: ToolError) -> bool:
     )
 
 
-def judged(exc: Exception, effect_free: tuple[type[Exception], ...]) -> Exception:
-    """What `execute` raises for `exc`, raised by FastMCP's chain below the guard."""
-    if isinstance(exc, NotFoundError | DisabledError | AuthorizationError):
+def judged(
+    exc: Exception, effect_free: tuple[type[Exception], ...], *, body_started: bool
+) -> Exception:
+    """What `execute` raises for `exc`, raised by FastMCP's chain below the guard
+    (`body_started`: whether FastMCP entered the tool before it was raised)."""
+    if not body_started or isinstance(exc, NotFoundError | DisabledError | AuthorizationError):
         return NothingDone(exc)
     if isinstance(exc, ValidationError) and isinstance(exc.__cause__, PydanticValidationError):
         return NothingDone(exc)  # the arguments failed validation: the body never started

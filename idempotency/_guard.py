@@ -2,9 +2,16 @@
 
 The one implementation behind every entry point (decorator, `install`, low-level handler, FastMCP
 middleware). An entry point describes the call (`ToolCall`), hands over how to run the tool
-(`execute`) and how its framework renders an exception as an `isError` result; the guard does the
-rest. A framework that runs more than the tool's body inside `execute` (argument validation, its
-own per-tool timeout) says what happened by raising `NothingDone` or `Interrupted`.
+(`execute`), how its framework renders an exception as an `isError` result, and the framework's
+own call (`passthrough`); the guard does the rest. A framework that runs more than the tool's body
+inside `execute` (argument validation, its own per-tool timeout) says what happened by raising
+`NothingDone` or `Interrupted`.
+
+Protect or pass through is decided here and only here (`Guard.call`): a call with no key and none
+to derive, or one that `fail_open` lets run while the store is down, is the framework's own call —
+`passthrough`, never `execute` — so its result, its exceptions, its spans and its logs are exactly
+what they are without the guard. Nothing of the guard's own (no span, no log line) is added to it;
+only the `unprotected` outcome is counted.
 
 Cancellation (rule 10): once a claim is won, the run and the record write happen inside a shielded
 scope. A client that gives up (its timeout's `notifications/cancelled`, a dropped connection) does
@@ -22,11 +29,12 @@ decoded and stamped by `_replay.py`. The tool reads its claim with `current_clai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -53,13 +61,23 @@ from ._store import (
     RecordState,
     StoreError,
 )
-from ._telemetry import Outcome, Trace, logger, record_name, traced
+from ._telemetry import (
+    NO_TRACE,
+    Outcome,
+    Trace,
+    count_unprotected,
+    logger,
+    record_name,
+    traced,
+)
 
 ToolResult = CallToolResult | InputRequiredResult
 #: Runs the tool once and returns its domain result (or raises what the tool raised).
 Execute = Callable[[], Awaitable[ToolResult]]
 #: Renders an exception the tool raised as the `isError` result its SDK would have produced.
 ErrorResult = Callable[[Exception], CallToolResult]
+#: The framework's answer type: what `passthrough` returns and what `render` makes of the guard's.
+N = TypeVar("N")
 
 #: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
 #: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
@@ -91,18 +109,26 @@ class Interrupted(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One tools/call as the guard needs it: names, the arguments as sent, the request `_meta`."""
+    """One tools/call as the guard needs it: names, the arguments as sent, the request `_meta`.
+
+    `tool` is the tool's identity as records know it (FastMCP: name and version). `derivable`
+    says whether a keyless call may be merged under a derived key at all: not for a read-only
+    tool (merging only makes a read stale) nor for one whose author opted out (every call meant
+    to be new); such a keyless call passes through. A client key is honoured either way.
+    """
 
     server: str
     tool: str
     arguments: Mapping[str, Any] | None
     meta: Mapping[str, Any] | None
     request: ServerRequestContext[Any, Any] | None = None
+    derivable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class _Ticket:
-    """Everything known about a keyed call once its key is settled."""
+    """Everything known about a keyed call once its key is settled (its span is opened only
+    once the call is protected, so that a call passed through has none)."""
 
     tool: str
     key: str
@@ -110,7 +136,7 @@ class _Ticket:
     store_key: str
     fingerprint: str
     retention: float
-    trace: Trace
+    trace: Trace = NO_TRACE
 
 
 @dataclass(slots=True)
@@ -133,28 +159,49 @@ class Guard:
         self.policy = policy
 
     async def call(
-        self, call: ToolCall, execute: Execute, *, error_result: ErrorResult, takeover: bool
-    ) -> ToolResult:
-        """The tool's result, first-hand or replayed, or one of the contract's `MCPError`s."""
-        with traced(call.tool) as trace:
-            return await self._call(call, execute, error_result, takeover, trace)
-
-    async def _call(
         self,
         call: ToolCall,
         execute: Execute,
+        *,
         error_result: ErrorResult,
         takeover: bool,
-        trace: Trace,
-    ) -> ToolResult:
-        ticket = self._ticket(call, trace)
-        if ticket is None:
-            # No key and none to derive: exactly the unwrapped tool, exceptions included.
-            trace.outcome(Outcome.UNPROTECTED)
-            return await execute()
-        return await self._claim_loop(ticket, execute, error_result, takeover)
+        passthrough: Callable[[], Awaitable[N]],
+        render: Callable[[ToolResult], N],
+        admit: Callable[[], Awaitable[None]] | None = None,
+    ) -> N:
+        """The tool's result, first-hand or replayed (`render`ed), one of the contract's
+        `MCPError`s, or — where the guard protects nothing — exactly what `passthrough` (the
+        framework's own call) returns or raises.
 
-    def _ticket(self, call: ToolCall, trace: Trace) -> _Ticket | None:
+        `admit` is the framework's authorization, asked before the guard answers anything of
+        its own (a refused key, a claim, a replay): what it raises is the caller's answer."""
+        try:
+            ticket = self._ticket(call)
+        except MCPError:
+            if admit is not None:
+                await admit()
+            with traced(call.tool) as trace:
+                trace.outcome(Outcome.INVALID)
+                raise
+        if ticket is None:
+            # No key and none to derive: the framework's own call, untouched.
+            count_unprotected(call.tool)
+            return await passthrough()
+        if admit is not None:
+            await admit()
+        with traced(call.tool) as trace:
+            trace.set(
+                record=record_name(ticket.store_key),
+                key_source=ticket.source.value,
+                attempt=attempt_of(call.meta),
+            )
+            ticket = dataclasses.replace(ticket, trace=trace)
+            answer = await self._claim_loop(ticket, execute, error_result, takeover)
+        if answer is None:  # the store is down and the author chose fail-open
+            return await passthrough()
+        return render(answer)
+
+    def _ticket(self, call: ToolCall) -> _Ticket | None:
         """Settle the call's key, fingerprint and record name; None for an unkeyed call."""
         policy = self.policy
         try:
@@ -177,6 +224,8 @@ class Guard:
             return scopes[0]
 
         def derive() -> str | None:
+            if not call.derivable:
+                return None  # read-only, or opted out: every keyless call runs as written
             caller = caller_of(call.request)
             if caller is None:
                 return None  # nobody to bind a derived key to: not merged, run as written
@@ -186,43 +235,33 @@ class Guard:
             rounds = input_round(params)
             return derive_key(scope(), call.tool, fp, caller=caller, round_fields=rounds)
 
-        try:
-            resolved = resolve_key(call.meta, policy.keys, derive)
-            if resolved is not None and fp is None:
-                raise _errors.unfingerprintable(resolved[0], fp_problem)
-        except MCPError:
-            trace.outcome(Outcome.INVALID)
-            raise
+        resolved = resolve_key(call.meta, policy.keys, derive)
+        if resolved is not None and fp is None:
+            raise _errors.unfingerprintable(resolved[0], fp_problem)
         if resolved is None:
             return None
         assert fp is not None
         key, source = resolved
-        ticket = _Ticket(
+        return _Ticket(
             tool=call.tool,
             key=key,
             source=source,
             store_key=store_key(scope(), call.tool, key),
             fingerprint=fp,
             retention=policy.retention_for(source is KeySource.DERIVED),
-            trace=trace,
         )
-        trace.set(
-            record=record_name(ticket.store_key),
-            key_source=source.value,
-            attempt=attempt_of(call.meta),
-        )
-        return ticket
 
     async def _claim_loop(
         self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool
-    ) -> ToolResult:
+    ) -> ToolResult | None:
+        """The key's answer; None when the store is down and `fail_open` lets the call pass."""
         deadline = anyio.current_time() + self.policy.wait
         held_elsewhere = False  # another attempt was found holding the claim
         while True:
             started = anyio.current_time()
             outcome = await self._claim(t, takeover, held_elsewhere=held_elsewhere)
             if outcome is None:  # store down and the author chose fail-open
-                return await execute()
+                return None
             status = outcome.status
             if status is ClaimStatus.CLAIMED:
                 await self._give_back_if_cancelled(t, outcome)

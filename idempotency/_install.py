@@ -40,18 +40,24 @@ def install(
     store: KeyStore,
     *,
     exclude: Iterable[str] = (),
+    underived: Iterable[str] = (),
     **options: Unpack[PolicyOptions],
 ) -> None:
-    """Guard every tool of `server` (now and later) except those named in `exclude`."""
+    """Guard every tool of `server` (now and later) except those named in `exclude`.
+
+    `underived` names tools whose keyless calls are never merged under a derived key (every
+    call meant to be new); read-only tools never are. A client key still replays for both.
+    """
     check_mcpserver(server)
     if getattr(server, _INSTALLED_ATTR, False):
         raise RuntimeError("mcp-once is already installed on this server")
     guard = Guard(store, make_policy(options))
     skipped = frozenset(exclude)
+    fresh = frozenset(underived)
     ensure_registration_hook()
 
     def wrap(fn: Callable[..., Any], context_param: str | None) -> Callable[..., Any]:
-        return wrap_tool_function(fn, guard, context_param)
+        return wrap_tool_function(fn, guard, context_param, fresh)
 
     for tool in tool_manager(server).list_tools():
         if tool.name not in skipped and stamp_of(tool.fn) is None:

@@ -40,6 +40,10 @@ ListToolsHandler = Callable[
 ]
 
 
+def _same(answer: CallToolResult | InputRequiredResult) -> CallToolResult | InputRequiredResult:
+    return answer
+
+
 def generic_error_result(tool: str, exc: Exception) -> CallToolResult:
     logger.error("Tool %r raised an unexpected %s", tool, crash_report(exc))
     text = f"Error executing tool {tool}"
@@ -56,11 +60,13 @@ class GuardedCallTool:
         *,
         tools: Collection[str] | None,
         server_name: str,
+        underived: Collection[str] = (),
     ) -> None:
         self.guard = guard
         self._handler = handler
         self._tools = None if tools is None else frozenset(tools)
         self._server_name = server_name
+        self._underived = frozenset(underived)
 
     def guards(self, tool: str) -> bool:
         return self._tools is None or tool in self._tools
@@ -85,6 +91,7 @@ class GuardedCallTool:
             arguments=params.arguments,
             meta=params.meta,
             request=ctx,
+            derivable=self.derivable(params.name),
         )
         policy = self.guard.policy
         return await self.guard.call(
@@ -92,7 +99,14 @@ class GuardedCallTool:
             execute,
             error_result=functools.partial(generic_error_result, params.name),
             takeover=policy.takeover_for(False),
+            passthrough=functools.partial(self._handler, ctx, params),
+            render=_same,
         )
+
+    def derivable(self, tool: str) -> bool:
+        """Whether a keyless call of `tool` may be merged under a derived key. The handler's
+        annotations are not known to the guard: name read-only tools in `underived`."""
+        return self.guard.policy.derived and tool not in self._underived
 
     def advertise(self, handler: ListToolsHandler) -> ListToolsHandler:
         """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta,
@@ -105,7 +119,10 @@ class GuardedCallTool:
             policy = self.guard.policy
             known = caller_of(ctx) is not None
             tools = [
-                advertise_tool(t, policy, known) if self.guards(t.name) else t for t in listed.tools
+                advertise_tool(t, policy, known and self.derivable(t.name))
+                if self.guards(t.name)
+                else t
+                for t in listed.tools
             ]
             return listed.model_copy(update={"tools": tools})
 
@@ -118,13 +135,20 @@ def idempotent_call_tool(
     *,
     tools: Collection[str] | None = None,
     server_name: str = "",
+    underived: Collection[str] = (),
     **options: Unpack[PolicyOptions],
 ) -> GuardedCallTool:
     """Guard a low-level `on_call_tool` handler (all tools, or only those named in `tools`).
+
+    `underived` names tools whose keyless calls are never merged under a derived key: those
+    whose every call is meant to be new, and the read-only ones (the guard cannot see the
+    handler's annotations).
 
     `server_name` joins the default scope, as the server name does for `MCPServer`. The takeover
     default (auto) can only use `naturally_idempotent` here: the handler's annotations are not
     known to the guard.
     """
     guard = Guard(store, make_policy(options))
-    return GuardedCallTool(guard, handler, tools=tools, server_name=server_name)
+    return GuardedCallTool(
+        guard, handler, tools=tools, server_name=server_name, underived=underived
+    )

@@ -41,6 +41,7 @@ class PolicyOptions(TypedDict, total=False):
 
     keys: KeyMode
     retention: float
+    derived: bool
     derived_retention: float
     lease: float
     max_run_time: float | None
@@ -89,6 +90,11 @@ class Policy:
     keys: KeyMode = "derived"
     #: Seconds a completed record (client key) is kept and replayed.
     retention: float = DEFAULT_RETENTION
+    #: Whether keyless calls may be merged under a derived key at all. False for a tool whose
+    #: every call is meant to be new (`create_session`): keyless calls then run as written, as
+    #: under "optional", while a client key still replays. Read-only tools are never merged
+    #: whatever this says (merging a read only makes it stale).
+    derived: bool = True
     #: Seconds a completed record made under a derived key is kept.
     derived_retention: float = DEFAULT_DERIVED_RETENTION
     #: Seconds a claim stays valid without renewal; renewed every `lease / 3`.
@@ -126,6 +132,8 @@ class Policy:
         if not math.isfinite(self.wait) or self.wait < 0:
             raise ValueError(f"wait must be a finite number of seconds >= 0, not {self.wait!r}")
         object.__setattr__(self, "wait", float(self.wait))
+        if not isinstance(self.derived, bool):
+            raise TypeError(f"derived must be True or False, not {self.derived!r}")
         if self.takeover is not None and not isinstance(self.takeover, bool):
             raise TypeError("takeover must be True, False or None (auto)")
         object.__setattr__(self, "effect_free", _exception_types(self.effect_free))

@@ -88,9 +88,27 @@ class Trace:
         self._span.add_event("store_error", {"operation": operation, "type": type(exc).__name__})
 
 
+#: The trace of a ticket not yet protected: records nothing (replaced once the span opens).
+NO_TRACE = Trace(trace.INVALID_SPAN, "")
+
+
+def count_unprotected(tool: str) -> None:
+    """Count a call the guard passed through: no span, no log line, only the counter."""
+    _outcomes.add(1, {"mcp_once.tool": tool, "mcp_once.outcome": Outcome.UNPROTECTED.value})
+
+
 @contextmanager
 def traced(tool: str) -> Iterator[Trace]:
-    with _tracer.start_as_current_span(
-        "mcp-once guard", attributes={"mcp_once.tool": tool}, record_exception=False
-    ) as span:
+    """The guard's span for one protected call: a child of the framework's request span that is
+    never made current. The framework's own spans (FastMCP enriches its request span only while
+    that span is current) and the tool's spans keep the parent they have without the guard, so
+    a guarded call has exactly one SERVER span, the framework's, with this one under it."""
+    span = _tracer.start_span("mcp-once guard", attributes={"mcp_once.tool": tool})
+    try:
         yield Trace(span, tool)
+    except BaseException as exc:
+        # As `start_as_current_span` would, without the exception's message (the arguments).
+        span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+        raise
+    finally:
+        span.end()

@@ -23,13 +23,27 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
   (the middleware message's own `_meta` is rebuilt by FastMCP and lacks them): derived keys are
   bound to the caller, and FastMCP's access token (the SDK's, on the HTTP request) scopes keys
   per principal, exactly as on `MCPServer`.
-- What FastMCP reports below the guard is judged by `_fastmcp_results`: refusals before the body
-  release the claim; a tool's `timeout=` expiring is OUTCOME_UNKNOWN (-32012), as for the guard's
-  own `max_run_time`, never a stored "timed out"; body errors are stored as FastMCP renders them.
+- Where the guard protects nothing — a keyless call with no caller to bind a derived key to,
+  `keys="optional"`, a tool not chosen, task-capable or unknown, a read-only or `underived`
+  tool called without a key, `fail_open` with the store down — the call is `call_next` itself:
+  FastMCP's answer, errors, exception types, spans and logs are exactly what they are without
+  the middleware. Only a protected call gets the guard's span, a child of FastMCP's request
+  span (`tools/call <name>`), never a second SERVER span.
+- Only the tool's own outcome is stored: what FastMCP reports below the guard is judged by
+  `_fastmcp_results`. A failure before FastMCP entered the tool (another middleware, auth,
+  lookup, argument validation: `_fastmcp_body`) releases the claim and propagates as FastMCP
+  raised it; a tool's `timeout=` expiring is OUTCOME_UNKNOWN (-32012), as for the guard's own
+  `max_run_time`, never a stored "timed out"; body errors are stored as FastMCP renders them.
 - The guarded tool is the one FastMCP will run, found as `FastMCP.call_tool` finds it: by name
   under the version it was asked for (an exact version or a `gte`/`lt` range), else by an
-  app-callable tool's hashed name (`<hash>_<local_name>`); see `_tool`. A name neither finds is
-  refused with FastMCP's own not-found error before anything runs, never passed on unguarded.
+  app-callable tool's hashed name (`<hash>_<local_name>`); see `_tool`. Its version is part of
+  its identity: two versions never share a record.
+- Authorization is FastMCP's, in any order: each `AuthMiddleware` inside the guard is asked
+  before anything is claimed, so an unauthorized caller gets exactly its answer, and a hidden
+  tool is FastMCP's to report ("not found or not authorized"), never the guard's.
+- Derived keys merge blind re-sends, not decisions: read-only tools, tools named in
+  `underived` and FastMCP's own tools (`create_session`, `search_tools`, …) are never merged
+  without a client key.
 - One guard per tools/call in a process: a call already running under a guard (a tool calling
   another, a mounted server's own middleware) passes through, so a parent and a mounted child that
   both add the middleware keep one record, under the outermost.
@@ -46,10 +60,10 @@ from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from fastmcp.exceptions import NotFoundError
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import extract_version_spec
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.server.middleware.authorization import AuthMiddleware
 from fastmcp.server.middleware.caching import ResponseCachingMiddleware
 from fastmcp.server.providers.addressing import parse_hashed_backend_name, tool_identity
 from fastmcp.tools.base import Tool, ToolResult
@@ -61,6 +75,7 @@ from typing_extensions import Unpack
 
 from ._advertise import advertise_tool, declares_idempotent
 from ._caller import caller_of
+from ._fastmcp_body import install_body_watch, watching_body
 from ._fastmcp_results import error_result, judged, to_fastmcp, to_guard
 from ._guard import Guard, ToolCall
 from ._guard import ToolResult as GuardResult
@@ -122,11 +137,24 @@ def _requested_version(meta: Mapping[str, Any] | None) -> VersionSpec | None:
     )
 
 
+def _identity(name: str, tool: Tool) -> str:
+    """The tool as records know it: its name, and its version where it has one."""
+    return name if tool.version is None else f"{name}@{tool.version}"
+
+
+async def _authorized(context: MiddlewareContext[CallToolRequestParams]) -> ToolResult:
+    """The `call_next` an authorization check is asked with: it lets the caller through and
+    runs nothing."""
+    return ToolResult(content=[])
+
+
 class IdempotencyMiddleware(Middleware):
     """Guards FastMCP tool calls: at most one execution per (scope, tool, key), replays after.
 
     `tools` (names) and `tags` choose the guarded tools; with neither, every tool is guarded.
-    Options and defaults: see `Policy` (as for `idempotent` and `install`).
+    `underived` names tools whose keyless calls are never merged under a derived key (every
+    call meant to be new, as `create_session`); a client key still replays. Options and
+    defaults: see `Policy` (as for `idempotent` and `install`).
     """
 
     def __init__(
@@ -135,12 +163,15 @@ class IdempotencyMiddleware(Middleware):
         *,
         tools: Collection[str] | None = None,
         tags: Collection[str] | None = None,
+        underived: Collection[str] = (),
         **options: Unpack[PolicyOptions],
     ) -> None:
         self.guard = Guard(store, make_policy(options))
         self._tools = _names(tools, "tools")
         self._tags = _names(tags, "tags")
+        self._underived = _names(underived, "underived") or frozenset()
         self._told: set[str] = set()
+        install_body_watch()
 
     def guards(self, tool: Tool) -> bool:
         """Whether calls of `tool` run under the guard (and its listing says so)."""
@@ -159,6 +190,22 @@ class IdempotencyMiddleware(Middleware):
             return False
         return chosen
 
+    def derivable(self, tool: Tool) -> bool:
+        """Whether a keyless call of `tool` may be merged under a derived key.
+
+        Not for a read-only tool (a merged read is only a stale read), nor for one named in
+        `underived`, nor for FastMCP's own tools (session lifecycle, search and
+        resources/prompts-as-tools transforms: functions of the `fastmcp` package), whose every
+        call is meant to be new or is a read; and not when the policy turns derivation off.
+        """
+        if not self.guard.policy.derived or tool.name in self._underived:
+            return False
+        annotations = tool.annotations
+        if annotations is not None and annotations.read_only_hint is True:
+            return False
+        fn = getattr(tool, "fn", None)
+        return not str(getattr(fn, "__module__", "")).startswith("fastmcp.")
+
     async def on_list_tools(
         self,
         context: MiddlewareContext[ListToolsRequest],
@@ -171,7 +218,10 @@ class IdempotencyMiddleware(Middleware):
         request = None if ctx is None else _request(ctx)
         known = caller_of(request) is not None
         policy = self.guard.policy
-        return [advertise_tool(t, policy, known) if self.guards(t) else t for t in tools]
+        return [
+            advertise_tool(t, policy, known and self.derivable(t)) if self.guards(t) else t
+            for t in tools
+        ]
 
     async def on_call_tool(
         self,
@@ -182,9 +232,15 @@ class IdempotencyMiddleware(Middleware):
         if _guarding.get() or ctx is None:
             return await call_next(context)
         message = context.message
-        tool, guarded_as = await self._tool(ctx, message)
-        if not self.guards(tool):
+        found = await self._tool(ctx, message)
+        if found is None:
+            # Unknown, or hidden from this caller: FastMCP answers, untouched; should a tool be
+            # entered after all, the watch refuses it (`_fastmcp_body`).
+            with watching_body(unknown=message.name):
+                return await call_next(context)
+        if not self.guards(found[0]):
             return await call_next(context)
+        tool, guarded_as = found
         self._check_order(ctx)
         request = _request(ctx)
         call = ToolCall(
@@ -193,34 +249,58 @@ class IdempotencyMiddleware(Middleware):
             arguments=message.arguments,
             meta=None if request is None else request.meta,
             request=request,
+            derivable=self.derivable(tool),
         )
         effect_free = self.guard.policy.effect_free
 
         async def execute() -> GuardResult:
-            try:
-                result = await call_next(context)
-            except Exception as exc:
-                verdict = judged(exc, effect_free)
-                if verdict is exc:
-                    raise  # as FastMCP raised it: the guard stores it as FastMCP renders it
-                raise verdict from exc
+            with watching_body() as body:
+                try:
+                    result = await call_next(context)
+                except Exception as exc:
+                    verdict = judged(exc, effect_free, body_started=body.started)
+                    if verdict is exc:
+                        raise  # as FastMCP raised it: the guard stores it as FastMCP renders it
+                    raise verdict from exc
             return to_guard(result)
+
+        async def passthrough() -> ToolResult:
+            return await call_next(context)
 
         token = _guarding.set(True)
         try:
-            answer = await self.guard.call(
+            return await self.guard.call(
                 call,
                 execute,
                 error_result=functools.partial(error_result, message.name),
                 takeover=self.guard.policy.takeover_for(declares_idempotent(tool.annotations)),
+                passthrough=passthrough,
+                render=to_fastmcp,
+                admit=functools.partial(self._authorize, context),
             )
         finally:
             _guarding.reset(token)
-        return to_fastmcp(answer)
+
+    async def _authorize(self, context: MiddlewareContext[CallToolRequestParams]) -> None:
+        """FastMCP's authorization answer before anything is claimed, wherever it sits.
+
+        Each `AuthMiddleware` that runs inside this one is asked first, with a `call_next` that
+        runs nothing: a caller it refuses gets exactly its error (same type, same message, its
+        scope shortfall over the rest of the chain), and the guard neither claims, replays nor
+        tells whether a record exists. The chain then runs as usual, so the check repeats there.
+        """
+        ctx = context.fastmcp_context
+        assert ctx is not None
+        chain = ctx.fastmcp.middleware
+        inner = chain[chain.index(self) + 1 :] if self in chain else []
+        for middleware in inner:
+            if isinstance(middleware, AuthMiddleware):
+                await middleware.on_call_tool(context, _authorized)
 
     @staticmethod
-    async def _tool(ctx: Context, message: CallToolRequestParams) -> tuple[Tool, str]:
-        """The tool FastMCP will run for this call, and the name the guard keeps its records under.
+    async def _tool(ctx: Context, message: CallToolRequestParams) -> tuple[Tool, str] | None:
+        """The tool FastMCP will run for this call and the identity the guard keeps its records
+        under; None when FastMCP finds no tool for this caller.
 
         Found exactly as `FastMCP.call_tool` finds it, with FastMCP's own functions on the same
         server: `get_tool(name, version)`, then for a `<hash>_<local_name>` name
@@ -228,15 +308,16 @@ class IdempotencyMiddleware(Middleware):
         version is the one `call_tool` was given, read back from the `_meta` it puts on this
         message (`_version_request_meta`): an exact version as a string, a range as a dict.
 
-        Nothing found: FastMCP would raise `NotFoundError` from those same lookups and run
-        nothing, but only if nothing changes in between. A middleware inside this one may rename
-        the call or answer it itself, and a tool may be registered or enabled concurrently, so
-        "not found here" does not prove "nothing will run". The call is therefore refused here
-        with FastMCP's own `NotFoundError` (on the wire: FastMCP's "Unknown tool" result,
-        byte-identical), never passed on unguarded, whatever `tools` and `tags` choose (a tool
-        not found has no name or tags to judge).
+        Nothing found (no such tool, disabled, or hidden from this caller by component auth):
+        the call is FastMCP's to answer, with its own error and span, exactly as without the
+        guard; nothing is claimed, so the guard tells no one whether a hidden tool exists. Not
+        found here does not prove nothing will run (a middleware inside this one may rename the
+        call, a tool may be registered in between): should FastMCP enter a tool for this call
+        after all, it is refused with FastMCP's not-found error, never run unguarded.
 
-        The records' name: a call by name keeps its records under that name, as always. The
+        The records' identity: a call by name keeps its records under that name, as always, with
+        the version FastMCP will run appended (`name@version`) for a versioned tool: two
+        versions are two tools and never share a record, whichever key is sent. The
         hashed name is a second address of the same tool, so it shares the display name's records
         (one key, one execution, whichever address a retry uses) when that display name
         addresses the same tool here, i.e. resolves to a tool with the same identity hash.
@@ -247,18 +328,15 @@ class IdempotencyMiddleware(Middleware):
         name = message.name
         tool = await server.get_tool(name, _requested_version(message.meta))
         if tool is not None:
-            return tool, name
+            return tool, _identity(name, tool)
         hashed = parse_hashed_backend_name(name)
         if hashed is not None:
             tool = await server.get_tool_by_hash(*hashed)
         if tool is None:
-            raise NotFoundError(
-                f"Unknown tool: {name!r} (the idempotency guard found no tool FastMCP would run"
-                " under this name; nothing was run)"
-            )
+            return None
         listed = await server.get_tool(tool.name)
         same = listed is not None and tool_identity(listed) == tool_identity(tool)
-        return tool, tool.name if same else name
+        return tool, _identity(tool.name if same else name, tool)
 
     def _check_order(self, ctx: Context) -> None:
         chain = ctx.fastmcp.middleware

@@ -108,11 +108,24 @@ async def test_input_required_rounds_are_never_stored() -> None:
     def never(exc: Exception) -> CallToolResult:
         raise AssertionError(exc)
 
-    first = await guard.call(call, execute, error_result=never, takeover=False)
+    async def unprotected() -> Any:
+        raise AssertionError("a keyed call was passed through")
+
+    def guarded() -> Any:
+        return guard.call(
+            call,
+            execute,
+            error_result=never,
+            takeover=False,
+            passthrough=unprotected,
+            render=lambda answer: answer,
+        )
+
+    first = await guarded()
     assert first is question
     assert await store.list_records() == []
-    second = await guard.call(call, execute, error_result=never, takeover=False)
-    third = await guard.call(call, execute, error_result=never, takeover=False)
+    second = await guarded()
+    third = await guarded()
     assert calls == 2
     assert isinstance(second, CallToolResult) and isinstance(third, CallToolResult)
     assert marker(second)["status"] == "executed"
