@@ -66,6 +66,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.server.middleware.authorization import AuthMiddleware
 from fastmcp.server.middleware.caching import ResponseCachingMiddleware
 from fastmcp.server.providers.addressing import parse_hashed_backend_name, tool_identity
+from fastmcp.server.telemetry import server_span
 from fastmcp.tools.base import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
 from mcp import MCPError
@@ -146,6 +147,17 @@ async def _authorized(context: MiddlewareContext[CallToolRequestParams]) -> Tool
     """The `call_next` an authorization check is asked with: it lets the caller through and
     runs nothing."""
     return ToolResult(content=[])
+
+
+def _label_request_span(ctx: Context, tool: Tool, name: str) -> None:
+    """Label FastMCP's request span as FastMCP's tool path labels it, for a call the guard
+    answered itself (a replay, or one of its own errors): FastMCP's tool path never ran, so
+    without this its SERVER span would stay a bare `tools/call`. `server_span` enriches the
+    request's span where it is current and opens nothing; nothing is raised inside it."""
+    with server_span(
+        f"tools/call {name}", "tools/call", ctx.fastmcp.name, "tool", name, tool_name=name
+    ) as span:
+        span.set_attributes(tool.get_span_attributes())
 
 
 class IdempotencyMiddleware(Middleware):
@@ -252,8 +264,10 @@ class IdempotencyMiddleware(Middleware):
             derivable=self.derivable(tool),
         )
         effect_free = self.guard.policy.effect_free
+        handed_on: list[bool] = []  # set once the call goes below the guard
 
         async def execute() -> GuardResult:
+            handed_on.append(True)
             with watching_body() as body:
                 try:
                     result = await call_next(context)
@@ -265,6 +279,7 @@ class IdempotencyMiddleware(Middleware):
             return to_guard(result)
 
         async def passthrough() -> ToolResult:
+            handed_on.append(True)
             return await call_next(context)
 
         token = _guarding.set(True)
@@ -280,6 +295,8 @@ class IdempotencyMiddleware(Middleware):
             )
         finally:
             _guarding.reset(token)
+            if not handed_on:
+                _label_request_span(ctx, tool, message.name)
 
     async def _authorize(self, context: MiddlewareContext[CallToolRequestParams]) -> None:
         """FastMCP's authorization answer before anything is claimed, wherever it sits.
