@@ -26,6 +26,15 @@ def declares_idempotent(annotations: ToolAnnotations | None) -> bool:
     return annotations.idempotent_hint is True or annotations.read_only_hint is True
 
 
+def derivable(policy: Policy, annotations: ToolAnnotations | None, opted_out: bool) -> bool:
+    """Whether a keyless call of a tool may be merged under a derived key: not when the policy
+    turns derivation off or the tool was opted out (every call meant to be new), and never for
+    a read-only tool (merging a read only makes it stale). A client key replays regardless."""
+    if not policy.derived or opted_out:
+        return False
+    return not (annotations is not None and annotations.read_only_hint is True)
+
+
 def advertise_annotations(
     annotations: ToolAnnotations | None, policy: Policy, caller_known: bool
 ) -> ToolAnnotations | None:

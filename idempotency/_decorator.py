@@ -30,7 +30,6 @@ from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 import anyio.to_thread
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
 from mcp.shared._callable_inspection import is_async_callable
 from typing_extensions import Unpack
@@ -91,14 +90,6 @@ def _free_name(fn: Callable[..., Any]) -> str:
     return name
 
 
-def _derivable(tool: Tool, guard: Guard, underived: Collection[str]) -> bool:
-    """Whether a keyless call of `tool` may be merged under a derived key: not when the policy
-    or `underived` (install's) opts it out, nor for a read-only tool."""
-    if not guard.policy.derived or tool.name in underived:
-        return False
-    return not (tool.annotations is not None and tool.annotations.read_only_hint is True)
-
-
 def _same(answer: Any) -> Any:
     return answer
 
@@ -114,7 +105,9 @@ def wrap_tool_function(
     hidden = context_param is None
     ctx_name = _free_name(fn) if context_param is None else context_param
     fn_is_async = is_async_callable(fn)
-    stamp = ToolStamp(guard=guard, context_param=ctx_name, hidden=hidden)
+    stamp = ToolStamp(
+        guard=guard, context_param=ctx_name, hidden=hidden, underived=frozenset(underived)
+    )
 
     async def call_original(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if fn_is_async:
@@ -143,7 +136,7 @@ def wrap_tool_function(
             arguments=arguments_of(ctx),
             meta=request.meta,
             request=request,
-            derivable=_derivable(tool, guard, underived),
+            derivable=stamp.derivable(tool),
         )
         convert = tool.fn_metadata.convert_result
 

@@ -44,13 +44,14 @@ class ListingMiddleware:
             if tool is None or stamp is None:
                 continue
             policy = stamp.guard.policy
-            annotations = advertise_annotations(tool.annotations, policy, True)
+            merged = stamp.derivable(tool)  # else keyless calls run as for an unknown caller
+            annotations = advertise_annotations(tool.annotations, policy, merged)
             if annotations is not None:
                 entry["annotations"] = annotations.model_dump(
                     by_alias=True, mode="json", exclude_none=True
                 )
             entry["_meta"] = {
                 **(entry.get("_meta") or {}),
-                wire.IDEMPOTENCY_META: policy.advertised(True),
+                wire.IDEMPOTENCY_META: policy.advertised(merged),
             }
         return result

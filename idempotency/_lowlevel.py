@@ -24,7 +24,7 @@ from mcp_types import (
 )
 from typing_extensions import Unpack
 
-from ._advertise import advertise_tool
+from ._advertise import advertise_tool, derivable
 from ._caller import caller_of
 from ._guard import Guard, ToolCall, ToolResult
 from ._policy import PolicyOptions, make_policy
@@ -106,7 +106,7 @@ class GuardedCallTool:
     def derivable(self, tool: str) -> bool:
         """Whether a keyless call of `tool` may be merged under a derived key. The handler's
         annotations are not known to the guard: name read-only tools in `underived`."""
-        return self.guard.policy.derived and tool not in self._underived
+        return derivable(self.guard.policy, None, tool in self._underived)
 
     def advertise(self, handler: ListToolsHandler) -> ListToolsHandler:
         """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta,

@@ -45,7 +45,7 @@ from mcp.server.mcpserver.exceptions import (
 from mcp.server.mcpserver.tools import Tool, ToolManager
 from mcp_types import CallToolResult, TextContent
 
-from ._advertise import advertise_annotations, advertise_meta, declares_idempotent
+from ._advertise import advertise_annotations, advertise_meta, declares_idempotent, derivable
 from ._telemetry import crash_report, logger
 
 if TYPE_CHECKING:
@@ -69,6 +69,12 @@ class ToolStamp:
     hidden: bool
     #: Per registered tool name: did the author declare the tool idempotent by itself?
     declared: dict[str, bool] = field(default_factory=dict)
+    #: Tool names never merged under a derived key (`install(underived=...)`).
+    underived: frozenset[str] = frozenset()
+
+    def derivable(self, tool: Tool) -> bool:
+        """Whether a keyless call of `tool` may be merged under a derived key."""
+        return derivable(self.guard.policy, tool.annotations, tool.name in self.underived)
 
 
 def stamp_of(fn: object) -> ToolStamp | None:

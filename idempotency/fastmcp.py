@@ -74,7 +74,7 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import INTERNAL_ERROR, CallToolRequestParams, ListToolsRequest
 from typing_extensions import Unpack
 
-from ._advertise import advertise_tool, declares_idempotent
+from ._advertise import advertise_tool, declares_idempotent, derivable
 from ._caller import caller_of
 from ._fastmcp_body import install_body_watch, watching_body
 from ._fastmcp_results import error_result, judged, to_fastmcp, to_guard
@@ -210,13 +210,10 @@ class IdempotencyMiddleware(Middleware):
         resources/prompts-as-tools transforms: functions of the `fastmcp` package), whose every
         call is meant to be new or is a read; and not when the policy turns derivation off.
         """
-        if not self.guard.policy.derived or tool.name in self._underived:
-            return False
-        annotations = tool.annotations
-        if annotations is not None and annotations.read_only_hint is True:
-            return False
         fn = getattr(tool, "fn", None)
-        return not str(getattr(fn, "__module__", "")).startswith("fastmcp.")
+        builtin = str(getattr(fn, "__module__", "")).startswith("fastmcp.")
+        opted_out = builtin or tool.name in self._underived
+        return derivable(self.guard.policy, tool.annotations, opted_out)
 
     async def on_list_tools(
         self,

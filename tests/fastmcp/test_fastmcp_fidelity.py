@@ -10,9 +10,8 @@ spans and FastMCP's log lines are compared field by field.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -25,6 +24,7 @@ from fastmcp.server.middleware.authorization import AuthMiddleware
 from fastmcp.server.sessions import SessionProvider
 from fastmcp.tools.base import ToolResult
 from fastmcp_kit import promise, serving
+from log_lines import logged
 from mcp import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, ToolAnnotations
 from opentelemetry.sdk.trace import ReadableSpan
@@ -80,38 +80,6 @@ def shop(guard: Middleware | None, effects: Effects, *inner: Middleware) -> Fast
         return f"looked at {order} (read {effects.count})"
 
     return mcp
-
-
-class Logged(logging.Handler):
-    """FastMCP's and the guard's log lines, with their tracebacks (FastMCP's logger does not
-    propagate to the root)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[tuple[str, int, str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        trace = logging.Formatter().formatException(record.exc_info) if record.exc_info else ""
-        self.lines.append((record.name, record.levelno, record.getMessage(), trace))
-
-    def of(self, prefix: str) -> list[tuple[str, int, str, str]]:
-        return [line for line in self.lines if line[0].startswith(prefix)]
-
-
-@contextmanager
-def logged() -> Iterator[Logged]:
-    handler = Logged()
-    loggers = [logging.getLogger("fastmcp"), logging.getLogger("idempotency")]
-    levels = [one.level for one in loggers]
-    for one in loggers:
-        one.addHandler(handler)
-        one.setLevel(logging.DEBUG)
-    try:
-        yield handler
-    finally:
-        for one, level in zip(loggers, levels, strict=True):
-            one.removeHandler(handler)
-            one.setLevel(level)
 
 
 async def wire_outcome(client: Client[Any], name: str, args: dict[str, Any], key: Any) -> Any:
@@ -195,7 +163,7 @@ async def test_a_call_the_guard_passes_through_is_fastmcps_own(path: str, transp
         async with caller(server, transport) as call:
             for kind, (name, args) in CALLS.items():
                 spans.clear()
-                with logged() as lines:
+                with logged("fastmcp", "idempotency") as lines:
                     outcome = await call(name, args, key)
                 recorded = spans.get_finished_spans()
                 seen.setdefault(kind, {})[str(guarded)] = {

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +48,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 FASTMCP_VERSION = "4.1.6"
 PIN = f"fastmcp=={FASTMCP_VERSION}"
@@ -114,6 +117,7 @@ class Result:
     outcome: str  # passed, failed, error, skipped, xfailed
     message: str  # first line of the failure, error or skip message
     phase: str = ""
+    detail: str = ""  # for a failure: where in tests/ it failed, and a better line if any
 
 
 @dataclasses.dataclass
@@ -328,22 +332,57 @@ def nodeid_of(case: ET.Element) -> tuple[str, str]:
     return "::".join(parts), file
 
 
-def outcome_of(case: ET.Element) -> tuple[str, str]:
+#: A message's first line that says little: the next exception line or the test's line helps.
+_BARE = re.compile(
+    r"^([\w.]+(Error|Exception|Exit)|Traceback \(most recent call last\):|Failed: .*)$"
+)
+_EXCEPTION_LINE = re.compile(r"^\s*[\w.]+(Error|Exception|Warning)\b.*\S")
+_TEST_FRAME = re.compile(r"^(tests/[^\s:]+\.py):(\d+): ?(.*)$")
+
+
+def where_in_tests(text: str) -> str:
+    """The deepest frame of the traceback in FastMCP's tests: `tests/x.py:12` and its line."""
+    lines = text.splitlines()
+    found = ""
+    for index, line in enumerate(lines):
+        match = _TEST_FRAME.match(line)
+        if not match:
+            continue
+        statement = ""
+        for back in range(index - 1, max(index - 40, -1), -1):
+            if lines[back].startswith(">"):
+                statement = lines[back][1:].strip()
+                break
+        found = f"{match[1]}:{match[2]}" + (f" `{statement}`" if statement else "")
+    return found
+
+
+def outcome_of(case: ET.Element) -> tuple[str, str, str]:
+    """(outcome, first line of its message, detail) of one testcase."""
     failure = case.find("failure")
     error = case.find("error")
     skipped = case.find("skipped")
     for element, outcome in ((failure, "failed"), (error, "error")):
         if element is not None:
-            message = first_line(element.get("message"))
+            raw = element.get("message") or ""
+            body = element.text or ""
+            message = first_line(raw)
             if not message:
-                body = element.text or ""
                 e_lines = [x[1:].strip() for x in body.splitlines() if x.startswith("E ")]
                 message = e_lines[0] if e_lines else first_line(body)
-            return outcome, message
+            details = []
+            if _BARE.match(message):
+                better = [x.strip() for x in raw.splitlines()[1:] if _EXCEPTION_LINE.match(x)]
+                if better:
+                    details.append(better[0][:300] + (" …" if len(better[0]) > 300 else ""))
+            where = where_in_tests(body)
+            if where:
+                details.append(f"at {where}")
+            return outcome, message, "; ".join(details)
     if skipped is not None:
         kind = "xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"
-        return kind, first_line(skipped.get("message"))
-    return "passed", ""
+        return kind, first_line(skipped.get("message")), ""
+    return "passed", "", ""
 
 
 def parse_junit(path: Path, phase: str) -> dict[str, Result]:
@@ -352,8 +391,8 @@ def parse_junit(path: Path, phase: str) -> dict[str, Result]:
         return results
     for case in ET.parse(path).getroot().iter("testcase"):
         nodeid, file = nodeid_of(case)
-        outcome, message = outcome_of(case)
-        results[nodeid] = Result(nodeid, file, outcome, message, phase)
+        outcome, message, detail = outcome_of(case)
+        results[nodeid] = Result(nodeid, file, outcome, message, phase, detail)
     return results
 
 
@@ -369,19 +408,27 @@ def merge(parts: Iterable[dict[str, Result]]) -> dict[str, Result]:
 
 @dataclasses.dataclass
 class Rerun:
-    unguarded: dict[str, Result]
-    guarded: dict[str, Result]
+    """The regressions run again alone, some rounds of each mode."""
+
+    unguarded: list[dict[str, Result]]
+    guarded: list[dict[str, Result]]
 
     def verdict(self, nodeid: str) -> str:
-        before = self.unguarded.get(nodeid)
-        after = self.guarded.get(nodeid)
-        if before is None or after is None:
+        before = [r[nodeid] for r in self.unguarded if nodeid in r]
+        after = [r[nodeid] for r in self.guarded if nodeid in r]
+        if not before or not after:
             return "not rerun"
-        if before.outcome == "passed" and after.outcome in FAILED:
-            return "confirmed"
-        if before.outcome != "passed":
-            return f"rerun unguarded {before.outcome}: {before.message}"
-        return f"not reproduced alone (rerun guarded {after.outcome})"
+        passed = sum(1 for r in before if r.outcome == "passed")
+        failed = sum(1 for r in after if r.outcome in FAILED)
+        if passed == len(before) and failed == len(after):
+            return f"confirmed: failed {failed}/{len(after)} guarded reruns"
+        note = (
+            f"guarded reruns failed {failed}/{len(after)}, unguarded passed {passed}/{len(before)}"
+        )
+        odd = [r for r in before if r.outcome != "passed"]
+        if odd:
+            note += f" (unguarded rerun: {odd[0].outcome}: {odd[0].message})"
+        return note
 
 
 def regressions(unguarded: ModeRun, guarded: ModeRun) -> list[Result]:
@@ -395,17 +442,32 @@ def regressions(unguarded: ModeRun, guarded: ModeRun) -> list[Result]:
 
 
 def rerun(
-    found: Sequence[Result], all_phases: Sequence[Phase], source: Path, work: Path, workers: int
+    found: Sequence[Result],
+    all_phases: Sequence[Phase],
+    source: Path,
+    work: Path,
+    workers: int,
+    rounds: int,
 ) -> Rerun:
-    """Run the regressions again, alone, in both modes, each with its phase's settings."""
+    """Run the regressions again, alone, `rounds` times in each mode, as in their phase."""
     by_phase: dict[str, list[str]] = defaultdict(list)
     for result in found:
         by_phase[result.phase].append(result.nodeid)
-    runs = {
-        mode: run_mode(mode, all_phases, source, work, workers, "rerun-", by_phase)
-        for mode in MODES
-    }
-    return Rerun(runs["unguarded"].results, runs["guarded"].results)
+    results: dict[str, list[dict[str, Result]]] = {mode: [] for mode in MODES}
+    for n in range(1, rounds + 1):
+        for mode in MODES:
+            run = run_mode(mode, all_phases, source, work, workers, f"rerun{n}-", by_phase)
+            results[mode].append(run.results)
+    return Rerun(results["unguarded"], results["guarded"])
+
+
+def code_digest() -> str:
+    """A digest of mcp-once's working tree (idempotency/), to see whether it moved mid-run."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "idempotency").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def totals(run: ModeRun) -> Counter[str]:
@@ -451,8 +513,9 @@ def listing(results: Sequence[Result], verdicts: Rerun | None = None) -> list[st
     for file, items in grouped(results).items():
         lines += ["", f"### {file} ({len(items)})", ""]
         for r in items:
+            detail = f" ({r.detail})" if r.detail else ""
             note = f" — _{verdicts.verdict(r.nodeid)}_" if verdicts is not None else ""
-            lines.append(f"- `{r.nodeid}` [{r.outcome}]: {md_code(r.message)}{note}")
+            lines.append(f"- `{r.nodeid}` [{r.outcome}]: {md_code(r.message)}{detail}{note}")
     return lines
 
 
@@ -463,16 +526,20 @@ def report(
     source_note: str,
     work: Path,
     argv: Sequence[str],
+    info: dict[str, Any],
 ) -> str:
     unguarded, guarded = runs["unguarded"], runs["guarded"]
-    dirty = git("status", "--porcelain", "--", "idempotency")
+    code: dict[str, str] = info.get("code", {})
+    moved = len(set(code.values())) > 1
     lines = [
         f"# FastMCP {FASTMCP_VERSION}'s test suite, without and with mcp-once's middleware",
         "",
         f"- Date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- mcp-once: {git('rev-parse', '--short', 'HEAD')}"
-        + (" with uncommitted changes under idempotency/" if dirty else "")
-        + f" (editable, {REPO})",
+        f"- mcp-once: the working tree at {REPO} (editable), HEAD {info.get('commit', '?')}; "
+        f"its uncommitted changes to idempotency/ when each run started are in "
+        f"{work}/idempotency-<run>.diff. Digest of idempotency/: "
+        + ", ".join(f"{k} {v}" for k, v in code.items())
+        + (" — **the code changed during the runs**" if moved else " (unchanged throughout)"),
         f"- fastmcp {installed('fastmcp')}, fastmcp-slim {installed('fastmcp-slim')}, "
         f"mcp {installed('mcp')}, pytest {installed('pytest')}, "
         f"Python {sys.version.split()[0]}",
@@ -504,12 +571,15 @@ def report(
         f"## Passed unguarded, failed guarded: {len(found)} tests in {len(grouped(found))} files",
     ]
     if verdicts is not None:
-        confirmed = sum(1 for r in found if verdicts.verdict(r.nodeid) == "confirmed")
+        confirmed = sum(1 for r in found if verdicts.verdict(r.nodeid).startswith("confirmed"))
         lines += [
             "",
-            f"Each was run again alone in both modes: {confirmed} confirmed (pass unguarded, "
-            "fail guarded again); any other note says what the rerun found. The message is "
-            "the first line of the failure in the full guarded run.",
+            f"Each was run again alone, {len(verdicts.guarded)} times in each mode: "
+            f"{confirmed} confirmed (passed every unguarded rerun, failed every guarded one); "
+            "the others' notes say what the reruns found. Each line: the test id, the first "
+            "line of its failure in the full guarded run, then (in parentheses) a more telling "
+            "exception line where the first says little, and the deepest line of FastMCP's "
+            "tests in the traceback.",
         ]
     lines += listing(found, verdicts)
 
@@ -576,7 +646,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--reuse", action="store_true", help="no runs: report from the junit files in --work"
     )
-    parser.add_argument("--no-rerun", action="store_true", help="do not rerun the regressions")
+    parser.add_argument(
+        "--rerun-rounds",
+        type=int,
+        default=3,
+        help="run the regressions again alone this many times in each mode (0: not at all)",
+    )
     parser.add_argument(
         "--only",
         action="append",
@@ -595,10 +670,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:
         all_phases = tuple(dataclasses.replace(p, paths=tuple(args.only)) for p in all_phases)
 
-    summary = work / "times.json"
+    summary = work / "run.json"
     runs: dict[str, ModeRun] = {}
     if args.reuse:
-        times: dict[str, float] = json.loads(summary.read_text()) if summary.is_file() else {}
+        info: dict[str, Any] = json.loads(summary.read_text()) if summary.is_file() else {}
+        times: dict[str, float] = info.get("times", {})
         for mode in MODES:
             parsed = [
                 PhaseRun(
@@ -613,25 +689,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = merge(parse_junit(r.junit, r.phase.name) for r in parsed)
             runs[mode] = ModeRun(mode, parsed, results)
     else:
+        info = {"commit": git("rev-parse", "--short", "HEAD"), "code": {}}
         for mode in MODES:
+            info["code"][f"{mode} start"] = code_digest()
+            diff = git("diff", "HEAD", "--", "idempotency")
+            (work / f"idempotency-{mode}.diff").write_text(diff + "\n", encoding="utf-8")
             runs[mode] = run_mode(mode, all_phases, source, work, args.workers)
-        times = {f"{m}-{p.phase.name}": p.seconds for m, r in runs.items() for p in r.phases}
-        summary.write_text(json.dumps(times, indent=1), encoding="utf-8")
+            info["code"][f"{mode} end"] = code_digest()
+        info["times"] = {
+            f"{m}-{p.phase.name}": p.seconds for m, r in runs.items() for p in r.phases
+        }
+        summary.write_text(json.dumps(info, indent=1), encoding="utf-8")
 
     found = regressions(runs["unguarded"], runs["guarded"])
     verdicts = None
     if found and args.reuse:
+        rounds = sorted(
+            {
+                int(m[1])
+                for f in work.glob("junit-rerun*-*.xml")
+                if (m := re.match(r"junit-rerun(\d+)-", f.name))
+            }
+        )
         reruns = {
-            mode: merge(
-                parse_junit(work / f"junit-rerun-{mode}-{p.name}.xml", p.name) for p in all_phases
-            )
+            mode: [
+                merge(
+                    parse_junit(work / f"junit-rerun{n}-{mode}-{p.name}.xml", p.name)
+                    for p in all_phases
+                )
+                for n in rounds
+            ]
             for mode in MODES
         }
-        if reruns["guarded"]:
+        if rounds:
             verdicts = Rerun(reruns["unguarded"], reruns["guarded"])
-    elif found and not args.no_rerun:
-        verdicts = rerun(found, all_phases, source, work, args.workers)
-    text = report(runs, found, verdicts, source_note, work, args_list)
+    elif found and args.rerun_rounds > 0:
+        verdicts = rerun(found, all_phases, source, work, args.workers, args.rerun_rounds)
+    text = report(runs, found, verdicts, source_note, work, args_list, info)
     args.report.write_text(text, encoding="utf-8")
     print(text)
     print(f"\nreport: {args.report}")
