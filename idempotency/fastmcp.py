@@ -261,7 +261,12 @@ class IdempotencyMiddleware(Middleware):
             derivable=self.derivable(tool),
         )
         effect_free = self.guard.policy.effect_free
+        admitted: list[bool] = []  # set once FastMCP's authorization let the call through
         handed_on: list[bool] = []  # set once the call goes below the guard
+
+        async def admit() -> None:
+            await self._authorize(context)
+            admitted.append(True)
 
         async def execute() -> GuardResult:
             handed_on.append(True)
@@ -288,11 +293,11 @@ class IdempotencyMiddleware(Middleware):
                 takeover=self.guard.policy.takeover_for(declares_idempotent(tool.annotations)),
                 passthrough=passthrough,
                 render=to_fastmcp,
-                admit=functools.partial(self._authorize, context),
+                admit=admit,
             )
         finally:
             _guarding.reset(token)
-            if not handed_on:
+            if admitted and not handed_on:  # the guard answered: a replay, or its own error
                 _label_request_span(ctx, tool, message.name)
 
     async def _authorize(self, context: MiddlewareContext[CallToolRequestParams]) -> None:
@@ -327,7 +332,7 @@ class IdempotencyMiddleware(Middleware):
         guard; nothing is claimed, so the guard tells no one whether a hidden tool exists. Not
         found here does not prove nothing will run (a middleware inside this one may rename the
         call, a tool may be registered in between): should FastMCP enter a tool for this call
-        after all, it is refused with FastMCP's not-found error, never run unguarded.
+        after all, it is refused with FastMCP's not-found text, never run unguarded.
 
         The records' identity: a call by name keeps its records under that name, as always, with
         the version FastMCP will run appended (`name@version`) for a versioned tool: two

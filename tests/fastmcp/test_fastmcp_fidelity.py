@@ -431,25 +431,33 @@ async def test_an_unauthorized_caller_gets_fastmcps_answer_in_any_order(
     caller whose grant was revoked gets the authorization error, never a replay of the record
     its earlier, authorized call left."""
     seen: dict[str, list[Any]] = {}
+    traced: dict[str, list[list[Shape]]] = {}
+    spans = recorder()
     for setup in (order, "none"):
         effects, permission = Effects(), Permission()
         server = guarded_shop(setup, permission, effects)
+        answers: list[Any] = []
+        traced[setup] = []
+        steps = [  # (tool, key, grant revoked)
+            ("secret", meta("s"), False),
+            ("secret", None, False),
+            ("wipe", meta("w"), False),
+            ("wipe", meta("w"), True),
+            ("wipe", None, True),
+        ]
         async with caller(server, transport) as call:
-            answers = [
-                await call("secret", {"order": "o"}, meta("s")),
-                await call("secret", {"order": "o"}, None),
-                await call("wipe", {"order": "o"}, meta("w")),
-            ]
-            permission.admin = False
-            answers += [
-                await call("wipe", {"order": "o"}, meta("w")),
-                await call("wipe", {"order": "o"}, None),
-            ]
+            for name, key, revoked in steps:
+                permission.admin = not revoked
+                spans.clear()
+                answers.append(await call(name, {"order": "o"}, key))
+                traced[setup].append(shapes(spans.get_finished_spans()))
         seen[setup] = [*answers, effects.count]
-    assert seen[order][:2] == seen["none"][:2]
+    refused = [0, 1, 3, 4]
+    for i in refused:  # answers and spans exactly FastMCP's, the guard's span absent
+        assert seen[order][i] == seen["none"][i], i
+        assert traced[order][i] == traced["none"][i], i
     for answer in seen[order][:2]:
         assert "not found or not authorized" in str(answer)
-    assert seen[order][3:] == seen["none"][3:]
     assert "insufficient permissions" in str(seen[order][3])
     assert seen[order][-1] == 1  # the authorized wipe ran once; nothing else ran
 
