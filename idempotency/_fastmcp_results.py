@@ -102,6 +102,10 @@ def judged(
         return NothingDone(exc)
     if isinstance(exc, ValidationError) and isinstance(exc.__cause__, PydanticValidationError):
         return NothingDone(exc)  # the arguments failed validation: the body never started
+    if isinstance(exc, PydanticValidationError):
+        # A tool class validating its own arguments (FastMCP keeps this path "for backward
+        # compatibility", logs it as invalid arguments and answers -32602): a refusal.
+        return NothingDone(exc)
     if isinstance(exc, ToolError):
         if _timed_out(exc):
             return Interrupted("it ran longer than the timeout FastMCP enforces for this tool")

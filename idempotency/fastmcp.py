@@ -56,6 +56,7 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -63,8 +64,6 @@ from typing import Any
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import extract_version_spec
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
-from fastmcp.server.middleware.authorization import AuthMiddleware
-from fastmcp.server.middleware.caching import ResponseCachingMiddleware
 from fastmcp.server.providers.addressing import parse_hashed_backend_name, tool_identity
 from fastmcp.server.telemetry import server_span
 from fastmcp.tools.base import Tool, ToolResult
@@ -85,6 +84,9 @@ from ._store import KeyStore
 from ._telemetry import logger
 
 __all__ = ["IdempotencyMiddleware"]
+
+_AUTHORIZATION = "fastmcp.server.middleware.authorization"
+_CACHING = "fastmcp.server.middleware.caching"
 
 #: True while a tools/call runs under a guard in this task: inner dispatches pass through.
 _guarding: ContextVar[bool] = ContextVar("mcp_once_fastmcp_guarding", default=False)
@@ -136,6 +138,19 @@ def _requested_version(meta: Mapping[str, Any] | None) -> VersionSpec | None:
         f"The idempotency guard cannot tell which version of the tool FastMCP will run from"
         f" _meta.fastmcp.version = {wanted!r}; nothing was run.",
     )
+
+
+def _instance_of(middleware: Middleware, module: str, name: str) -> bool:
+    """Whether `middleware` is an instance of FastMCP's `module.name`, without importing it.
+
+    The caching and authorization middleware modules load optional dependencies (the caching
+    one, `py-key-value`) that a server not using them never loads; importing them here would
+    make every guarded server load them. A class whose module was never imported has no
+    instances, so the check needs only what is already in `sys.modules`.
+    """
+    loaded = sys.modules.get(module)
+    cls = getattr(loaded, name, None) if loaded is not None else None
+    return isinstance(cls, type) and isinstance(middleware, cls)
 
 
 def _identity(name: str, tool: Tool) -> str:
@@ -313,7 +328,7 @@ class IdempotencyMiddleware(Middleware):
         chain = ctx.fastmcp.middleware
         inner = chain[chain.index(self) + 1 :] if self in chain else []
         for middleware in inner:
-            if isinstance(middleware, AuthMiddleware):
+            if _instance_of(middleware, _AUTHORIZATION, "AuthMiddleware"):
                 await middleware.on_call_tool(context, _authorized)
 
     @staticmethod
@@ -360,7 +375,7 @@ class IdempotencyMiddleware(Middleware):
     def _check_order(self, ctx: Context) -> None:
         chain = ctx.fastmcp.middleware
         outer = chain[: chain.index(self)] if self in chain else []
-        if any(isinstance(m, ResponseCachingMiddleware) for m in outer):
+        if any(_instance_of(m, _CACHING, "ResponseCachingMiddleware") for m in outer):
             raise MCPError(
                 INTERNAL_ERROR,
                 "Server misconfiguration: ResponseCachingMiddleware runs before"

@@ -10,9 +10,12 @@ spans and FastMCP's log lines are compared field by field.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import pytest
@@ -22,13 +25,14 @@ from fastmcp.server.auth import AuthContext
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.server.middleware.authorization import AuthMiddleware
 from fastmcp.server.sessions import SessionProvider
-from fastmcp.tools.base import ToolResult
+from fastmcp.tools.base import Tool, ToolResult
 from fastmcp_kit import promise, serving
 from log_lines import logged
 from mcp import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, ToolAnnotations
 from opentelemetry.sdk.trace import ReadableSpan
 from otel_spans import Shape, recorder, shapes
+from pydantic import BaseModel
 from server_kit import DownStore, Effects, marker, meta
 
 from idempotency import MemoryKeyStore, wire
@@ -542,3 +546,69 @@ async def test_fastmcps_own_create_session_gives_a_new_session_each_keyless_call
         ]
     assert keyless[0] != keyless[1]
     assert keyed[0] == keyed[1]
+
+
+# -- Found by FastMCP's own test suite run with the middleware on every server ------------------
+
+
+class Payload(BaseModel):
+    token: int
+
+
+class SelfValidating(Tool):
+    """A tool class that validates its own arguments (FastMCP answers its pydantic error as
+    invalid params, -32602)."""
+
+    runs: ClassVar[list[int]] = []
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        Payload.model_validate(arguments)
+        self.runs.append(1)
+        return ToolResult(content="ok")
+
+
+@pytest.mark.parametrize("transport", ["memory", "http"])
+async def test_a_tool_refusing_its_own_arguments_is_answered_as_fastmcp_does(
+    transport: str,
+) -> None:
+    seen: dict[bool, list[Any]] = {}
+    store = MemoryKeyStore()
+    for guarded in (False, True):
+        server: FastMCP[Any] = FastMCP("shop")
+        if guarded:
+            server.add_middleware(IdempotencyMiddleware(store))
+        server.add_tool(SelfValidating(name="submit", parameters={"type": "object"}))
+        async with caller(server, transport) as call:
+            seen[guarded] = [await call("submit", {"token": "x"}, k) for k in (meta("v"), None)]
+    assert seen[True] == seen[False]
+    assert seen[True][0][:2] == ("error", -32602)
+    assert await store.list_records() == []  # refused: released, nothing kept
+
+
+def test_the_middleware_loads_no_optional_fastmcp_module() -> None:
+    """A guarded server's default HTTP app loads nothing FastMCP keeps opt-in (FastMCP's own
+    start-up import test, with the middleware added): the order check against the response
+    cache does not import the cache (and with it `py-key-value`)."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from fastmcp import FastMCP
+        from idempotency import MemoryKeyStore
+        from idempotency.fastmcp import IdempotencyMiddleware
+
+        server = FastMCP("import guard")
+        server.add_middleware(IdempotencyMiddleware(MemoryKeyStore()))
+
+        @server.tool
+        def echo(value: str) -> str:
+            return value
+
+        assert server.http_app(transport="http", stateless_http=True) is not None
+        roots = ("fastmcp.server.event_store", "griffe", "jsonref", "key_value", "prefab_ui",
+                 "fastmcp.server.middleware.caching")
+        loaded = [n for n in sys.modules if any(n == r or n.startswith(r + ".") for r in roots)]
+        assert not loaded, loaded
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
