@@ -233,7 +233,9 @@ class Guard:
                 raise _errors.unfingerprintable(None, fp_problem)
             params = call.request.params if call.request is not None else None
             rounds = input_round(params)
-            return derive_key(scope(), call.tool, fp, caller=caller, round_fields=rounds)
+            return derive_key(
+                scope(), call.tool, fp, caller=caller, round_fields=rounds, meta=call.meta
+            )
 
         resolved = resolve_key(call.meta, policy.keys, derive)
         if resolved is not None and fp is None:

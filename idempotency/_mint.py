@@ -31,16 +31,47 @@ def input_round(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return found or None
 
 
+#: Request `_meta` entries that differ between two sends of one call by design, or are the
+#: protocol's envelope rather than the caller's input: never part of a derived key. The SDK's
+#: parsed request `_meta` spells the progress token `progress_token`; the wire `progressToken`.
+_NOT_INPUT = frozenset({"progressToken", "progress_token", "traceparent", "tracestate", "baggage"})
+_NOT_INPUT_PREFIXES = ("io.modelcontextprotocol/", wire.NAMESPACE)
+
+
+def meta_inputs(meta: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The request `_meta` entries a tool may read as input (a user id, a locale, a version),
+    or None. Two keyless calls that differ there are two calls, never merged; what a re-send
+    changes by design (progress token, trace context) and the protocol's and mcp-once's own
+    entries are left out, so a blind re-send still finds its first attempt."""
+    if not isinstance(meta, Mapping):
+        return None
+    found = {
+        name: value
+        for name, value in meta.items()
+        if name not in _NOT_INPUT and not name.startswith(_NOT_INPUT_PREFIXES)
+    }
+    return found or None
+
+
 def derive_key(
-    scope: str, tool: str, fingerprint: str, *, caller: str, round_fields: Mapping[str, Any] | None
+    scope: str,
+    tool: str,
+    fingerprint: str,
+    *,
+    caller: str,
+    round_fields: Mapping[str, Any] | None,
+    meta: Mapping[str, Any] | None = None,
 ) -> str:
     """A key for a keyless call: the same call from the same caller in the same scope always gets
     the same key, so that caller's blind re-send finds the first attempt's record — and nobody
     else's call ever does (rule 7). A completing input round (`round`) is a call of its own: its
-    stored answer never answers a first round, which asks the user afresh. Printable ASCII,
-    72 characters."""
-    data = canonical_json(["derived", scope, caller, tool, fingerprint, round_fields])
-    return DERIVED_PREFIX + hashlib.sha256(data).hexdigest()
+    stored answer never answers a first round, which asks the user afresh. So is a call whose
+    request `_meta` carries other input (`meta_inputs`). Printable ASCII, 72 characters."""
+    parts: list[Any] = ["derived", scope, caller, tool, fingerprint, round_fields]
+    inputs = meta_inputs(meta)
+    if inputs is not None:
+        parts.append(inputs)  # appended only when present: keys without it are unchanged
+    return DERIVED_PREFIX + hashlib.sha256(canonical_json(parts)).hexdigest()
 
 
 def resolve_key(

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import anyio
 import pytest
-from fastmcp import Client, FastMCP
+from fastmcp import Client, Context, FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.auth import AuthContext
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -612,3 +612,33 @@ def test_the_middleware_loads_no_optional_fastmcp_module() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+async def test_keyless_calls_differing_in_their_meta_input_are_two_calls() -> None:
+    """A tool may read the request `_meta` (FastMCP's `test_call_tool_with_meta`): two keyless
+    calls with the same arguments and another `user_id` there are two calls. A re-send that
+    differs only in what changes per send (trace context, progress token) is still merged."""
+    server: FastMCP[Any] = FastMCP("shop")
+    server.add_middleware(IdempotencyMiddleware(MemoryKeyStore()))
+    runs: list[str] = []
+
+    @server.tool
+    async def whoami(ctx: Context) -> str:
+        request = ctx.request_context
+        user = str(((request.meta if request is not None else None) or {}).get("user_id"))
+        runs.append(user)
+        return user
+
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with serving(server, "memory") as connect, connect() as client:
+        sent = [
+            await client.call_tool_mcp("whoami", {}, meta={"user_id": "ann"}),
+            await client.call_tool_mcp("whoami", {}, meta={"user_id": "bob"}),
+            await client.call_tool_mcp("whoami", {}),
+            await client.call_tool_mcp(
+                "whoami", {}, meta={"user_id": "ann", "traceparent": trace, "progressToken": 7}
+            ),
+        ]
+    assert runs == ["ann", "bob", "None"]
+    assert [marker(r)["status"] for r in sent] == ["executed", "executed", "executed", "replayed"]
+    assert sent[3].content == sent[0].content

@@ -9,7 +9,7 @@ import pytest
 from mcp_types import CallToolResult, TextContent
 
 from idempotency import KeyMode, Policy, decode_result, encode_result, fingerprint, wire
-from idempotency._mint import derive_key, input_round
+from idempotency._mint import derive_key, input_round, meta_inputs
 from idempotency._replay import UnreadableResult, rfc3339, stamped
 from idempotency._scope import store_key
 
@@ -117,3 +117,25 @@ def test_what_is_promised_to_a_keyless_caller(
     policy = Policy(keys=keys)
     assert policy.keyless_protected(caller_known) is protected
     assert policy.advertised(caller_known)["keys"] == advertised
+
+
+def test_a_derived_key_holds_the_meta_a_tool_may_read_and_not_what_a_resend_changes() -> None:
+    fp = "f" * 64
+
+    def derived(meta: dict[str, object] | None) -> str:
+        return derive_key("s", "t", fp, caller="c", round_fields=None, meta=meta)
+
+    plain = derived(None)
+    # Per send by design, or the protocol's and mcp-once's own: the same call.
+    for meta in (
+        {},
+        {"progressToken": 3},
+        {"progress_token": 4, "traceparent": "00-a-b-01", "tracestate": "x", "baggage": "y"},
+        {"io.modelcontextprotocol/clientInfo": {"name": "c"}},
+        {wire.KEY_META + "-not-a-key": 1, wire.ATTEMPT_META: 2},
+    ):
+        assert meta_inputs(meta) is None and derived(meta) == plain, meta
+    # The caller's input: another call.
+    assert derived({"user_id": "ann"}) != plain
+    assert derived({"user_id": "ann"}) != derived({"user_id": "bob"})
+    assert derived({"user_id": "ann", "progressToken": 1}) == derived({"user_id": "ann"})
