@@ -40,6 +40,22 @@ def test_importing_orchestrator_imports_no_framework() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_a_plain_fastmcp_client_finds_its_adapter_unasked() -> None:
+    """The core never imports an integration: it finds `orchestrator.fastmcp` by the client's
+    package, so a `fastmcp.Client` is driven even when nobody imported the integration."""
+    code = (
+        "import sys, fastmcp, orchestrator\n"
+        "client = fastmcp.Client('http://127.0.0.1:9/mcp')\n"
+        "before = 'orchestrator.fastmcp' in sys.modules\n"
+        "orchestrator.RetryingSession(client)\n"
+        "print(before, 'orchestrator.fastmcp' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "False True"
+
+
 def test_what_cannot_be_driven_is_refused() -> None:
     with pytest.raises(TypeError, match="ToolSession"):
         RetryingSession(object())  # type: ignore[arg-type]
