@@ -209,7 +209,9 @@ def _integration_adapter(session: object) -> ToolSession | None:
 
 
 def tool_session(session: object) -> ToolSession:
-    """`session` as a `ToolSession`, or TypeError for anything the wrapper cannot drive."""
+    """`session` as the `ToolSession` that `RetryingSession` drives, or TypeError for anything
+    it cannot drive: the SDK's `ClientSession` or `Client`, a framework client its integration
+    adapts (a connected `fastmcp.Client`), or a `ToolSession` itself (returned as it is)."""
     if isinstance(session, ClientSession | Client):
         return _SDK(session)
     if (adapted := _integration_adapter(session)) is not None:
