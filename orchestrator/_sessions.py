@@ -8,10 +8,11 @@ under different names: the SDK's `ClientSession`, its `mcp.client.Client`, and F
 that implements `ToolSession` itself is used as it is.
 
 The SDK's two are adapted here. A framework's client is adapted by its integration module, which
-the core never imports (the integrations import the core, so an import here would close a circle
-through every adapter): for an object of a class defined in the top-level package `pkg` (or
-inheriting from one), `tool_session` imports `orchestrator.pkg`, if there is such a module, and
-asks its `as_tool_session(obj)` hook (an `AdaptSession`). So `orchestrator.fastmcp` adapts a
+no module of the core names in an import (the integrations import the core, so an import here
+would close a circle through every adapter): for an object of a class defined in the top-level
+package `pkg` (or inheriting from one), `tool_session` looks `orchestrator.pkg` up at run time
+(`importlib`), if there is such a module, and asks its `as_tool_session(obj)` hook (an
+`AdaptSession`). So `orchestrator.fastmcp` adapts a
 `fastmcp.Client` without being imported by anyone first, and a new adapter is one new module,
 named after its framework's package, with nothing in the core changed. The lookup runs once per
 class: a framework is imported by then (its class exists), and the integration is optional (it
@@ -194,7 +195,8 @@ def _hooks_for(cls: type) -> tuple[AdaptSession, ...]:
     """The integration hooks for objects of `cls`: one per top-level package in its MRO."""
     hooks = _hooks.get(cls)
     if hooks is None:
-        packages = dict.fromkeys(klass.__module__.partition(".")[0] for klass in cls.__mro__)
+        modules = (getattr(klass, "__module__", None) for klass in cls.__mro__)
+        packages = dict.fromkeys(m.partition(".")[0] for m in modules if isinstance(m, str))
         found = (_integration_hook(package) for package in packages)
         hooks = _hooks[cls] = tuple(hook for hook in found if hook is not None)
     return hooks
