@@ -1,6 +1,22 @@
-"""mcp-once, client side: annotation-gated, keyed retries for MCP tool calls."""
+"""mcp-once, client side: annotation-gated, keyed retries for MCP tool calls.
+
+`RetryingSession` is the client; `RetryPolicy` configures it; `OutcomeUnknown`, `NotExecuted` and
+`ToolCallError` are how a call ends without a result; `CallReport` says what each call did. For
+tooling of your own (a baseline retry loop, an invariant checker; the `mcp-once` command's
+scenario engine uses these):
+
+- `tool_session(session)`: any session `RetryingSession` accepts, as the `ToolSession` it drives
+  (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook).
+- `SessionSlot`: the reconnection half of `RetryingSession`: one live session, replaced through a
+  `Connect` factory when it dies, shared by every caller (raises `ReconnectFailed`, or
+  `SessionUnavailable` when it has no factory).
+- `SessionUnavailable`: `SessionSlot.acquire` has no live session and no way to make one.
+- `GATED`: the `FailureKind`s after which the tool may have run, whose retry the annotation gate
+  decides (`AttemptReport.failure` in one of them, followed by another attempt, is a gated retry).
+"""
 
 from ._budget import RetryBudget
+from ._gate import GATED
 from ._http import (
     RetryAwareTransport,
     http_client_factory,
@@ -16,13 +32,14 @@ from ._outcome import (
     ToolCallError,
 )
 from ._policy import MAX_ATTEMPTS_CEILING, Override, RetryPolicy
-from ._reconnect import Connect, ReconnectFailed
+from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable
 from ._report import AttemptReport, CallOutcome, CallReport, FailureKind, GiveUpReason
 from ._session import RetryingSession
-from ._sessions import SessionLike, ToolSession
+from ._sessions import SessionLike, ToolSession, tool_session
 from ._testing import testing
 
 __all__ = [
+    "GATED",
     "MAX_ATTEMPTS_CEILING",
     "AttemptReport",
     "CallOutcome",
@@ -42,6 +59,8 @@ __all__ = [
     "RetryingSession",
     "ServerOutcomeUnknown",
     "SessionLike",
+    "SessionSlot",
+    "SessionUnavailable",
     "ToolCallError",
     "ToolSession",
     "derive_key",
@@ -49,4 +68,5 @@ __all__ = [
     "mint_key",
     "streamable_http_transport",
     "testing",
+    "tool_session",
 ]

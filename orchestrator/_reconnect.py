@@ -70,7 +70,16 @@ class _BadFactory(TypeError):
 
 
 class SessionSlot:
-    """The current session, its generation, and the machinery to replace it."""
+    """The current session, its generation, and the machinery to replace it.
+
+    The reconnection half of `RetryingSession`, public for retry loops of one's own (the
+    `mcp-once` demo's naive baseline reconnects through it, exactly as `RetryingSession` does).
+    `session` is used as given (None: connect first); with `connect`, enter the slot (`async
+    with`), which hosts and finally closes the sessions it opens. `acquire()` returns a live
+    session and its generation, replacing a dead one first (one reconnection per death, shared
+    by every caller waiting); `mark_dead(generation)` reports that a call found that session
+    dead; `connects` counts the sessions `connect` opened.
+    """
 
     def __init__(
         self,

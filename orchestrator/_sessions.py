@@ -4,16 +4,29 @@ The retry loop must send a keyed `tools/call` with a per-attempt timeout, list t
 (the gate reads their annotations), tell a dead connection from a live one (a request on a closed
 session was never sent), and hear `notifications/tools/list_changed`. Three clients offer these
 under different names: the SDK's `ClientSession`, its `mcp.client.Client`, and FastMCP's
-`fastmcp.Client`. Each gets a small adapter here, so the loop itself knows one shape; any other
-object that implements `ToolSession` itself is used as it is.
+`fastmcp.Client`. Each gets a small adapter, so the loop itself knows one shape; any other object
+that implements `ToolSession` itself is used as it is.
 
-FastMCP is an optional dependency: its adapter lives in `orchestrator.fastmcp` and is imported only
-when a `fastmcp.Client` is actually passed (it is then already imported by the caller).
+The SDK's two are adapted here. A framework's client is adapted by its integration module, which
+no module of the core names in an import (the integrations import the core, so an import here
+would close a circle through every adapter): for an object of a class defined in the top-level
+package `pkg` (or inheriting from one), `tool_session` looks `orchestrator.pkg` up at run time
+(`importlib`), if there is such a module, and asks its `as_tool_session(obj)` hook (an
+`AdaptSession`). So `orchestrator.fastmcp` adapts a
+`fastmcp.Client` without being imported by anyone first, and a new adapter is one new module,
+named after its framework's package, with nothing in the core changed. The lookup runs once per
+class: a framework is imported by then (its class exists), and the integration is optional (it
+is imported only when one of its framework's objects is actually passed).
+
+Rejected: a registry the integrations fill when imported (a plain `fastmcp.Client` would then be
+refused until something imported `orchestrator.fastmcp`), and a table of frameworks here (every
+new adapter would change the core).
 """
 
 from __future__ import annotations
 
-import sys
+import importlib
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
@@ -157,26 +170,58 @@ class _SDK(OverClientSession):
         return await self._target.list_tools(params=params)
 
 
-def _fastmcp_adapter(session: object) -> ToolSession | None:
-    """The `fastmcp.Client` adapter, if `session` is one (fastmcp is never imported from here)."""
-    if "fastmcp" not in sys.modules:
-        return None  # nobody imported fastmcp, so this cannot be a fastmcp.Client
+#: The hook an integration module defines to adapt its framework's client: `obj` as a
+#: `ToolSession` when it is one of that framework's clients, else None.
+AdaptSession: TypeAlias = Callable[[object], ToolSession | None]
+
+#: Per class: the integration hooks found for it (empty for most), in MRO order. Weak, so that
+#: classes made on the fly (mocks) do not accumulate.
+_hooks: weakref.WeakKeyDictionary[type, tuple[AdaptSession, ...]] = weakref.WeakKeyDictionary()
+
+
+def _integration_hook(package: str) -> AdaptSession | None:
+    """`orchestrator.<package>.as_tool_session`, if that integration module exists and imports."""
+    if not package.isidentifier() or package.startswith("_") or package == __package__:
+        return None  # not a framework's package: a private module, or this library itself
     try:
-        from .fastmcp import as_fastmcp_session
-    except ImportError:  # a fastmcp without its client half
+        module = importlib.import_module(f"{__package__}.{package}")
+    except ImportError:  # no integration for this package, or its framework lacks a part it needs
         return None
-    return as_fastmcp_session(session)
+    hook = getattr(module, "as_tool_session", None)
+    return hook if callable(hook) else None
+
+
+def _hooks_for(cls: type) -> tuple[AdaptSession, ...]:
+    """The integration hooks for objects of `cls`: one per top-level package in its MRO."""
+    hooks = _hooks.get(cls)
+    if hooks is None:
+        modules = (getattr(klass, "__module__", None) for klass in cls.__mro__)
+        packages = dict.fromkeys(m.partition(".")[0] for m in modules if isinstance(m, str))
+        found = (_integration_hook(package) for package in packages)
+        hooks = _hooks[cls] = tuple(hook for hook in found if hook is not None)
+    return hooks
+
+
+def _integration_adapter(session: object) -> ToolSession | None:
+    """`session` adapted by the integration of the framework that defines its class, if any."""
+    for hook in _hooks_for(type(session)):
+        if (adapted := hook(session)) is not None:
+            return adapted
+    return None
 
 
 def tool_session(session: object) -> ToolSession:
-    """`session` as a `ToolSession`, or TypeError for anything the wrapper cannot drive."""
+    """`session` as the `ToolSession` that `RetryingSession` drives, or TypeError for anything
+    it cannot drive: the SDK's `ClientSession` or `Client`, a framework client its integration
+    adapts (a connected `fastmcp.Client`), or a `ToolSession` itself (returned as it is)."""
     if isinstance(session, ClientSession | Client):
         return _SDK(session)
-    if (adapted := _fastmcp_adapter(session)) is not None:
+    if (adapted := _integration_adapter(session)) is not None:
         return adapted
     if isinstance(session, ToolSession):
         return session
     raise TypeError(
-        "session must be an mcp ClientSession or Client, a fastmcp.Client, or implement"
-        f" orchestrator.ToolSession; got {type(session).__name__}"
+        "session must be an mcp ClientSession or Client, a client an orchestrator integration"
+        " adapts (such as a connected fastmcp.Client), or implement orchestrator.ToolSession;"
+        f" got {type(session).__name__}"
     )

@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 __all__ = ["FastMCPSession", "RetryingClient", "SDKStreamTransport"]
 
 
-def as_fastmcp_session(session: object) -> FastMCPSession | None:
-    """`session` as a `ToolSession` if it is a `fastmcp.Client` (used by `tool_session`)."""
+def as_tool_session(session: object) -> FastMCPSession | None:
+    """`session` as a `ToolSession` if it is a `fastmcp.Client`: the hook by which
+    `RetryingSession` (through `tool_session`, which finds this module by the client's package
+    name and never imports it otherwise) drives a plain `fastmcp.Client`."""
     return FastMCPSession(session) if isinstance(session, Client) else None
 
 

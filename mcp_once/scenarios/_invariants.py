@@ -30,7 +30,7 @@ from mcp_once.scenarios._shop import (
     UNGUARDED_TOOLS,
 )
 from mcp_once.scenarios._workload import CallRecord, RunResult
-from orchestrator._gate import GATED
+from orchestrator import GATED
 
 __all__ = ["Report", "check"]
 

@@ -34,10 +34,10 @@ from orchestrator import (
     RetryingSession,
     RetryPolicy,
     ServerOutcomeUnknown,
+    SessionSlot,
     ToolCallError,
+    tool_session,
 )
-from orchestrator._reconnect import SessionSlot, transport_closed
-from orchestrator._sessions import tool_session
 from orchestrator.chaos import Chaos, FaultPlan
 
 __all__ = [
@@ -257,7 +257,7 @@ async def _naive_call(
                         spec.tool, dict(spec.arguments), attempt_timeout, None, meta=None
                     )
                 except MCPError as exc:
-                    if exc.code == CONNECTION_CLOSED or transport_closed(session):
+                    if exc.code == CONNECTION_CLOSED or tool_session(session).closed():
                         slot.mark_dead(generation)
                     raise
     except Exception as exc:

@@ -13,11 +13,10 @@ the invariant checker, the soak) uses the server library too, so it lives above 
 in `mcp_once.scenarios`.
 """
 
-from orchestrator.chaos._chaos import Chaos
+from orchestrator.chaos._chaos import Chaos, ChaosTransport
 from orchestrator.chaos._memory import in_memory_transport
 from orchestrator.chaos._plan import Fault, FaultPlan
 from orchestrator.chaos._record import FaultRecord
-from orchestrator.chaos._transport import ChaosTransport
 
 __all__ = [
     "Chaos",

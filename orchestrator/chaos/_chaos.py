@@ -2,7 +2,9 @@
 
 A session dies with its link, so a run that injects close faults spans several transports. Keeping
 the ordinals, the RNG and the log here (not per transport) is what makes `seed + plan` reproduce
-the whole run, reconnections included.
+the whole run, reconnections included. The links call back into their run through the small
+`ChaosRun` protocol of `_transport`, which therefore never imports this module; the public
+`ChaosTransport` is defined here, where its `chaos` can be typed as the `Chaos` it belongs to.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from mcp_types import RequestId
 from orchestrator.chaos._memory import in_memory_transport
 from orchestrator.chaos._plan import Fault, FaultPlan
 from orchestrator.chaos._record import FaultRecord, count_by_kind
-from orchestrator.chaos._transport import ChaosTransport
+from orchestrator.chaos._transport import FaultyLink
 
 if TYPE_CHECKING:
     from mcp.client._transport import Transport
 
-__all__ = ["Chaos"]
+__all__ = ["Chaos", "ChaosTransport"]
 
 logger = logging.getLogger("orchestrator.chaos")
 
@@ -193,3 +195,21 @@ class Chaos:
         if self._awaiting == 0 and self._settled is not None:
             self._settled.set()
             self._settled = None
+
+
+class ChaosTransport(FaultyLink):
+    """A single-use MCP client transport that relays `inner` and injects its `Chaos`'s faults.
+
+    Usable wherever the SDK takes a transport: `Client(chaos.wrap(inner))`, or
+    `async with chaos.wrap(inner) as (read, write): ClientSession(read, write)`. Build it with
+    `Chaos.wrap`; after a close fault the link stays dead, so reconnect by wrapping a new inner
+    transport with the same `Chaos` (shared plan, RNG stream, ordinals and fault log).
+    """
+
+    def __init__(self, inner: Transport, chaos: Chaos, connection: int) -> None:
+        super().__init__(inner, chaos, connection)
+        self._chaos = chaos
+
+    @property
+    def chaos(self) -> Chaos:
+        return self._chaos

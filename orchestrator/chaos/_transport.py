@@ -8,6 +8,10 @@ inbound pump forwards the inner transport's messages to the client, swallowing a
 responses. Both pumps are FIFO: a delay holds back what follows, it never reorders. A dead link
 is modelled by closing streams (the client's dispatcher then fails every waiter with
 CONNECTION_CLOSED, -32000), never by cancelling anyone but our own pumps.
+
+The link draws its faults from the run that made it, through `ChaosRun`: `Chaos` makes links
+(`Chaos.wrap`), so the link names only what it asks of the run, and `ChaosTransport` (in
+`_chaos`, beside `Chaos`) is this link with its `chaos` typed as the `Chaos` it is.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import math
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -26,16 +30,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError, JSONRPCRequest, JSONRPCResponse, RequestId
 
-from orchestrator.chaos._plan import Fault
+from orchestrator.chaos._plan import Fault, FaultPlan
 from orchestrator.chaos._record import FaultRecord, count_by_kind
 from orchestrator.chaos._streams import ContextReceiver, ContextSender, Envelope
 
 if TYPE_CHECKING:
     from mcp.client._transport import ReadStream, Transport, TransportStreams, WriteStream
 
-    from orchestrator.chaos._chaos import Chaos
-
-__all__ = ["ChaosTransport"]
+__all__ = ["ChaosRun", "FaultyLink"]
 
 logger = logging.getLogger("orchestrator.chaos")
 
@@ -46,6 +48,21 @@ transport before it is cancelled."""
 _DUPLICATE_ID_PREFIX: Final = "mcp-once-chaos-dup"
 
 _S = TypeVar("_S")
+
+
+class ChaosRun(Protocol):
+    """What a link asks of the run that made it (`Chaos` is the one implementation)."""
+
+    @property
+    def plan(self) -> FaultPlan: ...
+
+    def _decide(
+        self, *, method: str, tool: str | None, request_id: RequestId, connection: int
+    ) -> FaultRecord | None: ...
+
+    def _swallowing(self, count: int) -> None: ...
+
+    def _swallowed(self, count: int) -> None: ...
 
 
 class _Outgoing:
@@ -108,7 +125,7 @@ async def _send_in_context(
 class _ChaosWriter:
     """The write stream handed to the client: every message goes through `_accept`."""
 
-    def __init__(self, link: ChaosTransport) -> None:
+    def __init__(self, link: FaultyLink) -> None:
         self._link = link
 
     async def send(self, item: SessionMessage, /) -> None:
@@ -130,18 +147,12 @@ class _ChaosWriter:
         await self.aclose()
 
 
-class ChaosTransport:
-    """A single-use MCP client transport that relays `inner` and injects its `Chaos`'s faults.
+class FaultyLink:
+    """The relay behind `ChaosTransport`: relays `inner`, injecting the faults `run` decides."""
 
-    Usable wherever the SDK takes a transport: `Client(chaos.wrap(inner))`, or
-    `async with chaos.wrap(inner) as (read, write): ClientSession(read, write)`. Build it with
-    `Chaos.wrap`; after a close fault the link stays dead, so reconnect by wrapping a new inner
-    transport with the same `Chaos` (shared plan, RNG stream, ordinals and fault log).
-    """
-
-    def __init__(self, inner: Transport, chaos: Chaos, connection: int) -> None:
+    def __init__(self, inner: Transport, run: ChaosRun, connection: int) -> None:
         self._inner = inner
-        self._chaos = chaos
+        self._run = run
         self._connection = connection
         self._faults: list[FaultRecord] = []
         self._entered = False
@@ -159,10 +170,6 @@ class ChaosTransport:
         self._pump_done: anyio.Event | None = None
 
     # -- public surface ------------------------------------------------------------------------
-
-    @property
-    def chaos(self) -> Chaos:
-        return self._chaos
 
     @property
     def connection(self) -> int:
@@ -235,8 +242,8 @@ class ChaosTransport:
         record: FaultRecord | None = None
         if isinstance(message, JSONRPCRequest):
             tool = _tool_name(message)
-            if self._chaos.plan.matches(message.method, tool):
-                record = self._chaos._decide(
+            if self._run.plan.matches(message.method, tool):
+                record = self._run._decide(
                     method=message.method,
                     tool=tool,
                     request_id=message.id,
@@ -328,7 +335,7 @@ class ChaosTransport:
                 if response_id is not None:
                     if response_id in self._swallow:
                         self._swallow.discard(response_id)
-                        self._chaos._swallowed(1)
+                        self._run._swallowed(1)
                         continue
                     delay = self._response_delays.pop(response_id, None)
                     if delay is not None:
@@ -347,7 +354,7 @@ class ChaosTransport:
 
     def _expect_swallow(self, request_id: RequestId) -> None:
         self._swallow.add(request_id)
-        self._chaos._swallowing(1)
+        self._run._swallowing(1)
 
     def _die(self) -> None:
         """Kill the link: EOF to the client, refuse further writes, forget pending swallows."""
@@ -361,7 +368,7 @@ class ChaosTransport:
         pending = len(self._swallow)
         self._swallow.clear()
         self._response_delays.clear()
-        self._chaos._swallowed(pending)
+        self._run._swallowed(pending)
 
     async def _shutdown(self, tg: anyio.abc.TaskGroup) -> None:
         with anyio.CancelScope(shield=True):

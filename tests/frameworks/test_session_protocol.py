@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import Client
+from mcp.server.mcpserver import MCPServer
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CallToolResult, ListToolsResult, RequestParamsMeta
 
 from idempotency import wire
 from mcp_once.scenarios._ledger import Ledger
 from mcp_once.scenarios._shop import build_server
-from orchestrator import RetryingSession, ToolSession
+from orchestrator import RetryingSession, ToolSession, tool_session
 
 FRAMEWORKS = ("fastmcp", "pydantic_ai", "agents", "openai")
 
@@ -38,6 +40,50 @@ def test_importing_orchestrator_imports_no_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_plain_fastmcp_client_finds_its_adapter_unasked() -> None:
+    """The core never imports an integration: it finds `orchestrator.fastmcp` by the client's
+    package, so a `fastmcp.Client` is driven even when nobody imported the integration."""
+    code = (
+        "import sys, fastmcp, orchestrator\n"
+        "client = fastmcp.Client('http://127.0.0.1:9/mcp')\n"
+        "before = 'orchestrator.fastmcp' in sys.modules\n"
+        "orchestrator.RetryingSession(client)\n"
+        "print(before, 'orchestrator.fastmcp' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "False True"
+
+
+def test_a_new_integration_is_one_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An `orchestrator.<package>` module with an `as_tool_session` hook adapts the clients of
+    the framework `<package>` (subclasses too); nothing else is registered anywhere."""
+
+    class FrameworkClient:
+        pass
+
+    FrameworkClient.__module__ = "someframework.client"
+
+    class Subclassed(FrameworkClient):
+        pass
+
+    class Elsewhere:
+        pass
+
+    Elsewhere.__module__ = "otherframework.client"
+    adapted = Recording(Client(MCPServer("x")))
+    integration = types.ModuleType("orchestrator.someframework")
+    integration.as_tool_session = lambda obj: (  # type: ignore[attr-defined]
+        adapted if isinstance(obj, FrameworkClient) else None
+    )
+    monkeypatch.setitem(sys.modules, "orchestrator.someframework", integration)
+    assert tool_session(FrameworkClient()) is adapted
+    assert tool_session(Subclassed()) is adapted
+    with pytest.raises(TypeError, match="ToolSession"):
+        tool_session(Elsewhere())
 
 
 def test_what_cannot_be_driven_is_refused() -> None:
