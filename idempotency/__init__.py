@@ -5,15 +5,15 @@ from ._decorator import idempotent
 from ._fingerprint import fingerprint
 from ._install import install
 from ._lowlevel import GuardedCallTool, idempotent_call_tool
-from ._memory_store import MemoryKeyStore
 from ._mint import KeySource
-from ._open import open_store
 from ._policy import KeyMode, Policy, PolicyOptions
-from ._redis_store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
 from ._replay import decode_result, encode_result
 from ._scope import CallScope, ScopeFn, default_scope
-from ._sqlite_store import SQLiteKeyStore
-from ._store import (
+from ._stores.memory import MemoryKeyStore
+from ._stores.open import open_store
+from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
+from ._stores.sqlite import SQLiteKeyStore
+from ._stores.store import (
     ClaimOutcome,
     ClaimStatus,
     CorruptRecord,

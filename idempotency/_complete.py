@@ -22,7 +22,7 @@ from mcp_types import CallToolResult
 
 from ._lease import LeaseKeeper
 from ._replay import encode_result, too_large_placeholder
-from ._store import KeyStore, LimitExceeded
+from ._stores.store import KeyStore, LimitExceeded
 from ._telemetry import Trace, logger, record_name
 
 #: First pause between tries; it doubles after each failure.

@@ -51,7 +51,7 @@ from ._sdk import (
     served_by_fastmcp,
     stamp_of,
 )
-from ._store import KeyStore
+from ._stores.store import KeyStore
 
 P = ParamSpec("P")
 R = TypeVar("R")

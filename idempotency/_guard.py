@@ -52,7 +52,7 @@ from ._mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from ._policy import Policy
 from ._replay import UnreadableResult, decode_result, stamped
 from ._scope import CallScope, principal_of, store_key
-from ._store import (
+from ._stores.store import (
     ClaimOutcome,
     ClaimStatus,
     CorruptRecord,

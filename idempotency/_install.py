@@ -30,7 +30,7 @@ from ._sdk import (
     stamp_of,
     tool_manager,
 )
-from ._store import KeyStore
+from ._stores.store import KeyStore
 
 _INSTALLED_ATTR = "__mcp_once_installed__"
 

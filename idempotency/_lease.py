@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 import anyio
 
-from ._store import KeyStore
+from ._stores.store import KeyStore
 from ._system_task import current_loop, spawn
 from ._telemetry import Trace, logger, record_name
 

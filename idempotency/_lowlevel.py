@@ -28,7 +28,7 @@ from ._advertise import advertise_tool, derivable
 from ._caller import caller_of
 from ._guard import Guard, ToolCall, ToolResult
 from ._policy import PolicyOptions, make_policy
-from ._store import KeyStore
+from ._stores.store import KeyStore
 from ._telemetry import crash_report, logger
 
 CallToolHandler = Callable[

@@ -81,7 +81,7 @@ from ._fastmcp_results import error_result, judged, to_fastmcp, to_guard
 from ._guard import Guard, ToolCall
 from ._guard import ToolResult as GuardResult
 from ._policy import PolicyOptions, make_policy
-from ._store import KeyStore
+from ._stores.store import KeyStore
 from ._telemetry import logger
 
 __all__ = ["IdempotencyMiddleware"]

@@ -38,7 +38,7 @@ from idempotency import (
 )
 from idempotency._replay import UnreadableResult, domain_form, rfc3339
 from idempotency._scope import store_key
-from idempotency._store import unreadable_records
+from idempotency._stores.store import unreadable_records
 
 from . import _grace
 from ._common import (

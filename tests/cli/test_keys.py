@@ -32,7 +32,7 @@ from redis_server import RedisServer, free_port, redis_server_binary
 
 from idempotency import KeyStore, RecordState, SQLiteKeyStore, idempotent, open_store, wire
 from idempotency._scope import CallScope, default_scope, store_key
-from idempotency._sqlite_store import sqlite_path_from_url
+from idempotency._stores.sqlite import sqlite_path_from_url
 from mcp_once._cli import _common, _grace, main
 
 pytestmark = pytest.mark.anyio

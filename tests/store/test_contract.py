@@ -28,7 +28,7 @@ from idempotency import (
     SQLiteKeyStore,
     StoreUnavailable,
 )
-from idempotency._store import (
+from idempotency._stores.store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
     unreadable_records,

@@ -8,8 +8,8 @@ import time
 
 import anyio
 
-from . import _transitions as rules
-from ._store import (
+from . import transitions as rules
+from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
     ClaimOutcome,

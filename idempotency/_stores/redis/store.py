@@ -10,17 +10,17 @@ Why it is built this way:
   PEXPIRE is only garbage collection, set at or after the logical expiry (at least 1 s), and
   never on UNKNOWN records, which wait for an operator.
 * A record is one Redis string (binary header, fingerprint, token, result; see
-  `_redis_scripts/lib.lua`) in key `{prefix}{key}`: the key is its own hash tag, so every key a
+  `scripts/lib.lua`) in key `{prefix}{key}`: the key is its own hash tag, so every key a
   record touches lives in one Redis Cluster slot. One string costs ~250 bytes beyond the result;
   a hash would turn into a hashtable past 64-byte values and cost ~900.
-* One multiplexed connection per event loop carries every call (`_redis_wire.py`): concurrent
+* One multiplexed connection per event loop carries every call (`wire.py`): concurrent
   calls share it, commands issued in one loop turn leave in one write, and replies are matched
   in order. There is no pool to run out of. Waiting duplicates share one subscriber connection
-  (`_redis_waiters.py`). So a store holds two connections per event loop, three with durable
+  (`waiters.py`). So a store holds two connections per event loop, three with durable
   writes, however many calls and waiters it serves. redis-py supplies the configuration (URL,
-  TLS, credentials, Sentinel; `_redis_endpoint.py`) and hiredis parses the replies.
+  TLS, credentials, Sentinel; `endpoint.py`) and hiredis parses the replies.
 * Self-healing (rule 12). A connection that died while idle is replaced before a call uses it
-  (`_redis_link.py`). A call that fails because the connection died under it is sent once more
+  (`link.py`). A call that fails because the connection died under it is sent once more
   on a fresh connection. Every transition is safe to re-send. A claim carries a token the store
   generated, and a re-sent claim that finds the record IN_PROGRESS under that very token (and
   fingerprint) answers `claimed`, with its lease restarted: 128 random bits never match another
@@ -29,7 +29,7 @@ Why it is built this way:
   payload holds its execution time, so another attempt's result never is), RELEASED or gone, or
   settled as asked. Only such re-sends use the flag, so the normal semantics (and the reference
   model in the tests) are unchanged. When even the re-send fails, the store remembers the write
-  as in doubt (`_redis_doubt.py`), and the caller's own retry of it is sent as a re-send: the
+  as in doubt (`doubt.py`), and the caller's own retry of it is sent as a re-send: the
   same token for a claim, the flag for a complete or release.
 * Redis errors never leak: an unreachable, timed-out, loading, read-only or out-of-memory
   server is `StoreUnavailable` (cause chained); a key holding something that is not our record
@@ -37,7 +37,7 @@ Why it is built this way:
   is not re-sent: the server is not answering, and waiting twice would only double the wait.
 * Optional durability: with `wait_replicas` (or `wait_aof`) the claim and complete scripts are
   followed by `WAIT`/`WAITAOF` on a connection of their own, in one write, grouped with the other
-  durable writes queued meanwhile (`_redis_durable.py`); see `ReplicationUnconfirmed` for what
+  durable writes queued meanwhile (`durable.py`); see `ReplicationUnconfirmed` for what
   happens when too few acknowledge.
 
 Runs under asyncio and trio (anyio). Cancelling a call never leaves half a record: the script
@@ -49,7 +49,7 @@ discovered over the store's own connections, under asyncio and trio); a proxy, g
 or a `redis.asyncio.Redis` whose configuration the store reads;
 or a Redis Cluster (`redis+cluster://` or a `redis.asyncio.cluster.RedisCluster`),
 where each transition goes to the master owning the record's slot, on that node's connection of
-this event loop (`_redis_cluster.py`: slot map, MOVED/ASK, failover). On a cluster, waits
+this event loop (`cluster.py`: slot map, MOVED/ASK, failover). On a cluster, waits
 subscribe on the owner of the record: a script's PUBLISH is broadcast over the cluster bus, so
 the subscriber hears it wherever the slot has moved since (sharded pub/sub would spare that
 fan-out but would need other scripts for Redis < 7 and a re-subscription per migration). Durable
@@ -76,27 +76,10 @@ import redis.asyncio as aioredis
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from . import _redis_lua as lua
-from . import _transitions as rules
-from ._memory_store import DEFAULT_ORPHAN_RETENTION
-from ._redis_cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
-from ._redis_cluster import redirect as _redirect
-from ._redis_cluster import seeds_of_url as _seeds_of_url
-from ._redis_doubt import Doubts
-from ._redis_durable import GroupCommit
-from ._redis_endpoint import Endpoint
-from ._redis_link import Link
-from ._redis_sentinel import SENTINEL_SCHEMES
-from ._redis_waiters import Waiters
-from ._redis_wire import (
-    ConnectionLost,
-    ReplyError,
-    ReplyTimeout,
-    Traffic,
-    Unreachable,
-    command,
-)
-from ._store import (
+from ..._system_task import current_loop, loop_alive
+from .. import transitions as rules
+from ..memory import DEFAULT_ORPHAN_RETENTION
+from ..store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
     ClaimOutcome,
@@ -111,7 +94,24 @@ from ._store import (
     check_list_limit,
     pass_over,
 )
-from ._system_task import current_loop, loop_alive
+from . import lua
+from .cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
+from .cluster import redirect as _redirect
+from .cluster import seeds_of_url as _seeds_of_url
+from .doubt import Doubts
+from .durable import GroupCommit
+from .endpoint import Endpoint
+from .link import Link
+from .sentinel import SENTINEL_SCHEMES
+from .waiters import Waiters
+from .wire import (
+    ConnectionLost,
+    ReplyError,
+    ReplyTimeout,
+    Traffic,
+    Unreachable,
+    command,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class RedisKeyStore:
         seed nodes of a Redis Cluster; credentials and options are written as for `redis://`,
         and the database, if named, must be 0.
         `redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]` finds the
-        primary through Sentinel, again after a failover (`_redis_sentinel.py`);
+        primary through Sentinel, again after a failover (`sentinel.py`);
         `rediss+sentinel://` does so over TLS, to the Sentinels and the data nodes alike.
 
         `socket_timeout` bounds the wait for each reply (None: forever); a late reply gives the
@@ -339,7 +339,7 @@ class RedisKeyStore:
                 **redis_kwargs,
             )
         elif url.startswith(SENTINEL_SCHEMES):
-            from ._redis_sentinel import sentinel_client
+            from .sentinel import sentinel_client
 
             client = sentinel_client(url, socket_timeout=socket_timeout, **redis_kwargs)
         else:
@@ -604,7 +604,7 @@ class RedisKeyStore:
         """Run one transition script; `resent` are its arguments for a re-send after the
         first reply was lost, `doubt` names it for `Doubts`. `durable`: followed by
         WAIT/WAITAOF, grouped with the other durable writes of this loop
-        (`_redis_durable.py`), and the answer is (reply, acknowledgements).
+        (`durable.py`), and the answer is (reply, acknowledgements).
 
         On a cluster: sent to the slot's owner, following MOVED and ASK, and once more to
         the owner named by a fresh slot map when the node could not be reached."""

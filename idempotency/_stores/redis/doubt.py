@@ -5,7 +5,7 @@ ended in STORE_UNAVAILABLE. If the first attempt did land, a plain retry would m
 effect: a complete would answer "lost" (someone else's record, the result discarded as stale),
 and a claim would find the key busy until its own orphaned lease ran out and then turn it
 UNKNOWN. So the store remembers, per record, the claim token or the write that is in doubt, and
-the next attempt at it is sent as a re-send (`_redis_store.py` explains what a re-send accepts).
+the next attempt at it is sent as a re-send (`store.py` explains what a re-send accepts).
 Bounded: past `LIMIT` entries the oldest is forgotten, which only loses that convenience.
 """
 

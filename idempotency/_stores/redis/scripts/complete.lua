@@ -1,5 +1,5 @@
 -- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0)
--- Mirrors idempotency._transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
+-- Mirrors idempotency._stores.transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this complete is sent again after its first reply was lost: then a record
 -- already COMPLETED with this very result is its own effect and answers {'ok'} (the result the
 -- server layer stores carries its execution time, so another attempt's result never matches).

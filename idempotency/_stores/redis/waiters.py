@@ -22,9 +22,9 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from ._redis_endpoint import Endpoint
-from ._redis_link import Link
-from ._redis_wire import ReplyError, Traffic, Wire, command
+from .endpoint import Endpoint
+from .link import Link
+from .wire import ReplyError, Traffic, Wire, command
 
 
 class Watch:

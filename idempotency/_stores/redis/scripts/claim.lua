@@ -1,5 +1,5 @@
 -- claim(KEYS[1]; ARGV: offset_us, fingerprint, lease_us, takeover 1|0, orphan_retention_us, token)
--- Mirrors idempotency._transitions.claim. Replies:
+-- Mirrors idempotency._stores.transitions.claim. Replies:
 --   {'claimed', token, fence, attempts, took_over 1|0}
 --   {'replay', fence, attempts, completed_us, result}
 --   {'busy', fence, retry_after_us}  {'mismatch'}  {'unknown', fence, attempts}  {'corrupt', why}

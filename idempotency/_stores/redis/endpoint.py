@@ -5,9 +5,9 @@ redis-py stays the authority on configuration: its URL parsing (`redis://`, `red
 credential providers, and a Sentinel client's list of Sentinels. A connection object built from
 the pool's own `connection_class` and `connection_kwargs` (never connected) answers every
 question; the store then opens its own multiplexed connections with those answers
-(`_redis_link.py`).
+(`link.py`).
 
-Behind Sentinel the address is asked of the Sentinels on every connect (`_redis_sentinel.py`),
+Behind Sentinel the address is asked of the Sentinels on every connect (`sentinel.py`),
 and the handshake ends with `ROLE`, so that a node that is not (or no longer) the primary is
 refused before any command reaches it (`misplaced`).
 """
@@ -22,9 +22,9 @@ from typing import Any
 from redis import credentials
 from redis.asyncio import connection as rconn
 
-from ._redis_sentinel import Sentinels, master_role
-from ._redis_transport import Address
-from ._redis_wire import command
+from .sentinel import Sentinels, master_role
+from .transport import Address
+from .wire import command
 
 
 @dataclass(frozen=True, slots=True)

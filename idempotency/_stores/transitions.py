@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._store import ClaimOutcome, ClaimStatus, Record, RecordState
+from .store import ClaimOutcome, ClaimStatus, Record, RecordState
 
 
 def live(record: Record | None, now: float) -> Record | None:

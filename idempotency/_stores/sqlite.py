@@ -2,7 +2,7 @@
 
 Records live in one SQLite file, so they survive a restart and are shared by every process on the
 machine that opens the same path. Each transition is one `BEGIN IMMEDIATE` transaction that reads
-the row, applies the pure rule from `_transitions` and writes the answer back: SQLite's write lock
+the row, applies the pure rule from `transitions.py` and writes the answer back: SQLite's write lock
 is what makes claim atomic across processes, and the rule is the same one every backend obeys.
 
 The stdlib driver blocks, so every statement runs in a worker thread; one connection per store,
@@ -27,9 +27,9 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from . import _transitions as rules
-from ._memory_store import DEFAULT_ORPHAN_RETENTION
-from ._store import (
+from . import transitions as rules
+from .memory import DEFAULT_ORPHAN_RETENTION
+from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
     ClaimOutcome,

@@ -28,8 +28,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from . import _system_task
-from ._redis_wire import NO_DEADLINE, ConnectionLost, Replies, Unreachable, Wire, Wiring
+from ... import _system_task
+from .wire import NO_DEADLINE, ConnectionLost, Replies, Unreachable, Wire, Wiring
 
 
 class AsyncioWire(Wire, asyncio.Protocol):

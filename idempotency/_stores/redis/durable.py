@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import anyio
 
-from ._redis_link import Link
+from .link import Link
 
 
 class _Pending:

@@ -3,7 +3,7 @@ own connections.
 
 Why not redis-py's Sentinel client: it is asyncio-only, and the store runs under trio too. The
 question is one command (`SENTINEL get-master-addr-by-name <service>`), so the store asks it
-itself, over a short-lived connection of its own transport (`_redis_transport.open_wire`): the
+itself, over a short-lived connection of its own transport (`transport.open_wire`): the
 Sentinels in the order given, the first that names a primary wins. redis-py still holds the
 configuration: a `redis+sentinel://` URL becomes a `Sentinel(...).master_for(...)` client (so a
 client built by hand is accepted the same way), and `Endpoint.of_pool` reads the Sentinels'
@@ -44,11 +44,11 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel
 
-from ._redis_transport import open_wire
-from ._redis_wire import ReplyError, Traffic, Unreachable, Wiring, command
+from .transport import open_wire
+from .wire import ReplyError, Traffic, Unreachable, Wiring, command
 
 if TYPE_CHECKING:
-    from ._redis_endpoint import Endpoint
+    from .endpoint import Endpoint
 
 SCHEME: Final = "redis+sentinel://"
 TLS_SCHEME: Final = "rediss+sentinel://"

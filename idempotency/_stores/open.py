@@ -6,9 +6,9 @@ SQLite file on one host and on Redis across hosts.
 
 from __future__ import annotations
 
-from ._memory_store import MemoryKeyStore
-from ._sqlite_store import SQLiteKeyStore
-from ._store import KeyStore
+from .memory import MemoryKeyStore
+from .sqlite import SQLiteKeyStore
+from .store import KeyStore
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "rediss+sentinel://")
 _REDIS_CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -33,7 +33,7 @@ def open_store(url: str) -> KeyStore:
         return SQLiteKeyStore.from_url(url)
     if url.startswith(_REDIS_SCHEMES + _REDIS_CLUSTER_SCHEMES):
         # Imported here so that servers without Redis never load its client.
-        from ._redis_store import RedisKeyStore
+        from .redis.store import RedisKeyStore
 
         return RedisKeyStore.from_url(url)
     if "://" in url:

@@ -1,5 +1,5 @@
 -- read(KEYS[1]; ARGV: offset_us) -> the stored record as fields, for get/list/wait.
--- Liveness is judged by the caller with idempotency._transitions.visible against `now`.
+-- Liveness is judged by the caller with idempotency._stores.transitions.visible against `now`.
 -- Replies {'none', now}, {'corrupt', why} or
 --   {'record', now, state, fence, attempts, created, updated, lease, completed, expires,
 --    fingerprint, token, result}

@@ -3,7 +3,7 @@
 Why: a connection that died while idle (Redis restarted, a proxy dropped it) must not fail the
 next call made on it. The transport notices the close as soon as the kernel reports it and marks
 the wire dead, so the next call finds it dead and opens a new one; a call already in flight when
-the connection died is re-sent by the store if re-sending is safe (see `_redis_store.py`). Many
+the connection died is re-sent by the store if re-sending is safe (see `store.py`). Many
 callers finding the connection dead at once share one connection attempt, and all of them learn
 its outcome: one connect storm per outage would itself look like an outage.
 """
@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import anyio
 
-from ._redis_endpoint import Endpoint
-from ._redis_transport import open_wire
-from ._redis_wire import (
+from .endpoint import Endpoint
+from .transport import open_wire
+from .wire import (
     ConnectionLost,
     PushHandler,
     ReplyError,

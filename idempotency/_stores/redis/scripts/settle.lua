@@ -1,5 +1,6 @@
 -- settle(KEYS[1]; ARGV: offset_us, has_result 1|0, retention_us, result, resent 1|0)
--- Mirrors idempotency._transitions.settle: only an UNKNOWN record takes an operator's verdict.
+-- Mirrors idempotency._stores.transitions.settle: only an UNKNOWN record takes an operator's
+-- verdict.
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this settle is sent again after its first reply was lost: then a record
 -- already in the state it asked for (COMPLETED with this very result; or RELEASED, or gone,

@@ -1,5 +1,5 @@
 -- release(KEYS[1]; ARGV: offset_us, token, orphan_retention_us, resent 1|0)
--- Mirrors idempotency._transitions.release: a tombstone keeps fence and attempts monotonic.
+-- Mirrors idempotency._stores.transitions.release: a tombstone keeps fence and attempts monotonic.
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this release is sent again after its first reply was lost: then a record
 -- already RELEASED, or gone, is its own effect (either way the next claim runs) and answers ok.

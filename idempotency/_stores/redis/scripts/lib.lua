@@ -1,4 +1,4 @@
--- Shared prelude of every mcp-once script (prepended by _redis_store.py; not run on its own).
+-- Shared prelude of every mcp-once script (prepended by lua.py; not run on its own).
 --
 -- A record is ONE Redis string at KEYS[1]: a fixed binary header, the fingerprint, the token,
 -- then the result bytes. One string rather than a hash keeps a completed record's overhead near

@@ -21,7 +21,7 @@ class Script:
 
 
 def _load(name: str) -> Script:
-    folder = resources.files(__package__ or "idempotency").joinpath("_redis_scripts")
+    folder = resources.files(__package__ or "idempotency._stores.redis").joinpath("scripts")
     prelude = folder.joinpath("lib.lua").read_text(encoding="utf-8")
     body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     source = f"{prelude}\n{body}"

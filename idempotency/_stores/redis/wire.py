@@ -13,7 +13,7 @@ Redis reads and answers them as one batch.
 (the parser redis-py uses too) and matched in order, and, when the connection dies, every
 outstanding request failed at once with `ConnectionLost`, which says whether its bytes were
 handed to the socket. A request that was never written can always be sent again; one that was
-written may have run. The transports in `_redis_transport.py` move the bytes (an asyncio protocol,
+written may have run. The transports in `transport.py` move the bytes (an asyncio protocol,
 or an anyio byte stream under trio).
 
 A reply timeout kills the whole connection: once a reply is late, the order of the replies still

@@ -18,7 +18,7 @@ Why it is built this way:
   A redirect loop longer than `MAX_REDIRECTS` is a cluster in flux: also `StoreUnavailable`.
 * A node that cannot be reached, or whose connection died under a call, makes the store read the
   map again (a failover promotes a replica) and send the call once more to whoever owns the slot
-  now; transitions are safe to re-send (see `_redis_store.py`).
+  now; transitions are safe to re-send (see `store.py`).
 * Cluster mode has only database 0; a URL naming another is refused.
 
 `redis+cluster://[user:password@]host:port[,host:port...][/0][?options]` names the seeds;
@@ -42,9 +42,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ._redis_endpoint import Endpoint
-from ._redis_wire import ReplyError, command
-from ._store import StoreError, StoreUnavailable
+from ..store import StoreError, StoreUnavailable
+from .endpoint import Endpoint
+from .wire import ReplyError, command
 
 CLUSTER_SCHEMES: Final = ("redis+cluster://", "rediss+cluster://")
 #: Redirects one call follows before it gives up (a slot bouncing between nodes).

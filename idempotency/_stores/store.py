@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ._telemetry import logger
+#: The library's logger, the same one the guard logs to: stores tell the operator in the same
+#: place without importing anything from the guard above them.
+logger = logging.getLogger("idempotency")
 
 #: Seconds since the epoch. Injectable so that tests move time instead of sleeping.
 Clock = Callable[[], float]
