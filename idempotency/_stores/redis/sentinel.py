@@ -36,7 +36,7 @@ e.g. `sentinel_kwargs={"ssl": False}`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from redis import exceptions as rx
@@ -44,17 +44,33 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import parse_url
 from redis.asyncio.sentinel import Sentinel
 
-from .transport import open_wire
+from .transport import Address, open_wire
 from .wire import ReplyError, Traffic, Unreachable, Wiring, command
-
-if TYPE_CHECKING:
-    from .endpoint import Endpoint
 
 SCHEME: Final = "redis+sentinel://"
 TLS_SCHEME: Final = "rediss+sentinel://"
 SENTINEL_SCHEMES: Final = (SCHEME, TLS_SCHEME)
 DEFAULT_SENTINEL_PORT: Final = 26379
 _SENTINEL_OPTIONS: Final = ("sentinel_username", "sentinel_password")
+
+
+class SentinelEndpoint(Protocol):
+    """What asking one Sentinel needs of it: where it listens, its timeouts, its handshake.
+
+    An `endpoint.Endpoint` (read from the Sentinel's redis-py pool) is one. Named here rather
+    than imported: an endpoint behind Sentinel holds its `Sentinels`, so `endpoint.py` imports
+    this module, and this module must not import it back."""
+
+    @property
+    def address(self) -> Address: ...
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    @property
+    def connect_timeout(self) -> float | None: ...
+
+    async def handshake(self) -> list[bytes]: ...
 
 
 @dataclass(slots=True)
@@ -67,7 +83,7 @@ class Sentinels:
     first Sentinel costs one failed attempt, not one per connect."""
 
     service: str
-    endpoints: tuple[Endpoint, ...]
+    endpoints: tuple[SentinelEndpoint, ...]
     #: Index in `endpoints` of the Sentinel that answered last.
     first: int = 0
 
@@ -92,7 +108,7 @@ class Sentinels:
             f"no Sentinel named the primary of {self.service!r}: " + "; ".join(failures)
         )
 
-    async def _ask(self, endpoint: Endpoint) -> tuple[str, int] | None:
+    async def _ask(self, endpoint: SentinelEndpoint) -> tuple[str, int] | None:
         wiring = Wiring(endpoint.timeout, Traffic())
         wire = await open_wire(endpoint.address, wiring, connect_timeout=endpoint.connect_timeout)
         try:
