@@ -34,8 +34,8 @@ from mcp.server.mcpserver.utilities.context_injection import find_context_parame
 from mcp.shared._callable_inspection import is_async_callable
 from typing_extensions import Unpack
 
-from ._guard import Guard, ToolCall, ToolResult
-from ._policy import PolicyOptions, make_policy
+from ._guard.guard import Guard, ToolCall, ToolResult
+from ._guard.policy import PolicyOptions, make_policy
 from ._sdk import (
     FASTMCP,
     HIDDEN_CONTEXT,

@@ -34,8 +34,8 @@ from mcp import MCPError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import ValidationError as PydanticValidationError
 
-from ._guard import Interrupted, NothingDone
-from ._guard import ToolResult as GuardResult
+from ._guard.guard import Interrupted, NothingDone
+from ._guard.guard import ToolResult as GuardResult
 from ._lowlevel import generic_error_result
 
 #: The code of the `MCPError` FastMCP raises when a tool outlives its `timeout=` (and then wraps

@@ -20,8 +20,8 @@ from mcp.server.mcpserver.utilities.context_injection import find_context_parame
 from typing_extensions import Unpack
 
 from ._decorator import wrap_tool_function
-from ._guard import Guard
-from ._policy import PolicyOptions, make_policy
+from ._guard.guard import Guard
+from ._guard.policy import PolicyOptions, make_policy
 from ._sdk import (
     adopt,
     check_mcpserver,

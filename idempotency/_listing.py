@@ -17,8 +17,8 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 
 from . import wire
-from ._advertise import advertise_annotations
-from ._caller import caller_of
+from ._guard.advertise import advertise_annotations
+from ._guard.caller import caller_of
 from ._sdk import stamp_of, tool_manager
 
 

@@ -24,12 +24,12 @@ from mcp_types import (
 )
 from typing_extensions import Unpack
 
-from ._advertise import advertise_tool, derivable
-from ._caller import caller_of
-from ._guard import Guard, ToolCall, ToolResult
-from ._policy import PolicyOptions, make_policy
+from ._guard.advertise import advertise_tool, derivable
+from ._guard.caller import caller_of
+from ._guard.guard import Guard, ToolCall, ToolResult
+from ._guard.policy import PolicyOptions, make_policy
+from ._guard.telemetry import crash_report, logger
 from ._stores.store import KeyStore
-from ._telemetry import crash_report, logger
 
 CallToolHandler = Callable[
     [ServerRequestContext[Any, Any], CallToolRequestParams],

@@ -45,11 +45,11 @@ from mcp.server.mcpserver.exceptions import (
 from mcp.server.mcpserver.tools import Tool, ToolManager
 from mcp_types import CallToolResult, TextContent
 
-from ._advertise import advertise_annotations, advertise_meta, declares_idempotent, derivable
-from ._telemetry import crash_report, logger
+from ._guard.advertise import advertise_annotations, advertise_meta, declares_idempotent, derivable
+from ._guard.telemetry import crash_report, logger
 
 if TYPE_CHECKING:
-    from ._guard import Guard
+    from ._guard.guard import Guard
 
 #: Where a guarded wrapper keeps its `ToolStamp`.
 STAMP_ATTR = "__mcp_once__"

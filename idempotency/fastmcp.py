@@ -74,15 +74,15 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import INTERNAL_ERROR, CallToolRequestParams, ListToolsRequest
 from typing_extensions import Unpack
 
-from ._advertise import advertise_tool, declares_idempotent, derivable
-from ._caller import caller_of
 from ._fastmcp_body import install_body_watch, watching_body
 from ._fastmcp_results import error_result, judged, to_fastmcp, to_guard
-from ._guard import Guard, ToolCall
-from ._guard import ToolResult as GuardResult
-from ._policy import PolicyOptions, make_policy
+from ._guard.advertise import advertise_tool, declares_idempotent, derivable
+from ._guard.caller import caller_of
+from ._guard.guard import Guard, ToolCall
+from ._guard.guard import ToolResult as GuardResult
+from ._guard.policy import PolicyOptions, make_policy
+from ._guard.telemetry import logger
 from ._stores.store import KeyStore
-from ._telemetry import logger
 
 __all__ = ["IdempotencyMiddleware"]
 

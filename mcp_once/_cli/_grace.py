@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 
 from idempotency import Record, RecordState
-from idempotency._policy import DEFAULT_LEASE
-from idempotency._replay import rfc3339
+from idempotency._guard.policy import DEFAULT_LEASE
+from idempotency._guard.replay import rfc3339
 
 #: Three leases of the server's default length: a worker that resumes at all usually does so
 #: within a lease or two, and its renewal or completion attempt is then visible in the logs.

@@ -36,8 +36,8 @@ from idempotency import (
     encode_result,
     wire,
 )
-from idempotency._replay import UnreadableResult, domain_form, rfc3339
-from idempotency._scope import store_key
+from idempotency._guard.replay import UnreadableResult, domain_form, rfc3339
+from idempotency._guard.scope import store_key
 from idempotency._stores.store import unreadable_records
 
 from . import _grace

@@ -31,8 +31,8 @@ from idempotency import (
     StoreUnavailable,
     wire,
 )
-from idempotency._fingerprint import fingerprint
-from idempotency._scope import CallScope, default_scope, store_key
+from idempotency._guard.fingerprint import fingerprint
+from idempotency._guard.scope import CallScope, default_scope, store_key
 
 #: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
 SOON = 30.0

@@ -9,9 +9,9 @@ import pytest
 from mcp_types import CallToolResult, TextContent
 
 from idempotency import KeyMode, Policy, decode_result, encode_result, fingerprint, wire
-from idempotency._mint import derive_key, input_round
-from idempotency._replay import UnreadableResult, rfc3339, stamped
-from idempotency._scope import store_key
+from idempotency._guard.mint import derive_key, input_round
+from idempotency._guard.replay import UnreadableResult, rfc3339, stamped
+from idempotency._guard.scope import store_key
 
 
 def test_fingerprint_is_canonical_and_tells_calls_apart() -> None:

@@ -37,7 +37,7 @@ from idempotency import (
     StoreUnavailable,
     open_store,
 )
-from idempotency._replay import encode_result
+from idempotency._guard.replay import encode_result
 from mcp_once._cli import _common, main
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]

@@ -6,7 +6,7 @@ the record over, or it turned UNKNOWN) cancels the run: a stale worker must stop
 that cannot be reached is retried until the last proven lease runs out (a failed renewal is
 retried no later than that instant), then the run is cancelled too, because from that instant
 another worker may legitimately take over. Once the tool has returned, the claim is still renewed
-while the guard stores the result (`_complete`): a store outage shorter than the lease must not
+while the guard stores the result (`complete.py`): a store outage shorter than the lease must not
 turn a finished result into an UNKNOWN record.
 
 Almost every tool finishes long before its first renewal, so a renewer task per call (started
@@ -27,9 +27,9 @@ from contextlib import contextmanager
 
 import anyio
 
-from ._stores.store import KeyStore
-from ._system_task import current_loop, spawn
-from ._telemetry import Trace, logger, record_name
+from .._stores.store import KeyStore
+from .._system_task import current_loop, spawn
+from .telemetry import Trace, logger, record_name
 
 
 class LeaseKeeper:

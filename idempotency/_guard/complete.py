@@ -20,10 +20,10 @@ from __future__ import annotations
 import anyio
 from mcp_types import CallToolResult
 
-from ._lease import LeaseKeeper
-from ._replay import encode_result, too_large_placeholder
-from ._stores.store import KeyStore, LimitExceeded
-from ._telemetry import Trace, logger, record_name
+from .._stores.store import KeyStore, LimitExceeded
+from .lease import LeaseKeeper
+from .replay import encode_result, too_large_placeholder
+from .telemetry import Trace, logger, record_name
 
 #: First pause between tries; it doubles after each failure.
 BACKOFF = 0.05

@@ -15,8 +15,8 @@ from typing import Any, Protocol, Self, TypeVar
 
 from mcp_types import ToolAnnotations
 
-from . import wire
-from ._policy import Policy
+from .. import wire
+from .policy import Policy
 
 
 def declares_idempotent(annotations: ToolAnnotations | None) -> bool:

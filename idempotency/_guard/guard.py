@@ -21,10 +21,10 @@ shutdown, which therefore drains running keyed executions (up to `max_run_time`)
 that dies leaves a record IN_PROGRESS, for lease expiry to settle.
 
 Where each step lives: the key is claimed here (`Guard._claim`, one store call); the lease is
-renewed from the claim until the result is stored (`_lease.py`, rule 11); the result is stored by
-`_complete.py` (retried until it lands or the claim is gone, within two leases); replays are
-decoded and stamped by `_replay.py`. The tool reads its claim with `current_claim()`
-(`_current_claim.py`, rule 13).
+renewed from the claim until the result is stored (`lease.py`, rule 11); the result is stored by
+`complete.py` (retried until it lands or the claim is gone, within two leases); replays are
+decoded and stamped by `replay.py`. The tool reads its claim with `current_claim()`
+(`current_claim.py`, rule 13). Keys are minted or derived in `mint.py`.
 """
 
 from __future__ import annotations
@@ -42,17 +42,7 @@ from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
-from . import _errors
-from ._caller import caller_of
-from ._complete import store_result
-from ._current_claim import Claim, holding
-from ._fingerprint import UnfingerprintableArguments, fingerprint
-from ._lease import LeaseKeeper, keep_lease
-from ._mint import KeySource, attempt_of, derive_key, input_round, resolve_key
-from ._policy import Policy
-from ._replay import UnreadableResult, decode_result, stamped
-from ._scope import CallScope, principal_of, store_key
-from ._stores.store import (
+from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
     CorruptRecord,
@@ -61,7 +51,17 @@ from ._stores.store import (
     RecordState,
     StoreError,
 )
-from ._telemetry import (
+from . import errors
+from .caller import caller_of
+from .complete import store_result
+from .current_claim import Claim, holding
+from .fingerprint import UnfingerprintableArguments, fingerprint
+from .lease import LeaseKeeper, keep_lease
+from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
+from .policy import Policy
+from .replay import UnreadableResult, decode_result, stamped
+from .scope import CallScope, principal_of, store_key
+from .telemetry import (
     NO_TRACE,
     Outcome,
     Trace,
@@ -230,14 +230,14 @@ class Guard:
             if caller is None:
                 return None  # nobody to bind a derived key to: not merged, run as written
             if fp is None:
-                raise _errors.unfingerprintable(None, fp_problem)
+                raise errors.unfingerprintable(None, fp_problem)
             params = call.request.params if call.request is not None else None
             rounds = input_round(params)
             return derive_key(scope(), call.tool, fp, caller=caller, round_fields=rounds)
 
         resolved = resolve_key(call.meta, policy.keys, derive)
         if resolved is not None and fp is None:
-            raise _errors.unfingerprintable(resolved[0], fp_problem)
+            raise errors.unfingerprintable(resolved[0], fp_problem)
         if resolved is None:
             return None
         assert fp is not None
@@ -272,10 +272,10 @@ class Guard:
                 return self._replayed(t, outcome.result, outcome.completed_at, outcome.attempts)
             if status is ClaimStatus.MISMATCH:
                 t.trace.outcome(Outcome.CONFLICT)
-                raise _errors.key_reused(t.key)
+                raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
                 t.trace.outcome(Outcome.UNKNOWN)
-                raise _errors.outcome_unknown(
+                raise errors.outcome_unknown(
                     t.key,
                     "an earlier attempt stopped renewing its lease in the middle of the tool,"
                     " and this tool is not declared safe to run twice",
@@ -285,7 +285,7 @@ class Guard:
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 t.trace.outcome(Outcome.IN_PROGRESS)
-                raise _errors.in_progress(t.key, _hint(outcome.retry_after))
+                raise errors.in_progress(t.key, _hint(outcome.retry_after))
             t.trace.waited()
             # Look again no later than the running lease's end: a dead worker is noticed then.
             lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
@@ -327,7 +327,7 @@ class Guard:
             else:
                 logger.warning("key store unavailable while claiming: %r", exc)
             t.trace.outcome(Outcome.STORE_UNAVAILABLE)
-            raise _errors.store_unavailable(t.key) from None
+            raise errors.store_unavailable(t.key) from None
 
     async def _wait(self, t: _Ticket, timeout: float) -> Record | None:
         """Wait for the attempt that holds the claim; a store failure meanwhile is IN_PROGRESS."""
@@ -350,7 +350,7 @@ class Guard:
             exc,
         )
         t.trace.outcome(Outcome.IN_PROGRESS)
-        return _errors.in_progress(t.key, RETRY_HINT_CAP)
+        return errors.in_progress(t.key, RETRY_HINT_CAP)
 
     async def _give_back_if_cancelled(self, t: _Ticket, outcome: ClaimOutcome) -> None:
         """A request cancelled before its tool started gives its fresh claim back: nothing ran."""
@@ -527,8 +527,8 @@ class Guard:
             if record.state is RecordState.COMPLETED and record.result is not None:
                 return self._replayed(t, record.result, record.completed_at, record.attempts)
             if record.state is RecordState.IN_PROGRESS and (record.token != token or takeover):
-                raise _errors.in_progress(t.key, _hint(None))
-        raise _errors.outcome_unknown(
+                raise errors.in_progress(t.key, _hint(None))
+        raise errors.outcome_unknown(
             t.key, f"the attempt was cancelled mid-execution because {why}"
         )
 
@@ -546,8 +546,8 @@ class Guard:
             if record.state is RecordState.COMPLETED and record.result is not None:
                 return self._replayed(t, record.result, record.completed_at, record.attempts)
             if record.state is RecordState.IN_PROGRESS:
-                raise _errors.in_progress(t.key, _hint(None))
-        raise _errors.outcome_unknown(
+                raise errors.in_progress(t.key, _hint(None))
+        raise errors.outcome_unknown(
             t.key, "this attempt finished after its lease had passed to another attempt"
         )
 
@@ -574,4 +574,4 @@ class Guard:
     def _corrupt(self, t: _Ticket, why: str) -> MCPError:
         t.trace.outcome(Outcome.CORRUPT)
         logger.error("record %s cannot be read (%s); left untouched", record_name(t.store_key), why)
-        return _errors.corrupt_record(t.key)
+        return errors.corrupt_record(t.key)

@@ -7,8 +7,9 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import _errors, wire
-from ._fingerprint import canonical_json
+from .. import wire
+from . import errors
+from .fingerprint import canonical_json
 
 DERIVED_PREFIX = "derived-"
 
@@ -54,7 +55,7 @@ def resolve_key(
     """
     if meta is None or wire.KEY_META not in meta:
         if mode == "required":
-            raise _errors.key_missing()
+            raise errors.key_missing()
         if mode == "optional":
             return None
         derived = derive()
@@ -62,7 +63,7 @@ def resolve_key(
     key = meta[wire.KEY_META]
     problem = wire.key_problem(key)
     if problem is not None:
-        raise _errors.key_malformed(key, problem)
+        raise errors.key_malformed(key, problem)
     assert isinstance(key, str)
     return key, KeySource.CLIENT
 

@@ -16,7 +16,7 @@ from typing import Any
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from . import wire
+from .. import wire
 
 #: Written into every stored payload; a reader refuses payloads of another format.
 FORMAT = "mcp-once/result@1"

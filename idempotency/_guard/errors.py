@@ -11,7 +11,7 @@ from typing import Any
 
 from mcp import MCPError
 
-from . import wire
+from .. import wire
 
 
 def _data(key: str | None, **extra: Any) -> dict[str, Any]:

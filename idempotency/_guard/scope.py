@@ -17,7 +17,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken, principal_components
 from mcp.server.context import ServerRequestContext
 
-from ._fingerprint import canonical_json
+from .fingerprint import canonical_json
 
 #: Bumped if the derivation ever changes, so old and new records can never alias.
 _STORE_KEY_VERSION = "mcp-once/1"

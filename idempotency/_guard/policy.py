@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
-from . import wire
-from ._scope import ScopeFn, default_scope
+from .. import wire
+from .scope import ScopeFn, default_scope
 
 KeyMode = Literal["required", "optional", "derived"]
 #: The wire contract's spelling; a unit test keeps `KeyMode` in step with it.

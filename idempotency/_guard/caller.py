@@ -27,7 +27,7 @@ from typing import Any
 
 from mcp.server.context import ServerRequestContext
 
-from ._scope import principal_of
+from .scope import principal_of
 
 #: One random id per duplex channel object, dropped when the channel is collected.
 _channel_ids: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
