@@ -36,7 +36,7 @@ from typing import Any
 from fastmcp.exceptions import ToolError
 from fastmcp.tools.base import Tool
 
-from ._guard.telemetry import logger
+from ..._guard.telemetry import logger
 
 _PATCHED = "__mcp_once_body_watch__"
 

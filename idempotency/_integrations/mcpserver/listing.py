@@ -16,10 +16,10 @@ from typing import Any
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 
-from . import wire
-from ._guard.advertise import advertise_annotations
-from ._guard.caller import caller_of
-from ._sdk import stamp_of, tool_manager
+from ... import wire
+from ..._guard.advertise import advertise_annotations
+from ..._guard.caller import caller_of
+from .sdk import stamp_of, tool_manager
 
 
 class ListingMiddleware:

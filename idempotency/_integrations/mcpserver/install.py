@@ -19,10 +19,11 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
 from typing_extensions import Unpack
 
-from ._decorator import wrap_tool_function
-from ._guard.guard import Guard
-from ._guard.policy import PolicyOptions, make_policy
-from ._sdk import (
+from ..._guard.guard import Guard
+from ..._guard.policy import PolicyOptions, make_policy
+from ..._stores.store import KeyStore
+from .decorator import wrap_tool_function
+from .sdk import (
     adopt,
     check_mcpserver,
     ensure_listing,
@@ -30,7 +31,6 @@ from ._sdk import (
     stamp_of,
     tool_manager,
 )
-from ._stores.store import KeyStore
 
 _INSTALLED_ATTR = "__mcp_once_installed__"
 

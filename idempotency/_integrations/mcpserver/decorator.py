@@ -34,9 +34,10 @@ from mcp.server.mcpserver.utilities.context_injection import find_context_parame
 from mcp.shared._callable_inspection import is_async_callable
 from typing_extensions import Unpack
 
-from ._guard.guard import Guard, ToolCall, ToolResult
-from ._guard.policy import PolicyOptions, make_policy
-from ._sdk import (
+from ..._guard.guard import Guard, ToolCall, ToolResult
+from ..._guard.policy import PolicyOptions, make_policy
+from ..._stores.store import KeyStore
+from .sdk import (
     FASTMCP,
     HIDDEN_CONTEXT,
     STAMP_ATTR,
@@ -51,7 +52,6 @@ from ._sdk import (
     served_by_fastmcp,
     stamp_of,
 )
-from ._stores.store import KeyStore
 
 P = ParamSpec("P")
 R = TypeVar("R")

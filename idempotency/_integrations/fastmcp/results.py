@@ -10,7 +10,7 @@ The guard stores and replays `CallToolResult`s (domain form). FastMCP's middlewa
 - an input-required round (SEP-2322) passes through as the guard's `InputRequiredResult`, never
   stored;
 - an exception from further down the chain is judged: raised before FastMCP entered the tool
-  (another middleware, auth, lookup: see `_fastmcp_body`), refused before the body ran (unknown,
+  (another middleware, auth, lookup: see `body.py`), refused before the body ran (unknown,
   disabled or unauthorized tool, invalid arguments) or failed with an error the author declared
   effect-free → `NothingDone` (released, re-raised as FastMCP raised it); cut short by the tool's
   own `timeout=` → `Interrupted` (OUTCOME_UNKNOWN, never a stored "timed out"); anything else
@@ -34,9 +34,9 @@ from mcp import MCPError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import ValidationError as PydanticValidationError
 
-from ._guard.guard import Interrupted, NothingDone
-from ._guard.guard import ToolResult as GuardResult
-from ._lowlevel import generic_error_result
+from ..._guard.guard import Interrupted, NothingDone
+from ..._guard.guard import ToolResult as GuardResult
+from ..lowlevel import generic_error_result
 
 #: The code of the `MCPError` FastMCP raises when a tool outlives its `timeout=` (and then wraps
 #: in a `ToolError`); its message says "execution timed out after".

@@ -7,7 +7,7 @@ the server. Four things still need the registration machinery:
   the author writing them: `Tool.from_function` is wrapped once (process-wide) to merge in what
   holds for every caller, for functions that carry our stamp and only for those; and
   `MCPServer.add_tool` is wrapped once so that a server that registers a stamped tool gets the
-  listing middleware (`_listing`) that tells each caller what holds for it;
+  listing middleware (`listing.py`) that tells each caller what holds for it;
 - a decorator placed *above* `@server.tool()` would wrap a function the server never calls, which
   would silently leave the tool unguarded: the same hook remembers registered functions so that
   `idempotent` can refuse them;
@@ -45,11 +45,16 @@ from mcp.server.mcpserver.exceptions import (
 from mcp.server.mcpserver.tools import Tool, ToolManager
 from mcp_types import CallToolResult, TextContent
 
-from ._guard.advertise import advertise_annotations, advertise_meta, declares_idempotent, derivable
-from ._guard.telemetry import crash_report, logger
+from ..._guard.advertise import (
+    advertise_annotations,
+    advertise_meta,
+    declares_idempotent,
+    derivable,
+)
+from ..._guard.telemetry import crash_report, logger
 
 if TYPE_CHECKING:
-    from ._guard.guard import Guard
+    from ..._guard.guard import Guard
 
 #: Where a guarded wrapper keeps its `ToolStamp`.
 STAMP_ATTR = "__mcp_once__"
@@ -218,7 +223,7 @@ def ensure_registration_hook() -> None:
 
 def ensure_listing(server: MCPServer[Any]) -> None:
     """Add the per-caller listing middleware to `server`, once."""
-    from ._listing import ListingMiddleware  # the middleware itself needs this module
+    from .listing import ListingMiddleware  # the middleware itself needs this module
 
     if not any(isinstance(m, ListingMiddleware) for m in server.middleware):
         server.middleware.append(ListingMiddleware(server))

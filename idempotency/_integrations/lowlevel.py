@@ -24,12 +24,12 @@ from mcp_types import (
 )
 from typing_extensions import Unpack
 
-from ._guard.advertise import advertise_tool, derivable
-from ._guard.caller import caller_of
-from ._guard.guard import Guard, ToolCall, ToolResult
-from ._guard.policy import PolicyOptions, make_policy
-from ._guard.telemetry import crash_report, logger
-from ._stores.store import KeyStore
+from .._guard.advertise import advertise_tool, derivable
+from .._guard.caller import caller_of
+from .._guard.guard import Guard, ToolCall, ToolResult
+from .._guard.policy import PolicyOptions, make_policy
+from .._guard.telemetry import crash_report, logger
+from .._stores.store import KeyStore
 
 CallToolHandler = Callable[
     [ServerRequestContext[Any, Any], CallToolRequestParams],
@@ -110,7 +110,7 @@ class GuardedCallTool:
 
     def advertise(self, handler: ListToolsHandler) -> ListToolsHandler:
         """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta,
-        as they hold for the caller who lists (see `_listing`)."""
+        as they hold for the caller who lists (see `mcpserver/listing.py`)."""
 
         async def list_tools(
             ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
