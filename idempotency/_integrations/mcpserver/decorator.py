@@ -40,8 +40,6 @@ from ..._stores.store import KeyStore
 from .sdk import (
     FASTMCP,
     HIDDEN_CONTEXT,
-    STAMP_ATTR,
-    ToolStamp,
     arguments_of,
     ensure_registration_hook,
     fastmcp_refusal,
@@ -50,8 +48,8 @@ from .sdk import (
     request_of,
     sdk_error_result,
     served_by_fastmcp,
-    stamp_of,
 )
+from .stamp import STAMP_ATTR, ToolStamp, stamp_of
 
 P = ParamSpec("P")
 R = TypeVar("R")

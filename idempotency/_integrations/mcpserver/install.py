@@ -28,9 +28,9 @@ from .sdk import (
     check_mcpserver,
     ensure_listing,
     ensure_registration_hook,
-    stamp_of,
     tool_manager,
 )
+from .stamp import stamp_of
 
 _INSTALLED_ATTR = "__mcp_once_installed__"
 

@@ -14,19 +14,23 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.tools import ToolManager
 
 from ... import wire
 from ..._guard.advertise import advertise_annotations
 from ..._guard.caller import caller_of
-from .sdk import stamp_of, tool_manager
+from .stamp import stamp_of
 
 
 class ListingMiddleware:
-    """`MCPServer` middleware: per-caller annotations and `_meta` for guarded tools."""
+    """`MCPServer` middleware: per-caller annotations and `_meta` for guarded tools.
 
-    def __init__(self, server: MCPServer[Any]) -> None:
-        self._server = server
+    Given the server's tool manager (`sdk.tool_manager`, where the registered tools are looked
+    up) rather than the server, so that this module needs nothing from `sdk.py`, which adds it.
+    """
+
+    def __init__(self, tools: ToolManager) -> None:
+        self._tools = tools
 
     async def __call__(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
@@ -36,10 +40,9 @@ class ListingMiddleware:
             return result
         if caller_of(ctx) is None:
             return result  # the registered definitions already say what holds for such a caller
-        manager = tool_manager(self._server)
         for entry in result.get("tools") or ():
             name = entry.get("name") if isinstance(entry, dict) else None
-            tool = manager.get_tool(name) if isinstance(name, str) else None
+            tool = self._tools.get_tool(name) if isinstance(name, str) else None
             stamp = stamp_of(tool.fn) if tool is not None else None
             if tool is None or stamp is None:
                 continue

@@ -31,8 +31,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
@@ -45,47 +44,14 @@ from mcp.server.mcpserver.exceptions import (
 from mcp.server.mcpserver.tools import Tool, ToolManager
 from mcp_types import CallToolResult, TextContent
 
-from ..._guard.advertise import (
-    advertise_annotations,
-    advertise_meta,
-    declares_idempotent,
-    derivable,
-)
+from ..._guard.advertise import advertise_annotations, advertise_meta, declares_idempotent
 from ..._guard.telemetry import crash_report, logger
+from .listing import ListingMiddleware
+from .stamp import stamp_of
 
-if TYPE_CHECKING:
-    from ..._guard.guard import Guard
-
-#: Where a guarded wrapper keeps its `ToolStamp`.
-STAMP_ATTR = "__mcp_once__"
 #: Name of the Context parameter added to a tool that declares none (no leading underscore:
 #: the SDK refuses those; excluded from the input schema because it is typed `Context`).
 HIDDEN_CONTEXT = "mcp_once_context"
-
-
-@dataclass(slots=True)
-class ToolStamp:
-    """What a guarded wrapper carries for registration and calls."""
-
-    guard: Guard
-    #: The parameter the SDK passes the Context in (the author's, or `HIDDEN_CONTEXT`).
-    context_param: str
-    #: True when `context_param` was added by us and must not reach the author's function.
-    hidden: bool
-    #: Per registered tool name: did the author declare the tool idempotent by itself?
-    declared: dict[str, bool] = field(default_factory=dict)
-    #: Tool names never merged under a derived key (`install(underived=...)`).
-    underived: frozenset[str] = frozenset()
-
-    def derivable(self, tool: Tool) -> bool:
-        """Whether a keyless call of `tool` may be merged under a derived key."""
-        return derivable(self.guard.policy, tool.annotations, tool.name in self.underived)
-
-
-def stamp_of(fn: object) -> ToolStamp | None:
-    stamp = getattr(fn, STAMP_ATTR, None)
-    return stamp if isinstance(stamp, ToolStamp) else None
-
 
 MCPSERVER = "MCPServer"
 FASTMCP = "FastMCP"
@@ -223,10 +189,8 @@ def ensure_registration_hook() -> None:
 
 def ensure_listing(server: MCPServer[Any]) -> None:
     """Add the per-caller listing middleware to `server`, once."""
-    from .listing import ListingMiddleware  # the middleware itself needs this module
-
     if not any(isinstance(m, ListingMiddleware) for m in server.middleware):
-        server.middleware.append(ListingMiddleware(server))
+        server.middleware.append(ListingMiddleware(tool_manager(server)))
 
 
 def tool_manager(server: MCPServer[Any]) -> ToolManager:
