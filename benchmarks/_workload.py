@@ -11,8 +11,7 @@ import json
 import secrets
 from typing import Any, Final
 
-from idempotency._guard.fingerprint import fingerprint
-from idempotency._guard.scope import CallScope, default_scope, store_key
+from idempotency import CallScope, default_scope, fingerprint, store_key
 from idempotency._stores.redis import lua
 
 TOOL: Final = "charge"

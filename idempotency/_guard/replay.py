@@ -23,18 +23,22 @@ FORMAT = "mcp-once/result@1"
 
 
 class UnreadableResult(ValueError):
-    """A stored payload is not one of ours (damaged, foreign, or a newer format)."""
+    """A stored payload is not one of ours (damaged, foreign, or a newer format): raised by
+    `decode_result`, with the reason as its message. The server answers CORRUPT_RECORD for it."""
 
 
 @dataclass(frozen=True, slots=True)
 class StoredResult:
+    """A stored result as `decode_result` reads it back."""
+
     result: CallToolResult
     #: Seconds since the epoch; None for payloads written by hand (an operator's settle).
     executed_at: float | None
 
 
 def domain_form(result: CallToolResult) -> dict[str, Any]:
-    """The result as plain JSON, without envelope fields and without our own marker."""
+    """The result as plain JSON, without envelope fields and without our own marker: what a
+    record keeps, and what `mcp-once keys show --reveal-result` prints."""
     dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     dumped.pop("resultType", None)
     meta = dumped.get("_meta")
@@ -46,7 +50,8 @@ def domain_form(result: CallToolResult) -> dict[str, Any]:
 
 
 def encode_result(result: CallToolResult, executed_at: float) -> bytes:
-    """Bytes for `KeyStore.complete` / `KeyStore.settle`."""
+    """Bytes for `KeyStore.complete` / `KeyStore.settle` (`executed_at`: seconds since the
+    epoch, replayed as the marker's `executedAt`)."""
     payload = {"format": FORMAT, "executedAt": executed_at, "result": domain_form(result)}
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
@@ -72,7 +77,8 @@ def decode_result(data: bytes) -> StoredResult:
 
 
 def rfc3339(timestamp: float) -> str:
-    """UTC, millisecond precision, `Z` suffix: what `executedAt` carries on the wire."""
+    """UTC, millisecond precision, `Z` suffix: what `executedAt` carries on the wire, and how
+    `mcp-once keys` prints a record's times (`timestamp`: seconds since the epoch)."""
     moment = datetime.fromtimestamp(timestamp, UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

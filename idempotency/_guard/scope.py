@@ -70,5 +70,11 @@ def principal_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
 
 
 def store_key(scope: str, tool: str, key: str) -> str:
-    """The name a record is stored under: hex SHA-256 of (version, scope, tool, key)."""
+    """The name a record is stored under: hex SHA-256 of (version, scope, tool, key).
+
+    What `KeyStore.get` and `KeyStore.settle` take, `Record.key` holds and `mcp-once keys list`
+    prints. The record of a key a client sent is `store_key(scope, tool, key)` with the scope
+    the server's `Policy.scope` gave that call: by default `default_scope(CallScope(server,
+    tool, principal, None, None))`, `principal` None without authentication.
+    """
     return hashlib.sha256(canonical_json([_STORE_KEY_VERSION, scope, tool, key])).hexdigest()

@@ -148,6 +148,12 @@ def pass_over(record: CorruptRecord) -> None:
 def unreadable_records() -> Iterator[list[CorruptRecord]]:
     """Collect the records the listings made inside the block could not read.
 
+    ```python
+    with unreadable_records() as unreadable:
+        records = await store.list_records()
+    # `unreadable`: one CorruptRecord (its `key`, and `why`) per record passed over
+    ```
+
     A side channel rather than a `list_records` parameter, so that the store protocol (and every
     store written against it) stays as it is; stores that never pass records over report none.
     """

@@ -33,6 +33,7 @@ from redis_server import RedisServer
 
 from idempotency import (
     ClaimStatus,
+    DurabilityUnsupported,
     Record,
     RecordState,
     RedisKeyStore,
@@ -41,7 +42,6 @@ from idempotency import (
     open_store,
 )
 from idempotency._stores.redis import lua
-from idempotency._stores.redis.store import DurabilityUnsupported
 from idempotency._stores.redis.wire import command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
