@@ -5,8 +5,8 @@ the server. Four things still need the registration machinery:
 
 - the listed definition must carry our `_meta` (and `idempotentHint` where it holds) without
   the author writing them: `Tool.from_function` is wrapped once (process-wide) to merge in what
-  holds for every caller, for functions that carry our stamp and only for those; and
-  `MCPServer.add_tool` is wrapped once so that a server that registers a stamped tool gets the
+  holds for every caller, for functions that carry our stamp (`stamp.py`) and only for those;
+  and `MCPServer.add_tool` is wrapped once so that a server that registers a stamped tool gets the
   listing middleware (`listing.py`) that tells each caller what holds for it;
 - a decorator placed *above* `@server.tool()` would wrap a function the server never calls, which
   would silently leave the tool unguarded: the same hook remembers registered functions so that
