@@ -11,9 +11,8 @@ import json
 import secrets
 from typing import Any, Final
 
-from idempotency import _redis_lua as lua
-from idempotency._fingerprint import fingerprint
-from idempotency._scope import CallScope, default_scope, store_key
+from idempotency import CallScope, default_scope, fingerprint, store_key
+from idempotency._stores.redis import lua
 
 TOOL: Final = "charge"
 SERVER: Final = "bench"

@@ -66,7 +66,7 @@ from ._witness import Witness
 RESULTS = Path(__file__).resolve().parent / "results"
 REPRODUCE = "uv run --group bench python -m benchmarks.failover"
 #: The guard's lease and how long a duplicate waits: longer than a Sentinel failover (~2-3 s),
-#: so a result computed before the crash is still stored after it (`_complete.py`).
+#: so a result computed before the crash is still stored after it (`_guard/complete.py`).
 LEASE = 10.0
 WAIT = 5.0
 #: Seconds the store waits for a reply; above `wait_timeout`, as the store requires.

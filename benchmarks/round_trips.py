@@ -20,7 +20,7 @@ import redis
 from mcp.client import Client
 
 from idempotency import RedisKeyStore
-from idempotency import _redis_lua as lua
+from idempotency._stores.redis import lua
 
 from . import _powertools, _workload
 from ._redis import Counters, RedisServer, read_counters

@@ -35,9 +35,9 @@ import redis
 import redis.asyncio as aioredis
 
 from idempotency import RedisKeyStore
-from idempotency import _redis_lua as lua
-from idempotency._redis_store import _pack_fingerprint
-from idempotency._redis_wire import command
+from idempotency._stores.redis import lua
+from idempotency._stores.redis.store import _pack_fingerprint
+from idempotency._stores.redis.wire import command
 
 from . import _powertools, _workload
 from ._redis import RedisServer, redis_benchmark_binary

@@ -1,19 +1,49 @@
-"""mcp-once, server side: idempotency keys, fenced leases and replays for MCP tools."""
+"""mcp-once, server side: idempotency keys, fenced leases and replays for MCP tools.
 
-from ._current_claim import Claim, current_claim
-from ._decorator import idempotent
-from ._fingerprint import fingerprint
-from ._install import install
-from ._lowlevel import GuardedCallTool, idempotent_call_tool
-from ._memory_store import MemoryKeyStore
-from ._mint import KeySource
-from ._open import open_store
-from ._policy import KeyMode, Policy, PolicyOptions
-from ._redis_store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
-from ._replay import decode_result, encode_result
-from ._scope import CallScope, ScopeFn, default_scope
-from ._sqlite_store import SQLiteKeyStore
-from ._store import (
+Guarding tools: `idempotent` (one `MCPServer` tool), `install` (every tool of an `MCPServer`)
+and `idempotent_call_tool` (a low-level `Server`), each with the options of `Policy`; a FastMCP
+server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
+`current_claim()` is the claim it runs under, for fencing its own downstream writes.
+
+Key stores: `open_store(url)`, or `MemoryKeyStore`, `SQLiteKeyStore`, `RedisKeyStore` directly;
+anything implementing `KeyStore` will do. Records (`Record`, `RecordState`) and the store errors
+(`StoreError` and its subclasses) are the same for every backend.
+
+Operator tooling (what `mcp-once keys` is built on): `store_key` (with `default_scope` and
+`CallScope`) names the record of a key a client sent; `KeyStore.get`, `list_records`, `settle`
+and `purge_expired` read and settle records, and `unreadable_records()` reports the ones a
+listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
+`domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
+result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
+settling a record as failed is counted in.
+
+`idempotency.wire` is the wire contract shared with the client library. Modules and packages
+whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
+stores) and `_integrations/` (the framework integrations); their public names are the ones
+re-exported here.
+"""
+
+from ._guard.current_claim import Claim, current_claim
+from ._guard.fingerprint import fingerprint
+from ._guard.mint import KeySource
+from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
+from ._guard.replay import (
+    StoredResult,
+    UnreadableResult,
+    decode_result,
+    domain_form,
+    encode_result,
+    rfc3339,
+)
+from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
+from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
+from ._integrations.mcpserver.decorator import idempotent
+from ._integrations.mcpserver.install import install
+from ._stores.memory import MemoryKeyStore
+from ._stores.open import open_store
+from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
+from ._stores.sqlite import SQLiteKeyStore
+from ._stores.store import (
     ClaimOutcome,
     ClaimStatus,
     CorruptRecord,
@@ -23,9 +53,11 @@ from ._store import (
     RecordState,
     StoreError,
     StoreUnavailable,
+    unreadable_records,
 )
 
 __all__ = [
+    "DEFAULT_LEASE",
     "CallScope",
     "Claim",
     "ClaimOutcome",
@@ -48,13 +80,19 @@ __all__ = [
     "ScopeFn",
     "StoreError",
     "StoreUnavailable",
+    "StoredResult",
+    "UnreadableResult",
     "current_claim",
     "decode_result",
     "default_scope",
+    "domain_form",
     "encode_result",
     "fingerprint",
     "idempotent",
     "idempotent_call_tool",
     "install",
     "open_store",
+    "rfc3339",
+    "store_key",
+    "unreadable_records",
 ]

@@ -1,12 +1,15 @@
 """The event loop a call runs on, and background tasks that belong to that loop, not to a request.
 
-Some work serves every request of an event loop at once: the lease renewals (`_lease.py`), the
-reader of a Redis connection under trio (`_redis_transport.py`). Started from inside whichever
-request needed it first, such a task must neither hold up that request's task group nor die with
-it, and must not inherit its context variables (the current span, the current claim). So it runs
-as a system task: on asyncio a task of the loop in a fresh context, held here because asyncio
-keeps only weak references to running tasks; on trio `spawn_system_task`. Either way it is
-cancelled when the event loop shuts down.
+Some work serves every request of an event loop at once: the guard's lease renewals
+(`_guard/lease.py`), the reader of a Redis connection under trio (`_stores/redis/transport.py`).
+Started from inside whichever request needed it first, such a task must neither hold up that
+request's task group nor die with it, and must not inherit its context variables (the current
+span, the current claim). So it runs as a system task: on asyncio a task of the loop in a fresh
+context, held here because asyncio keeps only weak references to running tasks; on trio
+`spawn_system_task`. Either way it is cancelled when the event loop shuts down.
+
+It sits at the top of the package, beside neither side: the guard and the stores both use it,
+and the stores import nothing from the guard.
 """
 
 from __future__ import annotations

@@ -30,10 +30,11 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
   the middleware. Only a protected call gets the guard's span, a child of FastMCP's request
   span (`tools/call <name>`), never a second SERVER span.
 - Only the tool's own outcome is stored: what FastMCP reports below the guard is judged by
-  `_fastmcp_results`. A failure before FastMCP entered the tool (another middleware, auth,
-  lookup, argument validation: `_fastmcp_body`) releases the claim and propagates as FastMCP
-  raised it; a tool's `timeout=` expiring is OUTCOME_UNKNOWN (-32012), as for the guard's own
-  `max_run_time`, never a stored "timed out"; body errors are stored as FastMCP renders them.
+  `_integrations/fastmcp/results.py`. A failure before FastMCP entered the tool (another
+  middleware, auth, lookup, argument validation: `_integrations/fastmcp/body.py`) releases the
+  claim and propagates as FastMCP raised it; a tool's `timeout=` expiring is OUTCOME_UNKNOWN
+  (-32012), as for the guard's own `max_run_time`, never a stored "timed out"; body errors are
+  stored as FastMCP renders them.
 - The guarded tool is the one FastMCP will run, found as `FastMCP.call_tool` finds it: by name
   under the version it was asked for (an exact version or a `gte`/`lt` range), else by an
   app-callable tool's hashed name (`<hash>_<local_name>`); see `_tool`. Its version is part of
@@ -73,15 +74,15 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import INTERNAL_ERROR, CallToolRequestParams, ListToolsRequest
 from typing_extensions import Unpack
 
-from ._advertise import advertise_tool, declares_idempotent, derivable
-from ._caller import caller_of
-from ._fastmcp_body import install_body_watch, watching_body
-from ._fastmcp_results import error_result, judged, to_fastmcp, to_guard
-from ._guard import Guard, ToolCall
-from ._guard import ToolResult as GuardResult
-from ._policy import PolicyOptions, make_policy
-from ._store import KeyStore
-from ._telemetry import logger
+from ._guard.advertise import advertise_tool, declares_idempotent, derivable
+from ._guard.caller import caller_of
+from ._guard.guard import Guard, ToolCall
+from ._guard.guard import ToolResult as GuardResult
+from ._guard.policy import PolicyOptions, make_policy
+from ._guard.telemetry import logger
+from ._integrations.fastmcp.body import install_body_watch, watching_body
+from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
+from ._stores.store import KeyStore
 
 __all__ = ["IdempotencyMiddleware"]
 
@@ -259,7 +260,7 @@ class IdempotencyMiddleware(Middleware):
         found = await self._tool(ctx, message)
         if found is None:
             # Unknown, or hidden from this caller: FastMCP answers, untouched; should a tool be
-            # entered after all, the watch refuses it (`_fastmcp_body`).
+            # entered after all, the watch refuses it (`_integrations/fastmcp/body.py`).
             with watching_body(unknown=message.name):
                 return await call_next(context)
         if not self.guards(found[0]):

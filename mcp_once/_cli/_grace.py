@@ -23,9 +23,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from idempotency import Record, RecordState
-from idempotency._policy import DEFAULT_LEASE
-from idempotency._replay import rfc3339
+from idempotency import DEFAULT_LEASE, Record, RecordState, rfc3339
 
 #: Three leases of the server's default length: a worker that resumes at all usually does so
 #: within a lease or two, and its renewal or completion attempt is then visible in the logs.

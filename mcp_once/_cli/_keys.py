@@ -31,14 +31,16 @@ from idempotency import (
     Record,
     RecordState,
     StoreUnavailable,
+    UnreadableResult,
     decode_result,
     default_scope,
+    domain_form,
     encode_result,
+    rfc3339,
+    store_key,
+    unreadable_records,
     wire,
 )
-from idempotency._replay import UnreadableResult, domain_form, rfc3339
-from idempotency._scope import store_key
-from idempotency._store import unreadable_records
 
 from . import _grace
 from ._common import (
@@ -51,7 +53,7 @@ from ._common import (
     unreachable,
 )
 
-#: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `_scope.store_key`.
+#: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `idempotency.store_key`.
 _STORE_KEY = re.compile(r"[0-9a-f]{64}")
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 import anyio.to_thread
 import httpx2
 
-from idempotency import RecordState, open_store, wire
-from idempotency._scope import CallScope, default_scope, store_key
+from idempotency import CallScope, RecordState, default_scope, open_store, store_key, wire
 from mcp_once.scenarios._endpoints import Endpoint, Era, ServerProcess, server_command
 from mcp_once.scenarios._ledger import Ledger
 from mcp_once.scenarios._shop import UNGUARDED_TOOLS

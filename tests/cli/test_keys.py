@@ -30,9 +30,18 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult
 from redis_server import RedisServer, free_port, redis_server_binary
 
-from idempotency import KeyStore, RecordState, SQLiteKeyStore, idempotent, open_store, wire
-from idempotency._scope import CallScope, default_scope, store_key
-from idempotency._sqlite_store import sqlite_path_from_url
+from idempotency import (
+    CallScope,
+    KeyStore,
+    RecordState,
+    SQLiteKeyStore,
+    default_scope,
+    idempotent,
+    open_store,
+    store_key,
+    wire,
+)
+from idempotency._stores.sqlite import sqlite_path_from_url
 from mcp_once._cli import _common, _grace, main
 
 pytestmark = pytest.mark.anyio
@@ -666,7 +675,7 @@ async def test_list_shows_corrupt_records_and_exits_1(
 
 
 def _rfc3339(timestamp: float) -> str:
-    from idempotency._replay import rfc3339
+    from idempotency import rfc3339
 
     return rfc3339(timestamp)
 

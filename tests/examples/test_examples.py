@@ -26,8 +26,7 @@ from mcp import Client
 from nginx_server import DEPLOY_CONF, NginxServer, check_config, deployed_config
 from redis_server import RedisServer, free_port, redis_server_binary
 
-from idempotency import RecordState, SQLiteKeyStore, wire
-from idempotency._scope import CallScope, default_scope, store_key
+from idempotency import CallScope, RecordState, SQLiteKeyStore, default_scope, store_key, wire
 from mcp_once._cli import build_parser
 from mcp_once._cli._example_server import SERVER_NAME
 from orchestrator import streamable_http_transport

@@ -24,15 +24,17 @@ from mcp_types import CallToolResult
 from starlette.types import ASGIApp
 
 from idempotency import (
+    CallScope,
     KeyStore,
     MemoryKeyStore,
     RedisKeyStore,
     SQLiteKeyStore,
     StoreUnavailable,
+    default_scope,
+    fingerprint,
+    store_key,
     wire,
 )
-from idempotency._fingerprint import fingerprint
-from idempotency._scope import CallScope, default_scope, store_key
 
 #: Generous bound for anything that should happen "soon" on a loaded 2-core machine.
 SOON = 30.0

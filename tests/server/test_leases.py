@@ -188,7 +188,7 @@ async def test_concurrent_claims_share_one_renewer_and_lose_their_leases_alone(
     """Three slow tools run past their lease on one event loop: one renewal service keeps all
     three claims; one claim's token vanishing cancels that tool only; the service stops once
     nothing runs."""
-    from idempotency._lease import _renewal_service
+    from idempotency._guard.lease import _renewal_service
 
     store = RenewalLog()
     effects = Effects()
@@ -238,7 +238,7 @@ async def test_concurrent_claims_share_one_renewer_and_lose_their_leases_alone(
 async def test_a_claim_due_sooner_wakes_the_sleeping_renewer(anyio_backend: str) -> None:
     """The service sleeps until a long lease's first renewal (20 s away); a claim with a short
     lease that starts meanwhile must be renewed on its own schedule, not 20 s later."""
-    from idempotency._lease import _renewal_service
+    from idempotency._guard.lease import _renewal_service
 
     store = RenewalLog()
     slow_effects, quick_effects = Effects(), Effects()

@@ -16,8 +16,8 @@ from mcp_types import CallToolResult, InputRequiredResult, TextContent
 from server_kit import SOON, Effects, answer, body, effect_server, marker, meta
 
 from idempotency import CallScope, MemoryKeyStore, default_scope, idempotent, wire
-from idempotency._guard import Guard, ToolCall
-from idempotency._policy import Policy
+from idempotency._guard.guard import Guard, ToolCall
+from idempotency._guard.policy import Policy
 
 pytestmark = pytest.mark.anyio
 

@@ -33,7 +33,7 @@ from idempotency import (
     StoreUnavailable,
     wire,
 )
-from idempotency._mint import resolve_key
+from idempotency._guard.mint import resolve_key
 
 pytestmark = pytest.mark.anyio
 

@@ -8,10 +8,19 @@ from typing import get_args
 import pytest
 from mcp_types import CallToolResult, TextContent
 
-from idempotency import KeyMode, Policy, decode_result, encode_result, fingerprint, wire
-from idempotency._mint import derive_key, input_round, meta_inputs
-from idempotency._replay import UnreadableResult, rfc3339, stamped
-from idempotency._scope import store_key
+from idempotency import (
+    KeyMode,
+    Policy,
+    UnreadableResult,
+    decode_result,
+    encode_result,
+    fingerprint,
+    rfc3339,
+    store_key,
+    wire,
+)
+from idempotency._guard.mint import derive_key, input_round, meta_inputs
+from idempotency._guard.replay import stamped
 
 
 def test_fingerprint_is_canonical_and_tells_calls_apart() -> None:

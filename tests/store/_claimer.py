@@ -22,7 +22,7 @@ async def main(kind: str, location: str, prefix: str, key: str, fingerprint: str
 
         store = SQLiteKeyStore(location)
     else:
-        from idempotency._redis_store import RedisKeyStore
+        from idempotency import RedisKeyStore
 
         store = RedisKeyStore.from_url(location, prefix=prefix)
     try:

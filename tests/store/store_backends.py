@@ -150,7 +150,7 @@ def sync_redis_client(url: str) -> Any:
     import redis
     from redis.cluster import ClusterNode, RedisCluster
 
-    from idempotency._redis_cluster import seeds_of_url
+    from idempotency._stores.redis.cluster import seeds_of_url
 
     if url.startswith("redis+sentinel://"):
         return _sentinel_client(url)
@@ -164,7 +164,7 @@ def _sentinel_client(url: str) -> Any:
     """A synchronous redis-py client of the primary a `redis+sentinel://` URL names."""
     from redis.sentinel import Sentinel
 
-    from idempotency._redis_sentinel import parse_sentinel_url
+    from idempotency._stores.redis.sentinel import parse_sentinel_url
 
     hosts, service, options, sentinel_options = parse_sentinel_url(url)
     return Sentinel(hosts, sentinel_kwargs=sentinel_options).master_for(service, **options)

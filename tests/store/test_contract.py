@@ -27,12 +27,9 @@ from idempotency import (
     RecordState,
     SQLiteKeyStore,
     StoreUnavailable,
-)
-from idempotency._store import (
-    DEFAULT_MAX_KEY_BYTES,
-    DEFAULT_MAX_RESULT_BYTES,
     unreadable_records,
 )
+from idempotency._stores.store import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESULT_BYTES
 
 pytestmark = pytest.mark.anyio
 

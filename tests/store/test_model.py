@@ -1,8 +1,8 @@
 """Stateful property test: every backend behaves like a tiny reference model of the contract.
 
 Hypothesis drives a real store and `Model` (a few dozen lines written from `semantics.md`, on
-purpose NOT from `idempotency._transitions`, so a shared misreading cannot hide) with the same
-random claims, renewals, completions, releases (current, stale and forged tokens), settles,
+purpose NOT from `idempotency._stores.transitions`, so a shared misreading cannot hide) with the
+same random claims, renewals, completions, releases (current, stale and forged tokens), settles,
 purges and clock moves, and compares every answer and every record.
 """
 

@@ -35,9 +35,9 @@ from idempotency import (
     RedisKeyStore,
     StoreError,
     StoreUnavailable,
+    encode_result,
     open_store,
 )
-from idempotency._replay import encode_result
 from mcp_once._cli import _common, main
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis, pytest.mark.slow]

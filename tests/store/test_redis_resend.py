@@ -16,7 +16,7 @@ import pytest
 from lossy_proxy import LossyProxy
 
 from idempotency import ClaimStatus, RecordState, RedisKeyStore, StoreUnavailable
-from idempotency import _redis_lua as lua
+from idempotency._stores.redis import lua
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -63,7 +63,7 @@ async def held(store: RedisKeyStore, key: str = "k", *, lease: float = LEASE) ->
 
 
 def lua_load(script: lua.Script) -> bytes:
-    from idempotency._redis_wire import command
+    from idempotency._stores.redis.wire import command
 
     return command(b"SCRIPT", b"LOAD", script.source)
 

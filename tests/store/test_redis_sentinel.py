@@ -33,6 +33,7 @@ from redis_server import RedisServer
 
 from idempotency import (
     ClaimStatus,
+    DurabilityUnsupported,
     Record,
     RecordState,
     RedisKeyStore,
@@ -40,9 +41,8 @@ from idempotency import (
     StoreUnavailable,
     open_store,
 )
-from idempotency import _redis_lua as lua
-from idempotency._redis_store import DurabilityUnsupported
-from idempotency._redis_wire import command
+from idempotency._stores.redis import lua
+from idempotency._stores.redis.wire import command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -302,7 +302,7 @@ def test_bad_sentinel_urls_are_refused(url: str, says: str) -> None:
 
 
 def test_a_sentinel_url_carries_credentials_db_and_options() -> None:
-    from idempotency._redis_sentinel import parse_sentinel_url
+    from idempotency._stores.redis.sentinel import parse_sentinel_url
 
     url = (
         "redis+sentinel://user:p%40ss@h1:1,h2:2,[::1]:3/svc/4"

@@ -34,8 +34,8 @@ from idempotency import (
     ReplicationUnconfirmed,
     StoreUnavailable,
 )
-from idempotency import _redis_lua as lua
-from idempotency._redis_store import MAX_FINGERPRINT_BYTES
+from idempotency._stores.redis import lua
+from idempotency._stores.redis.store import MAX_FINGERPRINT_BYTES
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 

@@ -23,8 +23,8 @@ from redis_server import RedisServer
 from redis_tls import TLSFiles
 
 from idempotency import ClaimStatus, RecordState, RedisKeyStore, StoreUnavailable, open_store
-from idempotency._redis_cluster import seeds_of_url
-from idempotency._redis_sentinel import parse_sentinel_url
+from idempotency._stores.redis.cluster import seeds_of_url
+from idempotency._stores.redis.sentinel import parse_sentinel_url
 
 pytestmark = [pytest.mark.anyio]
 

@@ -23,7 +23,7 @@ from idempotency import (
     StoreUnavailable,
     open_store,
 )
-from idempotency._sqlite_store import APPLICATION_ID, SCHEMA_VERSION, sqlite_path_from_url
+from idempotency._stores.sqlite import APPLICATION_ID, SCHEMA_VERSION, sqlite_path_from_url
 
 pytestmark = pytest.mark.anyio
 

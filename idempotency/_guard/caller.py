@@ -1,0 +1,80 @@
+"""Who is calling: the identity a server-derived key is bound to (rule 7).
+
+A key the *client* sends is its claim that two requests are one logical call, so it is honoured
+for anyone in the key's scope. A key the *server* derives for a keyless call has no such claim
+behind it: two different users can make the same call. A derived key's record is therefore
+bound to the caller that produced it, in this order of preference:
+
+1. the authenticated principal (client id, issuer, subject): the same user on any connection;
+2. the legacy streamable-HTTP session id (`mcp-session-id`): minted by the server, unguessable,
+   and already checked by the SDK to belong to the requestor;
+3. the duplex connection itself (one stdio pipe, one in-memory stream connection, either era): a
+   random id minted the first time mcp-once sees the connection and forgotten with it.
+
+Anything else — stateless streamable HTTP (the 2026-07-28 single-exchange entry, or
+`stateless_http=True`) and the SDK's modern in-process direct dispatch, without authentication —
+has no caller identity: keyless calls there are not merged, and the listing says so.
+
+The SDK keeps the connection on a private attribute of its per-request session
+(`ServerSession._connection`); that one read lives here, behind `caller_of`.
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from typing import Any
+
+from mcp.server.context import ServerRequestContext
+
+from .scope import principal_of
+
+#: One random id per duplex channel object, dropped when the channel is collected.
+_channel_ids: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+def _connection_of(request: ServerRequestContext[Any, Any]) -> Any:
+    return getattr(request.session, "_connection", None)
+
+
+def _channel_of(connection: Any) -> object | None:
+    """The object that lives exactly as long as the client's connection, or None.
+
+    A handshake connection (stdio, in-memory, legacy HTTP) and a 2026-07-28 duplex stream both
+    keep one standalone outbound channel for their whole life, while a fresh `Connection` may be
+    built per request. A single-exchange HTTP request has none; neither has the SDK's in-process
+    direct dispatch (`Client(server)` in the modern era), whose per-client peer is not reachable
+    from the request: such calls have no caller identity and are not merged.
+    """
+    if connection is not None and getattr(connection, "has_standalone_channel", False) is True:
+        channel: object | None = getattr(connection, "outbound", None)
+        return channel
+    return None
+
+
+def _channel_id(channel: object) -> str | None:
+    try:
+        found = _channel_ids.get(channel)
+        if found is None:
+            found = _channel_ids[channel] = uuid.uuid4().hex
+        return found
+    except TypeError:  # not weak-referenceable: no identity rather than a leaked one
+        return None
+
+
+def caller_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
+    """A stable text naming the caller of this request, or None when none exists."""
+    principal = principal_of(request)
+    if principal is not None:
+        return f"principal:{principal}"
+    if request is None:
+        return None
+    connection = _connection_of(request)
+    session_id = getattr(connection, "session_id", None)
+    if isinstance(session_id, str) and session_id:
+        return f"session:{session_id}"
+    channel = _channel_of(connection)
+    if channel is None:
+        return None
+    channel_id = _channel_id(channel)
+    return None if channel_id is None else f"connection:{channel_id}"

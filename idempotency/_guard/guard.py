@@ -1,0 +1,579 @@
+"""The guard: claim → run → complete or release, and wait-then-replay for duplicates.
+
+The one implementation behind every entry point (decorator, `install`, low-level handler, FastMCP
+middleware). An entry point describes the call (`ToolCall`), hands over how to run the tool
+(`execute`), how its framework renders an exception as an `isError` result, and the framework's
+own call (`passthrough`); the guard does the rest. A framework that runs more than the tool's body
+inside `execute` (argument validation, its own per-tool timeout) says what happened by raising
+`NothingDone` or `Interrupted`.
+
+Protect or pass through is decided here and only here (`Guard.call`): a call with no key and none
+to derive, or one that `fail_open` lets run while the store is down, is the framework's own call —
+`passthrough`, never `execute` — so its result, its exceptions, its spans and its logs are exactly
+what they are without the guard. Nothing of the guard's own (no span, no log line) is added to it;
+only the `unprotected` outcome is counted.
+
+Cancellation (rule 10): once a claim is won, the run and the record write happen inside a shielded
+scope. A client that gives up (its timeout's `notifications/cancelled`, a dropped connection) does
+not abort a keyed execution: the tool runs to completion, bounded by `max_run_time` and by its
+lease, the result is stored, and the retry replays it. The same holds for a graceful server
+shutdown, which therefore drains running keyed executions (up to `max_run_time`); only a process
+that dies leaves a record IN_PROGRESS, for lease expiry to settle.
+
+Where each step lives: the key is claimed here (`Guard._claim`, one store call); the lease is
+renewed from the claim until the result is stored (`lease.py`, rule 11); the result is stored by
+`complete.py` (retried until it lands or the claim is gone, within two leases); replays are
+decoded and stamped by `replay.py`. The tool reads its claim with `current_claim()`
+(`current_claim.py`, rule 13). Keys are minted or derived in `mint.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+import anyio.lowlevel
+from mcp import MCPError
+from mcp.server.context import ServerRequestContext
+from mcp_types import CallToolResult, InputRequiredResult
+
+from .._stores.store import (
+    ClaimOutcome,
+    ClaimStatus,
+    CorruptRecord,
+    KeyStore,
+    Record,
+    RecordState,
+    StoreError,
+)
+from . import errors
+from .caller import caller_of
+from .complete import store_result
+from .current_claim import Claim, holding
+from .fingerprint import UnfingerprintableArguments, fingerprint
+from .lease import LeaseKeeper, keep_lease
+from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
+from .policy import Policy
+from .replay import UnreadableResult, decode_result, stamped
+from .scope import CallScope, principal_of, store_key
+from .telemetry import (
+    NO_TRACE,
+    Outcome,
+    Trace,
+    count_unprotected,
+    logger,
+    record_name,
+    traced,
+)
+
+ToolResult = CallToolResult | InputRequiredResult
+#: Runs the tool once and returns its domain result (or raises what the tool raised).
+Execute = Callable[[], Awaitable[ToolResult]]
+#: Renders an exception the tool raised as the `isError` result its SDK would have produced.
+ErrorResult = Callable[[Exception], CallToolResult]
+#: The framework's answer type: what `passthrough` returns and what `render` makes of the guard's.
+N = TypeVar("N")
+
+#: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
+#: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
+RETRY_HINT_CAP = 1.0
+
+
+class NothingDone(Exception):
+    """Raised by `execute` when nothing a retry must not repeat has happened: the framework
+    refused the call before the tool's body ran (arguments invalid, tool unknown or disabled), or
+    the body failed with an exception its author declared effect-free. The claim is released and
+    `raised` — what the framework would have raised without the guard — propagates in its place.
+    """
+
+    def __init__(self, raised: Exception) -> None:
+        super().__init__(type(raised).__name__)
+        self.raised = raised
+
+
+class Interrupted(Exception):
+    """Raised by `execute` when the framework cancelled the tool part-way (its own per-tool
+    timeout). The effect may have happened, so the framework's error is not stored as the key's
+    answer: the call gets the guard's own answer for a run cut short (OUTCOME_UNKNOWN), exactly
+    as when `max_run_time` is exceeded, and the record is left to its lease."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tools/call as the guard needs it: names, the arguments as sent, the request `_meta`.
+
+    `tool` is the tool's identity as records know it (FastMCP: name and version). `derivable`
+    says whether a keyless call may be merged under a derived key at all: not for a read-only
+    tool (merging only makes a read stale) nor for one whose author opted out (every call meant
+    to be new); such a keyless call passes through. A client key is honoured either way.
+    """
+
+    server: str
+    tool: str
+    arguments: Mapping[str, Any] | None
+    meta: Mapping[str, Any] | None
+    request: ServerRequestContext[Any, Any] | None = None
+    derivable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class _Ticket:
+    """Everything known about a keyed call once its key is settled (its span is opened only
+    once the call is protected, so that a call passed through has none)."""
+
+    tool: str
+    key: str
+    source: KeySource
+    store_key: str
+    fingerprint: str
+    retention: float
+    trace: Trace = NO_TRACE
+
+
+@dataclass(slots=True)
+class _Run:
+    result: ToolResult | None = None
+    raised: Exception | None = None
+
+
+def _hint(retry_after: float | None) -> float:
+    if retry_after is None:
+        return RETRY_HINT_CAP
+    return max(0.001, min(retry_after, RETRY_HINT_CAP))
+
+
+class Guard:
+    """Runs tool calls at most once per (scope, tool, key) against one key store."""
+
+    def __init__(self, store: KeyStore, policy: Policy) -> None:
+        self.store = store
+        self.policy = policy
+
+    async def call(
+        self,
+        call: ToolCall,
+        execute: Execute,
+        *,
+        error_result: ErrorResult,
+        takeover: bool,
+        passthrough: Callable[[], Awaitable[N]],
+        render: Callable[[ToolResult], N],
+        admit: Callable[[], Awaitable[None]] | None = None,
+    ) -> N:
+        """The tool's result, first-hand or replayed (`render`ed), one of the contract's
+        `MCPError`s, or — where the guard protects nothing — exactly what `passthrough` (the
+        framework's own call) returns or raises.
+
+        `admit` is the framework's authorization, asked before the guard answers anything of
+        its own (a refused key, a claim, a replay): what it raises is the caller's answer."""
+        try:
+            ticket = self._ticket(call)
+        except MCPError:
+            if admit is not None:
+                await admit()
+            with traced(call.tool) as trace:
+                trace.outcome(Outcome.INVALID)
+                raise
+        if ticket is None:
+            # No key and none to derive: the framework's own call, untouched.
+            count_unprotected(call.tool)
+            return await passthrough()
+        if admit is not None:
+            await admit()
+        with traced(call.tool) as trace:
+            trace.set(
+                record=record_name(ticket.store_key),
+                key_source=ticket.source.value,
+                attempt=attempt_of(call.meta),
+            )
+            ticket = dataclasses.replace(ticket, trace=trace)
+            answer = await self._claim_loop(ticket, execute, error_result, takeover)
+        if answer is None:  # the store is down and the author chose fail-open
+            return await passthrough()
+        return render(answer)
+
+    def _ticket(self, call: ToolCall) -> _Ticket | None:
+        """Settle the call's key, fingerprint and record name; None for an unkeyed call."""
+        policy = self.policy
+        try:
+            fp: str | None = fingerprint(call.tool, call.arguments)
+            fp_problem = ""
+        except UnfingerprintableArguments as exc:
+            fp, fp_problem = None, str(exc)
+        scopes: list[str] = []
+
+        def scope() -> str:
+            # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
+            if not scopes:
+                principal = principal_of(call.request)
+                found = policy.scope(
+                    CallScope(call.server, call.tool, principal, call.meta, call.request)
+                )
+                if not isinstance(found, str):
+                    raise TypeError(f"the scope function returned {type(found).__name__}, not str")
+                scopes.append(found)
+            return scopes[0]
+
+        def derive() -> str | None:
+            if not call.derivable:
+                return None  # read-only, or opted out: every keyless call runs as written
+            caller = caller_of(call.request)
+            if caller is None:
+                return None  # nobody to bind a derived key to: not merged, run as written
+            if fp is None:
+                raise errors.unfingerprintable(None, fp_problem)
+            params = call.request.params if call.request is not None else None
+            rounds = input_round(params)
+            return derive_key(
+                scope(), call.tool, fp, caller=caller, round_fields=rounds, meta=call.meta
+            )
+
+        resolved = resolve_key(call.meta, policy.keys, derive)
+        if resolved is not None and fp is None:
+            raise errors.unfingerprintable(resolved[0], fp_problem)
+        if resolved is None:
+            return None
+        assert fp is not None
+        key, source = resolved
+        return _Ticket(
+            tool=call.tool,
+            key=key,
+            source=source,
+            store_key=store_key(scope(), call.tool, key),
+            fingerprint=fp,
+            retention=policy.retention_for(source is KeySource.DERIVED),
+        )
+
+    async def _claim_loop(
+        self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool
+    ) -> ToolResult | None:
+        """The key's answer; None when the store is down and `fail_open` lets the call pass."""
+        deadline = anyio.current_time() + self.policy.wait
+        held_elsewhere = False  # another attempt was found holding the claim
+        while True:
+            started = anyio.current_time()
+            outcome = await self._claim(t, takeover, held_elsewhere=held_elsewhere)
+            if outcome is None:  # store down and the author chose fail-open
+                return None
+            status = outcome.status
+            if status is ClaimStatus.CLAIMED:
+                await self._give_back_if_cancelled(t, outcome)
+                return await self._run(t, outcome, execute, error_result, takeover, started)
+            if status is ClaimStatus.REPLAY:
+                if outcome.result is None:
+                    raise self._corrupt(t, "a completed record holds no result")
+                return self._replayed(t, outcome.result, outcome.completed_at, outcome.attempts)
+            if status is ClaimStatus.MISMATCH:
+                t.trace.outcome(Outcome.CONFLICT)
+                raise errors.key_reused(t.key)
+            if status is ClaimStatus.UNKNOWN:
+                t.trace.outcome(Outcome.UNKNOWN)
+                raise errors.outcome_unknown(
+                    t.key,
+                    "an earlier attempt stopped renewing its lease in the middle of the tool,"
+                    " and this tool is not declared safe to run twice",
+                )
+            # BUSY: another attempt holds the claim. Wait for it (bounded), then look again.
+            held_elsewhere = True
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                t.trace.outcome(Outcome.IN_PROGRESS)
+                raise errors.in_progress(t.key, _hint(outcome.retry_after))
+            t.trace.waited()
+            # Look again no later than the running lease's end: a dead worker is noticed then.
+            lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
+            await self._wait(t, min(remaining, lease_left + 0.01))
+
+    async def _claim(
+        self, t: _Ticket, takeover: bool, *, held_elsewhere: bool
+    ) -> ClaimOutcome | None:
+        """The claim's outcome; None to run unprotected (`fail_open`, the store down).
+
+        Once another attempt was seen holding the claim (`held_elsewhere`), a store failure is
+        answered IN_PROGRESS, never STORE_UNAVAILABLE ("the tool was not run" would be untrue:
+        the other attempt may be running it) and never by running the tool unprotected.
+        """
+        try:
+            # Shielded: a claim won in the store but lost to a cancellation on the way back would
+            # leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
+            with anyio.CancelScope(shield=True):
+                outcome = await self.store.claim(
+                    t.store_key, t.fingerprint, lease=self.policy.lease, takeover=takeover
+                )
+            return outcome
+        except CorruptRecord:
+            raise self._corrupt(t, "the stored record is unreadable") from None
+        except Exception as exc:
+            t.trace.store_error("claim", exc)
+            if held_elsewhere:
+                raise self._held_elsewhere(t, "claiming", exc) from None
+            if isinstance(exc, StoreError) and self.policy.fail_open:
+                logger.warning(
+                    "key store unavailable (%r); running tool %r UNPROTECTED (fail_open=True)",
+                    exc,
+                    t.tool,
+                )
+                t.trace.outcome(Outcome.UNPROTECTED)
+                return None
+            if not isinstance(exc, StoreError):
+                logger.exception("the key store failed unexpectedly while claiming")
+            else:
+                logger.warning("key store unavailable while claiming: %r", exc)
+            t.trace.outcome(Outcome.STORE_UNAVAILABLE)
+            raise errors.store_unavailable(t.key) from None
+
+    async def _wait(self, t: _Ticket, timeout: float) -> Record | None:
+        """Wait for the attempt that holds the claim; a store failure meanwhile is IN_PROGRESS."""
+        try:
+            return await self.store.wait(t.store_key, timeout=timeout)
+        except CorruptRecord:
+            raise self._corrupt(t, "the stored record is unreadable") from None
+        except Exception as exc:
+            t.trace.store_error("wait", exc)
+            raise self._held_elsewhere(t, "waiting", exc) from None
+
+    def _held_elsewhere(self, t: _Ticket, doing: str, exc: Exception) -> MCPError:
+        """The store failed while another attempt holds the claim: that attempt may be running
+        the tool, so the answer is IN_PROGRESS (the client retries, and the retry replays or
+        waits again), never STORE_UNAVAILABLE, which would tell the client the tool did not run."""
+        logger.warning(
+            "key store unavailable while %s for the attempt that holds record %s: %r",
+            doing,
+            record_name(t.store_key),
+            exc,
+        )
+        t.trace.outcome(Outcome.IN_PROGRESS)
+        return errors.in_progress(t.key, RETRY_HINT_CAP)
+
+    async def _give_back_if_cancelled(self, t: _Ticket, outcome: ClaimOutcome) -> None:
+        """A request cancelled before its tool started gives its fresh claim back: nothing ran."""
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            assert outcome.token is not None
+            await self._release(t, outcome.token, "cancelled before the tool started")
+            raise
+
+    async def _run(
+        self,
+        t: _Ticket,
+        outcome: ClaimOutcome,
+        execute: Execute,
+        error_result: ErrorResult,
+        takeover: bool,
+        claimed_at: float,
+    ) -> ToolResult:
+        token = outcome.token
+        assert token is not None
+        policy = self.policy
+        if outcome.took_over:
+            t.trace.set(took_over=True)
+            logger.warning(
+                "took over the expired lease of record %s (execution %d)",
+                record_name(t.store_key),
+                outcome.attempts,
+            )
+        assert outcome.fence is not None
+        claim = Claim(
+            key=t.key,
+            fence=outcome.fence,
+            attempt=outcome.attempts,
+            record=t.store_key,
+            tool=t.tool,
+        )
+        with anyio.CancelScope(shield=True):
+            run = _Run()
+            limit = math.inf if policy.max_run_time is None else policy.max_run_time
+            run_scope = anyio.CancelScope(deadline=anyio.current_time() + limit)
+            # Renewed by the event loop's shared renewal service (no task per call), from the
+            # claim until the result is stored or given up (rule 11).
+            with keep_lease(
+                self.store,
+                t.store_key,
+                token,
+                lease=policy.lease,
+                held_until=claimed_at + policy.lease,
+                run_scope=run_scope,
+                trace=t.trace,
+            ) as keeper:
+                with run_scope, holding(claim):
+                    try:
+                        run.result = await execute()
+                    except Exception as exc:  # what the tool raised, judged below
+                        run.raised = exc
+                keeper.tool_returned()
+                cut = run.raised.why if isinstance(run.raised, Interrupted) else None
+                aborted = run.result is None and (run.raised is None or cut is not None)
+                if not aborted:
+                    answer = await self._finish(t, outcome, token, run, error_result, keeper)
+            if aborted:
+                answer = await self._after_abort(
+                    t, token, takeover, lease_lost=keeper.lost, interrupted=cut
+                )
+        return answer
+
+    async def _finish(
+        self,
+        t: _Ticket,
+        outcome: ClaimOutcome,
+        token: str,
+        run: _Run,
+        error_result: ErrorResult,
+        keeper: LeaseKeeper,
+    ) -> ToolResult:
+        if isinstance(run.raised, NothingDone):
+            keeper.end()
+            await self._release(t, token, f"nothing was done ({run.raised})")
+            t.trace.outcome(Outcome.RELEASED)
+            raise run.raised.raised
+        if run.raised is not None:
+            exc = run.raised
+            # A JSON-RPC error from the tool is a refusal, and an effect-free exception was declared
+            # to happen before any effect: either way a retry must be free to run the tool again.
+            if isinstance(exc, (MCPError, *self.policy.effect_free)):
+                keeper.end()
+                await self._release(t, token, f"the tool raised {type(exc).__name__}")
+                t.trace.outcome(Outcome.RELEASED)
+                raise exc
+            result: ToolResult = error_result(exc)
+        else:
+            assert run.result is not None
+            result = run.result
+        if isinstance(result, InputRequiredResult):
+            # An input_required round is a question, not an outcome: never stored (rule 8).
+            keeper.end()
+            await self._release(t, token, "the tool asked for client input")
+            t.trace.outcome(Outcome.RELEASED)
+            return result
+        executed_at = time.time()
+        try:
+            stored = await store_result(
+                self.store,
+                t.store_key,
+                token,
+                result,
+                executed_at=executed_at,
+                retention=t.retention,
+                max_bytes=self.policy.max_result_bytes,
+                lease=self.policy.lease,
+                keeper=keeper,
+                trace=t.trace,
+            )
+        finally:
+            keeper.end()  # stored, given up or gone: nothing left to renew
+        if stored is False:
+            return await self._after_stale(t)
+        t.trace.outcome(Outcome.EXECUTED)
+        return stamped(
+            result,
+            key=t.key,
+            key_source=t.source.value,
+            status="executed",
+            executed_at=executed_at,
+            attempts=outcome.attempts,
+            stored=stored is True,
+        )
+
+    async def _release(self, t: _Ticket, token: str, why: str) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.store.release(t.store_key, token)
+            except Exception as exc:
+                t.trace.store_error("release", exc)
+                logger.warning(
+                    "could not release record %s (%s): %r; it settles when its lease expires",
+                    record_name(t.store_key),
+                    why,
+                    exc,
+                )
+
+    async def _peek(self, t: _Ticket) -> Record | None:
+        record: Record | None = None
+        with anyio.CancelScope(shield=True):
+            try:
+                record = await self.store.get(t.store_key)
+            except Exception as exc:
+                t.trace.store_error("get", exc)
+        return record
+
+    async def _after_abort(
+        self,
+        t: _Ticket,
+        token: str,
+        takeover: bool,
+        *,
+        lease_lost: bool,
+        interrupted: str | None = None,
+    ) -> ToolResult:
+        """The run was cut short mid-tool (lost lease, max run time, or the framework's own
+        timeout: `interrupted`): say what is known."""
+        t.trace.outcome(Outcome.ABORTED)
+        if lease_lost:
+            why = "it lost its lease (another worker took the record over, or it was declared lost)"
+        elif interrupted is not None:
+            why = interrupted
+        else:
+            why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
+        logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
+        record = await self._peek(t)
+        if record is not None and record.fingerprint == t.fingerprint:
+            if record.state is RecordState.COMPLETED and record.result is not None:
+                return self._replayed(t, record.result, record.completed_at, record.attempts)
+            if record.state is RecordState.IN_PROGRESS and (record.token != token or takeover):
+                raise errors.in_progress(t.key, _hint(None))
+        raise errors.outcome_unknown(
+            t.key, f"the attempt was cancelled mid-execution because {why}"
+        )
+
+    async def _after_stale(self, t: _Ticket) -> ToolResult:
+        """The tool finished after its claim had passed to another attempt: that attempt's
+        answer is the key's answer, so this one is discarded and the record's is served."""
+        t.trace.outcome(Outcome.STALE)
+        logger.warning(
+            "record %s was taken over while this attempt ran; its result was discarded",
+            record_name(t.store_key),
+        )
+        with anyio.CancelScope(shield=True):
+            record = await self._wait(t, self.policy.wait)
+        if record is not None and record.fingerprint == t.fingerprint:
+            if record.state is RecordState.COMPLETED and record.result is not None:
+                return self._replayed(t, record.result, record.completed_at, record.attempts)
+            if record.state is RecordState.IN_PROGRESS:
+                raise errors.in_progress(t.key, _hint(None))
+        raise errors.outcome_unknown(
+            t.key, "this attempt finished after its lease had passed to another attempt"
+        )
+
+    def _replayed(
+        self, t: _Ticket, data: bytes, completed_at: float | None, attempts: int
+    ) -> CallToolResult:
+        try:
+            stored = decode_result(data)
+        except UnreadableResult as exc:
+            raise self._corrupt(t, str(exc)) from None
+        executed_at = stored.executed_at
+        if executed_at is None:
+            executed_at = completed_at if completed_at is not None else time.time()
+        t.trace.outcome(Outcome.REPLAYED)
+        return stamped(
+            stored.result,
+            key=t.key,
+            key_source=t.source.value,
+            status="replayed",
+            executed_at=executed_at,
+            attempts=attempts,
+        )
+
+    def _corrupt(self, t: _Ticket, why: str) -> MCPError:
+        t.trace.outcome(Outcome.CORRUPT)
+        logger.error("record %s cannot be read (%s); left untouched", record_name(t.store_key), why)
+        return errors.corrupt_record(t.key)

@@ -1,0 +1,230 @@
+"""Keeping a claim alive while the tool runs (rule 4) and until its result is stored (rule 11),
+and stopping the tool when the claim is lost.
+
+The lease is renewed every `lease / 3`. A renewal that finds the token gone (another worker took
+the record over, or it turned UNKNOWN) cancels the run: a stale worker must stop acting. A store
+that cannot be reached is retried until the last proven lease runs out (a failed renewal is
+retried no later than that instant), then the run is cancelled too, because from that instant
+another worker may legitimately take over. Once the tool has returned, the claim is still renewed
+while the guard stores the result (`complete.py`): a store outage shorter than the lease must not
+turn a finished result into an UNKNOWN record.
+
+Almost every tool finishes long before its first renewal, so a renewer task per call (started
+and cancelled around every run) would be pure overhead. Instead each event loop has one
+`_Renewals` service: a run registers its claim (a dictionary insert) and unregisters it when it
+ends; one background task sleeps until the earliest due renewal and renews the claims that are
+due, each in its own child task so that one slow store call does not delay the others. The
+service is a system task (not a child of any request), so it never holds up a request's task
+group; it exits by itself at its next wake-up once no claim is registered, at most `lease / 3`
+after the last run ended, and is cancelled with any other task when the event loop shuts down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+
+from .._stores.store import KeyStore
+from .._system_task import current_loop, spawn
+from .telemetry import Trace, logger, record_name
+
+
+class LeaseKeeper:
+    """One running claim as the renewal service sees it."""
+
+    def __init__(
+        self,
+        store: KeyStore,
+        store_key: str,
+        token: str,
+        *,
+        lease: float,
+        held_until: float,
+        run_scope: anyio.CancelScope,
+        trace: Trace,
+    ) -> None:
+        self._store = store
+        self._key = store_key
+        self._token = token
+        self._lease = lease
+        #: Event-loop time until which the claim is proven ours (measured from before the
+        #: request that last extended it, so it never overestimates).
+        self._held_until = held_until
+        self._run_scope = run_scope
+        self._trace = trace
+        self._running = True
+        #: Event-loop time of the next renewal (each one `lease / 3` after the last ended).
+        self.due = anyio.current_time() + lease / 3
+        #: True while a renewal of this claim is in flight.
+        self.renewing = False
+        #: The in-flight renewal, cancelled when the run ends (its answer no longer matters).
+        self._inflight: anyio.CancelScope | None = None
+        self._ended = False
+        #: True once the claim could no longer be proven (the run, if still going, is cancelled).
+        self.lost = False
+
+    @property
+    def held_until(self) -> float:
+        """Event-loop time until which the claim is proven ours."""
+        return self._held_until
+
+    def tool_returned(self) -> None:
+        """The tool is over; the claim is now kept only while its result is stored, so a loss
+        has nothing left to cancel."""
+        self._running = False
+
+    def end(self) -> None:
+        """Stop renewing: the claim is settled (stored, released, given up) or lost."""
+        self._ended = True
+        if self._inflight is not None:
+            self._inflight.cancel()
+
+    async def renew(self) -> bool:
+        """One renewal; False once the claim is lost (the run is cancelled) or the run ended.
+        Never raises an `Exception`."""
+        if self._ended:
+            return False
+        with anyio.CancelScope() as self._inflight:
+            started = anyio.current_time()
+            renewed: bool | None = None
+            with anyio.move_on_after(max(0.0, self._held_until - started)):
+                try:
+                    renewed = await self._store.renew(self._key, self._token, lease=self._lease)
+                except Exception as exc:  # a backend failure: retry until the lease runs out
+                    self._trace.store_error("renew", exc)
+                    logger.warning(
+                        "could not renew the lease of record %s: %r", record_name(self._key), exc
+                    )
+        self._inflight = None
+        if self._ended:
+            return False  # the run is over: a late answer says nothing about it
+        now = anyio.current_time()
+        if renewed:
+            self._held_until = started + self._lease
+        elif renewed is False or now >= self._held_until:
+            self.lost = True
+            logger.warning(
+                "lost the lease of record %s %s",
+                record_name(self._key),
+                "; cancelling the running tool" if self._running else "while storing its result",
+            )
+            self._run_scope.cancel()
+            return False
+        self.due = now + self._lease / 3
+        if not renewed:
+            # Not proven, not refused: try again before the proof runs out, so that the loss is
+            # noticed when it happens rather than up to `lease / 3` later.
+            self.due = min(self.due, self._held_until)
+        return True
+
+
+class _Renewals:
+    """The claims running on one event loop, and the one task that renews them."""
+
+    def __init__(self, loop: object) -> None:
+        self._loop = loop
+        self._claims: set[LeaseKeeper] = set()
+        #: When the service task wakes up next; lowered (and the task woken) by an earlier claim.
+        self._wake_at = math.inf
+        self._nap: anyio.CancelScope | None = None
+        self.stopped = anyio.Event()
+        self._task: object = None
+
+    @property
+    def claims(self) -> int:
+        return len(self._claims)
+
+    def add(self, claim: LeaseKeeper) -> None:
+        self._claims.add(claim)
+        self._wake_by(claim.due)
+
+    def discard(self, claim: LeaseKeeper) -> None:
+        # No wake-up: the service notices at its next one, so back-to-back calls reuse it.
+        self._claims.discard(claim)
+        claim.end()
+
+    def _wake_by(self, when: float) -> None:
+        if when < self._wake_at:
+            self._wake_at = when
+            if self._nap is not None:
+                self._nap.deadline = when
+
+    async def serve(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                while self._claims:
+                    now = anyio.current_time()
+                    due = [c for c in self._claims if not c.renewing and c.due <= now]
+                    for claim in due:
+                        claim.renewing = True
+                    waiting = (c.due for c in self._claims if not c.renewing)
+                    self._wake_at = min(waiting, default=math.inf)
+                    for claim in due:  # after the bookkeeping: a renewal may finish eagerly
+                        tg.start_soon(self._renew, claim)
+                    with anyio.CancelScope(deadline=self._wake_at) as self._nap:
+                        await anyio.sleep_forever()
+                    self._nap = None
+                # Idle: from here on a new claim starts a new service.
+                _services.pop(self._loop, None)
+        finally:
+            if _services.get(self._loop) is self:
+                del _services[self._loop]
+            self.stopped.set()
+
+    async def _renew(self, claim: LeaseKeeper) -> None:
+        keep = await claim.renew()
+        claim.renewing = False
+        if keep:
+            self._wake_by(claim.due)
+        else:
+            self._claims.discard(claim)
+
+
+#: The running service of each event loop (an asyncio loop or a trio run's token).
+_services: dict[object, _Renewals] = {}
+
+
+def _service() -> _Renewals:
+    loop = current_loop()
+    service = _services.get(loop)
+    if service is None:
+        service = _services[loop] = _Renewals(loop)
+        service._task = spawn(service.serve, name="mcp-once lease renewals")
+    return service
+
+
+@contextmanager
+def keep_lease(
+    store: KeyStore,
+    store_key: str,
+    token: str,
+    *,
+    lease: float,
+    held_until: float,
+    run_scope: anyio.CancelScope,
+    trace: Trace,
+) -> Iterator[LeaseKeeper]:
+    """Renew the claim for as long as the block runs; cancel `run_scope` if it is lost."""
+    claim = LeaseKeeper(
+        store,
+        store_key,
+        token,
+        lease=lease,
+        held_until=held_until,
+        run_scope=run_scope,
+        trace=trace,
+    )
+    service = _service()
+    service.add(claim)
+    try:
+        yield claim
+    finally:
+        service.discard(claim)
+
+
+def _renewal_service() -> _Renewals | None:
+    """The current event loop's renewal service, if one is running (a probe for tests)."""
+    return _services.get(current_loop())

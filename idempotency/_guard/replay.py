@@ -1,0 +1,123 @@
+"""Stored results: domain form in, domain form out, and the replay marker on the way back.
+
+A record holds the tool's `CallToolResult` as content, structuredContent, isError and the author's
+own `_meta` — never a protocol-version envelope (`resultType`, the `serverInfo` stamp, per-version
+field sieving): those are added by the SDK on the way out for whichever era the *reader* speaks,
+so a record written for a 2025-11-25 client replays to a 2026-07-28 client and back (rule 6).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from mcp_types import CallToolResult, TextContent
+from pydantic import ValidationError
+
+from .. import wire
+
+#: Written into every stored payload; a reader refuses payloads of another format.
+FORMAT = "mcp-once/result@1"
+
+
+class UnreadableResult(ValueError):
+    """A stored payload is not one of ours (damaged, foreign, or a newer format): raised by
+    `decode_result`, with the reason as its message. The server answers CORRUPT_RECORD for it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    """A stored result as `decode_result` reads it back."""
+
+    result: CallToolResult
+    #: Seconds since the epoch; None for payloads written by hand (an operator's settle).
+    executed_at: float | None
+
+
+def domain_form(result: CallToolResult) -> dict[str, Any]:
+    """The result as plain JSON, without envelope fields and without our own marker: what a
+    record keeps, and what `mcp-once keys show --reveal-result` prints."""
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    dumped.pop("resultType", None)
+    meta = dumped.get("_meta")
+    if isinstance(meta, dict):
+        meta.pop(wire.IDEMPOTENCY_META, None)
+        if not meta:
+            del dumped["_meta"]
+    return dumped
+
+
+def encode_result(result: CallToolResult, executed_at: float) -> bytes:
+    """Bytes for `KeyStore.complete` / `KeyStore.settle` (`executed_at`: seconds since the
+    epoch, replayed as the marker's `executedAt`)."""
+    payload = {"format": FORMAT, "executedAt": executed_at, "result": domain_form(result)}
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def decode_result(data: bytes) -> StoredResult:
+    """The stored result, or `UnreadableResult` saying why not."""
+    try:
+        payload = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UnreadableResult(f"not JSON: {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise UnreadableResult(f"not a {FORMAT} payload")
+    executed_at = payload.get("executedAt")
+    if executed_at is not None and (
+        isinstance(executed_at, bool) or not isinstance(executed_at, int | float)
+    ):
+        raise UnreadableResult("executedAt is not a number")
+    try:
+        result = CallToolResult.model_validate(payload.get("result"))
+    except ValidationError as exc:
+        raise UnreadableResult(f"not a CallToolResult ({exc.error_count()} problems)") from None
+    return StoredResult(result, None if executed_at is None else float(executed_at))
+
+
+def rfc3339(timestamp: float) -> str:
+    """UTC, millisecond precision, `Z` suffix: what `executedAt` carries on the wire, and how
+    `mcp-once keys` prints a record's times (`timestamp`: seconds since the epoch)."""
+    moment = datetime.fromtimestamp(timestamp, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def stamped(
+    result: CallToolResult,
+    *,
+    key: str,
+    key_source: str,
+    status: str,
+    executed_at: float,
+    attempts: int,
+    stored: bool = True,
+) -> CallToolResult:
+    """`result` with the contract's marker in its `_meta`; the author's entries are kept.
+
+    `stored=False` (an executed result the guard could not store, rule 11) adds `stored: false`:
+    the caller holds the only copy, and a retry will get OUTCOME_UNKNOWN (or, for a tool that may
+    run twice, run it again) instead of a replay.
+    """
+    marker: dict[str, object] = {
+        "key": key,
+        "keySource": key_source,
+        "status": status,
+        "executedAt": rfc3339(executed_at),
+        "attempts": attempts,
+    }
+    if not stored:
+        marker["stored"] = False
+    meta = {**(result.meta or {}), wire.IDEMPOTENCY_META: marker}
+    return result.model_copy(update={"meta": meta})
+
+
+def too_large_placeholder(size: int, limit: int) -> CallToolResult:
+    """What replays get when the first result could not be kept: the effect happened once and
+    will not happen again, which a retry must learn rather than run the tool a second time."""
+    text = (
+        f"The tool ran, but its result ({size} bytes) is larger than the {limit} bytes the"
+        " idempotency store keeps, so it cannot be replayed. The tool will not run again for this"
+        " idempotency key."
+    )
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)

@@ -1,0 +1,114 @@
+"""FastMCP's answers in the guard's terms and back: results, errors, and what happened before
+the tool's body.
+
+The guard stores and replays `CallToolResult`s (domain form). FastMCP's middleware chain carries
+`ToolResult`s and signals failures by raising. This module is the whole translation:
+
+- a `ToolResult` becomes the `CallToolResult` FastMCP itself would put on the wire, and a guard
+  answer goes back as a `ToolResult` that keeps that exact wire form (`from_mcp_result`), so a
+  replay is byte-identical to the first answer;
+- an input-required round (SEP-2322) passes through as the guard's `InputRequiredResult`, never
+  stored;
+- an exception from further down the chain is judged: raised before FastMCP entered the tool
+  (another middleware, auth, lookup: see `body.py`), refused before the body ran (unknown,
+  disabled or unauthorized tool, invalid arguments) or failed with an error the author declared
+  effect-free → `NothingDone` (released, re-raised as FastMCP raised it); cut short by the tool's
+  own `timeout=` → `Interrupted` (OUTCOME_UNKNOWN, never a stored "timed out"); anything else
+  happened in or after the body and is stored as FastMCP renders it (`error_result`). A failure
+  of an inner middleware *after* the body ran is stored too: the effect may have happened, so a
+  retry must not run it again.
+"""
+
+from __future__ import annotations
+
+from fastmcp.exceptions import (
+    AuthorizationError,
+    DisabledError,
+    FastMCPError,
+    NotFoundError,
+    ToolError,
+    ValidationError,
+)
+from fastmcp.tools.base import InputRequiredToolResult, ToolResult
+from mcp import MCPError
+from mcp_types import CallToolResult, InputRequiredResult, TextContent
+from pydantic import ValidationError as PydanticValidationError
+
+from ..._guard.guard import Interrupted, NothingDone
+from ..._guard.guard import ToolResult as GuardResult
+from ..lowlevel import generic_error_result
+
+#: The code of the `MCPError` FastMCP raises when a tool outlives its `timeout=` (and then wraps
+#: in a `ToolError`); its message says "execution timed out after".
+_TIMEOUT_CODE = -32000
+_TIMEOUT_TEXT = "execution timed out after"
+
+
+def to_guard(result: object) -> GuardResult:
+    """What FastMCP's chain returned, as the guard stores it (or passes an input round on)."""
+    if isinstance(result, InputRequiredToolResult):
+        return result.input_required
+    if not isinstance(result, ToolResult):
+        raise TypeError(f"the FastMCP middleware chain returned {type(result).__name__}")
+    wire = result.to_mcp_result()
+    if isinstance(wire, CallToolResult):
+        return wire
+    if isinstance(wire, tuple):
+        content, structured = wire
+        return CallToolResult(content=content, structured_content=structured)
+    return CallToolResult(content=wire)
+
+
+def to_fastmcp(answer: GuardResult) -> ToolResult:
+    """The guard's answer as a `ToolResult` that reaches the wire exactly as given."""
+    if isinstance(answer, InputRequiredResult):
+        return InputRequiredToolResult(answer)
+    return ToolResult.from_mcp_result(answer)
+
+
+def error_result(tool: str, exc: Exception) -> CallToolResult:
+    """The `isError` result FastMCP makes of an exception that reaches its tools/call handler:
+    its own errors as their text (already masked by FastMCP where it masks), anything else as
+    the generic error the low-level handler stores."""
+    if isinstance(exc, FastMCPError):
+        return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+    return generic_error_result(tool, exc)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    cause = exc.__cause__
+    while cause is not None and cause not in found:
+        found.append(cause)
+        cause = cause.__cause__
+    return found
+
+
+def _timed_out(exc: ToolError) -> bool:
+    return any(
+        isinstance(cause, MCPError)
+        and cause.error.code == _TIMEOUT_CODE
+        and _TIMEOUT_TEXT in cause.error.message
+        for cause in _causes(exc)
+    )
+
+
+def judged(
+    exc: Exception, effect_free: tuple[type[Exception], ...], *, body_started: bool
+) -> Exception:
+    """What `execute` raises for `exc`, raised by FastMCP's chain below the guard
+    (`body_started`: whether FastMCP entered the tool before it was raised)."""
+    if not body_started or isinstance(exc, NotFoundError | DisabledError | AuthorizationError):
+        return NothingDone(exc)
+    if isinstance(exc, ValidationError) and isinstance(exc.__cause__, PydanticValidationError):
+        return NothingDone(exc)  # the arguments failed validation: the body never started
+    if isinstance(exc, PydanticValidationError):
+        # A tool class validating its own arguments (FastMCP keeps this path "for backward
+        # compatibility", logs it as invalid arguments and answers -32602): a refusal.
+        return NothingDone(exc)
+    if isinstance(exc, ToolError):
+        if _timed_out(exc):
+            return Interrupted("it ran longer than the timeout FastMCP enforces for this tool")
+        if any(isinstance(cause, effect_free) for cause in _causes(exc)):
+            return NothingDone(exc)
+    return exc

@@ -1,0 +1,154 @@
+"""`idempotent_call_tool(store, handler, **options)`: the guard for a low-level `Server`.
+
+The low-level server has one `on_call_tool` handler for every tool and lists tools itself, so the
+guarded handler also offers `advertise(on_list_tools)`, which merges the same policy into the
+listed definitions. A handler exception (other than `MCPError` or a declared effect-free type) is
+stored as an `isError` result whose text names the tool but not the exception, as `MCPServer`
+does for unexpected errors.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
+
+from mcp.server.context import ServerRequestContext
+from mcp_types import (
+    CallToolRequestParams,
+    CallToolResult,
+    InputRequiredResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+)
+from typing_extensions import Unpack
+
+from .._guard.advertise import advertise_tool, derivable
+from .._guard.caller import caller_of
+from .._guard.guard import Guard, ToolCall, ToolResult
+from .._guard.policy import PolicyOptions, make_policy
+from .._guard.telemetry import crash_report, logger
+from .._stores.store import KeyStore
+
+CallToolHandler = Callable[
+    [ServerRequestContext[Any, Any], CallToolRequestParams],
+    Awaitable[CallToolResult | InputRequiredResult],
+]
+ListToolsHandler = Callable[
+    [ServerRequestContext[Any, Any], PaginatedRequestParams | None], Awaitable[ListToolsResult]
+]
+
+
+def _same(answer: CallToolResult | InputRequiredResult) -> CallToolResult | InputRequiredResult:
+    return answer
+
+
+def generic_error_result(tool: str, exc: Exception) -> CallToolResult:
+    logger.error("Tool %r raised an unexpected %s", tool, crash_report(exc))
+    text = f"Error executing tool {tool}"
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+class GuardedCallTool:
+    """An `on_call_tool` handler that runs `handler` under the guard for the chosen tools."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        handler: CallToolHandler,
+        *,
+        tools: Collection[str] | None,
+        server_name: str,
+        underived: Collection[str] = (),
+    ) -> None:
+        self.guard = guard
+        self._handler = handler
+        self._tools = None if tools is None else frozenset(tools)
+        self._server_name = server_name
+        self._underived = frozenset(underived)
+
+    def guards(self, tool: str) -> bool:
+        return self._tools is None or tool in self._tools
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams
+    ) -> CallToolResult | InputRequiredResult:
+        if not self.guards(params.name):
+            return await self._handler(ctx, params)
+
+        async def execute() -> ToolResult:
+            result: object = await self._handler(ctx, params)
+            if isinstance(result, Mapping):
+                result = CallToolResult.model_validate(result)
+            if not isinstance(result, CallToolResult | InputRequiredResult):
+                raise TypeError(f"on_call_tool returned {type(result).__name__}")
+            return result
+
+        call = ToolCall(
+            server=self._server_name,
+            tool=params.name,
+            arguments=params.arguments,
+            meta=params.meta,
+            request=ctx,
+            derivable=self.derivable(params.name),
+        )
+        policy = self.guard.policy
+        return await self.guard.call(
+            call,
+            execute,
+            error_result=functools.partial(generic_error_result, params.name),
+            takeover=policy.takeover_for(False),
+            passthrough=functools.partial(self._handler, ctx, params),
+            render=_same,
+        )
+
+    def derivable(self, tool: str) -> bool:
+        """Whether a keyless call of `tool` may be merged under a derived key. The handler's
+        annotations are not known to the guard: name read-only tools in `underived`."""
+        return derivable(self.guard.policy, None, tool in self._underived)
+
+    def advertise(self, handler: ListToolsHandler) -> ListToolsHandler:
+        """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta,
+        as they hold for the caller who lists (see `mcpserver/listing.py`)."""
+
+        async def list_tools(
+            ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
+        ) -> ListToolsResult:
+            listed = await handler(ctx, params)
+            policy = self.guard.policy
+            known = caller_of(ctx) is not None
+            tools = [
+                advertise_tool(t, policy, known and self.derivable(t.name))
+                if self.guards(t.name)
+                else t
+                for t in listed.tools
+            ]
+            return listed.model_copy(update={"tools": tools})
+
+        return list_tools
+
+
+def idempotent_call_tool(
+    store: KeyStore,
+    handler: CallToolHandler,
+    *,
+    tools: Collection[str] | None = None,
+    server_name: str = "",
+    underived: Collection[str] = (),
+    **options: Unpack[PolicyOptions],
+) -> GuardedCallTool:
+    """Guard a low-level `on_call_tool` handler (all tools, or only those named in `tools`).
+
+    `underived` names tools whose keyless calls are never merged under a derived key: those
+    whose every call is meant to be new, and the read-only ones (the guard cannot see the
+    handler's annotations).
+
+    `server_name` joins the default scope, as the server name does for `MCPServer`. The takeover
+    default (auto) can only use `naturally_idempotent` here: the handler's annotations are not
+    known to the guard.
+    """
+    guard = Guard(store, make_policy(options))
+    return GuardedCallTool(
+        guard, handler, tools=tools, server_name=server_name, underived=underived
+    )

@@ -1,0 +1,143 @@
+"""`MemoryKeyStore`: one process, no durability. For tests, the demo and single-process servers
+that accept losing their records on restart."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import anyio
+
+from . import transitions as rules
+from .store import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    ClaimOutcome,
+    Clock,
+    Limits,
+    Record,
+    RecordState,
+    check_list_limit,
+)
+
+#: How long an abandoned IN_PROGRESS record and a release tombstone are kept.
+DEFAULT_ORPHAN_RETENTION = 24 * 3600.0
+
+
+class MemoryKeyStore:
+    """Records in a dict; waiters woken by an event per key. Safe across tasks, not processes."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock = time.time,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+    ) -> None:
+        self._clock = clock
+        self._limits = Limits(max_key_bytes, max_result_bytes)
+        self._orphan_retention = orphan_retention
+        self._records: dict[str, Record] = {}
+        self._changed: dict[str, anyio.Event] = {}
+
+    def _write(self, key: str, record: Record) -> None:
+        self._records[key] = record
+        event = self._changed.pop(key, None)
+        if event is not None:
+            event.set()
+
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+    ) -> ClaimOutcome:
+        self._limits.check_key(key)
+        new, outcome = rules.claim(
+            self._records.get(key),
+            key,
+            fingerprint,
+            now=self._clock(),
+            lease=lease,
+            takeover=takeover,
+            retention=self._orphan_retention,
+            token=secrets.token_hex(16),
+        )
+        if new is not None:
+            self._write(key, new)
+        return outcome
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        new = rules.renew(
+            self._records.get(key),
+            token,
+            now=self._clock(),
+            lease=lease,
+            retention=self._orphan_retention,
+        )
+        if new is None:
+            return False
+        self._records[key] = new
+        return True
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        self._limits.check_result(result)
+        new = rules.complete(
+            self._records.get(key), token, result, now=self._clock(), retention=retention
+        )
+        if new is None:
+            return False
+        self._write(key, new)
+        return True
+
+    async def release(self, key: str, token: str) -> bool:
+        new = rules.release(
+            self._records.get(key), token, now=self._clock(), retention=self._orphan_retention
+        )
+        if new is None:
+            return False
+        self._write(key, new)
+        return True
+
+    async def wait(self, key: str, *, timeout: float) -> Record | None:
+        with anyio.move_on_after(timeout):
+            while True:
+                record = rules.visible(self._records.get(key), self._clock())
+                if record is None or record.state is not RecordState.IN_PROGRESS:
+                    return record
+                event = self._changed.setdefault(key, anyio.Event())
+                await event.wait()
+        return rules.visible(self._records.get(key), self._clock())
+
+    async def get(self, key: str) -> Record | None:
+        return rules.visible(self._records.get(key), self._clock())
+
+    async def list_records(
+        self, *, state: RecordState | None = None, limit: int = 100
+    ) -> list[Record]:
+        check_list_limit(limit)
+        now = self._clock()
+        found = []
+        for stored in self._records.values():
+            record = rules.visible(stored, now)
+            if record is not None and (state is None or record.state is state):
+                found.append(record)
+        found.sort(key=lambda r: (r.created_at, r.key))
+        return found[:limit]
+
+    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+        if result is not None:
+            self._limits.check_result(result)
+        new = rules.settle(self._records.get(key), result, now=self._clock(), retention=retention)
+        if new is None:
+            return False
+        self._write(key, new)
+        return True
+
+    async def purge_expired(self) -> int:
+        now = self._clock()
+        gone = [k for k, r in self._records.items() if rules.live(r, now) is None]
+        for key in gone:
+            del self._records[key]
+        return len(gone)
+
+    async def aclose(self) -> None:
+        return None

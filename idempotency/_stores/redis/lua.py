@@ -1,0 +1,37 @@
+"""The Lua scripts behind `RedisKeyStore`, read from package data once at import.
+
+Each transition is one script so that it is one round trip and atomic: Redis runs a script to
+the end before serving anyone else, which is what makes the token check a real compare-and-set
+across processes and hosts. `lib.lua` (record layout, clock, decoding) is prepended to each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    name: str
+    source: str
+    #: What EVALSHA is called with; Redis computes the same SHA-1 when it caches `source`.
+    sha: str
+
+
+def _load(name: str) -> Script:
+    folder = resources.files(__package__ or "idempotency._stores.redis").joinpath("scripts")
+    prelude = folder.joinpath("lib.lua").read_text(encoding="utf-8")
+    body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    source = f"{prelude}\n{body}"
+    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+
+CLAIM = _load("claim")
+RENEW = _load("renew")
+COMPLETE = _load("complete")
+RELEASE = _load("release")
+SETTLE = _load("settle")
+READ = _load("read")
+PURGE = _load("purge")

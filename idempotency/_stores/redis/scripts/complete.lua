@@ -1,0 +1,23 @@
+-- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0)
+-- Mirrors idempotency._stores.transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
+-- resent = 1 only when this complete is sent again after its first reply was lost: then a record
+-- already COMPLETED with this very result is its own effect and answers {'ok'} (the result the
+-- server layer stores carries its execution time, so another attempt's result never matches).
+local key, token, retention, result = KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local now = clock()
+local r, refused = load_held(key, token, now, ARGV[5] == '1', function(found)
+    return found ~= nil and found.state == COMPLETED and found.result == result
+end)
+if refused then
+    return refused
+end
+r.state = COMPLETED
+r.token = ''
+r.result = result
+r.updated = now
+r.lease = 0
+r.completed = now
+r.expires = now + retention
+save(key, r, now)
+announce(key, r)
+return {'ok'}

@@ -1,0 +1,167 @@
+-- Shared prelude of every mcp-once script (prepended by lua.py; not run on its own).
+--
+-- A record is ONE Redis string at KEYS[1]: a fixed binary header, the fingerprint, the token,
+-- then the result bytes. One string rather than a hash keeps a completed record's overhead near
+-- 200 bytes; a hash turns into a hashtable as soon as the result passes 64 bytes (~900 bytes).
+--
+--   >B  format (1)          >B  state (1 in progress, 2 completed, 3 unknown, 4 released)
+--   >i8 fence               >i8 attempts
+--   >i8 created_us          >i8 updated_us
+--   >i8 lease_deadline_us   >i8 completed_us       >i8 expires_us     (0 = none)
+--   >H  fingerprint length, fingerprint bytes (as the client packed them: a SHA-256 hex
+--       digest arrives as 0xFF + 32 raw bytes; scripts only compare them)
+--   B   token length (32 or 0), token bytes
+--   result bytes (the rest)
+--
+-- All times are microseconds of the Redis clock (TIME) plus ARGV[1], a test-only offset.
+-- expires_us decides liveness; the key's PEXPIRE is only garbage collection, never earlier.
+
+local FORMAT = 1
+local IN_PROGRESS, COMPLETED, UNKNOWN, RELEASED = 1, 2, 3, 4
+local HEAD = '>BBi8i8i8i8i8i8i8'
+local HEAD_BYTES = 58
+local TOKEN_BYTES = 32
+-- A logically expired record stays physically at least this long, so purge can still count it.
+local MIN_TTL_MS = 1000
+
+local function clock()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+end
+
+local function int(n)
+    return string.format('%d', n)
+end
+
+local function decode(raw)
+    if #raw < HEAD_BYTES + 3 then
+        return nil, 'shorter than a record header'
+    end
+    local ok, v, st, fence, att, cr, up, ls, cp, ex, pos = pcall(struct.unpack, HEAD, raw)
+    if not ok then
+        return nil, 'unreadable header'
+    end
+    if v ~= FORMAT then
+        return nil, 'unknown record format ' .. int(v)
+    end
+    local fplen = struct.unpack('>H', raw, pos)
+    pos = pos + 2
+    if pos + fplen > #raw then
+        return nil, 'truncated fingerprint'
+    end
+    local fp = string.sub(raw, pos, pos + fplen - 1)
+    pos = pos + fplen
+    local tlen = string.byte(raw, pos)
+    pos = pos + 1
+    if pos + tlen - 1 > #raw then
+        return nil, 'truncated token'
+    end
+    local token = string.sub(raw, pos, pos + tlen - 1)
+    local rec = {
+        state = st, fence = fence, attempts = att, created = cr, updated = up, lease = ls,
+        completed = cp, expires = ex, fp = fp, token = token,
+        result = string.sub(raw, pos + tlen),
+    }
+    if st < IN_PROGRESS or st > RELEASED then
+        return nil, 'unknown state ' .. int(st)
+    end
+    if fence < 1 or att < 1 or cr <= 0 or up <= 0 then
+        return nil, 'fence, attempts or timestamps out of range'
+    end
+    if (st == IN_PROGRESS) ~= (tlen == TOKEN_BYTES) or (st ~= IN_PROGRESS and tlen ~= 0) then
+        return nil, 'token does not match the state'
+    end
+    if (st == UNKNOWN) ~= (ex == 0) then
+        return nil, 'expiry does not match the state'
+    end
+    if (st == IN_PROGRESS and ls <= 0) or (st == COMPLETED and cp <= 0) then
+        return nil, 'deadline missing for the state'
+    end
+    if st ~= COMPLETED and #rec.result ~= 0 then
+        return nil, 'result stored in a record that is not completed'
+    end
+    return rec
+end
+
+-- The stored record, nil when there is none, or nil plus why it cannot be read as ours.
+local function load(key)
+    local raw = redis.pcall('GET', key)
+    if raw == false then
+        return nil
+    end
+    if type(raw) == 'table' then
+        return nil, 'the key holds another Redis type (' .. tostring(raw.err) .. ')'
+    end
+    return decode(raw)
+end
+
+local function encode(r)
+    return struct.pack(HEAD, FORMAT, r.state, r.fence, r.attempts, r.created, r.updated,
+            r.lease, r.completed, r.expires)
+        .. struct.pack('>H', #r.fp) .. r.fp .. string.char(#r.token) .. r.token .. r.result
+end
+
+local function save(key, r, now)
+    local raw = encode(r)
+    if r.expires == 0 then
+        redis.call('SET', key, raw)
+        return
+    end
+    local ttl = math.max(math.ceil((r.expires - now) / 1000), MIN_TTL_MS)
+    redis.call('SET', key, raw, 'PX', int(ttl))
+end
+
+local function live(r, now)
+    if r ~= nil and r.expires ~= 0 and r.expires <= now then
+        return nil
+    end
+    return r
+end
+
+-- The record while `token` holds its claim (even past the lease, as long as no one took over).
+local function held(r, token, now)
+    r = live(r, now)
+    if r == nil or r.state ~= IN_PROGRESS or r.token ~= token then
+        return nil
+    end
+    return r
+end
+
+-- The compare-and-set every transition after claim starts with: the record at `key` if `token`
+-- still holds it, else the reply the script must give ({'corrupt', why} or {'lost'}).
+-- `resent` (a write sent again after its first reply was lost) with `mine`: a record for which
+-- mine(found) holds (found may be nil) is the write's own effect, already applied; the reply is
+-- then {'ok'}, and the record is saved again unchanged, so that a WAIT after it covers it.
+local function load_held(key, token, now, resent, mine)
+    local stored, why = load(key)
+    if why then
+        return nil, {'corrupt', why}
+    end
+    local r = held(stored, token, now)
+    if r ~= nil then
+        return r, nil
+    end
+    local found = live(stored, now)
+    if resent and mine(found) then
+        if found ~= nil then
+            save(key, found, now)
+        end
+        return nil, {'ok'}
+    end
+    return nil, {'lost'}
+end
+
+local function tombstone(r, now, retention)
+    r.state = RELEASED
+    r.token = ''
+    r.result = ''
+    r.updated = now
+    r.lease = 0
+    r.expires = now + retention
+    return r
+end
+
+-- Waiters subscribe to the record's own key name; the payload is the new state.
+local function announce(key, r)
+    redis.call('PUBLISH', key, r.state)
+end

@@ -1,0 +1,16 @@
+-- release(KEYS[1]; ARGV: offset_us, token, orphan_retention_us, resent 1|0)
+-- Mirrors idempotency._stores.transitions.release: a tombstone keeps fence and attempts monotonic.
+-- Replies {'ok'}, {'lost'} or {'corrupt', why}.
+-- resent = 1 only when this release is sent again after its first reply was lost: then a record
+-- already RELEASED, or gone, is its own effect (either way the next claim runs) and answers ok.
+local key, token, retention = KEYS[1], ARGV[2], tonumber(ARGV[3])
+local now = clock()
+local r, refused = load_held(key, token, now, ARGV[4] == '1', function(found)
+    return found == nil or found.state == RELEASED
+end)
+if refused then
+    return refused
+end
+save(key, tombstone(r, now, retention), now)
+announce(key, r)
+return {'ok'}

@@ -1,0 +1,38 @@
+-- settle(KEYS[1]; ARGV: offset_us, has_result 1|0, retention_us, result, resent 1|0)
+-- Mirrors idempotency._stores.transitions.settle: only an UNKNOWN record takes an operator's
+-- verdict.
+-- Replies {'ok'}, {'lost'} or {'corrupt', why}.
+-- resent = 1 only when this settle is sent again after its first reply was lost: then a record
+-- already in the state it asked for (COMPLETED with this very result; or RELEASED, or gone,
+-- for a failed verdict) is its own effect and answers ok.
+local key, has_result, retention = KEYS[1], ARGV[2] == '1', tonumber(ARGV[3])
+local now = clock()
+local stored, why = load(key)
+if why then
+    return {'corrupt', why}
+end
+local r = live(stored, now)
+if r == nil or r.state ~= UNKNOWN then
+    local mine
+    if has_result then
+        mine = r ~= nil and r.state == COMPLETED and r.result == ARGV[4]
+    else
+        mine = r == nil or r.state == RELEASED
+    end
+    if ARGV[5] == '1' and mine then
+        return {'ok'}
+    end
+    return {'lost'}
+end
+if has_result then
+    r.state = COMPLETED
+    r.result = ARGV[4]
+    r.updated = now
+    r.completed = now
+    r.expires = now + retention
+else
+    tombstone(r, now, retention)
+end
+save(key, r, now)
+announce(key, r)
+return {'ok'}

@@ -1,0 +1,1011 @@
+"""`RedisKeyStore`: one record per key, shared by every process and host that reaches one Redis.
+
+Why it is built this way:
+
+* Every transition (claim, renew, complete, release, settle) is ONE Lua script, hence one round
+  trip and atomic; the token comparison inside the script is the fencing check that stops a
+  stale worker (Kleppmann). A first execution costs 2 round trips (claim + complete), a replay 1.
+* Times come from the Redis clock (`TIME` inside the script), so leases do not depend on the
+  workers' clocks agreeing. Liveness is the logical `expires_at` stored in the record; the key's
+  PEXPIRE is only garbage collection, set at or after the logical expiry (at least 1 s), and
+  never on UNKNOWN records, which wait for an operator.
+* A record is one Redis string (binary header, fingerprint, token, result; see
+  `scripts/lib.lua`) in key `{prefix}{key}`: the key is its own hash tag, so every key a
+  record touches lives in one Redis Cluster slot. One string costs ~250 bytes beyond the result;
+  a hash would turn into a hashtable past 64-byte values and cost ~900.
+* One multiplexed connection per event loop carries every call (`wire.py`): concurrent
+  calls share it, commands issued in one loop turn leave in one write, and replies are matched
+  in order. There is no pool to run out of. Waiting duplicates share one subscriber connection
+  (`waiters.py`). So a store holds two connections per event loop, three with durable
+  writes, however many calls and waiters it serves. redis-py supplies the configuration (URL,
+  TLS, credentials, Sentinel; `endpoint.py`) and hiredis parses the replies.
+* Self-healing (rule 12). A connection that died while idle is replaced before a call uses it
+  (`link.py`). A call that fails because the connection died under it is sent once more
+  on a fresh connection. Every transition is safe to re-send. A claim carries a token the store
+  generated, and a re-sent claim that finds the record IN_PROGRESS under that very token (and
+  fingerprint) answers `claimed`, with its lease restarted: 128 random bits never match another
+  claim. A complete, release or settle re-sent after its reply was lost carries a flag that also
+  accepts its own effect as success: the record COMPLETED with byte-identical result (the stored
+  payload holds its execution time, so another attempt's result never is), RELEASED or gone, or
+  settled as asked. Only such re-sends use the flag, so the normal semantics (and the reference
+  model in the tests) are unchanged. When even the re-send fails, the store remembers the write
+  as in doubt (`doubt.py`), and the caller's own retry of it is sent as a re-send: the
+  same token for a claim, the flag for a complete or release.
+* Redis errors never leak: an unreachable, timed-out, loading, read-only or out-of-memory
+  server is `StoreUnavailable` (cause chained); a key holding something that is not our record
+  is `CorruptRecord` and is left untouched. A reply that does not arrive within `socket_timeout`
+  is not re-sent: the server is not answering, and waiting twice would only double the wait.
+* Optional durability: with `wait_replicas` (or `wait_aof`) the claim and complete scripts are
+  followed by `WAIT`/`WAITAOF` on a connection of their own, in one write, grouped with the other
+  durable writes queued meanwhile (`durable.py`); see `ReplicationUnconfirmed` for what
+  happens when too few acknowledge.
+
+Runs under asyncio and trio (anyio). Cancelling a call never leaves half a record: the script
+either ran whole or not at all, and a cancelled caller's reply is read and dropped.
+
+Topologies: one Redis; a primary behind Sentinel (`redis+sentinel://`, `rediss+sentinel://`
+with TLS to the Sentinels and the nodes, or a redis-py `Sentinel(...).master_for(...)` client;
+discovered over the store's own connections, under asyncio and trio); a proxy, given as a URL
+or a `redis.asyncio.Redis` whose configuration the store reads;
+or a Redis Cluster (`redis+cluster://` or a `redis.asyncio.cluster.RedisCluster`),
+where each transition goes to the master owning the record's slot, on that node's connection of
+this event loop (`cluster.py`: slot map, MOVED/ASK, failover). On a cluster, waits
+subscribe on the owner of the record: a script's PUBLISH is broadcast over the cluster bus, so
+the subscriber hears it wherever the slot has moved since (sharded pub/sub would spare that
+fan-out but would need other scripts for Redis < 7 and a re-subscription per migration). Durable
+writes WAIT on the node that ran them (its own `GroupCommit`), and `list_records`/
+`purge_expired` SCAN every master and read each key on its owner. The one-Redis path pays one
+`is None` test per call for all this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import math
+import os
+import re
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+import redis.asyncio as aioredis
+from redis import exceptions as rx
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from ..._system_task import current_loop, loop_alive
+from .. import transitions as rules
+from ..memory import DEFAULT_ORPHAN_RETENTION
+from ..store import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    ClaimOutcome,
+    ClaimStatus,
+    CorruptRecord,
+    LimitExceeded,
+    Limits,
+    Record,
+    RecordState,
+    StoreError,
+    StoreUnavailable,
+    check_list_limit,
+    pass_over,
+)
+from . import lua
+from .cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
+from .cluster import redirect as _redirect
+from .cluster import seeds_of_url as _seeds_of_url
+from .doubt import Doubts
+from .durable import GroupCommit
+from .endpoint import Endpoint
+from .link import Link
+from .sentinel import SENTINEL_SCHEMES
+from .waiters import Waiters
+from .wire import (
+    ConnectionLost,
+    ReplyError,
+    ReplyTimeout,
+    Traffic,
+    Unreachable,
+    command,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PREFIX: Final = "mcp-once:"
+#: Seconds to wait for a reply before the connection is given up (and to connect, by default).
+DEFAULT_SOCKET_TIMEOUT: Final = 5.0
+#: The record header stores the fingerprint's length in two bytes; real ones are 64 hex chars.
+MAX_FINGERPRINT_BYTES: Final = 1024
+#: Durations are sent as integer microseconds; past ~31 years Lua's doubles would round them.
+MAX_SECONDS: Final = 1e9
+#: How many keys one SCAN step asks for, and how many records one pipelined read carries.
+SCAN_BATCH: Final = 500
+
+_STATES: Final = {
+    1: RecordState.IN_PROGRESS,
+    2: RecordState.COMPLETED,
+    3: RecordState.UNKNOWN,
+    4: RecordState.RELEASED,
+}
+_LOWER_HEX: Final = re.compile(r"[0-9a-f]{64}")
+#: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
+_TRANSIENT_REPLIES: Final = (
+    "BUSY",
+    "LOADING",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "TRYAGAIN",
+    "OOM",
+    "READONLY",
+    "CLUSTERDOWN",
+)
+_ASKING: Final = command(b"ASKING")
+
+
+class ReplicationUnconfirmed(StoreUnavailable):
+    """Fewer replicas (or AOF fsyncs) than `wait_replicas`/`wait_aof` asked for acknowledged a
+    write within `wait_timeout`, so a failover could still lose it.
+
+    After a claim the store releases the claim again (`applied` is False): the tool must not
+    run on a claim a failover could forget, since a second worker could then claim the key too.
+    After a complete the result stays stored on the primary (`applied` is True) but is not known
+    to survive a failover; the caller decides whether to answer anyway. Being a
+    `StoreUnavailable`, the server layer fails closed on it like on an unreachable store.
+    """
+
+    def __init__(self, key: str, *, wanted: str, acked: str, applied: bool, timeout: float) -> None:
+        done = "is stored on the primary" if applied else "was withdrawn"
+        super().__init__(
+            f"the write for key {key!r} was confirmed by {acked} within {timeout}s,"
+            f" not {wanted}; it {done}"
+        )
+        self.key = key
+        self.wanted = wanted
+        self.acked = acked
+        self.applied = applied
+
+
+class DurabilityUnsupported(StoreError):
+    """The server cannot give the durability the store was configured to wait for
+    (`WAITAOF` needs Redis 7.2 or later). Nothing was written."""
+
+
+class _Here:
+    """What one store holds on one event loop for one Redis: its command connection, and (made
+    on first use) the waiters' subscriber connection and the durable writes' connection. On a
+    cluster, the loop's holder also holds one of these per node, and the map read in flight."""
+
+    __slots__ = ("_durable", "_traffic", "_waiters", "endpoint", "main", "nodes", "refreshing")
+
+    def __init__(self, endpoint: Endpoint, traffic: Traffic) -> None:
+        self.endpoint = endpoint
+        self._traffic = traffic
+        self.main = Link(endpoint, traffic)
+        self._waiters: Waiters | None = None
+        self._durable: GroupCommit | None = None
+        #: Cluster only: each node's connections on this loop, and the slot map read under way.
+        self.nodes: dict[NodeId, _Here] = {}
+        self.refreshing: anyio.Event | None = None
+
+    def node(self, cluster: Cluster, node: NodeId) -> _Here:
+        held = self.nodes.get(node)
+        if held is None:
+            held = self.nodes[node] = _Here(cluster.endpoint(node), self._traffic)
+        return held
+
+    def waiters(self) -> Waiters:
+        if self._waiters is None:
+            self._waiters = Waiters(self.endpoint, self._traffic)
+        return self._waiters
+
+    def durable(self, wait: bytes) -> GroupCommit:
+        if self._durable is None:
+            self._durable = GroupCommit(Link(self.endpoint, self._traffic), wait)
+        return self._durable
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+        links = [self.main]
+        if self._waiters is not None:
+            links.append(self._waiters.link)
+        if self._durable is not None:
+            links.append(self._durable.link)
+        for link in links:
+            # A loop that is already closed refuses even to be told; its sockets go with it.
+            with contextlib.suppress(RuntimeError):
+                link.close()
+
+
+class RedisKeyStore:
+    """Records in Redis, safe across processes and hosts. Implements `KeyStore`."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis | RedisCluster,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+        wait_aof: bool = False,
+    ) -> None:
+        """Connect where `client` connects, as it would (URL, TLS, credentials, database,
+        timeouts, Sentinel). The store opens connections of its own and never uses the
+        client's; `aclose` leaves the client open (its owner closes it).
+
+        A `redis.asyncio.cluster.RedisCluster` gives its startup nodes (the seeds) and their
+        connection options; the store reads the slot map itself. So the client never needs
+        to be initialized, nor used by many calls at once before it is (redis-py 8.1's asyncio
+        cluster client fails when ~30 concurrent first calls initialize it together).
+
+        The client must return bytes (`decode_responses=False`), as a sign it is configured
+        for binary results like the store's own connections.
+        """
+        if "{" in prefix or "}" in prefix:
+            raise ValueError(
+                f"the prefix must not contain braces (they mark the hash tag): {prefix!r}"
+            )
+        cluster: Cluster | None = None
+        if isinstance(client, RedisCluster):
+            seeds = [(str(node.host), int(node.port)) for node in client.startup_nodes]
+            # A cluster node carries what a pool does: the connection class and its options.
+            pool: Any = client.startup_nodes[0]
+        else:
+            pool = client.connection_pool
+        connection_kwargs: dict[str, Any] = pool.connection_kwargs
+        if connection_kwargs.get("decode_responses"):
+            raise ValueError("RedisKeyStore needs a client with decode_responses=False")
+        if wait_replicas < 0:
+            raise ValueError(f"wait_replicas must be >= 0, not {wait_replicas}")
+        endpoint = Endpoint.of_pool(pool)
+        if isinstance(client, RedisCluster):
+            cluster = Cluster(endpoint, seeds)
+        durable = wait_replicas > 0 or wait_aof
+        if durable:
+            if not (math.isfinite(wait_timeout) and wait_timeout > 0):
+                raise ValueError(
+                    f"wait_timeout must be a positive number of seconds: {wait_timeout!r}"
+                )
+            if endpoint.timeout is not None and endpoint.timeout <= wait_timeout:
+                raise ValueError(
+                    f"socket_timeout ({endpoint.timeout}s) must exceed wait_timeout"
+                    f" ({wait_timeout}s), or every durable write would time out"
+                )
+        self._endpoint = endpoint
+        self._cluster = cluster
+        self._traffic = Traffic()
+        self._loops: dict[object, _Here] = {}
+        self._doubts = Doubts()
+        self._prefix = prefix
+        self._prefix_bytes = prefix.encode()
+        self._limits = Limits(max_key_bytes, max_result_bytes)
+        self._orphan_retention_us = _micros("orphan_retention", orphan_retention)
+        self._offset_us = 0
+        self._wait_replicas = wait_replicas
+        self._wait_timeout = wait_timeout
+        self._wait_aof = wait_aof
+        self._durable = durable
+        self._durability_checked = False
+        # wait(): the first re-read after no news, doubling up to the cap (missed messages).
+        self._poll_first = 0.05
+        self._poll_cap = 1.0
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+        wait_aof: bool = False,
+        socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
+        **redis_kwargs: Any,
+    ) -> RedisKeyStore:
+        """A store for the Redis at `url`. Connects lazily; `aclose` closes its connections.
+
+        `redis+cluster://host:port[,host:port...]` (`rediss+cluster://` with TLS) names the
+        seed nodes of a Redis Cluster; credentials and options are written as for `redis://`,
+        and the database, if named, must be 0.
+        `redis+sentinel://[user:pass@]host:port[,host:port...]/service_name[/db]` finds the
+        primary through Sentinel, again after a failover (`sentinel.py`);
+        `rediss+sentinel://` does so over TLS, to the Sentinels and the data nodes alike.
+
+        `socket_timeout` bounds the wait for each reply (None: forever); a late reply gives the
+        connection up and the call fails with `StoreUnavailable`. `socket_connect_timeout`
+        defaults to `socket_timeout`. Other `redis_kwargs` are redis-py's connection options
+        (`password`, `username`, `ssl_*`, `client_name`, `socket_keepalive_options`, ...).
+        """
+        if redis_kwargs.get("decode_responses"):
+            raise ValueError("RedisKeyStore needs decode_responses=False: results are binary")
+        redis_kwargs.setdefault("socket_connect_timeout", socket_timeout)
+        client: aioredis.Redis | RedisCluster
+        if url.startswith(CLUSTER_SCHEMES):
+            seeds, first = _seeds_of_url(url)
+            client = RedisCluster.from_url(
+                first,
+                startup_nodes=[ClusterNode(host, port) for host, port in seeds[1:]],
+                socket_timeout=socket_timeout,
+                **redis_kwargs,
+            )
+        elif url.startswith(SENTINEL_SCHEMES):
+            from .sentinel import sentinel_client
+
+            client = sentinel_client(url, socket_timeout=socket_timeout, **redis_kwargs)
+        else:
+            client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
+        return cls(
+            client,
+            prefix=prefix,
+            max_key_bytes=max_key_bytes,
+            max_result_bytes=max_result_bytes,
+            orphan_retention=orphan_retention,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+            wait_aof=wait_aof,
+        )
+
+    def advance_clock_for_testing(self, seconds: float) -> None:
+        """Move this store's view of the Redis clock forward, so tests need not sleep.
+
+        Only forward: physical expiry runs on the real clock and must never come first.
+        """
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"the clock only moves forward by finite seconds, not {seconds!r}")
+        self._offset_us += round(seconds * 1_000_000)
+
+    # -- transitions -------------------------------------------------------------------------
+
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+    ) -> ClaimOutcome:
+        self._limits.check_key(key)
+        fingerprint_bytes = _pack_fingerprint(fingerprint)
+        if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
+            raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
+        rkey = self._rkey(key)
+        # A claim of ours that may have landed is claimed again under its own token: taken, so
+        # that no concurrent claim re-sends it too, and given back if this try gets no answer
+        # either (it may not even have been sent: the earlier one is still in doubt).
+        doubted = self._doubts.take(rkey, "claim") if self._doubts else None
+        token = doubted or os.urandom(16).hex()
+        args = (
+            fingerprint_bytes,
+            _micros("lease", lease),
+            1 if takeover else 0,
+            self._orphan_retention_us,
+            token,
+        )
+        try:
+            if not self._durable:
+                reply = await self._script(lua.CLAIM, rkey, args, args, doubt=("claim", token))
+                return _claim_outcome(key, reply)
+            reply, acks = await self._script(
+                lua.CLAIM, rkey, args, args, doubt=("claim", token), durable=True
+            )
+        except BaseException:
+            if doubted is not None:
+                self._doubts.note(rkey, "claim", doubted)
+            raise
+        outcome = _claim_outcome(key, reply)
+        if outcome.status is ClaimStatus.CLAIMED:
+            problem = self._unconfirmed(acks)
+            if problem is not None:
+                assert outcome.token is not None
+                # Withdrawn even if the caller is being cancelled; failing that, the lease
+                # runs out and the claim ends as any abandoned one does.
+                with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                    await self.release(key, outcome.token)
+                raise self._replication_error(key, problem, acks, applied=False)
+        return outcome
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        lease_us = _micros("lease", lease)
+        if not self._fits(key):
+            return False
+        args = (token, lease_us, self._orphan_retention_us)
+        return _done(key, await self._script(lua.RENEW, self._rkey(key), args, args))
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        self._limits.check_result(result)
+        retention_us = _micros("retention", retention)
+        if not self._fits(key):
+            return False
+        rkey = self._rkey(key)
+        doubt = ("complete", token)
+        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        args, resent = _resendable(doubtful, token, retention_us, result)
+        if not self._durable:
+            return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
+        reply, acks = await self._script(
+            lua.COMPLETE, rkey, args, resent, doubt=doubt, durable=True
+        )
+        done = _done(key, reply)
+        if done:
+            problem = self._unconfirmed(acks)
+            if problem is not None:
+                raise self._replication_error(key, problem, acks, applied=True)
+        return done
+
+    async def release(self, key: str, token: str) -> bool:
+        if not self._fits(key):
+            return False
+        rkey = self._rkey(key)
+        doubt = ("release", token)
+        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        args, resent = _resendable(doubtful, token, self._orphan_retention_us)
+        return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
+
+    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+        if result is not None:
+            self._limits.check_result(result)
+        retention_us = _micros("retention", retention)
+        if not self._fits(key):
+            return False
+        args, resent = _resendable(
+            False, 0 if result is None else 1, retention_us, b"" if result is None else result
+        )
+        return _done(key, await self._script(lua.SETTLE, self._rkey(key), args, resent))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> Record | None:
+        if not self._fits(key):
+            return None
+        return _visible(key, await self._script(lua.READ, self._rkey(key), (), ()))
+
+    async def wait(self, key: str, *, timeout: float) -> Record | None:
+        """Woken by the PUBLISH that complete/release/settle (and a claim turning the record
+        UNKNOWN) send on the record's key name; re-reads on a doubling interval (50 ms to 1 s)
+        as well, so a lost message costs latency, never a hang."""
+        if not self._fits(key):
+            return None
+        with anyio.move_on_after(timeout):
+            return await self._wait_for_change(key)
+        return await self.get(key)
+
+    async def _wait_for_change(self, key: str) -> Record | None:
+        record = await self.get(key)
+        if record is None or record.state is not RecordState.IN_PROGRESS:
+            return record
+        rkey = self._rkey(key)
+        here = self._here()
+        if self._cluster is not None:
+            here = await self._owner(here, rkey)
+        waiters = here.waiters()
+        with self._reaching():
+            async with waiters.watching(rkey) as watch:
+                delay = self._poll_first
+                while True:
+                    record = await self.get(key)
+                    if record is None or record.state is not RecordState.IN_PROGRESS:
+                        return record
+                    await watch.changed(delay)
+                    delay = min(delay * 2, self._poll_cap)
+
+    async def list_records(
+        self, *, state: RecordState | None = None, limit: int = 100
+    ) -> list[Record]:
+        """Scans every key under the prefix (SCAN plus one pipelined read per 500 keys): an
+        operator's tool whose cost grows with the number of records, not a request path.
+        Records that cannot be read as ours are skipped with a warning."""
+        check_list_limit(limit)
+
+        def order(record: Record) -> tuple[float, str]:
+            return (record.created_at, record.key)
+
+        found: list[Record] = []
+        async for rkeys in self._scan():
+            replies = await self._script_many(lua.READ, rkeys)
+            for rkey, reply in zip(rkeys, replies, strict=True):
+                key = self._key_of(rkey)
+                try:
+                    record = _visible(key, reply)
+                except CorruptRecord as exc:
+                    pass_over(exc)
+                    continue
+                if record is not None and (state is None or record.state is state):
+                    found.append(record)
+            if limit >= 0 and len(found) > 2 * limit + SCAN_BATCH:
+                found = heapq.nsmallest(limit, found, key=order)
+        found.sort(key=order)
+        return found[:limit]
+
+    async def purge_expired(self) -> int:
+        """Deletes records whose logical expiry has passed (SCAN over the prefix, as in
+        `list_records`). Records Redis already expired on its own are not counted; unreadable
+        ones are left for an operator."""
+        purged = 0
+        async for rkeys in self._scan():
+            purged += sum(int(n) for n in await self._script_many(lua.PURGE, rkeys))
+        return purged
+
+    async def aclose(self) -> None:
+        """Close this store's connections (on every event loop it used)."""
+        loops, self._loops = self._loops, {}
+        for here in loops.values():
+            here.close()
+        await anyio.lowlevel.checkpoint()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _fits(self, key: str) -> bool:
+        """Whether a record could exist for `key`; one that could not is simply absent."""
+        try:
+            size = len(key.encode())
+        except UnicodeEncodeError:
+            return False
+        return 0 < size <= self._limits.max_key_bytes
+
+    def _rkey(self, key: str) -> bytes:
+        return self._prefix_bytes + b"{" + key.encode() + b"}"
+
+    def _key_of(self, rkey: bytes) -> str:
+        return rkey[len(self._prefix_bytes) + 1 : -1].decode(errors="replace")
+
+    def _here(self) -> _Here:
+        """This store's connections on the running event loop."""
+        try:
+            loop: object = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = current_loop()
+        here = self._loops.get(loop)
+        if here is None:
+            for gone in [other for other in self._loops if not loop_alive(other)]:
+                self._loops.pop(gone).close()
+            here = self._loops[loop] = _Here(self._endpoint, self._traffic)
+        return here
+
+    async def _scan(self) -> AsyncIterator[list[bytes]]:
+        """Every key under the prefix, in batches: of the one Redis, or of every master."""
+        here = self._here()
+        cluster = self._cluster
+        if cluster is None:
+            nodes = [here]
+        else:
+            if not cluster.masters():
+                await self._refresh(here, cluster.generation)
+            nodes = [here.node(cluster, node) for node in cluster.masters()]
+        pattern = _glob_escape(self._prefix_bytes) + b"{*}"
+        seen: set[bytes] = set()  # SCAN may repeat a key, and a migrating key sit on two nodes
+        for node_here in nodes:
+            cursor = b"0"
+            while True:
+                step = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_BATCH)
+                reply = await self._plain(step, here=node_here)
+                cursor, keys = reply[0], reply[1]
+                fresh = [k for k in keys if k not in seen]
+                seen.update(fresh)
+                if fresh:
+                    yield fresh
+                if cursor == b"0":
+                    break
+
+    async def _script(
+        self,
+        script: lua.Script,
+        rkey: bytes,
+        args: tuple[bytes | str | int, ...],
+        resent: tuple[bytes | str | int, ...],
+        *,
+        doubt: tuple[str, str] | None = None,
+        durable: bool = False,
+    ) -> Any:
+        """Run one transition script; `resent` are its arguments for a re-send after the
+        first reply was lost, `doubt` names it for `Doubts`. `durable`: followed by
+        WAIT/WAITAOF, grouped with the other durable writes of this loop
+        (`durable.py`), and the answer is (reply, acknowledgements).
+
+        On a cluster: sent to the slot's owner, following MOVED and ASK, and once more to
+        the owner named by a fresh slot map when the node could not be reached."""
+        here = self._here()
+        cluster = self._cluster
+        seen = 0
+        if cluster is not None:
+            seen = cluster.generation
+            here = await self._owner(here, rkey)
+        if durable:
+            await self._check_durability()
+        asking = b""  # ASKING, for the one command sent after an ASK redirect
+        redirects = 0
+        body: tuple[bytes | str | int, ...] = (b"EVALSHA", script.sha, 1, rkey, self._offset_us)
+        again = False
+        written = False  # whether the first try's bytes were handed to the socket
+        while True:
+            link = here.main
+            chunk = command(*body, *args)
+            try:
+                if not durable:
+                    wire = link.live() or await link.wire()
+                    if asking:
+                        answer = reply = (await wire.request(asking + chunk, 2))[1]
+                    else:
+                        answer = reply = await wire.request(chunk)
+                else:
+                    group = here.durable(self._wait_command())
+                    link = group.link
+                    if asking:
+                        # Off the group: ASKING must come right before its script. WAIT still
+                        # confirms every write made before it on this connection.
+                        replies: Any = await link.call(asking + chunk + group.wait, 3)
+                        answer = (reply := replies[1], replies[2])
+                    else:
+                        answer = await group.write(chunk)
+                        reply = answer[0]
+            except ConnectionLost as exc:
+                if not again:
+                    again, written = True, exc.written
+                    args = resent if exc.written else args
+                    if cluster is not None:
+                        try:
+                            here, asking = await self._rerouted(rkey, seen), b""
+                        except StoreError:  # no map to follow: what may have landed is noted
+                            raise self._failed(exc, rkey, doubt, written) from exc
+                    continue
+                raise self._failed(exc, rkey, doubt, written) from exc
+            except Unreachable as exc:  # nothing was sent: on a cluster, a failover?
+                if cluster is not None and not again:
+                    again = True
+                    here, asking = await self._rerouted(rkey, seen), b""
+                    continue
+                raise self._failed(exc, rkey, doubt, written) from exc
+            except rx.RedisError as exc:  # unreachable, or no reply in time
+                raise self._failed(exc, rkey, doubt, written) from exc
+            if isinstance(reply, ReplyError):
+                if reply.code == "NOSCRIPT" and body[0] == b"EVALSHA":
+                    body = (b"EVAL", script.source, *body[2:])  # a flushed script cache
+                    continue
+                if cluster is not None and reply.code in REDIRECTS and redirects < MAX_REDIRECTS:
+                    redirects += 1
+                    here, asking = self._redirected(cluster, reply)
+                    continue
+                raise self._refused(reply, link)
+            if doubt is not None and self._doubts:
+                self._doubts.settle(rkey, *doubt)
+            return answer
+
+    # -- cluster routing -----------------------------------------------------------------------
+
+    async def _owner(self, here: _Here, rkey: bytes) -> _Here:
+        """The connections, on this loop, to the master owning `rkey`'s slot."""
+        cluster = self._cluster
+        assert cluster is not None
+        node = cluster.owner(rkey)
+        if node is None:
+            await self._refresh(here, cluster.generation)
+            node = cluster.owner(rkey)
+            if node is None:
+                raise StoreUnavailable("no Redis Cluster node serves this record's slot now")
+        return here.node(cluster, node)
+
+    async def _rerouted(self, rkey: bytes, seen: int) -> _Here:
+        """After a node failed under a call: a fresh map (unless one was read since `seen`)
+        and the slot's owner in it."""
+        here = self._here()
+        await self._refresh(here, seen)
+        return await self._owner(here, rkey)
+
+    def _redirected(self, cluster: Cluster, reply: ReplyError) -> tuple[_Here, bytes]:
+        """Where a MOVED or ASK reply sends the command, and the prefix it needs there."""
+        ask, slot, node = _redirect(reply)
+        if not ask:
+            cluster.moved(slot, node)
+        return self._here().node(cluster, node), (_ASKING if ask else b"")
+
+    async def _refresh(self, here: _Here, seen: int) -> None:
+        """Read the slot map, once per loop at a time; not at all if it changed since `seen`."""
+        cluster = self._cluster
+        assert cluster is not None
+        if cluster.generation != seen:
+            return
+        if here.refreshing is not None:
+            await here.refreshing.wait()
+            return
+        here.refreshing = done = anyio.Event()
+        try:
+
+            async def ask(node: NodeId, chunk: bytes) -> Any:
+                return await self._plain(chunk, here=here.node(cluster, node))
+
+            await cluster.refresh(ask)
+        finally:
+            here.refreshing = None
+            done.set()
+
+    # -- commands that are safe to repeat ------------------------------------------------------
+
+    async def _plain(self, chunk: bytes, count: int = 1, *, here: _Here | None = None) -> Any:
+        """Commands that are safe to repeat (reads, SCAN, SCRIPT LOAD, INFO), sent again once
+        on a fresh connection if the first one died under them. `here`: another node's."""
+        link = (here or self._here()).main
+        for attempt in range(2):
+            try:
+                return await link.call(chunk, count)
+            except ConnectionLost as exc:
+                if attempt == 0:
+                    continue
+                raise _translate(exc) from exc
+            except rx.RedisError as exc:
+                raise _translate(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def _script_many(self, script: lua.Script, rkeys: Sequence[bytes]) -> list[Any]:
+        """One script per key, pipelined: one round trip per batch (per node on a cluster),
+        each key its own slot. On a cluster a key redirected meanwhile is run on its own."""
+        here = self._here()
+        cluster = self._cluster
+        if cluster is None:
+            return await self._script_batch(script, rkeys, here)
+        groups: dict[NodeId, list[bytes]] = {}
+        for rkey in rkeys:
+            node = cluster.owner(rkey) or cluster.masters()[0]  # a wrong guess is redirected
+            groups.setdefault(node, []).append(rkey)
+        replies: dict[bytes, Any] = {}
+        for node, group in groups.items():
+            batch = await self._script_batch(script, group, here.node(cluster, node))
+            replies.update(zip(group, batch, strict=True))
+        for rkey, reply in replies.items():
+            if isinstance(reply, ReplyError):
+                replies[rkey] = await self._script(script, rkey, (), ())
+        return [replies[rkey] for rkey in rkeys]
+
+    async def _script_batch(
+        self, script: lua.Script, rkeys: Sequence[bytes], here: _Here
+    ) -> list[Any]:
+        """`_script_many` on one Redis (node); error replies are returned on a cluster, where
+        they may be redirects, and raised on one Redis."""
+        for _ in range(2):
+            chunk = b"".join(
+                command(b"EVALSHA", script.sha, 1, rkey, self._offset_us) for rkey in rkeys
+            )
+            replies = await self._plain(chunk, len(rkeys), here=here)
+            if len(rkeys) == 1:
+                replies = [replies]
+            if not any(isinstance(r, ReplyError) and r.code == "NOSCRIPT" for r in replies):
+                break
+            await self._plain(command(b"SCRIPT", b"LOAD", script.source), here=here)
+        if self._cluster is None:
+            for reply in replies:
+                if isinstance(reply, ReplyError):
+                    raise _translate(reply) from reply
+        return list(replies)
+
+    def _failed(
+        self,
+        exc: rx.RedisError,
+        rkey: bytes,
+        doubt: tuple[str, str] | None,
+        written_before: bool = False,
+    ) -> StoreError:
+        """The error for a call that got no answer; remembers a write that may have landed,
+        also when only the first try was written and the re-send could not even connect
+        (a failover: the claim may have reached a replica before its primary died)."""
+        landed = (
+            written_before
+            or isinstance(exc, ReplyTimeout)
+            or (isinstance(exc, ConnectionLost) and exc.written)
+        )
+        if landed and doubt is not None:
+            what, token = doubt
+            self._doubts.note(rkey, what, token)
+        return _translate(exc)
+
+    def _refused(self, reply: ReplyError, link: Link) -> StoreError:
+        if self._cluster is not None and reply.code in REDIRECTS:
+            return StoreUnavailable(f"the Redis Cluster kept redirecting the call: {reply}")
+        if reply.code == "READONLY":
+            # A demoted primary (a failover): the next call connects afresh, and through
+            # Sentinel finds the new primary.
+            link.drop()
+        return _translate(reply)
+
+    def _wait_command(self) -> bytes:
+        wait_ms = max(1, math.ceil(self._wait_timeout * 1000))
+        if self._wait_aof:
+            return command(b"WAITAOF", 1, self._wait_replicas, wait_ms)
+        return command(b"WAIT", self._wait_replicas, wait_ms)
+
+    async def _check_durability(self) -> None:
+        if self._durability_checked or not self._wait_aof:
+            return
+        info = await self._plain(command(b"INFO", b"server"))
+        version = _info_field(info, "redis_version") or "0"
+        if _version(version) < (7, 2):
+            raise DurabilityUnsupported(
+                f"wait_aof=True needs WAITAOF (Redis 7.2 or later); this server is {version}"
+            )
+        self._durability_checked = True
+
+    def _unconfirmed(self, acks: Any) -> str | None:
+        """None when the acknowledgements meet the configuration, else what was confirmed."""
+        if isinstance(acks, Exception):
+            return f"nothing (the server refused to wait: {acks})"
+        if self._wait_aof:
+            local, replicas = int(acks[0]), int(acks[1])
+            if local >= 1 and replicas >= self._wait_replicas:
+                return None
+            return f"{local} local AOF fsync(s) and {replicas} replica(s)"
+        replicas = int(acks)
+        if replicas >= self._wait_replicas:
+            return None
+        return f"{replicas} replica(s)"
+
+    def _replication_error(
+        self, key: str, acked: str, acks: Any, *, applied: bool
+    ) -> ReplicationUnconfirmed:
+        wanted = f"{self._wait_replicas} replica(s)"
+        if self._wait_aof:
+            wanted = f"1 local AOF fsync and {wanted}"
+        error = ReplicationUnconfirmed(
+            key, wanted=wanted, acked=acked, applied=applied, timeout=self._wait_timeout
+        )
+        if isinstance(acks, Exception):
+            error.__cause__ = acks
+        logger.warning("%s", error)
+        return error
+
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Turn every connection failure into the store's own errors, cause chained."""
+        try:
+            yield
+        except rx.RedisError as exc:
+            raise _translate(exc) from exc
+
+
+def _translate(exc: Exception) -> StoreError:
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError | OSError):
+        return StoreUnavailable(f"the Redis key store could not be reached: {exc}")
+    if str(exc).startswith(REDIRECTS):
+        return StoreError(
+            f"the Redis key store is a Redis Cluster node ({exc}); name it redis+cluster://"
+        )
+    if str(exc).startswith(_TRANSIENT_REPLIES):
+        return StoreUnavailable(f"the Redis key store cannot serve writes now: {exc}")
+    return StoreError(f"the Redis key store failed: {exc!r}")
+
+
+def _resendable(
+    doubtful: bool, *args: bytes | str | int
+) -> tuple[tuple[bytes | str | int, ...], tuple[bytes | str | int, ...]]:
+    """A write's arguments as first sent, and as re-sent after a lost reply (the trailing
+    flag that accepts its own effect as success). A write in doubt goes out as a re-send."""
+    resent = (*args, 1)
+    return (resent if doubtful else (*args, 0)), resent
+
+
+def _info_field(info: Any, name: str) -> str | None:
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        field, _, value = line.partition(":")
+        if field == name:
+            return value.strip()
+    return None
+
+
+def _micros(what: str, seconds: float) -> int:
+    if not (math.isfinite(seconds) and abs(seconds) <= MAX_SECONDS):
+        raise ValueError(f"{what} must be a finite number of seconds (at most 1e9): {seconds!r}")
+    return round(seconds * 1_000_000)
+
+
+def _seconds(micros: Any) -> float:
+    return int(micros) / 1_000_000
+
+
+def _optional_seconds(micros: Any) -> float | None:
+    return None if int(micros) == 0 else int(micros) / 1_000_000
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _failed(key: str, reply: Any) -> StoreError:
+    if isinstance(reply, list) and reply and reply[0] == b"corrupt":
+        return CorruptRecord(key, _text(reply[1]))
+    return StoreError(f"the Redis key store sent an unexpected reply for key {key!r}")
+
+
+def _done(key: str, reply: Any) -> bool:
+    if reply == [b"ok"]:
+        return True
+    if reply == [b"lost"]:
+        return False
+    raise _failed(key, reply)
+
+
+def _claim_outcome(key: str, reply: Any) -> ClaimOutcome:
+    kind = reply[0] if isinstance(reply, list) and reply else None
+    if kind == b"claimed":
+        return ClaimOutcome(
+            ClaimStatus.CLAIMED,
+            token=_text(reply[1]),
+            fence=int(reply[2]),
+            attempts=int(reply[3]),
+            took_over=bool(int(reply[4])),
+        )
+    if kind == b"replay":
+        return ClaimOutcome(
+            ClaimStatus.REPLAY,
+            fence=int(reply[1]),
+            attempts=int(reply[2]),
+            completed_at=_seconds(reply[3]),
+            result=bytes(reply[4]),
+        )
+    if kind == b"busy":
+        return ClaimOutcome(
+            ClaimStatus.BUSY, fence=int(reply[1]), retry_after=max(0.0, _seconds(reply[2]))
+        )
+    if kind == b"mismatch":
+        return ClaimOutcome(ClaimStatus.MISMATCH)
+    if kind == b"unknown":
+        return ClaimOutcome(ClaimStatus.UNKNOWN, fence=int(reply[1]), attempts=int(reply[2]))
+    raise _failed(key, reply)
+
+
+def _visible(key: str, reply: Any) -> Record | None:
+    kind = reply[0] if isinstance(reply, list) and reply else None
+    if kind == b"none":
+        return None
+    if kind != b"record":
+        raise _failed(key, reply)
+    (_, now, state, fence, attempts, created, updated, lease, completed, expires) = reply[:10]
+    fingerprint, token, result = reply[10:13]
+    record_state = _STATES[int(state)]
+    record = Record(
+        key=key,
+        state=record_state,
+        fingerprint=_unpack_fingerprint(bytes(fingerprint)),
+        fence=int(fence),
+        attempts=int(attempts),
+        token=_text(token) or None,
+        created_at=_seconds(created),
+        updated_at=_seconds(updated),
+        lease_deadline=_optional_seconds(lease),
+        completed_at=_optional_seconds(completed),
+        expires_at=_optional_seconds(expires),
+        result=bytes(result) if record_state is RecordState.COMPLETED else None,
+    )
+    return rules.visible(record, _seconds(now))
+
+
+def _pack_fingerprint(fingerprint: str) -> bytes:
+    """A SHA-256 hex digest (what the server layer sends) is stored as its 32 raw bytes behind
+    0xFF, a byte UTF-8 never contains; anything else as UTF-8. Saves 31 bytes per record."""
+    if len(fingerprint) == 64 and _LOWER_HEX.fullmatch(fingerprint):
+        return b"\xff" + bytes.fromhex(fingerprint)
+    return fingerprint.encode()
+
+
+def _unpack_fingerprint(stored: bytes) -> str:
+    if len(stored) == 33 and stored[0] == 0xFF:
+        return stored[1:].hex()
+    return stored.decode(errors="replace")
+
+
+def _glob_escape(text: bytes) -> bytes:
+    out = bytearray()
+    for byte in text:
+        if byte in b"*?[]\\":
+            out += b"\\"
+        out.append(byte)
+    return bytes(out)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)

@@ -1,0 +1,634 @@
+"""`SQLiteKeyStore`: the embedded durable default for one host.
+
+Records live in one SQLite file, so they survive a restart and are shared by every process on the
+machine that opens the same path. Each transition is one `BEGIN IMMEDIATE` transaction that reads
+the row, applies the pure rule from `transitions.py` and writes the answer back: SQLite's write lock
+is what makes claim atomic across processes, and the rule is the same one every backend obeys.
+
+The stdlib driver blocks, so every statement runs in a worker thread; one connection per store,
+guarded by a lock, keeps the threads from sharing a cursor. Not for network filesystems: WAL needs
+shared memory between the processes, which means one host.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+from . import transitions as rules
+from .memory import DEFAULT_ORPHAN_RETENTION
+from .store import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    ClaimOutcome,
+    Clock,
+    CorruptRecord,
+    Limits,
+    Record,
+    RecordState,
+    StoreUnavailable,
+    check_list_limit,
+    pass_over,
+)
+
+T = TypeVar("T")
+
+
+#: Seconds a writer waits for another process's write lock before the store counts as unavailable.
+DEFAULT_BUSY_TIMEOUT = 5.0
+
+#: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
+APPLICATION_ID = 0x4D434F31
+#: Bumped on any incompatible schema change; a file from a newer release is refused, not guessed at.
+SCHEMA_VERSION = 1
+
+#: `wait()` polls because other processes cannot signal us; the delay doubles up to the cap, which
+#: bounds how late a cross-process completion is noticed. Same-process completions wake at once.
+_POLL_FIRST = 0.005
+_POLL_MAX = 0.1
+
+_COLUMNS = (
+    "key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
+    " lease_deadline, completed_at, expires_at, result"
+)
+
+# Columns are deliberately unconstrained beyond the key: every row is validated in one place when
+# read (`_decode`), so damage from any source (a manual edit, another tool) surfaces as
+# CorruptRecord naming the key, instead of a constraint error on some later unrelated write.
+_SCHEMA = f"""
+CREATE TABLE records (
+    key TEXT PRIMARY KEY NOT NULL,
+    state TEXT,
+    fingerprint TEXT,
+    fence INTEGER,
+    attempts INTEGER,
+    token TEXT,
+    created_at REAL,
+    updated_at REAL,
+    lease_deadline REAL,
+    completed_at REAL,
+    expires_at REAL,
+    result BLOB
+) WITHOUT ROWID;
+CREATE INDEX records_by_expiry ON records (expires_at);
+CREATE INDEX records_by_state ON records (state, created_at);
+PRAGMA application_id = {APPLICATION_ID};
+PRAGMA user_version = {SCHEMA_VERSION};
+"""
+
+_SELECT_ONE = f"SELECT {_COLUMNS} FROM records WHERE key = ?"
+#: Purge reads a placeholder instead of the result: validity needs its type, not its bytes.
+_PURGE_CANDIDATES = (
+    "SELECT key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
+    " lease_deadline, completed_at, expires_at,"
+    " CASE typeof(result) WHEN 'null' THEN NULL WHEN 'blob' THEN x'' ELSE 0 END"
+    " FROM records WHERE expires_at <= ? AND (expires_at, key) > (?, ?)"
+    " ORDER BY expires_at, key LIMIT ?"
+)
+_PURGE_BATCH = 500
+_EXPIRES_AT = 10
+_UPSERT = f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+
+Row = tuple[object, ...]
+
+
+class SQLiteKeyStore:
+    """Records in one SQLite file (WAL, synchronous=FULL). Safe across tasks and processes on
+    one host; every transition is a single `BEGIN IMMEDIATE` transaction."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = time.time,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    ) -> None:
+        if not os.fspath(path):
+            raise ValueError("the SQLite key store needs a file path")
+        if busy_timeout < 0:
+            raise ValueError(f"busy_timeout must be >= 0, not {busy_timeout}")
+        self.path = Path(path)
+        self._clock = clock
+        self._limits = Limits(max_key_bytes, max_result_bytes)
+        self._orphan_retention = orphan_retention
+        self._busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        #: One worker thread at a time per store: the connection serves one statement at a
+        #: time anyway, and queued callers then wait in the event loop instead of each holding
+        #: a thread of anyio's shared pool (which the application needs too).
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._connection: sqlite3.Connection | None = None
+        self._closed = False
+        self._wakeups = _Wakeups()
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        clock: Clock = time.time,
+        max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    ) -> SQLiteKeyStore:
+        """`sqlite:///relative/file.db` or `sqlite:////absolute/file.db` (the SQLAlchemy and
+        dj-database-url convention: three slashes, then the path as written)."""
+        return cls(
+            sqlite_path_from_url(url),
+            clock=clock,
+            max_key_bytes=max_key_bytes,
+            max_result_bytes=max_result_bytes,
+            orphan_retention=orphan_retention,
+            busy_timeout=busy_timeout,
+        )
+
+    def __repr__(self) -> str:
+        return f"SQLiteKeyStore({str(self.path)!r})"
+
+    # -- transitions -------------------------------------------------------------------------
+
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+    ) -> ClaimOutcome:
+        self._limits.check_key(key)
+        token = secrets.token_hex(16)
+
+        def decide(record: Record | None, now: float) -> tuple[Record | None, ClaimOutcome]:
+            return rules.claim(
+                record,
+                key,
+                fingerprint,
+                now=now,
+                lease=lease,
+                takeover=takeover,
+                retention=self._orphan_retention,
+                token=token,
+            )
+
+        return await self._transition(key, decide)
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
+            new = rules.renew(record, token, now=now, lease=lease, retention=self._orphan_retention)
+            return new, new is not None
+
+        # A renewal changes nothing a waiter looks for, so it wakes no one.
+        return await self._transition(key, decide, wake=False)
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        self._limits.check_result(result)
+
+        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
+            new = rules.complete(record, token, result, now=now, retention=retention)
+            return new, new is not None
+
+        return await self._transition(key, decide)
+
+    async def release(self, key: str, token: str) -> bool:
+        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
+            new = rules.release(record, token, now=now, retention=self._orphan_retention)
+            return new, new is not None
+
+        return await self._transition(key, decide)
+
+    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+        if result is not None:
+            self._limits.check_result(result)
+
+        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
+            new = rules.settle(record, result, now=now, retention=retention)
+            return new, new is not None
+
+        return await self._transition(key, decide)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def wait(self, key: str, *, timeout: float) -> Record | None:
+        with self._wakeups.watching(key):
+            with anyio.move_on_after(timeout):
+                delay = _POLL_FIRST
+                while True:
+                    # Taken before the read, so a completion landing between the read and the
+                    # wait below has already set it: no lost wakeup.
+                    changed = self._wakeups.current(key)
+                    record = await self.get(key)
+                    if record is None or record.state is not RecordState.IN_PROGRESS:
+                        return record
+                    with anyio.move_on_after(delay):
+                        await changed.wait()
+                    delay = min(delay * 2, _POLL_MAX)
+        return await self.get(key)
+
+    async def get(self, key: str) -> Record | None:
+        def read(conn: sqlite3.Connection) -> Record | None:
+            now = self._clock()
+            return rules.visible(_load(conn, key), now)
+
+        return await self._run(read)
+
+    async def list_records(
+        self, *, state: RecordState | None = None, limit: int = 100
+    ) -> list[Record]:
+        check_list_limit(limit)
+
+        def read(conn: sqlite3.Connection) -> list[Record]:
+            now = self._clock()
+            sql = (
+                f"SELECT {_COLUMNS} FROM records"
+                " WHERE state IS NOT ? AND (expires_at IS NULL OR expires_at > ?)"
+            )
+            args: list[object] = [RecordState.RELEASED.value, now]
+            if state is not None:
+                sql += " AND state = ?"
+                args.append(state.value)
+            sql += " ORDER BY created_at, key"
+            found: list[Record] = []
+            for row in conn.execute(sql, args):
+                if len(found) >= limit:
+                    break
+                key = str(row[0])
+                try:
+                    record = rules.visible(_decode(key, row[1:]), now)
+                except CorruptRecord as exc:
+                    pass_over(exc)
+                    continue
+                if record is not None:
+                    found.append(record)
+            return found
+
+        return await self._run(read)
+
+    async def purge_expired(self) -> int:
+        """Deletes expired records in batches, one short write transaction each, so a large
+        purge never holds the write lock for long. Unreadable rows are left for an operator."""
+
+        def purge_batch(conn: sqlite3.Connection, after: tuple[object, str]) -> tuple[int, Row]:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = self._clock()
+                rows = conn.execute(_PURGE_CANDIDATES, (now, *after, _PURGE_BATCH)).fetchall()
+                gone = []
+                for row in rows:
+                    try:
+                        _decode(str(row[0]), row[1:])
+                    except CorruptRecord:
+                        continue
+                    gone.append((row[0],))
+                conn.executemany("DELETE FROM records WHERE key = ?", gone)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            last = rows[-1] if len(rows) == _PURGE_BATCH else ()
+            return len(gone), last
+
+        purged = 0
+        after: tuple[object, str] = (float("-inf"), "")
+        while True:
+            count, last = await self._run(functools.partial(purge_batch, after=after), shield=True)
+            purged += count
+            if not last:
+                return purged
+            after = (last[_EXPIRES_AT], str(last[0]))
+
+    async def aclose(self) -> None:
+        def close() -> None:
+            with self._lock:
+                self._closed = True
+                if self._connection is not None:
+                    self._connection.close()
+                    self._connection = None
+
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(close)
+
+    # -- machinery ---------------------------------------------------------------------------
+
+    async def _transition(
+        self,
+        key: str,
+        decide: Callable[[Record | None, float], tuple[Record | None, T]],
+        *,
+        wake: bool = True,
+    ) -> T:
+        def transact(conn: sqlite3.Connection) -> tuple[bool, T]:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Read the clock inside the write lock, so time order matches commit order
+                # across processes.
+                now = self._clock()
+                new, answer = decide(_load(conn, key), now)
+                if new is not None:
+                    conn.execute(_UPSERT, _encode(new))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return new is not None, answer
+
+        # Shielded: once the transaction starts, its answer (a claim's token above all) must
+        # reach the caller; a cancelled claim whose token is lost would block the key until
+        # its lease expires and then turn it UNKNOWN.
+        changed, answer = await self._run(transact, shield=True)
+        if changed and wake:
+            self._wakeups.notify(key)
+        return answer
+
+    async def _run(self, work: Callable[[sqlite3.Connection], T], *, shield: bool = False) -> T:
+        if self._limiter is None:  # made here: a limiter needs a running event loop
+            self._limiter = anyio.CapacityLimiter(1)
+        with anyio.CancelScope(shield=shield):
+            answer = await anyio.to_thread.run_sync(self._locked, work, limiter=self._limiter)
+        return answer
+
+    def _locked(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable(f"the SQLite key store at {self.path} is closed")
+            conn = self._connection
+            if conn is None:
+                conn = self._connection = self._open()
+            try:
+                return work(conn)
+            except sqlite3.Error as exc:
+                raise self._unavailable(exc) from exc
+
+    def _open(self) -> sqlite3.Connection:
+        where = str(self.path)
+        if where != ":memory:":
+            try:
+                # Create it readable by its owner only: stored results may be private.
+                os.close(os.open(where, os.O_RDWR | os.O_CREAT, 0o600))
+            except FileNotFoundError as exc:
+                raise StoreUnavailable(
+                    f"cannot open the SQLite key store at {where}:"
+                    f" the directory {self.path.parent} does not exist"
+                ) from exc
+            except IsADirectoryError as exc:
+                raise StoreUnavailable(
+                    f"cannot open the SQLite key store at {where}: it is a directory, not a file"
+                ) from exc
+            except PermissionError as exc:
+                raise StoreUnavailable(
+                    f"cannot open the SQLite key store at {where}: permission denied"
+                ) from exc
+            except OSError as exc:
+                raise StoreUnavailable(
+                    f"cannot open the SQLite key store at {where}: {exc.strerror or exc}"
+                ) from exc
+        try:
+            conn = sqlite3.connect(
+                where,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open the SQLite key store at {where}: {exc}") from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            # First make sure the file is ours: switching a foreign database to WAL would
+            # already rewrite its header.
+            _ensure_schema(conn, where)
+            # WAL: readers never block the writer, and commits append instead of rewriting.
+            conn.execute("PRAGMA journal_mode = WAL")
+            # FULL: every acknowledged transition is on disk before we answer. With NORMAL a
+            # power loss may roll back the last commits, forgetting a claim or a completion
+            # whose effect already happened: the next retry would run the tool a second time.
+            conn.execute("PRAGMA synchronous = FULL")
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreUnavailable(
+                    f"cannot use {where} as the SQLite key store: {exc}"
+                ) from exc
+            raise
+        return conn
+
+    def _unavailable(self, exc: sqlite3.Error) -> StoreUnavailable:
+        message = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
+            return StoreUnavailable(
+                f"the SQLite key store at {self.path} stayed locked by another writer for more"
+                f" than {self._busy_timeout}s"
+            )
+        return StoreUnavailable(f"the SQLite key store at {self.path} failed: {message}")
+
+
+def sqlite_path_from_url(url: str) -> str:
+    """The file path in a `sqlite:///…` URL (three slashes, then the path as written)."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        raise ValueError(
+            f"not an SQLite URL: {url!r}; expected sqlite:///relative/path.db"
+            " or sqlite:////absolute/path.db"
+        )
+    path = url[len(prefix) :]
+    if not path:
+        raise ValueError(f"the SQLite URL {url!r} names no file")
+    if "?" in path or "#" in path:
+        raise ValueError(
+            f"the SQLite URL {url!r} has a query or fragment; this store takes no URL options"
+            " (pass them as keyword arguments)"
+        )
+    return path
+
+
+def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
+    if _schema_state(conn, where) == "ours":
+        return
+    # Empty file: create the schema under the write lock, re-checking in case another process
+    # got there first.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if _schema_state(conn, where) == "empty":
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _schema_state(conn: sqlite3.Connection, where: str) -> str:
+    """'ours' or 'empty'; anything else is refused with a reason an operator can act on."""
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if application_id == APPLICATION_ID:
+        if version == SCHEMA_VERSION:
+            return "ours"
+        raise StoreUnavailable(
+            f"the SQLite key store at {where} has schema version {version}; this release of"
+            f" mcp-once reads only version {SCHEMA_VERSION} (written by another release?)"
+        )
+    tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if application_id == 0 and version == 0 and tables == 0:
+        return "empty"
+    raise StoreUnavailable(
+        f"{where} is an SQLite database but not an mcp-once key store"
+        f" (application_id={application_id}, user_version={version}, {tables} schema objects);"
+        " refusing to use it"
+    )
+
+
+def _load(conn: sqlite3.Connection, key: str) -> Record | None:
+    row = conn.execute(_SELECT_ONE, (key,)).fetchone()
+    if row is None:
+        return None
+    return _decode(key, row[1:])
+
+
+def _encode(record: Record) -> Row:
+    return (
+        record.key,
+        record.state.value,
+        record.fingerprint,
+        record.fence,
+        record.attempts,
+        record.token,
+        record.created_at,
+        record.updated_at,
+        record.lease_deadline,
+        record.completed_at,
+        record.expires_at,
+        record.result,
+    )
+
+
+def _decode(key: str, row: Row) -> Record:
+    """The row as a Record, or CorruptRecord saying which field is wrong."""
+    (
+        state,
+        fingerprint,
+        fence,
+        attempts,
+        token,
+        created_at,
+        updated_at,
+        lease_deadline,
+        completed_at,
+        expires_at,
+        result,
+    ) = row
+
+    def corrupt(why: str) -> CorruptRecord:
+        return CorruptRecord(key, why)
+
+    if not isinstance(state, str) or state not in _STATES:
+        raise corrupt(f"unknown state {state!r}")
+    record_state = RecordState(state)
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise corrupt(f"fingerprint is {fingerprint!r}, not a non-empty string")
+    for name, count in (("fence", fence), ("attempts", attempts)):
+        if not isinstance(count, int) or count < 1:
+            raise corrupt(f"{name} is {count!r}, not a positive integer")
+    if token is not None and not isinstance(token, str):
+        raise corrupt(f"token is a {type(token).__name__}, not a string")
+    if result is not None and not isinstance(result, bytes):
+        raise corrupt(f"result is a {type(result).__name__}, not bytes")
+    times = {
+        name: _time(value, name, key)
+        for name, value in (
+            ("created_at", created_at),
+            ("updated_at", updated_at),
+            ("lease_deadline", lease_deadline),
+            ("completed_at", completed_at),
+            ("expires_at", expires_at),
+        )
+    }
+    for name in ("created_at", "updated_at"):
+        if times[name] is None:
+            raise corrupt(f"{name} is missing")
+    if record_state is RecordState.IN_PROGRESS and (
+        token is None or times["lease_deadline"] is None
+    ):
+        raise corrupt("an in-progress record without a token or a lease deadline")
+    completed = record_state is RecordState.COMPLETED
+    if completed and (result is None or times["completed_at"] is None):
+        raise corrupt("a completed record without a result or a completion time")
+    if record_state is not RecordState.UNKNOWN and times["expires_at"] is None:
+        raise corrupt(f"a {record_state.value} record without an expiry")
+    assert isinstance(fence, int) and isinstance(attempts, int)
+    created, updated = times["created_at"], times["updated_at"]
+    assert created is not None and updated is not None
+    return Record(
+        key=key,
+        state=record_state,
+        fingerprint=fingerprint,
+        fence=fence,
+        attempts=attempts,
+        token=token,
+        created_at=created,
+        updated_at=updated,
+        lease_deadline=times["lease_deadline"],
+        completed_at=times["completed_at"],
+        expires_at=times["expires_at"],
+        result=result,
+    )
+
+
+_STATES = frozenset(state.value for state in RecordState)
+
+
+def _time(value: object, name: str, key: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise CorruptRecord(key, f"{name} is {value!r}, not a time")
+
+
+class _Wakeups:
+    """One event per key somebody in this process is waiting on; set by this process's writes.
+
+    Counting the watchers lets the event go when the last waiter leaves, so keys completed by
+    other processes (which never notify us) do not pile up here.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, anyio.Event] = {}
+        self._watchers: dict[str, int] = {}
+
+    def current(self, key: str) -> anyio.Event:
+        event = self._events.get(key)
+        if event is None:
+            event = self._events[key] = anyio.Event()
+        return event
+
+    def notify(self, key: str) -> None:
+        event = self._events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    @contextmanager
+    def watching(self, key: str) -> Iterator[None]:
+        self._watchers[key] = self._watchers.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._watchers[key] - 1
+            if left:
+                self._watchers[key] = left
+            else:
+                del self._watchers[key]
+                self._events.pop(key, None)

@@ -1,0 +1,223 @@
+"""The key store contract: one record per (scoped, hashed) key, and its transitions.
+
+Every backend answers to this protocol with the same behaviour; the contract suite in
+`tests/store/` runs each of them against it. The server layer speaks only to this protocol.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+#: The library's logger, the same one the guard logs to: stores tell the operator in the same
+#: place without importing anything from the guard above them.
+logger = logging.getLogger("idempotency")
+
+#: Seconds since the epoch. Injectable so that tests move time instead of sleeping.
+Clock = Callable[[], float]
+
+#: Store keys are already hashed and scoped by the server layer; this only guards against misuse.
+DEFAULT_MAX_KEY_BYTES = 1024
+#: A stored result larger than this is refused rather than silently truncated.
+DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
+
+
+class RecordState(enum.StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    UNKNOWN = "unknown"
+    #: Internal tombstone: a released claim keeps its fence and attempt count so that fence
+    #: numbers stay monotonic per key. Reads and listings treat it as absent.
+    RELEASED = "released"
+
+
+class ClaimStatus(enum.StrEnum):
+    CLAIMED = "claimed"
+    REPLAY = "replay"
+    BUSY = "busy"
+    MISMATCH = "mismatch"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOutcome:
+    """What a claim found. Only the fields that belong to `status` are set."""
+
+    status: ClaimStatus
+    #: CLAIMED: the secret every later transition must present (the compare-and-set token).
+    token: str | None = None
+    #: CLAIMED and REPLAY: strictly increasing per key, for fencing downstream systems.
+    fence: int | None = None
+    #: CLAIMED: True when an expired lease was taken over from a vanished worker.
+    took_over: bool = False
+    #: REPLAY: the stored result, byte for byte as completed.
+    result: bytes | None = None
+    #: REPLAY: when the result was stored (seconds since the epoch, store clock).
+    completed_at: float | None = None
+    #: CLAIMED and REPLAY: how many executions the record has seen, this one included.
+    attempts: int = 0
+    #: BUSY: seconds until the running attempt's lease ends (a hint, never negative).
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record as an operator sees it (`get`, `list_records`)."""
+
+    key: str
+    state: RecordState
+    fingerprint: str
+    fence: int
+    attempts: int
+    token: str | None
+    created_at: float
+    updated_at: float
+    lease_deadline: float | None
+    completed_at: float | None
+    #: When the store forgets the record; None for UNKNOWN (kept until settled).
+    expires_at: float | None
+    result: bytes | None
+
+
+class StoreError(Exception):
+    """Base of every key store failure."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached or did not answer. Nothing is known to have changed;
+    the server layer maps this to STORE_UNAVAILABLE and does not run the tool."""
+
+
+class CorruptRecord(StoreError):
+    """A record exists but cannot be read as ours (damaged, or written by something else).
+    It is left untouched for an operator to inspect."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"the record for key {key!r} is corrupted or foreign: {why}")
+        self.key = key
+        self.why = why
+
+
+class LimitExceeded(StoreError, ValueError):
+    """A key or result is over the store's configured size limit. Nothing was written."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(f"the {what} is {size} bytes; this store accepts at most {limit}")
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+
+    def check_key(self, key: str) -> None:
+        size = len(key.encode())
+        if size == 0 or size > self.max_key_bytes:
+            raise LimitExceeded("key", size, self.max_key_bytes)
+
+    def check_result(self, result: bytes) -> None:
+        if len(result) > self.max_result_bytes:
+            raise LimitExceeded("result", len(result), self.max_result_bytes)
+
+
+#: Where `list_records` reports the records it could not read, while someone collects them.
+_passed_over: contextvars.ContextVar[list[CorruptRecord] | None] = contextvars.ContextVar(
+    "mcp_once_unreadable_records", default=None
+)
+
+
+def pass_over(record: CorruptRecord) -> None:
+    """`list_records` met a record it cannot read. It goes on with the others (one damaged
+    record must not hide every other one), logs it, and reports it to `unreadable_records()`:
+    an operator must be able to find it, not only read about it in a log."""
+    logger.warning("list_records passes over an unreadable record: %s", record)
+    found = _passed_over.get()
+    if found is not None:
+        found.append(record)
+
+
+@contextmanager
+def unreadable_records() -> Iterator[list[CorruptRecord]]:
+    """Collect the records the listings made inside the block could not read.
+
+    ```python
+    with unreadable_records() as unreadable:
+        records = await store.list_records()
+    # `unreadable`: one CorruptRecord (its `key`, and `why`) per record passed over
+    ```
+
+    A side channel rather than a `list_records` parameter, so that the store protocol (and every
+    store written against it) stays as it is; stores that never pass records over report none.
+    """
+    found: list[CorruptRecord] = []
+    token = _passed_over.set(found)
+    try:
+        yield found
+    finally:
+        _passed_over.reset(token)
+
+
+def check_list_limit(limit: int) -> None:
+    """Every backend refuses a negative limit the same way, instead of slicing `[:-1]`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be an int >= 0, not {limit!r}")
+
+
+@runtime_checkable
+class KeyStore(Protocol):
+    """One record per key; every transition after `claim` is a compare-and-set on the token."""
+
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+    ) -> ClaimOutcome:
+        """Claim `key` for one execution, or report why not (replay, busy, mismatch, unknown).
+
+        `takeover` says what an expired IN_PROGRESS lease means: True takes it over (new token,
+        higher fence); False turns the record UNKNOWN for good.
+        """
+        ...
+
+    async def renew(self, key: str, token: str, *, lease: float) -> bool:
+        """Extend the lease of an IN_PROGRESS record held by `token`."""
+        ...
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        """Store `result` and keep it for `retention` seconds, if `token` still holds the claim."""
+        ...
+
+    async def release(self, key: str, token: str) -> bool:
+        """Give the claim up without a result, so the next claim runs again."""
+        ...
+
+    async def wait(self, key: str, *, timeout: float) -> Record | None:
+        """Wait up to `timeout` seconds for the record to leave IN_PROGRESS; return it as found."""
+        ...
+
+    async def get(self, key: str) -> Record | None:
+        """The live record for `key`, or None (absent, released or expired)."""
+        ...
+
+    async def list_records(
+        self, *, state: RecordState | None = None, limit: int = 100
+    ) -> list[Record]:
+        """Live records, optionally of one state, at most `limit` of them."""
+        ...
+
+    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+        """Operator's verdict on an UNKNOWN record: completed with `result`, or failed (None),
+        which releases it so the next claim runs again."""
+        ...
+
+    async def purge_expired(self) -> int:
+        """Physically remove records past their expiry; returns how many went."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,175 @@
+"""The record's state machine as pure functions, shared by the in-process backends.
+
+`MemoryKeyStore` and `SQLiteKeyStore` read a record, apply one of these under their own lock or
+transaction, and write the answer back; Redis runs the same rules as Lua scripts. Keeping the rules
+pure is what lets one reference model in the tests check every backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .store import ClaimOutcome, ClaimStatus, Record, RecordState
+
+
+def live(record: Record | None, now: float) -> Record | None:
+    """The record as a reader should see it: expired ones are gone, tombstones are kept."""
+    if record is None:
+        return None
+    if record.expires_at is not None and record.expires_at <= now:
+        return None
+    return record
+
+
+def visible(record: Record | None, now: float) -> Record | None:
+    """The record as an operator sees it: no expired records and no tombstones."""
+    record = live(record, now)
+    if record is None or record.state is RecordState.RELEASED:
+        return None
+    return record
+
+
+def claim(
+    record: Record | None,
+    key: str,
+    fingerprint: str,
+    *,
+    now: float,
+    lease: float,
+    takeover: bool,
+    retention: float,
+    token: str,
+) -> tuple[Record | None, ClaimOutcome]:
+    """Decide a claim. Returns the record to write (None: leave it as it is) and the outcome."""
+    record = live(record, now)
+    if record is None or record.state is RecordState.RELEASED:
+        fence = (record.fence if record else 0) + 1
+        attempts = (record.attempts if record else 0) + 1
+        fresh = Record(
+            key=key,
+            state=RecordState.IN_PROGRESS,
+            fingerprint=fingerprint,
+            fence=fence,
+            attempts=attempts,
+            token=token,
+            created_at=now,
+            updated_at=now,
+            lease_deadline=now + lease,
+            completed_at=None,
+            expires_at=now + lease + retention,
+            result=None,
+        )
+        return fresh, ClaimOutcome(ClaimStatus.CLAIMED, token=token, fence=fence, attempts=attempts)
+    if record.fingerprint != fingerprint:
+        return None, ClaimOutcome(ClaimStatus.MISMATCH)
+    if record.state is RecordState.COMPLETED:
+        return None, ClaimOutcome(
+            ClaimStatus.REPLAY,
+            fence=record.fence,
+            result=record.result,
+            completed_at=record.completed_at,
+            attempts=record.attempts,
+        )
+    if record.state is RecordState.UNKNOWN:
+        return None, ClaimOutcome(ClaimStatus.UNKNOWN, fence=record.fence, attempts=record.attempts)
+    assert record.lease_deadline is not None
+    if now < record.lease_deadline:
+        return None, ClaimOutcome(
+            ClaimStatus.BUSY, fence=record.fence, retry_after=record.lease_deadline - now
+        )
+    if takeover:
+        taken = dataclasses.replace(
+            record,
+            token=token,
+            fence=record.fence + 1,
+            attempts=record.attempts + 1,
+            updated_at=now,
+            lease_deadline=now + lease,
+            expires_at=now + lease + retention,
+        )
+        return taken, ClaimOutcome(
+            ClaimStatus.CLAIMED,
+            token=token,
+            fence=taken.fence,
+            attempts=taken.attempts,
+            took_over=True,
+        )
+    lost = dataclasses.replace(
+        record, state=RecordState.UNKNOWN, token=None, updated_at=now, expires_at=None
+    )
+    return lost, ClaimOutcome(ClaimStatus.UNKNOWN, fence=record.fence, attempts=record.attempts)
+
+
+def _held(record: Record | None, token: str, now: float) -> Record | None:
+    record = live(record, now)
+    if record is None or record.state is not RecordState.IN_PROGRESS or record.token != token:
+        return None
+    return record
+
+
+def renew(
+    record: Record | None, token: str, *, now: float, lease: float, retention: float
+) -> Record | None:
+    """The renewed record, or None when `token` no longer holds the claim."""
+    held = _held(record, token, now)
+    if held is None:
+        return None
+    return dataclasses.replace(
+        held, updated_at=now, lease_deadline=now + lease, expires_at=now + lease + retention
+    )
+
+
+def complete(
+    record: Record | None, token: str, result: bytes, *, now: float, retention: float
+) -> Record | None:
+    held = _held(record, token, now)
+    if held is None:
+        return None
+    return dataclasses.replace(
+        held,
+        state=RecordState.COMPLETED,
+        token=None,
+        result=result,
+        updated_at=now,
+        lease_deadline=None,
+        completed_at=now,
+        expires_at=now + retention,
+    )
+
+
+def release(record: Record | None, token: str, *, now: float, retention: float) -> Record | None:
+    held = _held(record, token, now)
+    if held is None:
+        return None
+    return tombstone(held, now=now, retention=retention)
+
+
+def tombstone(record: Record, *, now: float, retention: float) -> Record:
+    return dataclasses.replace(
+        record,
+        state=RecordState.RELEASED,
+        token=None,
+        result=None,
+        updated_at=now,
+        lease_deadline=None,
+        expires_at=now + retention,
+    )
+
+
+def settle(
+    record: Record | None, result: bytes | None, *, now: float, retention: float
+) -> Record | None:
+    """An operator's verdict on an UNKNOWN record; None when the record is not UNKNOWN."""
+    record = live(record, now)
+    if record is None or record.state is not RecordState.UNKNOWN:
+        return None
+    if result is None:
+        return tombstone(record, now=now, retention=retention)
+    return dataclasses.replace(
+        record,
+        state=RecordState.COMPLETED,
+        result=result,
+        updated_at=now,
+        completed_at=now,
+        expires_at=now + retention,
+    )
