@@ -2,9 +2,11 @@
 
     cd /work/main/upstream/fastmcp && uv sync
     uv run python run.py --report /tmp/fastmcp_suite_report.md
+    uv run python run.py --expect expected.toml     # the CI gate (.ci/fastmcp-suite)
 
 1. The tests: FastMCP's sdist on PyPI carries its whole repository, tests/ included;
-   `--source` (default /tmp/fastmcp-4.1.6) is filled from it with `pip download` if missing.
+   `--source` (default /tmp/fastmcp-4.1.6) is filled from it with `pip download` (uv's
+   `uvx pip` first: this environment has no pip) if missing, and the archive's sha256 checked.
 2. The unguarded run: the suite as released, run from the source folder with its own pytest
    configuration (markers, timeouts, pytest-env, filterwarnings), but against the installed
    fastmcp 4.1.6 wheel (`-o pythonpath=` drops the config's `fastmcp_slim/` source path; the
@@ -16,12 +18,25 @@
    (stdio, `fastmcp run`, subprocess tests) get the middleware too. Every FastMCP server is
    built, then `server.add_middleware(IdempotencyMiddleware(MemoryKeyStore()))`.
 4. Each run is done in FastMCP's CI phases: the unit tests in parallel (pytest-xdist), the
-   `client_process`/`subprocess_heavy` tests serially, and the integration tests that need only
-   loopback and a local redis-server. Left out: the `conformance` tests (they download the
-   conformance runner from npm through npx) and the integration tests against GitHub and
-   Keycloak (internet and secrets).
-5. The tests that passed unguarded and failed (or errored) guarded are run again, alone, in both
-   modes: a regression is "confirmed" when it passes unguarded and fails guarded again.
+   `client_process`/`subprocess_heavy` tests serially (one xdist worker), and the integration
+   tests that need only loopback and a local redis-server. FastMCP's timeouts apply (5 s, 30 s);
+   a test that outlives its timeout by far (its `Failed` swallowed by some asyncio task) has its
+   worker ended by `watchdog_plugin.py`, which records it as hung, with every thread's stack.
+   Left out: the `conformance` tests (they download the conformance runner from npm through
+   npx) and the integration tests against GitHub and Keycloak (internet and secrets).
+5. The tests that passed unguarded and failed (or errored) guarded are run again, alone,
+   `--rerun-rounds` times in each mode: a regression is "confirmed" when it passed every
+   unguarded rerun and failed every guarded one.
+6. The middleware under test is mcp-once's working tree, copied (its `idempotency/`) when the
+   run starts, and imported from that copy by every guarded process: the working tree may move
+   during a run (someone committing) without mixing versions. `--no-snapshot` imports it live.
+7. With `--expect FILE` (`--gate`: expected.toml here) the run is a gate: it exits 1 when a
+   regression the reruns confirmed is not in FILE (each entry: test id, category, reason), when
+   a test that passed unguarded is missing from the guarded run, when a phase left no results
+   or pytest ended it abnormally, when the guard guarded nothing, or when the unguarded run
+   fails more than `--max-baseline-failures` tests. It warns (exit 0) about expected entries
+   that no longer regress, unlisted regressions the reruns did not confirm, and tests failing
+   in both runs (the environment's). A malformed FILE is refused before any run (exit 2).
 
 The report lists totals, wall times and every regression with the first line of its failure,
 grouped by test file; it is printed and written to `--report`. The `.pth` file is left in its
@@ -37,24 +52,30 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tarfile
 import time
+import tomllib
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 FASTMCP_VERSION = "4.1.6"
 PIN = f"fastmcp=={FASTMCP_VERSION}"
+#: sha256 of fastmcp-4.1.6.tar.gz, the sdist on PyPI (whose files never change).
+SDIST_SHA256 = "5e307ae4ac3048a1b586aac6fc31e08661141bb69b8a2b473070e5becae0176c"
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 BOOT_DIR = HERE / "boot"
+DEFAULT_EXPECT = HERE / "expected.toml"
 PTH_NAME = "_mcp_once_upstream.pth"
 MODES = ("unguarded", "guarded")
 FAILED = frozenset({"failed", "error"})
@@ -78,6 +99,11 @@ class Phase:
     marker: str
     parallel: bool
     timeout: float
+
+    @property
+    def hard_timeout(self) -> float:
+        """When watchdog_plugin ends a worker whose test pytest-timeout did not stop."""
+        return self.timeout * 4 + 30
 
 
 def phases(timeout: float, integration_timeout: float) -> tuple[Phase, ...]:
@@ -126,7 +152,7 @@ class PhaseRun:
     junit: Path
     log: Path
     seconds: float
-    exit_code: int
+    exit_code: int | None  # None: not known (--reuse of a run that did not record it)
 
 
 @dataclasses.dataclass
@@ -143,26 +169,70 @@ class ModeRun:
 # -- the source and the environment ----------------------------------------------------------
 
 
+def pip_commands() -> list[tuple[str, list[str]]]:
+    """The ways to run pip found here, best first, each as (label, command).
+
+    uv first (`uv tool run pip`, i.e. `uvx pip`: pip from PyPI, in uv's cache), since uv is what
+    this environment needs anyway and its own environment has no pip; then a pip on PATH; then
+    the system Python's `python3 -m pip`.
+    """
+    found: list[tuple[str, list[str]]] = []
+    uv = os.environ.get("UV") or shutil.which("uv")  # `uv run` names itself in $UV
+    if uv:
+        found.append(("uvx pip", [uv, "tool", "run", "pip"]))
+    pip = shutil.which("pip") or shutil.which("pip3")
+    if pip:
+        found.append((pip, [pip]))
+    python3 = shutil.which("python3")
+    if python3 and python3 != sys.executable:
+        found.append((f"{python3} -m pip", [python3, "-m", "pip"]))
+    return found
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def ensure_source(source: Path) -> str:
-    """The sdist's tree at `source`, downloaded with pip if missing; says where it came from."""
+    """The sdist's tree at `source`, downloaded with pip if missing; says where it came from.
+
+    `pip download --no-deps --no-binary fastmcp fastmcp==4.1.6`, through the first of
+    `pip_commands()` that succeeds; the archive must have the sha256 PyPI lists for it.
+    """
     if (source / "tests" / "conftest.py").is_file():
         return f"{source} (already there)"
-    pip = shutil.which("pip") or shutil.which("pip3")
-    if pip is None:
-        raise SystemExit(f"{source} has no tests/ and no pip is on PATH to download the sdist")
+    if source.exists() and any(source.iterdir()):
+        raise SystemExit(
+            f"{source} exists but has no tests/conftest.py: remove it, or pick another"
+        )
     download = source.parent / f"fastmcp-{FASTMCP_VERSION}-sdist"
     download.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [pip, "download", "--no-deps", "--no-binary", ":all:", "-d", str(download), PIN],
-        check=True,
-    )
     archive = download / f"fastmcp-{FASTMCP_VERSION}.tar.gz"
+    arguments = ["download", "--no-deps", "--no-binary", "fastmcp", "-d", str(download), PIN]
+    used = ""
+    for label, command in pip_commands():
+        print(f"[{now()}] {source} is missing: {label} {' '.join(arguments)}", flush=True)
+        if subprocess.run([*command, *arguments], check=False).returncode == 0:
+            used = label
+            break
+    if not used or not archive.is_file():
+        tried = ", ".join(label for label, _ in pip_commands()) or "no uv, pip or python3 found"
+        raise SystemExit(f"could not download the {PIN} sdist to {download} (tried: {tried})")
+    digest = sha256_of(archive)
+    if digest != SDIST_SHA256:
+        raise SystemExit(f"{archive} has sha256 {digest}, not PyPI's {SDIST_SHA256}")
     with tarfile.open(archive) as tar:
         tar.extractall(download, filter="data")
+    if source.exists():
+        source.rmdir()  # empty (checked above)
     (download / f"fastmcp-{FASTMCP_VERSION}").rename(source)
     if not (source / "tests" / "conftest.py").is_file():
         raise SystemExit(f"the sdist {archive} has no tests/conftest.py")
-    return f"{source} (from {archive.name}, `pip download` of the PyPI sdist)"
+    return f"{source} (from {archive.name}, sha256 {digest[:12]}, downloaded with {used})"
 
 
 def site_packages() -> Path:
@@ -173,28 +243,33 @@ def site_packages() -> Path:
     return Path(sysconfig.get_paths()["purelib"])
 
 
-def write_pth(source: Path, guard_stats: Path | None) -> Path:
-    """The `.pth` file: the sdist's extra packages on the path, and the guard if `guard_stats`."""
+def write_pth(source: Path, guard_stats: Path | None, snapshot: Path | None = None) -> Path:
+    """The `.pth` file: the sdist's extra packages on the path, and the guard if `guard_stats`.
+
+    With `snapshot`, the guard's processes import mcp-once's `idempotency` from there.
+    """
     lines = [str(source / "fastmcp_tasks"), str(source / "fastmcp_remote")]
     if guard_stats is not None:
+        where = repr(str(snapshot)) if snapshot is not None else "None"
         lines += [
             str(BOOT_DIR),
-            f"import mcp_once_guard; mcp_once_guard.boot({str(guard_stats)!r})",
+            f"import mcp_once_guard; mcp_once_guard.boot({str(guard_stats)!r}, {where})",
         ]
     path = site_packages() / PTH_NAME
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
-def run_env(mode: str, guard_stats: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_ONCE_GUARD")}
-    env.pop("PYTHONPATH", None)
+def run_env(mode: str, phase: Phase, guard_stats: Path, watchdog: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_ONCE_")}
+    env["PYTHONPATH"] = str(HERE)  # the plugins
     env["PY_COLORS"] = "0"
     env["FASTMCP_CHECK_FOR_UPDATES"] = "off"
+    env["MCP_ONCE_HARD_TIMEOUT"] = f"{phase.hard_timeout:g}"
+    env["MCP_ONCE_WATCHDOG_DIR"] = str(watchdog)
     if mode == "guarded":
         env["MCP_ONCE_GUARD"] = "1"
         env["MCP_ONCE_GUARD_STATS"] = str(guard_stats)
-        env["PYTHONPATH"] = str(HERE)
     return env
 
 
@@ -202,6 +277,7 @@ def pytest_command(
     mode: str, phase: Phase, junit: Path, workers: int, targets: Sequence[str]
 ) -> list[str]:
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    command += ["-p", "watchdog_plugin"]
     if mode == "guarded":
         command += ["-p", "guarded_plugin"]
     command += [
@@ -214,10 +290,12 @@ def pytest_command(
         "-m",
         phase.marker,
     ]
+    # Always under xdist, so that watchdog_plugin can end a hung test's worker: the serial
+    # phases run in one worker.
     if phase.parallel and workers > 1:
         command += ["-n", str(workers), "--dist", "worksteal"]
     else:
-        command += ["-n", "0"]
+        command += ["-n", "1"]
     return [*command, *targets]
 
 
@@ -250,7 +328,7 @@ def run_phase(
         completed = subprocess.run(
             command,
             cwd=source,
-            env=run_env(mode, stats),
+            env=run_env(mode, phase, stats, work / f"{stem}.watchdog"),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -270,6 +348,7 @@ def run_mode(
     source: Path,
     work: Path,
     workers: int,
+    snapshot: Path | None,
     label: str = "",
     targets: dict[str, list[str]] | None = None,
 ) -> ModeRun:
@@ -277,7 +356,7 @@ def run_mode(
     stats = work / f"{label}guard-stats"
     shutil.rmtree(stats, ignore_errors=True)
     stats.mkdir(parents=True)
-    write_pth(source, stats if mode == "guarded" else None)
+    write_pth(source, stats if mode == "guarded" else None, snapshot)
     try:
         runs = [
             run_phase(
@@ -295,7 +374,45 @@ def run_mode(
         ]
     finally:
         write_pth(source, None)
-    return ModeRun(mode, runs, merge(parse_junit(r.junit, r.phase.name) for r in runs))
+    return ModeRun(mode, runs, results_of(runs, work, label, mode))
+
+
+def stored_runs(
+    work: Path,
+    label: str,
+    mode: str,
+    all_phases: Sequence[Phase],
+    times: dict[str, float],
+    exit_codes: dict[str, int] | None = None,
+) -> list[PhaseRun]:
+    """The phase runs that an earlier `run.py` left in `work` (for `--reuse`)."""
+    codes = exit_codes or {}
+    return [
+        PhaseRun(
+            p,
+            work / f"junit-{label}{mode}-{p.name}.xml",
+            work / f"{label}{mode}-{p.name}.log",
+            times.get(f"{label}{mode}-{p.name}", 0.0),
+            codes.get(f"{label}{mode}-{p.name}"),
+        )
+        for p in all_phases
+    ]
+
+
+def results_of(runs: Sequence[PhaseRun], work: Path, label: str, mode: str) -> dict[str, Result]:
+    """The phases' junit results, each hung test noted as the watchdog saw it."""
+    results = merge(parse_junit(r.junit, r.phase.name) for r in runs)
+    for run in runs:
+        folder = work / f"{label}{mode}-{run.phase.name}.watchdog"
+        for path in sorted(folder.glob("*.txt")):
+            nodeid, seconds, *_ = path.read_text(encoding="utf-8", errors="replace").split("\n")
+            if nodeid in results:
+                note = (
+                    f"hung: still running {seconds}s after it started, past pytest-timeout; "
+                    f"the harness ended its worker (threads' stacks: {path})"
+                )
+                results[nodeid] = dataclasses.replace(results[nodeid], detail=note)
+    return results
 
 
 def now() -> str:
@@ -334,14 +451,18 @@ def nodeid_of(case: ET.Element) -> tuple[str, str]:
 
 #: A message's first line that says little: the next exception line or the test's line helps.
 _BARE = re.compile(
-    r"^([\w.]+(Error|Exception|Exit)|Traceback \(most recent call last\):|Failed: .*)$"
+    r"^([\w.]+(Error|Exception|Exit)|(.*: )?Traceback \(most recent call last\):|Failed: .*)$"
 )
 _EXCEPTION_LINE = re.compile(r"^\s*[\w.]+(Error|Exception|Warning)\b.*\S")
 _TEST_FRAME = re.compile(r"^(tests/[^\s:]+\.py):(\d+): ?(.*)$")
 
 
 def where_in_tests(text: str) -> str:
-    """The deepest frame of the traceback in FastMCP's tests: `tests/x.py:12` and its line."""
+    """The deepest frame of the traceback in FastMCP's tests: `tests/x.py:12` and its line.
+
+    pytest prints a frame in long style (its source, the failing line marked `>`, then
+    `path:line: Exception`) or in short style (`path:line: in function`, then the line).
+    """
     lines = text.splitlines()
     found = ""
     for index, line in enumerate(lines):
@@ -349,10 +470,15 @@ def where_in_tests(text: str) -> str:
         if not match:
             continue
         statement = ""
-        for back in range(index - 1, max(index - 40, -1), -1):
-            if lines[back].startswith(">"):
-                statement = lines[back][1:].strip()
-                break
+        if match[3].startswith("in ") and index + 1 < len(lines):
+            statement = lines[index + 1].strip()
+        else:
+            for back in range(index - 1, -1, -1):
+                if lines[back].startswith("_ _ _") or _TEST_FRAME.match(lines[back]):
+                    break
+                if lines[back].startswith(">"):
+                    statement = lines[back][1:].strip()
+                    break
         found = f"{match[1]}:{match[2]}" + (f" `{statement}`" if statement else "")
     return found
 
@@ -413,6 +539,17 @@ class Rerun:
     unguarded: list[dict[str, Result]]
     guarded: list[dict[str, Result]]
 
+    def confirmed(self, nodeid: str) -> bool | None:
+        """Whether it passed every unguarded rerun and failed every guarded one (None: not
+        rerun)."""
+        before = [r[nodeid] for r in self.unguarded if nodeid in r]
+        after = [r[nodeid] for r in self.guarded if nodeid in r]
+        if not before or not after:
+            return None
+        return all(r.outcome == "passed" for r in before) and all(
+            r.outcome in FAILED for r in after
+        )
+
     def verdict(self, nodeid: str) -> str:
         before = [r[nodeid] for r in self.unguarded if nodeid in r]
         after = [r[nodeid] for r in self.guarded if nodeid in r]
@@ -447,6 +584,7 @@ def rerun(
     source: Path,
     work: Path,
     workers: int,
+    snapshot: Path | None,
     rounds: int,
 ) -> Rerun:
     """Run the regressions again, alone, `rounds` times in each mode, as in their phase."""
@@ -456,35 +594,320 @@ def rerun(
     results: dict[str, list[dict[str, Result]]] = {mode: [] for mode in MODES}
     for n in range(1, rounds + 1):
         for mode in MODES:
-            run = run_mode(mode, all_phases, source, work, workers, f"rerun{n}-", by_phase)
+            label = f"rerun{n}-"
+            run = run_mode(mode, all_phases, source, work, workers, snapshot, label, by_phase)
             results[mode].append(run.results)
     return Rerun(results["unguarded"], results["guarded"])
 
 
-def code_digest() -> str:
-    """A digest of mcp-once's working tree (idempotency/), to see whether it moved mid-run."""
+# -- the gate: the regressions against the expected list --------------------------------------
+
+#: The kinds of expected difference: behaviours mcp-once documents on purpose.
+CATEGORIES = {
+    "marker": "results, and guarded tools' listings, carry mcp-once's `_meta` entry",
+    "derived-merge": "an identical keyless call repeated on one connection within "
+    "`derived_retention` is a replay",
+    "cache-order": "a response cache before the guard is refused; one inside it sees only what "
+    "the guard lets through",
+    "result-size": "a result over `max_result_bytes` is not kept; the key's retry gets the "
+    "explanatory error",
+    "drain": "a keyed execution runs to completion (rule 10), so a client leaving under a "
+    "cancelled scope waits for it",
+}
+EXPECT_KEYS = frozenset({"id", "category", "reason", "intermittent"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    nodeid: str
+    category: str
+    reason: str
+    intermittent: bool = False
+
+
+def load_expected(path: Path) -> dict[str, Expected]:
+    """The expected regressions: TOML `[[test]]` tables (or JSON `{"test": [...]}`), each with
+    `id`, `category` (one of CATEGORIES), a one-line `reason` and optionally `intermittent`.
+    Raises ValueError, naming every problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    entries = data.get("test") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: no [[test]] entries")
+    expected: dict[str, Expected] = {}
+    problems: list[str] = []
+    for number, entry in enumerate(entries, 1):
+        where = f"[[test]] #{number}"
+        if not isinstance(entry, dict):
+            problems.append(f"{where}: not a table")
+            continue
+        nodeid, category, reason = entry.get("id"), entry.get("category"), entry.get("reason")
+        intermittent = entry.get("intermittent", False)
+        if not isinstance(nodeid, str) or "::" not in nodeid:
+            problems.append(f"{where}: `id` must be a pytest node id (file.py::test)")
+            continue
+        where = f"{where} ({nodeid})"
+        if unknown := sorted(set(entry) - EXPECT_KEYS):
+            problems.append(f"{where}: unknown keys {', '.join(unknown)}")
+        if category not in CATEGORIES:
+            problems.append(f"{where}: category {category!r} is not one of {', '.join(CATEGORIES)}")
+        if not isinstance(reason, str) or not reason.strip() or "\n" in reason:
+            problems.append(f"{where}: `reason` must be one non-empty line")
+        if not isinstance(intermittent, bool):
+            problems.append(f"{where}: `intermittent` must be true or false")
+        if nodeid in expected:
+            problems.append(f"{where}: listed twice")
+        expected[nodeid] = Expected(nodeid, str(category), str(reason), intermittent is True)
+    if problems:
+        raise ValueError(f"{path}: " + "; ".join(problems))
+    return expected
+
+
+@dataclasses.dataclass
+class Gate:
+    """The verdict of `--expect`: it fails on `failures`; `warnings` and `notes` are reported."""
+
+    path: Path
+    expected: dict[str, Expected]
+    failures: list[tuple[str, list[str]]] = dataclasses.field(default_factory=list)
+    warnings: list[tuple[str, list[str]]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def fail(self, title: str, items: Sequence[str]) -> None:
+        if items:
+            self.failures.append((f"{title}: {len(items)}", list(items)))
+
+    def warn(self, title: str, items: Sequence[str]) -> None:
+        if items:
+            self.warnings.append((f"{title}: {len(items)}", list(items)))
+
+    def lines(self, bullet: str = "  - ", limit: int = 40) -> list[str]:
+        """The verdict as text: each failing check and warning with (up to `limit` of) its
+        tests, the notes, and a last line saying PASSED or FAILED."""
+
+        def section(head: str, items: list[str]) -> list[str]:
+            shown = [bullet + item for item in items[:limit]]
+            if len(items) > limit:
+                shown.append(f"{bullet}... and {len(items) - limit} more (see the report)")
+            return [head, *shown]
+
+        out = [f"gate: {len(self.expected)} expected regressions listed in {self.path}"]
+        for title, items in self.failures:
+            out += section(f"FAIL: {title}", items)
+        for title, items in self.warnings:
+            out += section(f"warning: {title}", items)
+        out += [f"ok: {note}" for note in self.notes]
+        verdict = "PASSED" if self.passed else "FAILED"
+        out.append(
+            f"gate: {verdict} ({len(self.failures)} failing checks, {len(self.warnings)} warnings)"
+        )
+        return out
+
+
+def phase_checks(
+    runs: dict[str, ModeRun], work: Path, partial: bool, snapshot: str | None
+) -> list[str]:
+    """Why the runs cannot be judged, if they cannot: a phase without results or that pytest
+    ended abnormally, a run without tests, a guarded run that guarded nothing, or that imported
+    mcp-once from somewhere other than the snapshot."""
+    broken: list[str] = []
+    allowed = {0, 1, 5} if partial else {0, 1}  # 1: tests failed; 5: none collected (--only)
+    for run in runs.values():
+        for phase_run in run.phases:
+            label = f"{run.mode} {phase_run.phase.name}"
+            if not phase_run.junit.is_file():
+                broken.append(f"{label}: no junit file ({phase_run.junit}); see {phase_run.log}")
+            if phase_run.exit_code is not None and phase_run.exit_code not in allowed:
+                broken.append(f"{label}: pytest exited {phase_run.exit_code}; see {phase_run.log}")
+        if not run.results:
+            broken.append(f"{run.mode}: no test results at all")
+    if runs["guarded"].results:
+        servers, _, _, _, sources = guard_stats(work / "guard-stats")
+        if servers == 0:
+            broken.append("guarded: no server got the middleware (the guard was not on)")
+        if snapshot:
+            others = sorted(s for s in sources if s != str(Path(snapshot) / "idempotency"))
+            if others:
+                broken.append(
+                    f"guarded: `idempotency` imported from {', '.join(others)}, "
+                    f"not from the snapshot {snapshot}"
+                )
+    return broken
+
+
+def judge(
+    runs: dict[str, ModeRun],
+    found: Sequence[Result],
+    verdicts: Rerun | None,
+    expected: dict[str, Expected],
+    path: Path,
+    work: Path,
+    partial: bool,
+    snapshot: str | None,
+    max_baseline_failures: int,
+) -> Gate:
+    """Hold the runs against the expected list.
+
+    Fails on: a regression (passed unguarded, failed guarded) that is not expected and that the
+    reruns confirmed (or that was not rerun, so could not be found flaky); a test that passed
+    unguarded and is missing from the guarded run; runs that cannot be judged (phase_checks); a
+    baseline with more than `max_baseline_failures` failures (the environment is broken, and
+    would hide regressions). Warns about: unexpected regressions the reruns did not confirm,
+    expected entries that no longer regress (or were not run), tests failing in both runs (the
+    environment's), tests that failed only unguarded or were skipped only guarded."""
+    gate = Gate(path, expected)
+    unguarded, guarded = runs["unguarded"].results, runs["guarded"].results
+    gate.fail("the runs cannot be judged", phase_checks(runs, work, partial, snapshot))
+    baseline = sorted(i for i, r in unguarded.items() if r.outcome in FAILED)
+    if len(baseline) > max_baseline_failures:
+        gate.fail(
+            f"the unguarded run failed more than {max_baseline_failures} tests (the environment "
+            "is broken; the comparison would hide regressions)",
+            [f"{len(baseline)} tests failed without the middleware; first: {baseline[0]}"],
+        )
+
+    def line(result: Result, note: str = "") -> str:
+        text = f"{result.nodeid}: {md_code(result.message, 200).strip('`')}"
+        return text + (f" ({note})" if note else "")
+
+    confirmed_new, unconfirmed_new, unrerun_new = [], [], []
+    seen: Counter[str] = Counter()
+    intermittent_seen = 0
+    for result in sorted(found, key=lambda r: r.nodeid):
+        status = verdicts.confirmed(result.nodeid) if verdicts is not None else None
+        note = verdicts.verdict(result.nodeid) if verdicts is not None else "not rerun"
+        if result.nodeid in expected:
+            seen[expected[result.nodeid].category] += 1
+            intermittent_seen += status is not True
+        elif status is True:
+            confirmed_new.append(line(result, note))
+        elif status is None:
+            unrerun_new.append(line(result, note))
+        else:
+            unconfirmed_new.append(line(result, note))
+    gate.fail(
+        "confirmed regressions (pass unguarded, fail guarded) not in the expected list",
+        confirmed_new,
+    )
+    gate.fail(
+        "regressions not in the expected list and not rerun (so not known to be flaky)", unrerun_new
+    )
+    missing = sorted(i for i, r in unguarded.items() if r.outcome == "passed" and i not in guarded)
+    gate.fail(
+        "passed unguarded, absent from the guarded run, not expected",
+        [i for i in missing if i not in expected],
+    )
+    gate.warn(
+        "regressions not in the expected list that the reruns did not confirm (intermittent)",
+        unconfirmed_new,
+    )
+
+    regressed = {r.nodeid for r in found}
+    stale, not_run, settled_intermittent = [], [], []
+    for nodeid, entry in sorted(expected.items()):
+        if nodeid in regressed or nodeid in missing:
+            continue
+        before, after = unguarded.get(nodeid), guarded.get(nodeid)
+        if before is None and after is None:
+            if not partial:
+                not_run.append(f"{nodeid} [{entry.category}]")
+        elif before is not None and before.outcome in FAILED:
+            continue  # failed unguarded: listed with the environment's failures below
+        elif entry.intermittent:
+            outcome = after.outcome if after is not None else "absent"
+            settled_intermittent.append(f"{nodeid} [{entry.category}]: {outcome} guarded")
+        else:
+            outcome = after.outcome if after is not None else "absent"
+            stale.append(f"{nodeid} [{entry.category}]: {outcome} guarded")
+    gate.warn(f"expected entries that no longer regress (prune them from {path.name})", stale)
+    gate.warn(
+        f"expected entries in neither run (renamed or removed? prune them from {path.name})",
+        not_run,
+    )
+
+    both = [line(unguarded[i]) for i in baseline if guarded.get(i, unguarded[i]).outcome in FAILED]
+    gate.warn("failed in both runs (the environment's, not mcp-once's)", both)
+    gate.warn(
+        "failed unguarded, passed guarded (flaky, or the environment)",
+        [i for i in baseline if i in guarded and guarded[i].outcome == "passed"],
+    )
+    gate.warn(
+        "passed unguarded, skipped guarded",
+        sorted(
+            i
+            for i, r in unguarded.items()
+            if r.outcome == "passed"
+            and i in guarded
+            and guarded[i].outcome in {"skipped", "xfailed"}
+        ),
+    )
+    gate.warn(
+        "failed in the guarded run only (not in the unguarded run)",
+        sorted(i for i, r in guarded.items() if r.outcome in FAILED and i not in unguarded),
+    )
+    if seen:
+        by_category = ", ".join(f"{c} {seen[c]}" for c in CATEGORIES if seen[c])
+        gate.notes.append(
+            f"{sum(seen.values())} regressions expected ({by_category}); "
+            f"{intermittent_seen} of them not confirmed by the reruns"
+        )
+    if settled_intermittent:
+        gate.notes.append(
+            f"{len(settled_intermittent)} expected intermittent regressions did not regress this "
+            "time: " + "; ".join(settled_intermittent)
+        )
+    if partial:
+        skipped = sum(1 for i in expected if i not in unguarded and i not in guarded)
+        gate.notes.append(f"--only: {skipped} expected entries outside the tests run, not checked")
+    return gate
+
+
+def code_digest(root: Path = REPO) -> str:
+    """A digest of the `idempotency` package under `root` (the working tree, or a snapshot)."""
     digest = hashlib.sha256()
-    for path in sorted((REPO / "idempotency").rglob("*")):
+    for path in sorted((root / "idempotency").rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def take_snapshot(work: Path) -> Path:
+    """A copy of the working tree's `idempotency` package, for every guarded process to import."""
+    snapshot = work / "snapshot"
+    shutil.rmtree(snapshot, ignore_errors=True)
+    shutil.copytree(
+        REPO / "idempotency",
+        snapshot / "idempotency",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    return snapshot
 
 
 def totals(run: ModeRun) -> Counter[str]:
     return Counter(r.outcome for r in run.results.values())
 
 
-def guard_stats(stats: Path) -> tuple[int, int, int, int]:
-    """(servers guarded, in how many processes, servers in child interpreters, how many)."""
+def guard_stats(stats: Path) -> tuple[int, int, int, int, set[str]]:
+    """(servers guarded, in how many processes, servers in child interpreters, how many,
+    the folders `idempotency` was imported from)."""
     servers = processes = child_servers = children = 0
+    sources: set[str] = set()
     for path in stats.glob("*.count"):
-        count, role, *_ = path.read_text(encoding="utf-8").split()
+        count, role, source, *_ = path.read_text(encoding="utf-8").split()
         servers += int(count)
         processes += 1
+        sources.add(source)
         if role == "child":
             child_servers += int(count)
             children += 1
-    return servers, processes, child_servers, children
+    return servers, processes, child_servers, children, sources
 
 
 def git(*args: str) -> str:
@@ -530,16 +953,32 @@ def report(
 ) -> str:
     unguarded, guarded = runs["unguarded"], runs["guarded"]
     code: dict[str, str] = info.get("code", {})
-    moved = len(set(code.values())) > 1
+    snapshot = info.get("snapshot")
+    if snapshot:
+        under_test = (
+            f"- mcp-once: `idempotency/` as it was in the working tree at {REPO} when the runs "
+            f"started (HEAD {info.get('commit', '?')}, plus the uncommitted changes in "
+            f"{work}/idempotency.diff), copied to {snapshot} (digest {code.get('snapshot')}) "
+            "and imported from there by every guarded process, reruns included"
+        )
+        if code.get("working tree at end") != code.get("snapshot"):
+            under_test += (
+                f"; the working tree has changed since (digest now "
+                f"{code.get('working tree at end')})"
+            )
+    else:
+        moved = len(set(code.values())) > 1
+        under_test = (
+            f"- mcp-once: the working tree at {REPO} (editable), HEAD "
+            f"{info.get('commit', '?')}; digest of idempotency/: "
+            + ", ".join(f"{k} {v}" for k, v in code.items())
+            + (" — **the code changed during the runs**" if moved else " (unchanged)")
+        )
     lines = [
         f"# FastMCP {FASTMCP_VERSION}'s test suite, without and with mcp-once's middleware",
         "",
         f"- Date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- mcp-once: the working tree at {REPO} (editable), HEAD {info.get('commit', '?')}; "
-        f"its uncommitted changes to idempotency/ when each run started are in "
-        f"{work}/idempotency-<run>.diff. Digest of idempotency/: "
-        + ", ".join(f"{k} {v}" for k, v in code.items())
-        + (" — **the code changed during the runs**" if moved else " (unchanged throughout)"),
+        under_test,
         f"- fastmcp {installed('fastmcp')}, fastmcp-slim {installed('fastmcp-slim')}, "
         f"mcp {installed('mcp')}, pytest {installed('pytest')}, "
         f"Python {sys.version.split()[0]}",
@@ -562,11 +1001,12 @@ def report(
             f"| {run.mode} | {run.seconds:.0f}s ({phase_times}) | {sum(t.values())} "
             f"| {t['passed']} | {t['failed']} | {t['error']} | {t['skipped']} | {t['xfailed']} |"
         )
-    servers, processes, child_servers, children = guard_stats(work / "guard-stats")
+    servers, processes, child_servers, children, sources = guard_stats(work / "guard-stats")
     lines += [
         "",
         f"Guard check (guarded run): {servers} servers got the middleware, in {processes} "
-        f"processes; {child_servers} of them in {children} child interpreters (not pytest's).",
+        f"processes; {child_servers} of them in {children} child interpreters (not pytest's). "
+        f"`idempotency` imported from: {', '.join(sorted(sources)) or '(nowhere)'}.",
         "",
         f"## Passed unguarded, failed guarded: {len(found)} tests in {len(grouped(found))} files",
     ]
@@ -632,7 +1072,14 @@ def installed(name: str) -> str:
         return "(not installed)"
 
 
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM/SIGHUP: exit through the `finally` blocks that put the `.pth` file back."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--source", type=Path, default=Path(f"/tmp/fastmcp-{FASTMCP_VERSION}"))
@@ -658,12 +1105,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PATH",
         help="run only these test paths (relative to --source; repeatable), for a quick check",
     )
+    parser.add_argument(
+        "--no-snapshot",
+        dest="snapshot",
+        action="store_false",
+        help="import idempotency/ from the working tree live, not from a copy taken at start",
+    )
+    parser.add_argument(
+        "--expect",
+        type=Path,
+        metavar="FILE",
+        help="the gate: exit 1 if a confirmed regression is not listed in FILE (TOML [[test]] "
+        "tables with id, category, reason; see expected.toml), or if the runs cannot be judged",
+    )
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help=f"the gate with the expected list next to run.py (--expect {DEFAULT_EXPECT.name})",
+    )
+    parser.add_argument(
+        "--max-baseline-failures",
+        type=int,
+        default=50,
+        metavar="N",
+        help="the gate fails if more than N tests fail unguarded (a broken environment)",
+    )
     args = parser.parse_args(args_list)
+    expect_path: Path | None = args.expect or (DEFAULT_EXPECT if args.gate else None)
+    expected: dict[str, Expected] = {}
+    if expect_path is not None:
+        try:  # checked before the runs, not after them
+            expected = load_expected(expect_path)
+        except ValueError as exc:
+            parser.error(f"--expect: {exc}")
 
     source: Path = args.source.resolve()
     work: Path = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    source_note = ensure_source(source)
+    # --reuse runs nothing: it needs no sdist tree (the report names the one the runs used)
+    source_note = "" if args.reuse else ensure_source(source)
     if installed("fastmcp") != FASTMCP_VERSION:
         print(f"warning: fastmcp {installed('fastmcp')} is installed, not {FASTMCP_VERSION}")
     all_phases = phases(args.timeout, args.integration_timeout)
@@ -672,34 +1152,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     summary = work / "run.json"
     runs: dict[str, ModeRun] = {}
+    snapshot: Path | None = None
     if args.reuse:
         info: dict[str, Any] = json.loads(summary.read_text()) if summary.is_file() else {}
+        source_note = info.get("source", str(source))
         times: dict[str, float] = info.get("times", {})
         for mode in MODES:
-            parsed = [
-                PhaseRun(
-                    p,
-                    work / f"junit-{mode}-{p.name}.xml",
-                    work / f"{mode}-{p.name}.log",
-                    times.get(f"{mode}-{p.name}", 0.0),
-                    0,
-                )
-                for p in all_phases
-            ]
-            results = merge(parse_junit(r.junit, r.phase.name) for r in parsed)
-            runs[mode] = ModeRun(mode, parsed, results)
+            parsed = stored_runs(work, "", mode, all_phases, times, info.get("exit_codes"))
+            runs[mode] = ModeRun(mode, parsed, results_of(parsed, work, "", mode))
     else:
         info = {"commit": git("rev-parse", "--short", "HEAD"), "code": {}}
+        diff = git("diff", "HEAD", "--", "idempotency")
+        if args.snapshot:
+            snapshot = take_snapshot(work)
+            (work / "idempotency.diff").write_text(diff + "\n", encoding="utf-8")
+            info["snapshot"] = str(snapshot)
+            info["code"]["snapshot"] = code_digest(snapshot)
         for mode in MODES:
-            info["code"][f"{mode} start"] = code_digest()
-            diff = git("diff", "HEAD", "--", "idempotency")
-            (work / f"idempotency-{mode}.diff").write_text(diff + "\n", encoding="utf-8")
-            runs[mode] = run_mode(mode, all_phases, source, work, args.workers)
-            info["code"][f"{mode} end"] = code_digest()
+            if snapshot is None:
+                info["code"][f"{mode} start"] = code_digest()
+            runs[mode] = run_mode(mode, all_phases, source, work, args.workers, snapshot)
+            if snapshot is None:
+                info["code"][f"{mode} end"] = code_digest()
         info["times"] = {
             f"{m}-{p.phase.name}": p.seconds for m, r in runs.items() for p in r.phases
         }
-        summary.write_text(json.dumps(info, indent=1), encoding="utf-8")
+        info["exit_codes"] = {
+            f"{m}-{p.phase.name}": p.exit_code for m, r in runs.items() for p in r.phases
+        }
+        info["only"] = args.only or []
+        info["source"] = source_note
 
     found = regressions(runs["unguarded"], runs["guarded"])
     verdicts = None
@@ -713,9 +1195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         reruns = {
             mode: [
-                merge(
-                    parse_junit(work / f"junit-rerun{n}-{mode}-{p.name}.xml", p.name)
-                    for p in all_phases
+                results_of(
+                    stored_runs(work, f"rerun{n}-", mode, all_phases, {}), work, f"rerun{n}-", mode
                 )
                 for n in rounds
             ]
@@ -724,12 +1205,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rounds:
             verdicts = Rerun(reruns["unguarded"], reruns["guarded"])
     elif found and args.rerun_rounds > 0:
-        verdicts = rerun(found, all_phases, source, work, args.workers, args.rerun_rounds)
+        verdicts = rerun(found, all_phases, source, work, args.workers, snapshot, args.rerun_rounds)
+    if not args.reuse:
+        info["code"]["working tree at end"] = code_digest()
+        summary.write_text(json.dumps(info, indent=1), encoding="utf-8")
     text = report(runs, found, verdicts, source_note, work, args_list, info)
+    gate: Gate | None = None
+    if expect_path is not None:
+        gate = judge(
+            runs,
+            found,
+            verdicts,
+            expected,
+            expect_path,
+            work,
+            partial=bool(args.only or info.get("only")),
+            snapshot=info.get("snapshot"),
+            max_baseline_failures=args.max_baseline_failures,
+        )
+        text += "\n## Gate\n\n" + "\n".join(gate.lines(bullet="- ", limit=1000)) + "\n"
     args.report.write_text(text, encoding="utf-8")
     print(text)
     print(f"\nreport: {args.report}")
-    return 0
+    if gate is None:
+        return 0
+    print("\n" + "\n".join(gate.lines()), flush=True)
+    return 0 if gate.passed else 1
 
 
 if __name__ == "__main__":

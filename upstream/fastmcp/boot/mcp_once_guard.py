@@ -19,7 +19,7 @@ use of the middleware imports.
 the guarded run calls at every interpreter start, so that servers built in child processes
 (stdio servers, `fastmcp run`, subprocess tests, which get a sanitised environment) are guarded
 too. Each process that built a guarded server writes `<pid>.count` to `stats_dir` at exit:
-`<servers> <role> <argv[0]> <argv[1]>`.
+`<servers> <role> <the idempotency package's folder> <argv[0]> <argv[1]>`.
 
 This file imports only `os` and `sys` at module level: it runs at every interpreter start.
 """
@@ -36,7 +36,13 @@ TARGET_MODULE = "fastmcp.server.server"
 TARGET_CLASS = "FastMCP"
 _MARK = "__mcp_once_guarded__"
 
-_state: dict[str, Any] = {"count": 0, "stats_dir": None, "role": "child", "atexit": False}
+_state: dict[str, Any] = {
+    "count": 0,
+    "stats_dir": None,
+    "role": "child",
+    "atexit": False,
+    "source": "?",
+}
 
 
 def guarded_servers() -> int:
@@ -53,7 +59,8 @@ def _write_stats() -> None:
         os.makedirs(stats_dir, exist_ok=True)
         path = os.path.join(stats_dir, f"{os.getpid()}.count")
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(f"{_state['count']} {_state['role']} {' '.join(sys.argv[:2])}\n")
+            fields = [str(_state["count"]), _state["role"], _state["source"], *sys.argv[:2]]
+            handle.write(" ".join(fields) + "\n")
     except OSError:
         pass
 
@@ -89,6 +96,7 @@ def patch_class(cls: type) -> None:
 
         self.add_middleware(IdempotencyMiddleware(MemoryKeyStore()))
         _state["count"] += 1
+        _state["source"] = os.path.dirname(sys.modules["idempotency"].__file__ or "?")
 
     setattr(__init__, _MARK, True)
     type.__setattr__(cls, "__init__", __init__)
@@ -132,7 +140,14 @@ def install() -> None:
         sys.meta_path.insert(0, _PatchOnImport())
 
 
-def boot(stats_dir: str | None = None) -> None:
-    """Called from the guarded run's `.pth` at interpreter start."""
+def boot(stats_dir: str | None = None, snapshot: str | None = None) -> None:
+    """Called from the guarded run's `.pth` at interpreter start.
+
+    `snapshot`: a folder holding a copy of mcp-once's `idempotency` package, put first on the
+    path so that every process of a run imports the same code, whatever happens to the working
+    tree meanwhile.
+    """
+    if snapshot:
+        sys.path.insert(0, snapshot)
     set_stats_dir(stats_dir)
     install()
