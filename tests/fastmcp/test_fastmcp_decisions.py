@@ -12,14 +12,12 @@ from fake_clock import FakeClock
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server import create_proxy
-from fastmcp.server.extensions import ServerExtension, ToolCallContinuation, ToolCallOutcome
 from fastmcp.server.middleware.caching import ResponseCachingMiddleware
 from fastmcp.server.middleware.rate_limiting import RateLimitingMiddleware
-from fastmcp_kit import charge_server, promise, serving
+from fastmcp_kit import ForegroundTasks, charge_server, promise, serving
 from mcp import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
-    CallToolRequestParams,
     CallToolResult,
     ElicitRequest,
     ElicitRequestFormParams,
@@ -235,24 +233,6 @@ async def test_a_tool_with_a_timeout_that_finishes_in_time_is_stored_and_replaye
 
 
 # -- task-capable tools --------------------------------------------------------------------------
-
-
-class ForegroundTasks(ServerExtension):
-    """Stands in for `fastmcp-tasks` (not installable beside FastMCP 4.1.6): FastMCP refuses a
-    `task=True` tool unless an extension with this identifier is registered. The real one runs a
-    task-mode call's body later, in a Docket worker, outside every middleware; this one runs
-    every call in the foreground, which is all the middleware can see of either."""
-
-    identifier = "io.modelcontextprotocol/tasks"
-
-    def __init__(self) -> None:
-        self.intercepted: list[str] = []
-
-    async def intercept_tool_call(
-        self, params: CallToolRequestParams, context: Context, call_next: ToolCallContinuation
-    ) -> ToolCallOutcome:
-        self.intercepted.append(params.name)
-        return await call_next()
 
 
 async def test_task_capable_tools_are_never_guarded_nor_listed_as_guarded(
