@@ -11,6 +11,10 @@ scenario engine uses these):
   `Connect` factory when it dies, shared by every caller (raises `ReconnectFailed`, or
   `SessionUnavailable` when it has no factory).
 - `SessionUnavailable`: `SessionSlot.acquire` has no live session and no way to make one.
+- Keys from where the call runs (a durable engine's step, so a re-run resends the first run's
+  keys): `KeySource` (`RetryingSession(..., key_source=)`: a `KeyRequest` in, a key or None out),
+  `key_step(*identity)` (numbers a step's calls: `KeyRequest.ordinal`), `step_key_from` (a step
+  identity and an ordinal as a hashed key) and `step_keys` (the ready source built from both).
 - `GATED`: the `FailureKind`s after which the tool may have run, whose retry the annotation gate
   decides (`AttemptReport.failure` in one of them, followed by another attempt, is a gated retry).
 """
@@ -22,7 +26,7 @@ from ._http import (
     http_client_factory,
     streamable_http_transport,
 )
-from ._key import derive_key, mint_key
+from ._key import KeyRequest, KeySource, derive_key, key_step, mint_key, step_key_from, step_keys
 from ._outcome import (
     InvalidParams,
     KeyReused,
@@ -48,7 +52,9 @@ __all__ = [
     "FailureKind",
     "GiveUpReason",
     "InvalidParams",
+    "KeyRequest",
     "KeyReused",
+    "KeySource",
     "NotExecuted",
     "OutcomeUnknown",
     "Override",
@@ -65,7 +71,10 @@ __all__ = [
     "ToolSession",
     "derive_key",
     "http_client_factory",
+    "key_step",
     "mint_key",
+    "step_key_from",
+    "step_keys",
     "streamable_http_transport",
     "testing",
     "tool_session",

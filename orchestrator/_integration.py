@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ._budget import RetryBudget
+from ._key import KeySource
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
 from ._session import RetryingSession
@@ -51,11 +52,14 @@ class PerConnection:
     """One `RetryingSession` per connection of a framework object, remade when it reconnects.
 
     A session's tool catalog and dead/alive state belong to one connection; the budget (pinned by
-    `owned_policy`) belongs to the object and survives reconnection.
+    `owned_policy`) belongs to the object and survives reconnection, and so does `key_source`.
     """
 
-    def __init__(self, policy: RetryPolicy | None) -> None:
+    def __init__(self, policy: RetryPolicy | None, key_source: KeySource | None = None) -> None:
+        if key_source is not None and not callable(key_source):
+            raise TypeError("key_source must be a callable taking a KeyRequest, or None")
         self._policy = owned_policy(policy)
+        self._key_source = key_source
         self._connection: object = None
         self._session: RetryingSession | None = None
 
@@ -63,10 +67,16 @@ class PerConnection:
     def policy(self) -> RetryPolicy:
         return self._policy
 
+    @property
+    def key_source(self) -> KeySource | None:
+        return self._key_source
+
     def session_for(self, connection: object, session: SessionLike) -> RetryingSession:
         """The `RetryingSession` over `session` for `connection` (the framework's live session)."""
         if self._session is None or self._connection is not connection:
-            self._session = RetryingSession(session, policy=self._policy)
+            self._session = RetryingSession(
+                session, policy=self._policy, key_source=self._key_source
+            )
             self._connection = connection
         return self._session
 

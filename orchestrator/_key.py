@@ -2,15 +2,25 @@
 
 The key is what lets a server recognise a retry as the same call, so it must be identical on
 every attempt and unique across logical calls. A random 128-bit value is both, without any
-coordination between clients.
+coordination between clients. It is not identical across a *re-run* of the code that made the
+call (a durable engine replaying a step after a crash): for that the key must come from where the
+call runs, which is what a `KeySource` gives, with `key_step` numbering the calls of one step.
+
+Where the key of a call comes from, first match wins: `idempotency_key=`, a key already in
+`meta`, the session's `key_source`, a fresh random key (`resolve_key`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
+import itertools
 import json
+import types
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from idempotency import wire
@@ -21,12 +31,133 @@ def mint_key() -> str:
     return str(uuid.uuid4())
 
 
-def resolve_key(idempotency_key: object, meta: Mapping[str, Any] | None) -> str:
-    """The key for one logical call: the caller's (checked) or a new one.
+@dataclass(frozen=True)
+class KeyRequest:
+    """What a `KeySource` is asked: which logical call needs a key, and where it runs.
+
+    `ordinal` is this call's position (0, 1, 2, ...) among the calls that asked a key source for
+    a key inside the current `key_step`, so several calls made by one step get distinct keys,
+    and the N-th call gets ordinal N on every re-run of the step. `step` is that step's identity
+    (the tuple given to `key_step`), or None outside any step, where `ordinal` is always 0: a
+    source used outside a step must tell calls apart by something of its own.
+    """
+
+    tool: str
+    arguments: Mapping[str, Any]
+    ordinal: int
+    step: tuple[str, ...] | None = None
+
+
+#: Gives the key of a logical call from where it runs, or None for "mint a fresh one". Called
+#: once per logical call (never per attempt), before anything is sent. What it raises propagates
+#: to the caller, and nothing is sent: a call is never sent unkeyed because its source failed.
+KeySource = Callable[[KeyRequest], str | None]
+
+
+@dataclass
+class _Step:
+    identity: tuple[str, ...]
+    counter: Iterator[int] = field(default_factory=itertools.count)
+
+
+_step: contextvars.ContextVar[_Step | None] = contextvars.ContextVar(
+    "mcp_once_key_step", default=None
+)
+
+
+@contextlib.contextmanager
+def key_step(*identity: str) -> Iterator[None]:
+    """Number the keyed calls made inside this block: one step of a durable engine.
+
+    `identity` names the step the same way on every run of it (e.g. a workflow id, a run id and
+    an activity id; never an attempt number, or a re-run would get new keys). Inside, each call
+    that asks a `KeySource` for its key gets the next ordinal, starting at 0. The counter lives
+    in the block's context (a `ContextVar` holding one counter object), so tasks started inside
+    share it and calls elsewhere cannot shift it; a new block starts again at 0, so a re-run of
+    the step gives its N-th call ordinal N again. Entering a block for the identity already
+    current continues its count instead: restarting would give two calls of one step one key.
+
+    Calls started concurrently inside one step take ordinals in the order they ask for a key;
+    for keys that survive a re-run, start them in an order the re-run repeats.
+    """
+    for part in identity:
+        if not isinstance(part, str):
+            raise TypeError(f"step identity parts must be str, not {type(part).__name__}")
+    if not identity:
+        raise ValueError("key_step needs an identity: at least one string")
+    current = _step.get()
+    if current is not None and current.identity == identity:
+        yield
+        return
+    token = _step.set(_Step(identity))
+    try:
+        yield
+    finally:
+        _step.reset(token)
+
+
+def step_key_from(*identity: str, ordinal: int) -> str:
+    """The key of the `ordinal`-th call of the step named `identity`: the same on every run.
+
+    Built on `derive_key`, so the identity (run ids, workflow ids) is hashed and never reaches
+    the wire or a server's logs.
+    """
+    if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
+        raise ValueError(f"ordinal must be a non-negative int, got {ordinal!r}")
+    if not identity:
+        raise ValueError("step_key_from needs an identity: at least one string")
+    return derive_key("step", *identity, str(ordinal))
+
+
+def step_keys(request: KeyRequest) -> str | None:
+    """A ready `KeySource`: inside a `key_step`, the step's key for this call's ordinal
+    (`step_key_from(*step, ordinal=...)`); outside one, None (a fresh key)."""
+    if request.step is None:
+        return None
+    return step_key_from(*request.step, ordinal=request.ordinal)
+
+
+def key_from_source(
+    key_source: KeySource, tool: str, arguments: Mapping[str, Any] | None
+) -> str | None:
+    """Ask `key_source` for the key of one call (taking the step's next ordinal), checked.
+
+    None means "mint one". A non-str answer is a `TypeError`, a malformed key (the server's own
+    rule, `wire.key_problem`) a `ValueError`: both before anything is sent.
+    """
+    step = _step.get()
+    request = KeyRequest(
+        tool=tool,
+        arguments=types.MappingProxyType(dict(arguments) if arguments is not None else {}),
+        ordinal=next(step.counter) if step is not None else 0,
+        step=step.identity if step is not None else None,
+    )
+    key = key_source(request)
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise TypeError(f"key_source must return a str or None, not {type(key).__name__}")
+    problem = wire.key_problem(key)
+    if problem is not None:
+        raise ValueError(f"key_source returned a bad key: {problem}")
+    return key
+
+
+def resolve_key(
+    idempotency_key: object,
+    meta: Mapping[str, Any] | None,
+    *,
+    key_source: KeySource | None = None,
+    tool: str = "",
+    arguments: Mapping[str, Any] | None = None,
+) -> str:
+    """The key for one logical call: the caller's (checked), the key source's, or a new one.
 
     A caller may pass the key either as `idempotency_key=` or inside `meta` under the wire name;
     both at once must agree. A bad key is refused here, before anything is sent, with the same
-    rule the server applies (`wire.key_problem`), so it can never cost an attempt.
+    rule the server applies (`wire.key_problem`), so it can never cost an attempt. Only when the
+    caller brings no key is `key_source` asked (so a caller's key takes no ordinal); when it
+    answers None, or there is none, the key is minted.
     """
     from_meta = meta.get(wire.KEY_META) if meta is not None else None
     if meta is not None and wire.KEY_META in meta:
@@ -45,6 +176,10 @@ def resolve_key(idempotency_key: object, meta: Mapping[str, Any] | None) -> str:
         return idempotency_key
     if isinstance(from_meta, str):
         return from_meta
+    if key_source is not None:
+        sourced = key_from_source(key_source, tool, arguments)
+        if sourced is not None:
+            return sourced
     return mint_key()
 
 

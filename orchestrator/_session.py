@@ -28,7 +28,7 @@ from ._catalog import ToolCatalog, watch_list_changed
 from ._classify import Failure, classify
 from ._gate import GATED, retry_gate
 from ._http import AttemptProbe, current_probe
-from ._key import resolve_key
+from ._key import KeySource, resolve_key
 from ._outcome import NotExecuted, OutcomeUnknown, ServerOutcomeUnknown, tool_call_error
 from ._policy import Override, RetryPolicy, check_overrides
 from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable, transport_closed
@@ -52,6 +52,11 @@ class RetryingSession:
     of its own and closes it when it is replaced or when the wrapper exits. With `connect`, enter
     the wrapper (`async with RetryingSession(...) as rs:`); `session` may then be None, and the
     first call connects.
+
+    `key_source` (optional, a `KeySource`) gives the key of a call the caller brings no key for,
+    from where the call runs: a durable engine's step, so that a re-run of the step sends the keys
+    of its first run (see `key_step`, `step_keys`). Precedence, first match wins:
+    `idempotency_key=`, a key in `meta`, `key_source`, a fresh random key.
     """
 
     def __init__(
@@ -61,7 +66,11 @@ class RetryingSession:
         policy: RetryPolicy | None = None,
         connect: Connect | None = None,
         overrides: Mapping[str, Override] | None = None,
+        key_source: KeySource | None = None,
     ) -> None:
+        if key_source is not None and not callable(key_source):
+            raise TypeError("key_source must be a callable taking a KeyRequest, or None")
+        self._key_source = key_source
         if session is not None:
             tool_session(session)  # refuses what the loop cannot drive, before anything is sent
         if session is None and connect is None:
@@ -113,6 +122,11 @@ class RetryingSession:
         return self._policy
 
     @property
+    def key_source(self) -> KeySource | None:
+        """Where keys come from when the caller brings none (None: minted)."""
+        return self._key_source
+
+    @property
     def session(self) -> SessionLike | None:
         """The session calls currently go to (None before the first connect)."""
         return self._slot.current()
@@ -153,13 +167,15 @@ class RetryingSession:
 
         `read_timeout_seconds` bounds each attempt (default: the policy's `attempt_timeout`),
         always clipped to the policy's deadline. `idempotency_key` (or `meta[KEY_META]`) reuses a
-        key of the caller's; otherwise one is minted for this call.
+        key of the caller's; otherwise the session's `key_source` gives one, or (without one, or
+        when it answers None) one is minted for this call.
 
         Raises:
             OutcomeUnknown: the tool may have run and may not be retried (see `.reason`).
             NotExecuted: the tool provably did not run and retrying is over.
             ToolCallError: the server answered with a permanent JSON-RPC error.
-            ValueError, TypeError: bad arguments, before anything is sent.
+            ValueError, TypeError: bad arguments, or a bad key from `key_source`, before
+                anything is sent. Whatever `key_source` raises propagates, and nothing is sent.
         """
         result, _ = await self.call_tool_with_report(
             name,
@@ -201,7 +217,9 @@ class RetryingSession:
             raise ValueError(
                 f"meta[{wire.ATTEMPT_META!r}] is set by RetryingSession, not the caller"
             )
-        key = resolve_key(idempotency_key, meta)
+        key = resolve_key(
+            idempotency_key, meta, key_source=self._key_source, tool=name, arguments=arguments
+        )
         if self._slot.can_reconnect and not self._slot.entered:
             raise RuntimeError(
                 "a RetryingSession with connect= must be entered (`async with`) before use:"

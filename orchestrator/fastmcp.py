@@ -30,6 +30,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CONNECTION_CLOSED, CallToolResult, ListToolsResult, RequestParamsMeta
 
 from ._integration import PerConnection, attempt_timeout
+from ._key import KeySource
 from ._policy import RetryPolicy
 from ._sessions import OverClientSession
 
@@ -94,13 +95,15 @@ class FastMCPSession(OverClientSession):
 class RetryingClient(Client[Any]):
     """A `fastmcp.Client` whose tool calls are retried safely; usable wherever one is accepted.
 
-    Takes `fastmcp.Client`'s arguments plus `policy=` (a `RetryPolicy`). Per-attempt timeout: the
-    call's `timeout=`, else the policy's `attempt_timeout`, else the client's `timeout=`. Keys:
-    a key passed in `meta` under `io.github.mcp-once/idempotency-key` is used on every attempt
-    (that is how pydantic-ai's tool-call ids become keys, see `orchestrator.pydantic_ai`);
-    without one, each `call_tool` mints its own. Raises what `RetryingSession.call_tool` raises
-    (`OutcomeUnknown`, `NotExecuted`, `ToolCallError`), plus FastMCP's own `ToolError` for an
-    `isError` result when `raise_on_error` is set.
+    Takes `fastmcp.Client`'s arguments plus `policy=` (a `RetryPolicy`) and `key_source=` (a
+    `KeySource`). Per-attempt timeout: the call's `timeout=`, else the policy's `attempt_timeout`,
+    else the client's `timeout=`. Keys: a key passed in `meta` under
+    `io.github.mcp-once/idempotency-key` is used on every attempt (that is how pydantic-ai's
+    tool-call ids become keys, see `orchestrator.pydantic_ai`); without one, `key_source` (if
+    given) is asked, and otherwise (or when it answers None) each `call_tool` mints its own.
+    Raises what `RetryingSession.call_tool` raises (`OutcomeUnknown`, `NotExecuted`,
+    `ToolCallError`), plus FastMCP's own `ToolError` for an `isError` result when
+    `raise_on_error` is set.
 
     A dead connection is not replaced behind FastMCP's back (the client owns it): the call ends
     `NotExecuted`/`OutcomeUnknown` with reason `no_connect`; entering the client again opens a
@@ -108,20 +111,30 @@ class RetryingClient(Client[Any]):
     """
 
     def __init__(
-        self, transport: Any, *args: Any, policy: RetryPolicy | None = None, **kwargs: Any
+        self,
+        transport: Any,
+        *args: Any,
+        policy: RetryPolicy | None = None,
+        key_source: KeySource | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(transport, *args, **kwargs)
-        self._mcp_once = PerConnection(policy)
+        self._mcp_once = PerConnection(policy, key_source)
 
     @property
     def policy(self) -> RetryPolicy:
         return self._mcp_once.policy
 
+    @property
+    def key_source(self) -> KeySource | None:
+        return self._mcp_once.key_source
+
     def new(self) -> RetryingClient:
-        """A fresh clone (FastMCP's `new()`), with connection state of its own; budget shared."""
+        """A fresh clone (FastMCP's `new()`), with connection state of its own; budget and
+        key source shared."""
         clone = super().new()
         assert isinstance(clone, RetryingClient)
-        clone._mcp_once = PerConnection(self._mcp_once.policy)
+        clone._mcp_once = PerConnection(self._mcp_once.policy, self._mcp_once.key_source)
         return clone
 
     async def call_tool_mcp(

@@ -1,16 +1,22 @@
 """OpenAI Agents SDK servers whose tool calls are retried safely instead of blindly.
 
 `RetryingMCPServerStdio`, `RetryingMCPServerStreamableHttp` and `RetryingMCPServerSse` are the
-SDK's own server classes (same arguments, plus keyword `policy=`, a `RetryPolicy`) with one
+SDK's own server classes (same arguments, plus keywords `policy=`, a `RetryPolicy`, and
+`key_source=`, a `KeySource`) with one
 difference: `call_tool` goes through `RetryingSession`. Why: with `max_retry_attempts > 0` the SDK
 re-sends *any* failed `call_tool` (and the streamable HTTP class re-sends on a fresh session after
 a timeout or a 5xx) with no key and no look at the tool's annotations, so a tool whose answer was
 lost runs twice. Here:
 
 - the SDK's retry loop never runs for tool calls (`max_retry_attempts` still governs listing);
-- every call carries an idempotency key derived from the model's tool-call id (and the tool name),
-  so the call is the same logical call on every attempt and if the model re-issues it under the
-  same id; a user `tool_meta_resolver` still runs, and a key it sets wins;
+- every call carries an idempotency key, the first of: a key already in the call's `_meta` (set
+  by a user `tool_meta_resolver`, which still runs, or by a workflow-side resolver that hands
+  `call_tool` its `meta`); the server's `key_source=` (a `KeySource`, e.g. a durable engine's
+  step); a key derived from the server's name, the tool name and the model's tool-call id; a
+  fresh one (a `call_tool` outside an agent run, with no source). The derived key is the same
+  logical call on every attempt, if the model re-issues it under the same id, and in another
+  process of the same run (a worker that picks the run up after a crash): it holds nothing
+  random of the server object's;
 - `client_session_timeout_seconds` is the per-attempt timeout unless the policy sets one;
 - a call that may have run but cannot be retried reaches the model as an `isError` tool result
   that says so ("may have run; do not repeat"), not as the SDK's default "Please try again".
@@ -22,7 +28,6 @@ extra (`pip install "mcp-once[openai-agents]"`).
 from __future__ import annotations
 
 import inspect
-import secrets
 from typing import Any
 
 from agents.mcp import MCPServerSse, MCPServerStdio, MCPServerStreamableHttp
@@ -34,30 +39,60 @@ from mcp_types import CallToolResult, TextContent
 from idempotency import wire
 
 from ._integration import PerConnection, attempt_timeout, tell_model
-from ._key import derive_key
+from ._key import KeySource, derive_key, key_from_source
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
 
-__all__ = ["RetryingMCPServerSse", "RetryingMCPServerStdio", "RetryingMCPServerStreamableHttp"]
+__all__ = [
+    "KEY_SOURCE",
+    "RetryingMCPServerSse",
+    "RetryingMCPServerStdio",
+    "RetryingMCPServerStreamableHttp",
+    "tool_call_key",
+]
 
 #: The prefix of keys derived from the Agents SDK's tool-call ids.
 KEY_SOURCE = "openai-agents"
 
 
+def tool_call_key(server_name: str, tool_name: str, tool_call_id: str) -> str:
+    """The key derived for one tool call of an agent run: hashed from the server's name, the
+    tool's name and the model's tool-call id.
+
+    Why these and nothing random: a run resumed in another process (or a server object made
+    again) must send the keys of the first attempt, so the scope has to be something both
+    processes know. The server's name (the SDK's `name=`, by default built from its command or
+    URL) keeps two *different* servers apart, so a call to one cannot replay another's stored
+    result; the tool-call id tells the calls of a run apart. OpenAI's tool-call ids are random
+    per call; a model or gateway that repeats ids across runs (e.g. "call_0" every run) would
+    make two runs share keys, and a guarded server would replay the first run's result: give
+    such a server a `key_source` (or a `tool_meta_resolver` setting the key) that brings a run
+    identity.
+    """
+    return derive_key(KEY_SOURCE, server_name, tool_name, tool_call_id)
+
+
 class _RetryingServer(_MCPServerWithClientSession):
     """The behaviour the three retrying server classes share (see the module doc)."""
 
-    def __init__(self, *args: Any, policy: RetryPolicy | None = None, **kwargs: Any) -> None:
-        self._mcp_once = PerConnection(policy)
+    def __init__(
+        self,
+        *args: Any,
+        policy: RetryPolicy | None = None,
+        key_source: KeySource | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._mcp_once = PerConnection(policy, key_source)
         self._user_meta_resolver: MCPToolMetaResolver | None = None
-        # Tool-call ids are unique per call for OpenAI's models; this scope keeps two server
-        # objects (or processes) whose model repeats ids from sharing a key.
-        self._key_scope = secrets.token_hex(8)
         super().__init__(*args, **kwargs)
 
     @property
     def policy(self) -> RetryPolicy:
         return self._mcp_once.policy
+
+    @property
+    def key_source(self) -> KeySource | None:
+        return self._mcp_once.key_source
 
     @property
     def tool_meta_resolver(self) -> MCPToolMetaResolver:
@@ -78,11 +113,19 @@ class _RetryingServer(_MCPServerWithClientSession):
                 if not isinstance(resolved, dict):
                     raise TypeError("MCP meta resolver must return a dict or None.")
                 meta.update(resolved)
+        if wire.KEY_META in meta:
+            return meta  # the resolver's key wins; `RetryingSession` checks it
+        key_source = self._mcp_once.key_source
+        key = (
+            key_from_source(key_source, context.tool_name, context.arguments)
+            if key_source is not None
+            else None
+        )
         run = context.run_context
-        if wire.KEY_META not in meta and isinstance(run, ToolContext):
-            meta[wire.KEY_META] = derive_key(
-                KEY_SOURCE, self._key_scope, context.tool_name, run.tool_call_id
-            )
+        if key is None and isinstance(run, ToolContext):
+            key = tool_call_key(context.server_name, context.tool_name, run.tool_call_id)
+        if key is not None:
+            meta[wire.KEY_META] = key
         return meta or None
 
     async def call_tool(
@@ -111,15 +154,18 @@ class _RetryingServer(_MCPServerWithClientSession):
 
 
 class RetryingMCPServerStdio(_RetryingServer, MCPServerStdio):
-    """`agents.mcp.MCPServerStdio` with safe retries: the SDK's arguments plus `policy=`."""
+    """`agents.mcp.MCPServerStdio` with safe retries: the SDK's arguments plus
+    `policy=` and `key_source=`."""
 
 
 class RetryingMCPServerStreamableHttp(_RetryingServer, MCPServerStreamableHttp):
-    """`agents.mcp.MCPServerStreamableHttp` with safe retries: the SDK's arguments plus `policy=`.
+    """`agents.mcp.MCPServerStreamableHttp` with safe retries: the SDK's arguments plus
+    `policy=` and `key_source=`.
 
     Also replaces the SDK's re-send on a fresh ("isolated") session after a timeout or a 5xx.
     """
 
 
 class RetryingMCPServerSse(_RetryingServer, MCPServerSse):
-    """`agents.mcp.MCPServerSse` with safe retries: the SDK's arguments plus `policy=`."""
+    """`agents.mcp.MCPServerSse` with safe retries: the SDK's arguments plus
+    `policy=` and `key_source=`."""

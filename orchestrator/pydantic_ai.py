@@ -17,6 +17,12 @@ hook, which `MCPToolset` calls with it, fills that gap and the other one:
   that says "do not repeat". `NotExecuted` (nothing ran) becomes `ModelRetry`: calling again is
   safe. Without this hook, `OutcomeUnknown` propagates out of the agent run.
 
+To take keys from where the call runs instead (a durable engine's step, see `KeySource`), use
+`process_tool_call=keyed_tool_calls_with(key_source)`: the source is asked first, and the
+tool-call-id key is the fallback when it answers None. (`RetryingClient(key_source=...)` alone
+does not do it under `keyed_tool_calls`: the hook puts its key in the call's `meta`, and a key
+already in `meta` takes precedence over the client's source.)
+
 Needs the `pydantic-ai` extra (`pip install "mcp-once[pydantic-ai]"`).
 """
 
@@ -25,15 +31,15 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic_ai import ModelRetry, RunContext, ToolFailed
-from pydantic_ai.mcp import CallToolFunc, ToolResult
+from pydantic_ai.mcp import CallToolFunc, ProcessToolCallback, ToolResult
 
 from idempotency import wire
 
 from ._integration import tell_model
-from ._key import derive_key
+from ._key import KeySource, derive_key, key_from_source
 from ._outcome import NotExecuted, OutcomeUnknown
 
-__all__ = ["KEY_SOURCE", "keyed_tool_calls", "tool_call_key"]
+__all__ = ["KEY_SOURCE", "keyed_tool_calls", "keyed_tool_calls_with", "tool_call_key"]
 
 #: The prefix of keys derived from pydantic-ai's run and tool-call ids.
 KEY_SOURCE = "pydantic-ai"
@@ -54,7 +60,38 @@ async def keyed_tool_calls(
     ctx: RunContext[Any], call_tool: CallToolFunc, name: str, args: dict[str, Any]
 ) -> ToolResult:
     """`MCPToolset(process_tool_call=...)`: send the derived key, tell the model the outcome."""
-    key = tool_call_key(ctx, name)
+    return await _keyed_call(ctx, call_tool, name, args, tool_call_key(ctx, name))
+
+
+def keyed_tool_calls_with(key_source: KeySource) -> ProcessToolCallback:
+    """`keyed_tool_calls`, with the key taken from `key_source` when it gives one.
+
+    `MCPToolset(client, process_tool_call=keyed_tool_calls_with(step_keys))`: each call's key is
+    the source's answer (asked once per call, in the calling task, so `key_step` ordinals apply),
+    else the tool-call-id key of `tool_call_key`, else a fresh one. What the source raises
+    propagates and a bad key is refused, before anything is sent.
+    """
+    if not callable(key_source):
+        raise TypeError("key_source must be a callable taking a KeyRequest")
+
+    async def keyed(
+        ctx: RunContext[Any], call_tool: CallToolFunc, name: str, args: dict[str, Any]
+    ) -> ToolResult:
+        key = key_from_source(key_source, name, args)
+        if key is None:
+            key = tool_call_key(ctx, name)
+        return await _keyed_call(ctx, call_tool, name, args, key)
+
+    return keyed
+
+
+async def _keyed_call(
+    ctx: RunContext[Any],
+    call_tool: CallToolFunc,
+    name: str,
+    args: dict[str, Any],
+    key: str | None,
+) -> ToolResult:
     try:
         return await call_tool(name, args, metadata={wire.KEY_META: key} if key else None)
     except OutcomeUnknown as unknown:

@@ -28,7 +28,7 @@ from mcp import MCPError
 from mcp_types import REQUEST_TIMEOUT
 
 from idempotency import wire
-from orchestrator import OutcomeUnknown, RetryingSession
+from orchestrator import OutcomeUnknown, RetryingSession, key_step, step_key_from, step_keys
 from orchestrator.chaos import Chaos, Fault, FaultPlan
 from orchestrator.fastmcp import RetryingClient, SDKStreamTransport
 
@@ -100,6 +100,20 @@ async def test_retrying_client_uses_a_key_from_meta(guarded_shop: Shop) -> None:
         again = await client.call_tool("pay", args, meta={wire.KEY_META: key})
     assert (again.meta or {})[wire.IDEMPOTENCY_META]["key"] == key
     assert [effect.key for effect in await executions(guarded_shop, call, chaos)] == [key]
+
+
+async def test_retrying_client_takes_keys_from_its_key_source(guarded_shop: Shop) -> None:
+    """`key_source=` reaches the client's sessions (and `new()` clones): inside a step, the
+    step's key for the call's ordinal is the key of every attempt."""
+    chaos = lose_first_answer("pay")
+    call = guarded_shop.call_id()
+    client = RetryingClient(fastmcp_over(guarded_shop, chaos), policy=POLICY, key_source=step_keys)
+    assert client.new().key_source is step_keys
+    with key_step("wf-1", "run-1", "act-1"):
+        async with client:
+            await client.call_tool("pay", pay_args(call))
+    effect = await replayed_once(guarded_shop, call, chaos)
+    assert effect.key == step_key_from("wf-1", "run-1", "act-1", ordinal=0)
 
 
 async def test_without_mcp_once_a_guarded_server_merges_only_what_it_can_attribute(

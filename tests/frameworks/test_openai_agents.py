@@ -38,12 +38,14 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from orchestrator import RetryPolicy
-from orchestrator.chaos import Chaos
+from idempotency import wire
+from orchestrator import KeyRequest, RetryPolicy, key_step, step_key_from, step_keys
+from orchestrator.chaos import Chaos, FaultPlan
 from orchestrator.openai_agents import (
     KEY_SOURCE,
     RetryingMCPServerStdio,
     RetryingMCPServerStreamableHttp,
+    tool_call_key,
 )
 
 pytestmark = pytest.mark.anyio
@@ -221,3 +223,57 @@ async def test_without_mcp_once_a_guarded_server_merges_only_what_it_can_attribu
     await run(model, server(guarded_shop, chaos, retrying=False, **SDK_RETRY))
     effects = await executions(guarded_shop, call, chaos)
     assert len(effects) == (1 if guarded_shop.transport == "stdio" else 2)
+
+
+async def test_one_tool_call_has_one_key_in_two_processes_of_a_run(guarded_shop: Shop) -> None:
+    """The first process sends `pay`, loses the answer and cannot retry (one attempt): the
+    outcome is unknown. A second process (a fresh server object: nothing shared but the server's
+    configuration) resumes the run and re-issues the same tool call: same key, so the guarded
+    server replays the first execution instead of paying twice."""
+    chaos = lose_first_answer("pay")
+    call = guarded_shop.call_id()
+    once = RetryPolicy(max_attempts=1, attempt_timeout=ATTEMPT_TIMEOUT, deadline=SOON)
+    first = ScriptedModel("pay", pay_args(call))
+    await run(first, server(guarded_shop, chaos, retrying=True, policy=once))
+    assert "OUTCOME UNKNOWN" in told(first)
+    (effect,) = await executions(guarded_shop, call, chaos)
+    second = ScriptedModel("pay", pay_args(call))
+    resumed = server(guarded_shop, Chaos(FaultPlan(), seed=1), retrying=True, policy=POLICY)
+    await run(second, resumed)
+    assert guarded_shop.effects(call) == [effect]  # replayed: one payment
+    assert effect.result in told(second)
+    assert effect.key == tool_call_key(resumed.name, "pay", "call-1")
+
+
+def test_derived_keys_keep_two_servers_apart() -> None:
+    """No random scope, but the server's name: two servers (say two shops whose models both
+    say "call-1") never share a key; the same server's call has one key in every process."""
+    assert tool_call_key("shop-a", "pay", "call-1") == tool_call_key("shop-a", "pay", "call-1")
+    assert tool_call_key("shop-a", "pay", "call-1") != tool_call_key("shop-b", "pay", "call-1")
+    default_a = RetryingMCPServerStreamableHttp({"url": "http://a.example/mcp"})
+    default_b = RetryingMCPServerStreamableHttp({"url": "http://b.example/mcp"})
+    assert default_a.name != default_b.name  # the SDK's default names differ by URL
+
+
+async def test_the_key_source_gives_the_key_and_a_meta_key_beats_it(guarded_shop: Shop) -> None:
+    chaos = lose_first_answer("pay")
+    call = guarded_shop.call_id()
+    asked: list[KeyRequest] = []
+
+    def source(request: KeyRequest) -> str | None:
+        asked.append(request)
+        return step_keys(request)
+
+    mcp = server(guarded_shop, chaos, retrying=True, policy=POLICY, key_source=source)
+    with key_step("wf-1", "run-1", "act-1"):
+        await run(ScriptedModel("pay", pay_args(call)), mcp)
+    effect = await replayed_once(guarded_shop, call, chaos)
+    assert effect.key == step_key_from("wf-1", "run-1", "act-1", ordinal=0)
+    assert [(r.tool, r.ordinal) for r in asked] == [("pay", 0)]
+    # A key already in the call's `_meta` (a workflow-side resolver's) is kept, source or not.
+    other = guarded_shop.call_id()
+    async with mcp:
+        with key_step("wf-1", "run-1", "act-2"):
+            await mcp.call_tool("pay", pay_args(other), meta={wire.KEY_META: f"wf-{other}"})
+    assert [e.key for e in guarded_shop.effects(other)] == [f"wf-{other}"]
+    assert len(asked) == 1

@@ -39,9 +39,9 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from orchestrator import RetryPolicy
+from orchestrator import RetryPolicy, key_step, step_key_from, step_keys
 from orchestrator.fastmcp import RetryingClient
-from orchestrator.pydantic_ai import KEY_SOURCE, keyed_tool_calls
+from orchestrator.pydantic_ai import KEY_SOURCE, keyed_tool_calls, keyed_tool_calls_with
 
 pytestmark = pytest.mark.anyio
 
@@ -102,6 +102,26 @@ async def test_the_idempotent_tool_is_retried_with_one_key_and_replayed(
     effect = await replayed_once(guarded_shop, call, chaos, key_prefix=KEY_SOURCE)
     assert output == effect.result  # the model got the receipt
     assert model.calls == ["call-1"]  # retried below the model, which never saw the loss
+
+
+async def test_keyed_tool_calls_with_a_key_source_sends_the_sources_key(
+    guarded_shop: Shop,
+) -> None:
+    """Inside a step the source's key is sent (on both attempts); outside one `step_keys` says
+    None and the tool-call-id key is the fallback."""
+    chaos = lose_first_answer("pay")
+    call = guarded_shop.call_id()
+    client = RetryingClient(fastmcp_over(guarded_shop, chaos), policy=POLICY)
+    toolset = MCPToolset(client, process_tool_call=keyed_tool_calls_with(step_keys))
+    with key_step("wf-1", "run-1", "act-1"):
+        output = await run(Model("pay", pay_args(call)), toolset)
+    effect = await replayed_once(guarded_shop, call, chaos)
+    assert effect.key == step_key_from("wf-1", "run-1", "act-1", ordinal=0)
+    assert output == effect.result
+    other = guarded_shop.call_id()
+    await run(Model("pay", pay_args(other)), toolset)
+    (outside,) = guarded_shop.effects(other)
+    assert outside.key is not None and outside.key.startswith(f"{KEY_SOURCE}-")
 
 
 async def test_the_non_idempotent_tool_is_not_resent_and_the_model_is_told(
