@@ -65,7 +65,7 @@ from .telemetry import (
     NO_TRACE,
     Outcome,
     Trace,
-    count_unprotected,
+    count_outcome,
     logger,
     record_name,
     traced,
@@ -82,6 +82,12 @@ N = TypeVar("N")
 #: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
 #: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
 RETRY_HINT_CAP = 1.0
+
+
+def as_is(answer: ToolResult) -> ToolResult:
+    """The `render` of an entry point whose framework takes the guard's answer as it is (the
+    SDK's `MCPServer` and low-level server)."""
+    return answer
 
 
 class NothingDone(Exception):
@@ -185,7 +191,7 @@ class Guard:
                 raise
         if ticket is None:
             # No key and none to derive: the framework's own call, untouched.
-            count_unprotected(call.tool)
+            count_outcome(call.tool, Outcome.UNPROTECTED)
             return await passthrough()
         if admit is not None:
             await admit()

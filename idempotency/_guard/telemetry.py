@@ -77,7 +77,7 @@ class Trace:
             return
         self._done = True
         self._span.set_attribute("mcp_once.outcome", outcome.value)
-        _outcomes.add(1, {"mcp_once.tool": self._tool, "mcp_once.outcome": outcome.value})
+        count_outcome(self._tool, outcome)
 
     def waited(self) -> None:
         self._span.set_attribute("mcp_once.waited", True)
@@ -92,9 +92,10 @@ class Trace:
 NO_TRACE = Trace(trace.INVALID_SPAN, "")
 
 
-def count_unprotected(tool: str) -> None:
-    """Count a call the guard passed through: no span, no log line, only the counter."""
-    _outcomes.add(1, {"mcp_once.tool": tool, "mcp_once.outcome": Outcome.UNPROTECTED.value})
+def count_outcome(tool: str, outcome: Outcome) -> None:
+    """Count one guarded call's outcome. A call the guard passed through is counted this way
+    alone (`Outcome.UNPROTECTED`): no span, no log line."""
+    _outcomes.add(1, {"mcp_once.tool": tool, "mcp_once.outcome": outcome.value})
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 
 from .._guard.advertise import advertise_tool, derivable
 from .._guard.caller import caller_of
-from .._guard.guard import Guard, ToolCall, ToolResult
+from .._guard.guard import Guard, ToolCall, ToolResult, as_is
 from .._guard.policy import PolicyOptions, make_policy
 from .._guard.telemetry import crash_report, logger
 from .._stores.store import KeyStore
@@ -38,10 +38,6 @@ CallToolHandler = Callable[
 ListToolsHandler = Callable[
     [ServerRequestContext[Any, Any], PaginatedRequestParams | None], Awaitable[ListToolsResult]
 ]
-
-
-def _same(answer: CallToolResult | InputRequiredResult) -> CallToolResult | InputRequiredResult:
-    return answer
 
 
 def generic_error_result(tool: str, exc: Exception) -> CallToolResult:
@@ -100,7 +96,7 @@ class GuardedCallTool:
             error_result=functools.partial(generic_error_result, params.name),
             takeover=policy.takeover_for(False),
             passthrough=functools.partial(self._handler, ctx, params),
-            render=_same,
+            render=as_is,
         )
 
     def derivable(self, tool: str) -> bool:

@@ -34,7 +34,7 @@ from mcp.server.mcpserver.utilities.context_injection import find_context_parame
 from mcp.shared._callable_inspection import is_async_callable
 from typing_extensions import Unpack
 
-from ..._guard.guard import Guard, ToolCall, ToolResult
+from ..._guard.guard import Guard, ToolCall, ToolResult, as_is
 from ..._guard.policy import PolicyOptions, make_policy
 from ..._stores.store import KeyStore
 from .sdk import (
@@ -86,10 +86,6 @@ def _free_name(fn: Callable[..., Any]) -> str:
         n += 1
         name = f"{HIDDEN_CONTEXT}{n}"
     return name
-
-
-def _same(answer: Any) -> Any:
-    return answer
 
 
 def wrap_tool_function(
@@ -150,7 +146,7 @@ def wrap_tool_function(
             error_result=functools.partial(sdk_error_result, tool.name),
             takeover=policy.takeover_for(stamp.declared.get(tool.name, False)),
             passthrough=functools.partial(call_original, args, kwargs),
-            render=_same,
+            render=as_is,
         )
 
     if hidden:
