@@ -1,0 +1,154 @@
+"""The test side of a durable-engine crash test: a real shop server, its ledger, and a worker
+process that dies in one of three windows and is restarted.
+
+The windows (`WINDOWS`), in the life of one MCP tool call made by an engine's step:
+- `before`: the worker dies just before the request is sent (`crash_point("before")`);
+- `during`: the tool is running on the server (the ledger shows it `started`; the server holds
+  it `HOLD` seconds) when the test SIGKILLs the worker;
+- `after`: the server answered and the worker dies before the engine recorded the answer
+  (`crash_point("after")`, right after the call returned).
+The restarted worker (same command, same environment; the crash mark makes it go on) lets the
+engine re-run the step. The count that matters is the ledger's: rows the tool body writes itself
+(`mcp_once.scenarios`), outside mcp-once, in a SQLite file that survives every process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import anyio.to_thread
+
+from mcp_once.scenarios._endpoints import ServerProcess, server_command
+from mcp_once.scenarios._ledger import Effect, Ledger
+
+sys.path.insert(0, str(Path(__file__).parent))
+from crash_point import CRASHED, MARK, WINDOW
+
+ROOT = Path(__file__).resolve().parents[2]
+Window = Literal["before", "during", "after"]
+WINDOWS: tuple[Window, ...] = ("before", "during", "after")
+#: Seconds the server holds a `pay` mid-run (after its effect), so the test can kill the
+#: worker while the tool runs; a re-run arriving meanwhile waits for the claim, then replays.
+HOLD = 1.5
+#: Bound for anything that ends as soon as the awaited thing happens.
+SOON = 60.0
+
+
+@dataclass
+class DurableShop:
+    """The shop server (`pay`, `set_value`, `notify`) over streamable HTTP, and its ledger."""
+
+    url: str
+    ledger: Ledger
+    guarded: bool
+
+    def effects(self, call_id: str) -> list[Effect]:
+        return self.ledger.by_call().get(call_id, [])
+
+
+@asynccontextmanager
+async def durable_shop(tmp: Path, *, guarded: bool = True) -> AsyncIterator[DurableShop]:
+    """A shop server process, guarded by a SQLite key store (or not), that holds `pay` for
+    `HOLD` seconds on its first attempt."""
+    ledger = Ledger(tmp / "ledger.sqlite3")
+    store = f"sqlite:///{tmp / 'keys.sqlite3'}" if guarded else None
+    process = ServerProcess(
+        lambda port: server_command("http", ledger, store, port=port, hold=HOLD)
+    )
+    await anyio.to_thread.run_sync(process.start)
+    try:
+        yield DurableShop(process.url, ledger, guarded)
+    finally:
+        await anyio.to_thread.run_sync(process.stop)
+
+
+def worker_env(window: Window, tmp: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker that dies in `window` (once per test, by the mark in `tmp`),
+    with the repository and this folder importable."""
+    env = dict(os.environ)
+    env[WINDOW] = window
+    env[MARK] = str(tmp / f"crashed-{window}")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(Path(__file__).parent), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class CrashingWorker:
+    """A worker process started with a crash window; `crashed()` waits until it died there.
+
+    Its output goes to a log file in `tmp` (named by `name`), which failures print.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        window: Window,
+        tmp: Path,
+        name: str = "worker",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.window = window
+        self.env = worker_env(window, tmp, env)
+        self.log = tmp / f"{name}.log"
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start (or restart) the worker: same command, same environment."""
+        with self.log.open("ab") as out:
+            process = subprocess.Popen(
+                self.argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+            )
+        self.processes.append(process)
+        return process
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    async def crashed(self, ledger: Ledger, *, started: int = 1) -> None:
+        """Return once the newest worker died in its window: for `during`, SIGKILL it as soon as
+        the ledger shows `started` tool runs (the window is the server's, not the worker's)."""
+        process = self.processes[-1]
+        if self.window == "during":
+            with anyio.fail_after(SOON):
+                while len(ledger.events("started")) < started:
+                    if process.poll() is not None:
+                        raise AssertionError(
+                            f"worker exited {process.returncode} before the tool started:\n"
+                            + self.output()
+                        )
+                    # Another process writes the ledger: a bounded poll is the only signal.
+                    await anyio.sleep(0.02)
+            process.send_signal(signal.SIGKILL)
+        code = await self.wait(process)
+        expected = -signal.SIGKILL if self.window == "during" else CRASHED
+        assert code == expected, (
+            f"the worker was to die in window {self.window!r} (exit {expected}), exited {code}:\n"
+            + self.output()
+        )
+
+    async def wait(self, process: subprocess.Popen[bytes] | None = None) -> int:
+        """The exit status of `process` (the newest worker by default), waited for."""
+        target = process if process is not None else self.processes[-1]
+        with anyio.fail_after(SOON):
+            return await anyio.to_thread.run_sync(target.wait)
+
+    def stop(self) -> None:
+        """Kill whatever is still running (a test's cleanup)."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
