@@ -56,13 +56,18 @@ class DurableShop:
 
 
 @asynccontextmanager
-async def durable_shop(tmp: Path, *, guarded: bool = True) -> AsyncIterator[DurableShop]:
+async def durable_shop(
+    tmp: Path, *, guarded: bool = True, retention: float | None = None
+) -> AsyncIterator[DurableShop]:
     """A shop server process, guarded by a SQLite key store (or not), that holds `pay` for
-    `HOLD` seconds on its first attempt."""
+    `HOLD` seconds on its first attempt; `retention` (seconds a completed record is kept, the
+    guard's default if None) is for tests of what happens once a record is gone."""
     ledger = Ledger(tmp / "ledger.sqlite3")
     store = f"sqlite:///{tmp / 'keys.sqlite3'}" if guarded else None
     process = ServerProcess(
-        lambda port: server_command("http", ledger, store, port=port, hold=HOLD)
+        lambda port: server_command(
+            "http", ledger, store, port=port, hold=HOLD, retention=retention
+        )
     )
     await anyio.to_thread.run_sync(process.start)
     try:
