@@ -55,9 +55,9 @@ import dataclasses
 import math
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from mcp import Client, MCPError
 from mcp.shared.dispatcher import ProgressFnT
@@ -203,12 +203,31 @@ def _from_code(error: MCPError, message: str) -> ApplicationError | None:
     )
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
+
+
 def application_error(error: BaseException) -> ApplicationError | None:
     """What Temporal should see for an mcp-once exception, or None to leave `error` as it is.
 
     See the module doc for the types. The message is mcp-once's (tool, key, reason; never
-    arguments or results).
+    arguments or results). An exception group (anyio task groups wrap what their body raised:
+    an error raised inside `async with mcp.Client(...)` leaves it as a group, which Temporal
+    would treat as a plain, retryable failure) gives its first leaf that is an
+    `ApplicationError` or maps to one.
     """
+    if isinstance(error, BaseExceptionGroup):
+        for leaf in _leaves(error):
+            if isinstance(leaf, ApplicationError):
+                return leaf
+            mapped = application_error(leaf)
+            if mapped is not None:
+                return mapped
+        return None
     if isinstance(error, ApplicationError):
         return None
     if isinstance(error, OutcomeUnknown | NotExecuted):
@@ -221,6 +240,16 @@ def application_error(error: BaseException) -> ApplicationError | None:
     if isinstance(error, MCPError):
         return _from_code(error, str(error))
     return None
+
+
+def _raise_for_temporal(error: Exception) -> NoReturn:
+    """Raise what `application_error` makes of `error` (or `error` itself)."""
+    mapped = application_error(error)
+    if mapped is None:
+        raise error
+    if mapped.__traceback__ is not None:  # raised already, inside a group: unwrapped
+        raise mapped
+    raise mapped from error
 
 
 class McpOnceInterceptor(Interceptor):
@@ -238,10 +267,7 @@ class _MapErrors(ActivityInboundInterceptor):
         try:
             return await super().execute_activity(input)
         except Exception as exc:
-            mapped = application_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
+            _raise_for_temporal(exc)
 
 
 # -- retention -------------------------------------------------------------------------------
@@ -405,7 +431,4 @@ class KeyedMCPClient(Client):
                 name, arguments, read_timeout, progress_callback, meta=meta
             )
         except Exception as exc:
-            mapped = application_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
+            _raise_for_temporal(exc)

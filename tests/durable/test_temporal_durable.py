@@ -22,7 +22,15 @@ from typing import Any
 
 import anyio
 import pytest
-from crash_kit import SOON, WINDOWS, CrashingWorker, DurableShop, Window, durable_shop
+from crash_kit import (
+    SOON,
+    WINDOWS,
+    CrashingWorker,
+    DurableShop,
+    Window,
+    durable_shop,
+    running_shop,
+)
 from temporal_dev import temporal_binary, temporal_dev_server
 
 temporalio = pytest.importorskip("temporalio", reason="the `temporal` dependency group")
@@ -60,6 +68,13 @@ def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield address
 
 
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DurableShop]:
+    """One guarded shop for the crash tests (each pays under call ids of its own)."""
+    with running_shop(tmp_path_factory.mktemp("shop")) as running:
+        yield running
+
+
 def _attempts(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -86,33 +101,34 @@ CASES = [(leg, window, "on") for leg in LEGS for window in WINDOWS] + [
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("leg", "window", "adapter"), CASES)
 async def test_a_worker_killed_in_a_window_costs_one_effect(
-    temporal: str, tmp_path: Path, leg: str, window: Window, adapter: str
+    temporal: str, shop: DurableShop, tmp_path: Path, leg: str, window: Window, adapter: str
 ) -> None:
     queue = f"q-{uuid.uuid4().hex}"
+    call_id = f"c-{uuid.uuid4().hex}"
     log = tmp_path / "attempts.jsonl"
-    async with durable_shop(tmp_path) as shop:
-        worker = CrashingWorker(
-            [sys.executable, str(HERE / "temporal_worker.py")],
-            window=window,
-            tmp=tmp_path,
-            env=_env(shop, temporal, queue, adapter, log),
+    worker = CrashingWorker(
+        [sys.executable, str(HERE / "temporal_worker.py")],
+        window=window,
+        tmp=tmp_path,
+        env=_env(shop, temporal, queue, adapter, log),
+    )
+    started = len(shop.ledger.events("started")) + 1  # the module's shop counts every test's
+    try:
+        worker.start()
+        client = await Client.connect(temporal)
+        handle = await client.start_workflow(
+            LEGS[leg].run,  # type: ignore[attr-defined]
+            Order([call_id]),
+            id=f"pay-{uuid.uuid4().hex}",
+            task_queue=queue,
         )
-        try:
-            worker.start()
-            client = await Client.connect(temporal)
-            handle = await client.start_workflow(
-                LEGS[leg].run,  # type: ignore[attr-defined]
-                Order(["c1"]),
-                id=f"pay-{uuid.uuid4().hex}",
-                task_queue=queue,
-            )
-            await worker.crashed(shop.ledger)
-            worker.start()
-            with anyio.fail_after(SOON):
-                result = await handle.result()
-        finally:
-            worker.stop()
-        effects = shop.effects("c1")
+        await worker.crashed(shop.ledger, started=started)
+        worker.start()
+        with anyio.fail_after(SOON):
+            result = await handle.result()
+    finally:
+        worker.stop()
+    effects = shop.effects(call_id)
     attempts = _attempts(log)
     assert [a["attempt"] for a in attempts] == [1, 2], worker.output()
     assert len({a["activity_id"] for a in attempts}) == 1  # same activity id on attempt 2
@@ -184,7 +200,7 @@ async def test_without_the_adapter_a_reused_key_loops(
         )
         with anyio.fail_after(SOON):
             # The log is written by the activity: a bounded poll is the only signal.
-            while len([a for a in _attempts(log) if a["activity_id"] != "1"]) < 3:
+            while len([a for a in _attempts(log) if a["activity_id"] != "1"]) < 3:  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         await handle.terminate("looping, as expected without the adapter")
 
