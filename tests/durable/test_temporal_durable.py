@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -50,9 +53,11 @@ from temporalio.client import Client, WorkflowFailureError  # noqa: E402
 from temporalio.exceptions import ActivityError, ApplicationError  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
+from mcp_once.scenarios._process import free_port  # noqa: E402
 from orchestrator.temporal import activity_key  # noqa: E402
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
 LEGS = {"plugin": PluginPay, "session": SessionPay}
 
 
@@ -73,6 +78,19 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DurableShop]:
     """One guarded shop for the crash tests (each pays under call ids of its own)."""
     with running_shop(tmp_path_factory.mktemp("shop")) as running:
         yield running
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    """Until a server process accepts connections on `port` (its only signal of being up)."""
+    deadline = time.monotonic() + SOON
+    while True:
+        assert process.poll() is None, f"the server exited {process.returncode}"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listening on {port}"
+            time.sleep(0.05)
 
 
 def _attempts(path: Path) -> list[dict[str, Any]]:
@@ -296,3 +314,30 @@ def test_activity_key_outside_an_activity_fails_loudly() -> None:
 
     with pytest.raises(RuntimeError, match="inside a Temporal activity"):
         activity_key(KeyRequest(tool="pay", arguments={}, ordinal=0))
+
+
+def test_the_example_runs_against_the_example_server(temporal: str, tmp_path: Path) -> None:
+    """examples/temporal_activity.py against examples/server.py: the activity's re-run gets
+    both charges back replayed (run here, beside the dev server this module already has)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "server.py"), "--port", str(port),
+         "--store", f"sqlite:///{tmp_path / 'keys.sqlite3'}"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for_port(port, server)
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "temporal_activity.py"),
+             f"http://127.0.0.1:{port}/mcp", temporal],
+            cwd=ROOT, capture_output=True, text=True, timeout=SOON,
+        )  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "plugin: executed set_shipping_address",
+        "attempt 2: replayed 1250",
+        "attempt 2: replayed 300",
+    ], run.stderr
