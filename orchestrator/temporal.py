@@ -81,6 +81,7 @@ from ._sessions import _SDK, SessionLike, ToolSession, tool_session
 
 __all__ = [
     "ERROR_TYPES",
+    "RETENTION_PASSED",
     "KeyedMCPClient",
     "McpOnceInterceptor",
     "activity_key",
