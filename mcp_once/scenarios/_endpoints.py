@@ -64,6 +64,7 @@ def server_command(
     lease: float = 30.0,
     wait: float = 10.0,
     hold: float = 0.0,
+    retention: float | None = None,
 ) -> list[str]:
     """The argv that runs the workload server in a process of its own."""
     argv = [
@@ -83,6 +84,8 @@ def server_command(
     ]
     if store_url is not None:
         argv += ["--store", store_url]
+    if retention is not None:
+        argv += ["--retention", repr(retention)]
     if transport == "http":
         argv += ["--port", str(port)]
     return argv

@@ -24,6 +24,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--wait", type=float, default=10.0)
     parser.add_argument("--hold", type=float, default=0.0)
+    parser.add_argument("--retention", type=float, default=None)
     return parser.parse_args(argv)
 
 
@@ -34,7 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ledger = Ledger(args.ledger)
     store = open_store(args.store) if args.store else None
     server = build_server(
-        store, ledger, name=args.name, lease=args.lease, wait=args.wait, hold=args.hold
+        store,
+        ledger,
+        name=args.name,
+        lease=args.lease,
+        wait=args.wait,
+        hold=args.hold,
+        retention=args.retention,
     )
     ledger.event("server_up")
     if args.transport == "stdio":

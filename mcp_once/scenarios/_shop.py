@@ -98,6 +98,7 @@ def build_server(
     wait: float = 10.0,
     hold: float = 0.0,
     hold_tools: frozenset[str] = frozenset({"pay", "set_value"}),
+    retention: float | None = None,
 ) -> MCPServer:
     """The workload server over `ledger`; guarded by `store`, or the unguarded baseline (None).
 
@@ -108,6 +109,8 @@ def build_server(
     server = MCPServer(name)
     effects = ShopEffects(ledger)
     options: dict[str, Any] = {"lease": lease, "wait": wait}
+    if retention is not None:  # seconds a completed record is kept (a short one, for tests)
+        options["retention"] = retention
 
     def guard(fn: Any) -> Any:
         return fn if store is None else idempotent(store, **options)(fn)

@@ -18,8 +18,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -55,20 +55,39 @@ class DurableShop:
         return self.ledger.by_call().get(call_id, [])
 
 
-@asynccontextmanager
-async def durable_shop(tmp: Path, *, guarded: bool = True) -> AsyncIterator[DurableShop]:
+@contextmanager
+def running_shop(
+    tmp: Path, *, guarded: bool = True, retention: float | None = None
+) -> Iterator[DurableShop]:
     """A shop server process, guarded by a SQLite key store (or not), that holds `pay` for
-    `HOLD` seconds on its first attempt."""
+    `HOLD` seconds on its first attempt; `retention` (seconds a completed record is kept, the
+    guard's default if None) is for tests of what happens once a record is gone. Synchronous,
+    for a module-scoped fixture (one shop for many tests, each with call ids of its own)."""
     ledger = Ledger(tmp / "ledger.sqlite3")
     store = f"sqlite:///{tmp / 'keys.sqlite3'}" if guarded else None
     process = ServerProcess(
-        lambda port: server_command("http", ledger, store, port=port, hold=HOLD)
+        lambda port: server_command(
+            "http", ledger, store, port=port, hold=HOLD, retention=retention
+        )
     )
-    await anyio.to_thread.run_sync(process.start)
+    process.start()
     try:
         yield DurableShop(process.url, ledger, guarded)
     finally:
-        await anyio.to_thread.run_sync(process.stop)
+        process.stop()
+
+
+@asynccontextmanager
+async def durable_shop(
+    tmp: Path, *, guarded: bool = True, retention: float | None = None
+) -> AsyncIterator[DurableShop]:
+    """`running_shop`, started and stopped off the event loop."""
+    shop = running_shop(tmp, guarded=guarded, retention=retention)
+    entered = await anyio.to_thread.run_sync(shop.__enter__)
+    try:
+        yield entered
+    finally:
+        await anyio.to_thread.run_sync(shop.__exit__, None, None, None)
 
 
 def worker_env(window: Window, tmp: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
