@@ -150,7 +150,9 @@ async def test_keyed_tool_calls_run_the_tool_once_across_a_worker_crash(
     assert run.output == effect.result
 
 
-@pytest.mark.parametrize("window", ["during", "after"])
+# "after" is the window the issue measured; "during" (marked slow: another ~10 s of CPU for two
+# worker imports) shows the mid-tool kill is a duplicate too without the adapter.
+@pytest.mark.parametrize("window", [pytest.param("during", marks=pytest.mark.slow), "after"])
 async def test_without_keyed_tool_calls_the_rerun_pays_twice(
     temporal: Client, temporal_address: str, tmp_path: Path, window: Window
 ) -> None:
