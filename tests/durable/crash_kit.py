@@ -31,7 +31,7 @@ from mcp_once.scenarios._endpoints import ServerProcess, server_command
 from mcp_once.scenarios._ledger import Effect, Ledger
 
 sys.path.insert(0, str(Path(__file__).parent))
-from crash_point import CRASHED, MARK, WINDOW
+from crash_point import CRASHED, MARK, STANDBY, WINDOW
 
 ROOT = Path(__file__).resolve().parents[2]
 Window = Literal["before", "during", "after"]
@@ -108,6 +108,10 @@ class CrashingWorker:
     """A worker process started with a crash window; `crashed()` waits until it died there.
 
     Its output goes to a log file in `tmp` (named by `name`), which failures print.
+
+    `standby()` starts the replacement early (held in `crash_point.standby()` until `start()`
+    releases it), for workers whose imports cost seconds: the restart then costs what the
+    engine's recovery costs, not an interpreter start.
     """
 
     def __init__(
@@ -124,15 +128,34 @@ class CrashingWorker:
         self.env = worker_env(window, tmp, env)
         self.log = tmp / f"{name}.log"
         self.processes: list[subprocess.Popen[bytes]] = []
+        self._standby: subprocess.Popen[bytes] | None = None
 
     def start(self) -> subprocess.Popen[bytes]:
-        """Start (or restart) the worker: same command, same environment."""
-        with self.log.open("ab") as out:
-            process = subprocess.Popen(
-                self.argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-            )
+        """Start (or restart) the worker: same command, same environment; or release the one
+        on standby."""
+        process = self._standby
+        if process is not None:
+            self._standby = None
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            process.stdin.close()
+        else:
+            process = self._spawn(self.env)
         self.processes.append(process)
         return process
+
+    def standby(self) -> None:
+        """Start the next worker now, held before it connects until `start()` releases it.
+
+        The worker must call `crash_point.standby()` where it may wait (after its imports)."""
+        assert self._standby is None, "a worker is already on standby"
+        self._standby = self._spawn({**self.env, STANDBY: "1"}, stdin=subprocess.PIPE)
+
+    def _spawn(self, env: Mapping[str, str], stdin: int | None = None) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                self.argv, env=env, cwd=ROOT, stdin=stdin, stdout=out, stderr=subprocess.STDOUT
+            )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -167,7 +190,8 @@ class CrashingWorker:
 
     def stop(self) -> None:
         """Kill whatever is still running (a test's cleanup)."""
-        for process in self.processes:
+        standby, self._standby = self._standby, None
+        for process in [*self.processes, *([standby] if standby is not None else [])]:
             if process.poll() is None:
                 process.kill()
                 process.wait()

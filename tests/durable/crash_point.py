@@ -12,9 +12,13 @@ worker code: the test SIGKILLs the worker when the server's ledger shows the too
 from __future__ import annotations
 
 import os
+import sys
 
 WINDOW = "MCP_ONCE_CRASH_WINDOW"
 MARK = "MCP_ONCE_CRASH_MARK"
+#: Set (to "1") in a worker started on standby (`CrashingWorker.standby`): it waits in
+#: `standby()` until the test releases it by writing a line to its stdin.
+STANDBY = "MCP_ONCE_CRASH_STANDBY"
 #: The exit status of a worker that died at its crash point (what SIGKILL's 128 + 9 would be).
 CRASHED = 137
 
@@ -32,6 +36,17 @@ def crash_point(window: str) -> None:
     os.fsync(fd)
     os.close(fd)
     os._exit(CRASHED)
+
+
+def standby() -> None:
+    """Wait here until released, if this worker was started on standby.
+
+    Call it after the worker's imports and before it connects to its engine: a replacement
+    worker started early pays its interpreter start while the first worker runs, and takes
+    work only once the test releases it (after the first one died). Returns at once otherwise.
+    """
+    if os.environ.get(STANDBY) == "1":
+        sys.stdin.readline()
 
 
 def crashed() -> bool:
