@@ -21,6 +21,7 @@ from mcp_once_langgraph import (
     KEY_META,
     CheckpointKeys,
     DurabilityError,
+    call_identity,
     checkpoint_key,
 )
 
@@ -138,6 +139,39 @@ async def test_resuming_the_thread_after_a_failed_tool_step_sends_the_same_key()
     assert len(session.keys) == 2 and session.keys[0] == session.keys[1]
     replies = [m.content for m in final["messages"] if isinstance(m, ToolMessage)]
     assert len(replies) == 1
+
+
+async def test_a_tool_node_in_a_subgraph_is_keyed_from_the_subgraph_s_checkpoint() -> None:
+    """Inside a subgraph the namespace has the parent's part (`agent|tools:<task>`) and the
+    checkpoint is the subgraph's own; a resume of the parent gives the same key."""
+    session = RecordingSession(lose_first_answer=True)
+    keys = CheckpointKeys(session=session)  # type: ignore[arg-type]
+    seen = []
+
+    async def spy(request: Any, handler: Any) -> Any:
+        seen.append(call_identity(request.runtime, request.name))
+        return await handler(request)
+
+    tool = convert_mcp_tool_to_langchain_tool(
+        session,  # type: ignore[arg-type]
+        PAY,
+        tool_interceptors=[spy, keys],
+    )
+    inner = _single_tool_graph(tool).compile(checkpointer=True)
+    outer = StateGraph(MessagesState)
+    outer.add_node("agent", inner)
+    outer.add_edge(START, "agent")
+    outer.add_edge("agent", END)
+    app = outer.compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t-sub"}}
+    with pytest.raises(ConnectionError):
+        await app.ainvoke(INPUT, config, durability="sync")
+    await app.ainvoke(None, config, durability="sync")
+    assert len(session.keys) == 2 and session.keys[0] == session.keys[1]
+    identity = seen[0]
+    assert identity is not None and identity.checkpoint_ns.startswith("agent|tools:")
+    assert identity.checkpoint_id and identity.durability == "sync"
+    assert session.keys[0] == identity.key
 
 
 async def test_a_fork_from_an_earlier_checkpoint_is_a_new_call() -> None:
