@@ -45,6 +45,8 @@ def _synced() -> Path | str:
         )
     except subprocess.TimeoutExpired:
         return f"`uv sync --project {PROJECT}` took over {SYNC_TIMEOUT:.0f}s"
+    except OSError as exc:
+        return f"cannot run {uv}: {exc}"
     if done.returncode != 0:
         return f"`uv sync --frozen --project {PROJECT}` failed:\n{done.stderr[-2000:]}"
     python = PROJECT / ".venv" / "bin" / "python"

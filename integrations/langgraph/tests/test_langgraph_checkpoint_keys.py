@@ -1,7 +1,7 @@
 """Unit tests of `mcp_once_langgraph`, in the LangGraph environment: real graphs, real `ToolNode`s,
 real checkpointers (in memory), the adapters' real tools; the MCP session is a recorder (the crash
-tests in mcp-once's suite use the real server). Run: `uv run --project integrations/langgraph
-pytest integrations/langgraph/tests` (mcp-once's suite runs it too).
+tests in mcp-once's suite use the real server). Run: `uv run --directory integrations/langgraph
+pytest` (mcp-once's suite runs it too).
 """
 
 from __future__ import annotations
