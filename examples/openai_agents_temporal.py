@@ -27,19 +27,17 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+# The plugin lets `agents` through the workflow sandbox. Pass mcp-once through as well: its
+# package imports anyio, which the sandbox cannot import afresh. (The resolver itself is safe in
+# workflow code: no I/O, clock or randomness.)
+from agents import Agent, Runner
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.contrib.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
 from temporalio.contrib.openai_agents.workflow import temporal_mcp_server
 from temporalio.worker import Worker
 
-# The plugin lets `agents` through the workflow sandbox. Pass mcp-once through as well: its
-# package imports anyio, which the sandbox cannot import afresh. (The resolver itself is safe in
-# workflow code: no I/O, clock or randomness.)
-from agents import Agent, Runner
-
 with workflow.unsafe.imports_passed_through():
-    from orchestrator.openai_agents import RetryingMCPServerStdio, temporal_tool_meta
     from agents import ModelProvider
     from agents.items import ModelResponse, TResponseStreamEvent
     from agents.models.interface import Model
@@ -49,6 +47,8 @@ with workflow.unsafe.imports_passed_through():
         ResponseOutputMessage,
         ResponseOutputText,
     )
+
+    from orchestrator.openai_agents import RetryingMCPServerStdio, temporal_tool_meta
 
 SERVER = Path(__file__).with_name("server.py")
 

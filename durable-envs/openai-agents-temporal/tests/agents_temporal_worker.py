@@ -21,11 +21,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+# The plugin passes `agents`, `openai`, `mcp` and `mcp_types` through the workflow sandbox;
+# mcp-once must be passed through too (its package imports anyio, which the sandbox cannot
+# re-import), as the example and the module doc say.
+from agents import Agent, Runner
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
@@ -34,18 +39,13 @@ from temporalio.contrib.openai_agents.workflow import temporal_mcp_server
 from temporalio.worker import Worker
 from temporalio.workflow import ActivityConfig
 
-# The plugin passes `agents`, `openai`, `mcp` and `mcp_types` through the workflow sandbox;
-# mcp-once must be passed through too (its package imports anyio, which the sandbox cannot
-# re-import), as the example and the module doc say.
-from agents import Agent, Runner
-
 with workflow.unsafe.imports_passed_through():
     from crash_point import crash_point
-    from orchestrator.openai_agents import RetryingMCPServerStreamableHttp, temporal_tool_meta
     from mcp_types import CallToolResult
     from openai_agents_temporal import ScriptedModel
 
     from idempotency import wire
+    from orchestrator.openai_agents import RetryingMCPServerStreamableHttp, temporal_tool_meta
 
 #: One MCP activity attempt: longer than the shop's hold (1.5 s), short enough that a crashed
 #: attempt's re-run starts soon (Temporal learns of the crash by this timeout only).
@@ -101,6 +101,16 @@ class CrashingShop(RetryingMCPServerStreamableHttp):
         return result
 
 
+def standby(go: Path) -> None:
+    """Wait, imports done, until the test says the crashed worker is dead (it writes `go`)."""
+    deadline = time.monotonic() + 60
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"never told to take over ({go})")
+        # Another process writes the file: a bounded poll is the only signal.
+        time.sleep(0.02)
+
+
 async def main(address: str, task_queue: str, shop_url: str, calls: Path) -> None:
     def shop() -> CrashingShop:
         server = CrashingShop({"url": shop_url}, name="shop", client_session_timeout_seconds=5)
@@ -126,5 +136,10 @@ if __name__ == "__main__":
     parser.add_argument("--task-queue", required=True)
     parser.add_argument("--shop", required=True)
     parser.add_argument("--calls", type=Path, required=True)
+    # The restarted worker, started (and importing the SDKs, seconds on a small machine) while
+    # the first one runs: it polls Temporal only once the first one is dead.
+    parser.add_argument("--standby", type=Path, help="poll no task before this file exists")
     args = parser.parse_args()
+    if args.standby is not None:
+        standby(args.standby)
     asyncio.run(main(args.address, args.task_queue, args.shop, args.calls))

