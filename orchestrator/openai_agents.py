@@ -21,8 +21,19 @@ lost runs twice. Here:
 - a call that may have run but cannot be retried reaches the model as an `isError` tool result
   that says so ("may have run; do not repeat"), not as the SDK's default "Please try again".
 
+A tool listing's `_meta` never carries a request key out of these classes (`list_tools` drops
+`KEY_META` and `ATTEMPT_META` from each tool's `_meta`): the SDK copies a listed tool's `_meta`
+into every call to it and merges it *after* a resolver's, so a key in a listing would overwrite
+every call's key with one shared key, and a guarded server would replay one call's result to all.
+
+On Temporal (`temporalio.contrib.openai_agents`), the tool-call id exists only in workflow code:
+`temporal_tool_meta` is the workflow-side `tool_meta_resolver` that keys each call from the
+workflow run and the tool-call id (`temporal_mcp_server("shop", tool_meta_resolver=
+temporal_tool_meta)`); the worker-side server (one of these classes, or the SDK's) sends it.
+
 A dead connection is not replaced: the SDK owns it (`connect()` again). Needs the `openai-agents`
-extra (`pip install "mcp-once[openai-agents]"`).
+extra (`pip install "mcp-once[openai-agents]"`); works with openai-agents 0.22 to 0.24, so it
+installs beside `temporalio[openai-agents]` (whose plugin pins 0.22).
 """
 
 from __future__ import annotations
@@ -30,11 +41,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from agents import AgentBase, RunContextWrapper
 from agents.mcp import MCPServerSse, MCPServerStdio, MCPServerStreamableHttp
 from agents.mcp.server import _MCPServerWithClientSession
 from agents.mcp.util import MCPToolMetaContext, MCPToolMetaResolver
 from agents.tool_context import ToolContext
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, TextContent, Tool
 
 from idempotency import wire
 
@@ -48,6 +60,8 @@ __all__ = [
     "RetryingMCPServerSse",
     "RetryingMCPServerStdio",
     "RetryingMCPServerStreamableHttp",
+    "temporal_tool_call_key",
+    "temporal_tool_meta",
     "tool_call_key",
 ]
 
@@ -70,6 +84,83 @@ def tool_call_key(server_name: str, tool_name: str, tool_call_id: str) -> str:
     identity.
     """
     return derive_key(KEY_SOURCE, server_name, tool_name, tool_call_id)
+
+
+def temporal_tool_call_key(
+    namespace: str,
+    workflow_id: str,
+    run_id: str,
+    server_name: str,
+    tool_name: str,
+    tool_call_id: str,
+) -> str:
+    """The key of one tool call of an agent run inside a Temporal workflow: hashed from the
+    workflow run (namespace, workflow id, run id), the server and tool names and the model's
+    tool-call id.
+
+    Why the run and not only the tool-call id: a scripted or gateway model may repeat ids across
+    runs, and a new run (a reset, Continue-As-New, the same workflow id started again) is meant
+    to execute again, by Temporal's design. The tool-call id comes from the model's answer,
+    which Temporal records (the model runs as an activity), so a replay sees the same id.
+    """
+    return derive_key(
+        KEY_SOURCE, "temporal", namespace, workflow_id, run_id, server_name, tool_name, tool_call_id
+    )
+
+
+def temporal_tool_meta(context: MCPToolMetaContext) -> dict[str, Any]:
+    """A `tool_meta_resolver` for workflow code (`temporalio.contrib.openai_agents`): `_meta`
+    holding the call's idempotency key, `temporal_tool_call_key` of this workflow run.
+
+    Pass it to `temporal_mcp_server(name, tool_meta_resolver=temporal_tool_meta)`. Why here: the
+    workflow is the only place that knows the tool-call id (the activity that calls the server
+    gets the tool name, arguments and `_meta` only), and the only identity that survives a
+    worker crash; a worker-side key would be new on every activity attempt. Deterministic and
+    sandbox-safe: `workflow.info()` and a SHA-256, no I/O, clock or randomness, so a replay
+    gives the same `_meta` (and the same history). A tool-call id repeated within one run (a
+    model that reuses ids) gives one key: the second call replays the first call's result.
+    To compose with a resolver of your own, call this one and merge its answer last.
+    """
+    # Lazily: only workflow code on Temporal calls this. (The ignore is for environments without
+    # temporalio, where mypy cannot see it; `unused-ignore` keeps it quiet where it can.)
+    from temporalio import workflow  # type: ignore[import-not-found,unused-ignore]
+
+    if not workflow.in_workflow():
+        raise RuntimeError(
+            "temporal_tool_meta is a workflow-side resolver: call it in workflow code"
+        )
+    run = context.run_context
+    if not isinstance(run, ToolContext):
+        raise TypeError(
+            "temporal_tool_meta needs the tool call's context (a ToolContext with tool_call_id), "
+            f"got {type(run).__name__}"
+        )
+    info = workflow.info()
+    key = temporal_tool_call_key(
+        info.namespace,
+        info.workflow_id,
+        info.run_id,
+        context.server_name,
+        context.tool_name,
+        run.tool_call_id,
+    )
+    return {wire.KEY_META: key}
+
+
+#: Request `_meta` names that must never come from a tool listing (see the module doc).
+_PER_CALL_META = frozenset({wire.KEY_META, wire.ATTEMPT_META})
+
+
+def _without_per_call_meta(tools: list[Tool]) -> list[Tool]:
+    """The listing with request-only names dropped from each tool's `_meta` (others kept)."""
+    cleaned: list[Tool] = []
+    for tool in tools:
+        meta = tool.meta
+        if meta is not None and not _PER_CALL_META.isdisjoint(meta):
+            kept = {name: value for name, value in meta.items() if name not in _PER_CALL_META}
+            tool = tool.model_copy(update={"meta": kept or None})
+        cleaned.append(tool)
+    return cleaned
 
 
 class _RetryingServer(_MCPServerWithClientSession):
@@ -127,6 +218,15 @@ class _RetryingServer(_MCPServerWithClientSession):
         if key is not None:
             meta[wire.KEY_META] = key
         return meta or None
+
+    async def list_tools(
+        self,
+        run_context: RunContextWrapper[Any] | None = None,
+        agent: AgentBase | None = None,
+    ) -> list[Tool]:
+        """The SDK's listing, with no per-call `_meta` name in any tool's `_meta`: the SDK would
+        merge it into every call after the resolver's key (see the module doc)."""
+        return _without_per_call_meta(await super().list_tools(run_context, agent))
 
     async def call_tool(
         self,

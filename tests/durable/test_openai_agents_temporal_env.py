@@ -1,0 +1,50 @@
+"""The "OpenAI Agents x Temporal" leg (#22), run in its own uv environment from this suite.
+
+Why a separate environment: `temporalio-openai-agents` 1.1.0 (`temporalio[openai-agents]`, the
+newest on the index) pins `openai-agents>=0.22,<0.23`, and this environment tests mcp-once against
+openai-agents 0.24.0. `durable-envs/openai-agents-temporal` installs mcp-once from this checkout
+with its `openai-agents` extra (>=0.22,<0.25) beside the plugin, from its own lock file, and runs:
+its crash test (a Temporal dev server, a worker process killed before / during / after the MCP
+call, the shop's ledger) and this suite's OpenAI Agents tests over HTTP, on openai-agents 0.22.
+Started from here rather than from `.ci/run`, so that a plain `uv run pytest` runs the leg too.
+Under CI a missing `uv` fails; elsewhere it skips, loudly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ROOT / "durable-envs" / "openai-agents-temporal"
+UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+#: The leg's own bound: its env's first sync, a dev server and ten worker processes.
+TIMEOUT = 600
+
+
+def test_openai_agents_on_temporal_in_its_own_environment() -> None:
+    uv = shutil.which("uv")
+    if uv is None:
+        reason = "UV NOT AVAILABLE: the OpenAI Agents x Temporal leg needs `uv` to build its env"
+        if UNDER_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    argv = [
+        uv, "run", "--project", str(PROJECT), "--frozen", "pytest", "-p", "no:cacheprovider",
+        "-q", "-rs", str(PROJECT / "tests"), "tests/frameworks/test_openai_agents.py",
+        "-k", "not stdio",
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    if " skipped" in output.splitlines()[-1]:
+        if UNDER_CI:
+            pytest.fail(f"the leg skipped tests under CI:\n{output}")
+        pytest.skip(f"the leg skipped tests:\n{output}")
