@@ -121,9 +121,9 @@ def temporal_tool_meta(context: MCPToolMetaContext) -> dict[str, Any]:
     model that reuses ids) gives one key: the second call replays the first call's result.
     To compose with a resolver of your own, call this one and merge its answer last.
     """
-    # Lazily: only workflow code on Temporal calls this. (The ignore is for environments without
-    # temporalio, where mypy cannot see it; `unused-ignore` keeps it quiet where it can.)
-    from temporalio import workflow  # type: ignore[import-not-found,unused-ignore]
+    # Lazily: only workflow code on Temporal calls this, and the Agents SDK extra does not
+    # bring temporalio.
+    from temporalio import workflow
 
     if not workflow.in_workflow():
         raise RuntimeError(
