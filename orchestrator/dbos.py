@@ -54,19 +54,14 @@ Needs the `dbos` extra (`pip install "mcp-once[dbos]"`).
 
 from __future__ import annotations
 
-import itertools
-import threading
-import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-
 from dbos import DBOS
 
-from ._key import KeyRequest, step_key_from
+from ._key import KeyRequest, Ordinals, step_key_from
 
 __all__ = ["KEY_SOURCE", "NotInStep", "step_key"]
 
-#: The prefix of keys derived from a DBOS step (the first part of the hashed identity).
+#: The first part of the step identity `step_key` hashes (the engine's name: keys of DBOS steps
+#: and of other engines' steps never collide). Keys are `step_key_from`'s, prefixed `step-`.
 KEY_SOURCE = "dbos"
 
 
@@ -75,35 +70,16 @@ class NotInStep(RuntimeError):
     after a crash. Raised before anything is sent."""
 
 
-@dataclass
-class _Count:
-    """The ordinals handed out in one execution (one attempt) of one step."""
-
-    attempt: int | None
-    counter: Iterator[int] = field(default_factory=itertools.count)
-
-
-#: Per step execution: DBOS makes a fresh `StepStatus` object for each execution of a step (in
-#: the step's own context), and sets its `current_attempt` on each retry. Keyed by the object's
-#: id, each entry dropped when the object is collected (`StepStatus` is an unhashable dataclass,
-#: so it cannot be a weak key itself).
-_counts: dict[int, _Count] = {}
-_lock = threading.Lock()
+#: Per execution of a step: DBOS makes a fresh `StepStatus` for each execution (in the step's own
+#: context) and, on a retry (`retries_allowed`), sets its `current_attempt` on the same object.
+_ordinals = Ordinals()
 
 
 def _next_ordinal() -> int:
     status = DBOS.step_status
     if status is None:  # pragma: no cover - step_key checked step_id first
         raise NotInStep("no DBOS step status")
-    with _lock:
-        count = _counts.get(id(status))
-        if count is None:
-            count = _counts[id(status)] = _Count(status.current_attempt)
-            weakref.finalize(status, _counts.pop, id(status), None)
-        elif count.attempt != status.current_attempt:  # a retry runs the step from its top
-            count.attempt = status.current_attempt
-            count.counter = itertools.count()
-        return next(count.counter)
+    return _ordinals.take(status, status.current_attempt)
 
 
 def step_key(request: KeyRequest) -> str:

@@ -118,13 +118,19 @@ class CrashingWorker:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
-    async def crashed(self, ledger: Ledger, *, started: int = 1) -> None:
+    async def crashed(
+        self, ledger: Ledger, *, started: int = 1, call_id: str | None = None
+    ) -> None:
         """Return once the newest worker died in its window: for `during`, SIGKILL it as soon as
-        the ledger shows `started` tool runs (the window is the server's, not the worker's)."""
+        the ledger shows `started` tool runs (the window is the server's, not the worker's), of
+        `call_id` only when given (workers of concurrent tests share one shop's ledger)."""
         process = self.processes[-1]
         if self.window == "during":
             with anyio.fail_after(SOON):
-                while len(ledger.events("started")) < started:
+                while (
+                    sum(1 for _, call, _ in ledger.events("started") if call_id in (None, call))
+                    < started
+                ):
                     if process.poll() is not None:
                         raise AssertionError(
                             f"worker exited {process.returncode} before the tool started:\n"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import anyio.from_thread
 import pytest
 from crash_kit import CrashingWorker, DurableShop, Window, durable_shop
@@ -41,8 +42,6 @@ except ImportError as missing:  # pragma: no cover - the `dbos` group is a defau
         pytest.fail(message + " (under CI a missing engine is a failure)", pytrace=False)
     warnings.warn(message, stacklevel=1)
     pytest.skip(message, allow_module_level=True)
-
-pytestmark = pytest.mark.anyio
 
 WORKER = Path(__file__).with_name("dbos_worker.py")
 
@@ -108,10 +107,9 @@ def start_run(shop: DurableShop, tmp: Path, leg: str, window: Window, adapter: b
 
 async def crash_and_recover(run: Run, shop: DurableShop) -> None:
     """The worker dies in its window; the restarted one lets `DBOS.launch()` recover."""
-    started = len(shop.ledger.events("started"))
     try:
         run.worker.start()
-        await run.worker.crashed(shop.ledger, started=started + 1)
+        await run.worker.crashed(shop.ledger, call_id=run.call_id)
         run.worker.start()
         code = await run.worker.wait()
         assert code == 0, f"the recovering worker exited {code}:\n{run.worker.output()}"
@@ -119,12 +117,52 @@ async def crash_and_recover(run: Run, shop: DurableShop) -> None:
         run.worker.stop()
 
 
+#: Cases run at once: most of a case is worker start-up (imports) and waiting on the other
+#: processes, so a few side by side cut the module's wall time on two cores.
+AT_ONCE = 4
+
+
+@pytest.fixture(scope="module")
+def recovered(
+    shop: DurableShop, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Run, Exception | None]]:
+    """Every case, crashed and recovered, side by side: each test then checks its own."""
+    runs = {
+        str(case.id): start_run(shop, tmp_path_factory.mktemp(str(case.id)), *case.values)
+        for case in CASES
+    }
+    errors: dict[str, Exception] = {}
+
+    async def one(case_id: str, limiter: anyio.CapacityLimiter) -> None:
+        async with limiter:
+            try:
+                await crash_and_recover(runs[case_id], shop)
+            except Exception as error:  # reported by the case's own test
+                errors[case_id] = error
+
+    async def every() -> None:
+        limiter = anyio.CapacityLimiter(AT_ONCE)
+        async with anyio.create_task_group() as group:
+            for case_id in runs:
+                group.start_soon(one, case_id, limiter)
+
+    with anyio.from_thread.start_blocking_portal() as portal:
+        portal.call(every)
+    return {case_id: (run, errors.get(case_id)) for case_id, run in runs.items()}
+
+
 @pytest.mark.parametrize(("leg", "window", "adapter"), CASES)
-async def test_a_recovered_step_pays_once_with_the_adapter_and_twice_without(
-    shop: DurableShop, tmp_path: Path, leg: str, window: Window, adapter: bool
+def test_a_recovered_step_pays_once_with_the_adapter_and_twice_without(
+    recovered: dict[str, tuple[Run, Exception | None]],
+    shop: DurableShop,
+    request: pytest.FixtureRequest,
+    leg: str,
+    window: Window,
+    adapter: bool,
 ) -> None:
-    run = start_run(shop, tmp_path, leg, window, adapter)
-    await crash_and_recover(run, shop)
+    run, error = recovered[request.node.callspec.id]
+    if error is not None:
+        raise error
     effects = shop.effects(run.call_id)
     starts, ends = run.lines("start"), run.lines("end")
     # Recovery by DBOS.launch(): the crashed execution and the recovered one, in two processes,
