@@ -14,13 +14,13 @@ the re-run has too: the workflow id (`DBOS.workflow_id`) and the step's position
 (`DBOS.step_id`), so the server recognises the re-run's call and replays the stored result.
 
 How DBOS numbers steps (dbos 3.x): `step_id` is the workflow's operation counter (`function_id`)
-at the step's start: every step, child workflow, `DBOS.sleep`, `send`/`recv`, event and stream
-operation of the workflow function takes the next integer, in call order. Recovery runs the
-workflow function again from the top; each operation takes the same number again (DBOS checks the
-recorded name against it), recorded steps return their recorded output without running, and the
-first unrecorded step runs again, under the *same* `step_id`. Retries of a step
+at the step's start. The workflow's durable operations (steps, child workflows, `DBOS.sleep`,
+messages, events, ...) each take the next integer, in call order. Recovery runs the workflow
+function again from the top; each operation takes the same number again (DBOS checks the
+recorded step name against it), recorded steps return their recorded output without running,
+and the first unrecorded step runs again, under the *same* `step_id`. Retries of a step
 (`retries_allowed=True`) run under its one `step_id` too. So (workflow id, step id) names one
-step on every run of it, and only of it.
+step on every run of it, and only that step.
 
 Several MCP calls in one step get distinct keys by their order in the step: the N-th call of a
 step execution gets ordinal N (`step_key_from("dbos", workflow_id, str(step_id), ordinal=N)`,
@@ -37,15 +37,19 @@ the source: `lambda request: step_key(request) if DBOS.step_id is not None else 
 
 What re-executes by DBOS's design (new keys, so the server runs the tool again): a new workflow
 id, and `DBOS.fork_workflow` (a new workflow id; the steps it copies are not re-run, the ones after
-the fork point are). Starting a *finished* workflow id again (`SetWorkflowID`) runs nothing: DBOS
-returns the recorded result. A re-run later than the server's key retention executes again.
+the fork point are). `DBOS.resume_workflow` keeps the id, so its re-run steps replay. Starting a
+*finished* workflow id again (`SetWorkflowID`) runs nothing: DBOS returns the recorded result. A
+re-run later than the server's key retention executes again. Workflow ids are the namespace:
+two applications (two system databases) that choose the same ids (`order-42`) and call one
+server would send each other's keys; DBOS's generated ids are UUIDs.
 
 Pin `application_version`. `DBOS.launch()` recovers only the pending workflows of its own
-`executor_id` (`"local"` unless `DBOS__VMID` or the config sets one) and `application_version`.
-Unset, the version is a hash of the workflow functions' source (and the DBOS version): deploying a
-code fix changes it, and the workflows that crashed under the old code are never recovered by the
-new process (they stay `PENDING`, their keys unused). Set it in the config, and change it only
-when a workflow's step sequence changes incompatibly:
+`executor_id` (`"local"` unless `DBOS__VMID` or the config sets one; under DBOS Conductor,
+Conductor reassigns them) and its own `application_version`. Unset, the version is a hash of the
+workflow functions' source (and of the DBOS version): deploying a code fix changes it, and the
+workflows that crashed under the old code are not recovered by the new process (they stay
+`PENDING`, the tool call unfinished). Set it in the config, and change it only when a workflow's
+step sequence changes incompatibly:
 
     DBOS(config={"name": "shop", "system_database_url": db_url, "application_version": "1"})
 
