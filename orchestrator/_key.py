@@ -17,8 +17,10 @@ import contextvars
 import hashlib
 import itertools
 import json
+import threading
 import types
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +96,59 @@ def key_step(*identity: str) -> Iterator[None]:
         yield
     finally:
         _step.reset(token)
+
+
+@dataclass
+class _Owned:
+    ref: weakref.ref[Any]
+    epoch: object
+    next: int = 0
+
+
+class Ordinals:
+    """Ordinals 0, 1, 2, ... per live object that stands for one execution of a step, for a key
+    source that cannot open a `key_step` around the step's body (it is only called from inside).
+
+    An engine that makes a fresh object per execution of a step (a per-attempt info or status
+    object) gives the count its lifetime: `take(owner)` hands out the next ordinal of `owner`'s
+    execution, and a new execution starts at 0 again. Where the engine reuses the object across
+    retries, pass what tells them apart as `epoch` (an attempt number): a changed epoch restarts
+    the count. Owners are held by identity and weakly (they need be neither hashable nor kept
+    alive), each entry dropped when its owner is collected. Thread-safe: sync steps run in
+    threads, and a collection may drop an entry in the middle of a `take`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._owned: dict[int, _Owned] = {}
+
+    def take(self, owner: object, epoch: object = None) -> int:
+        """The next ordinal of `owner`'s execution (0 for its first call, or after a new epoch)."""
+        ident = id(owner)
+        with self._lock:
+            owned = self._owned.get(ident)
+            if owned is None or owned.ref() is not owner:
+                owned = _Owned(weakref.ref(owner, self._dropper(ident)), epoch)
+                self._owned[ident] = owned
+            elif owned.epoch != epoch:
+                owned.epoch, owned.next = epoch, 0
+            ordinal = owned.next
+            owned.next += 1
+            return ordinal
+
+    def __len__(self) -> int:
+        """Owners currently counted (for tests: entries go with their owners)."""
+        with self._lock:
+            return len(self._owned)
+
+    def _dropper(self, ident: int) -> Callable[[weakref.ref[Any]], None]:
+        def drop(ref: weakref.ref[Any]) -> None:
+            with self._lock:
+                owned = self._owned.get(ident)
+                if owned is not None and owned.ref is ref:
+                    del self._owned[ident]
+
+        return drop
 
 
 def step_key_from(*identity: str, ordinal: int) -> str:

@@ -23,6 +23,15 @@ tool-call-id key is the fallback when it answers None. (`RetryingClient(key_sour
 does not do it under `keyed_tool_calls`: the hook puts its key in the call's `meta`, and a key
 already in `meta` takes precedence over the client's source.)
 
+Under DBOS (`DBOSDurability`, `pydantic-ai-slim[dbos]`) the same `keyed_tool_calls` is the
+recipe, nothing more: each MCP call runs in a DBOS step of its own, and when `DBOS.launch()`
+recovers a workflow whose worker died in that step, the step runs again with the same key. Both
+parts of the key survive the crash: the default `run_id` is `<workflow id>:<step position>`
+(replay-stable, not random), and the `tool_call_id` comes from the model response DBOS recorded
+(the model is not asked again). Shown by `tests/durable/test_dbos_crash.py` (the `agent` leg)
+and `examples/pydantic_ai_dbos.py`. Pass no per-process `run_id=` of your own to `agent.run`:
+it would change the key on recovery.
+
 Needs the `pydantic-ai` extra (`pip install "mcp-once[pydantic-ai]"`).
 """
 

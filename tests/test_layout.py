@@ -169,7 +169,7 @@ def test_relative_imports_are_resolved(tmp_path: Path) -> None:
 # -- tree.
 
 #: Third-party frameworks that only an integration module may import (each an optional extra).
-FRAMEWORKS = ("fastmcp", "pydantic_ai", "agents")
+FRAMEWORKS = ("fastmcp", "pydantic_ai", "agents", "dbos")
 
 
 def modules_of(root: Path) -> dict[str, Path]:
@@ -318,9 +318,12 @@ def test_the_new_rules_read_the_real_packages() -> None:
     """Not vacuous: the integrations are found, and the graph has the arrows it should."""
     modules = modules_of(ROOT)
     integrations = integrations_of(modules, ROOT)
-    assert {"orchestrator.fastmcp", "orchestrator.pydantic_ai", "idempotency.fastmcp"} <= (
-        integrations
-    )
+    assert {
+        "orchestrator.fastmcp",
+        "orchestrator.pydantic_ai",
+        "orchestrator.dbos",
+        "idempotency.fastmcp",
+    } <= integrations
     assert not any(name.split(".")[0] == "mcp_once" for name in integrations)
     mcp_once_imports = {
         imp.target for path in (ROOT / "mcp_once").rglob("*.py") for imp in imports_in(ROOT, path)
