@@ -53,8 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
-import weakref
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NoReturn
@@ -74,7 +72,7 @@ from idempotency import wire
 
 from ._catalog import list_all_tools
 from ._integration import PerConnection, attempt_timeout
-from ._key import KeyRequest, step_key_from
+from ._key import KeyRequest, Ordinals, step_key_from
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
 from ._sessions import _SDK, SessionLike, ToolSession, tool_session
@@ -120,38 +118,12 @@ def _identity(info: activity.Info) -> tuple[str, ...]:
     return ("temporal-activity", info.namespace, info.activity_id, info.activity_run_id or "")
 
 
-class _Attempts:
-    """One counter per running activity attempt, keyed by the attempt's `activity.Info` (the SDK
-    hands every task of one attempt the same object, and a new one to the next attempt), dropped
-    when the attempt's info is. Why not `key_step`: a step must be entered around the activity
-    body, which a key source cannot do, and a counter set in a task's context would not be seen
-    by its sibling tasks."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()  # sync activities run in threads; GC may drop mid-take
-        self._next: dict[int, int] = {}
-        self._refs: dict[int, weakref.ref[activity.Info]] = {}
-
-    def take(self, info: activity.Info) -> int:
-        ident = id(info)
-        with self._lock:
-            if ident not in self._refs:
-                self._refs[ident] = weakref.ref(info, self._dropper(ident))
-                self._next[ident] = 0
-            ordinal = self._next[ident]
-            self._next[ident] = ordinal + 1
-            return ordinal
-
-    def _dropper(self, ident: int) -> Callable[[weakref.ref[activity.Info]], None]:
-        def drop(_: weakref.ref[activity.Info]) -> None:
-            with self._lock:
-                self._refs.pop(ident, None)
-                self._next.pop(ident, None)
-
-        return drop
-
-
-_attempts = _Attempts()
+#: One count per running activity attempt, keyed by the attempt's `activity.Info`: the SDK hands
+#: every task of one attempt the same object and a new one to the next attempt, so ordinals
+#: restart with each attempt and are shared by its sub-tasks. Why not `key_step`: a step must be
+#: entered around the activity body, which a key source cannot do, and a counter set in a task's
+#: context would not be seen by its sibling tasks.
+_attempts = Ordinals()
 
 
 def _current_info(what: str) -> activity.Info:
