@@ -150,3 +150,13 @@ async def test_bytes_per_entry(redis_url: str, prefix: str, calls: int) -> None:
     per_entry = entries / calls
     print(f"\nRedis journal: {per_entry:.1f} bytes per entry over {calls} entries; head {head}")
     assert per_entry <= 300
+
+
+async def test_the_journal_works_through_sentinel(
+    redis_sentinel_url: str, prefix: str, opened: Opened
+) -> None:
+    journal = opened(redis_sentinel_url, prefix=prefix)
+    fence = await journal.acquire("run-1", "a", 10.0)
+    await journal.record_intent("run-1", fence, entry(0))
+    await journal.mark_done("run-1", fence, 0)
+    assert [(e.position, e.state) for e in await journal.entries("run-1")] == [(0, "done")]
