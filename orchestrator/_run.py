@@ -434,8 +434,9 @@ class Run:
 
         A new position: the intent is recorded (durably, shielded from cancellation) and the
         claim returned. A recorded one: `RunDiverged` if it is another call; `OutcomeUnknown`
-        (reason "journal") if the tool's gate is closed, since it may have run and a second run
-        could duplicate it; `RunExpired` if older than the server's advertised retention; else
+        if the tool's gate is closed (reason "resumed_intent" when its answer never came back,
+        "resumed_done" when it did: either way it may have run, results are not journalled, and
+        a second run could duplicate it); `RunExpired` if older than the server's advertised retention; else
         the recorded key. `lookup` (an async callable returning the tool's listing) is only
         awaited for a recorded position.
         """
@@ -470,7 +471,11 @@ class Run:
         )
         if not decision.open:
             raise OutcomeUnknown(
-                tool=tool, key=entry.key, attempts=0, last_error=None, reason="journal"
+                tool=tool,
+                key=entry.key,
+                attempts=0,
+                last_error=None,
+                reason="resumed_done" if entry.state == "done" else "resumed_intent",
             )
         retention = advertised_retention(listing)
         age = self._clock() - entry.at
