@@ -278,7 +278,9 @@ class Run:
             if self._renewal is not None:
                 self._renewal.cancel()
             if self._group is not None:
-                await self._group.__aexit__(exc_type, exc, tb)
+                # Not the body's exception: the group only holds the renewal (which raises
+                # nothing), and handing it the exception would wrap it in an ExceptionGroup.
+                await self._group.__aexit__(None, None, None)
         finally:
             journal, fence = self._journal, self._fence
             with anyio.CancelScope(shield=True):
@@ -436,9 +438,9 @@ class Run:
         claim returned. A recorded one: `RunDiverged` if it is another call; `OutcomeUnknown`
         if the tool's gate is closed (reason "resumed_intent" when its answer never came back,
         "resumed_done" when it did: either way it may have run, results are not journalled, and
-        a second run could duplicate it); `RunExpired` if older than the server's advertised retention; else
-        the recorded key. `lookup` (an async callable returning the tool's listing) is only
-        awaited for a recorded position.
+        a second run could duplicate it); `RunExpired` if older than the server's advertised
+        retention; else the recorded key. `lookup` (an async callable returning the tool's
+        listing) is only awaited for a recorded position.
         """
         fingerprint = fingerprint_arguments(arguments)
         key = run_key(self.run_id, position)

@@ -14,6 +14,7 @@ engine re-run the step. The count that matters is the ledger's: rows the tool bo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 
 from mcp_once.scenarios._endpoints import ServerProcess, server_command
@@ -56,13 +58,16 @@ class DurableShop:
 
 
 @asynccontextmanager
-async def durable_shop(tmp: Path, *, guarded: bool = True) -> AsyncIterator[DurableShop]:
+async def durable_shop(
+    tmp: Path, *, guarded: bool = True, hold: float = HOLD, name: str = ""
+) -> AsyncIterator[DurableShop]:
     """A shop server process, guarded by a SQLite key store (or not), that holds `pay` for
-    `HOLD` seconds on its first attempt."""
-    ledger = Ledger(tmp / "ledger.sqlite3")
-    store = f"sqlite:///{tmp / 'keys.sqlite3'}" if guarded else None
+    `hold` seconds on its first attempt (0: never; the run harness kills in the agent instead).
+    `name` prefixes its ledger and key store, so one folder can hold several shops."""
+    ledger = Ledger(tmp / f"{name}ledger.sqlite3")
+    store = f"sqlite:///{tmp / f'{name}keys.sqlite3'}" if guarded else None
     process = ServerProcess(
-        lambda port: server_command("http", ledger, store, port=port, hold=HOLD)
+        lambda port: server_command("http", ledger, store, port=port, hold=hold)
     )
     await anyio.to_thread.run_sync(process.start)
     try:
@@ -71,16 +76,22 @@ async def durable_shop(tmp: Path, *, guarded: bool = True) -> AsyncIterator[Dura
         await anyio.to_thread.run_sync(process.stop)
 
 
-def worker_env(window: Window, tmp: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker that dies in `window` (once per test, by the mark in `tmp`),
-    with the repository and this folder importable."""
+def kit_env() -> dict[str, str]:
+    """This environment, with the repository and this folder importable, output unbuffered."""
     env = dict(os.environ)
-    env[WINDOW] = window
-    env[MARK] = str(tmp / f"crashed-{window}")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(Path(__file__).parent), env.get("PYTHONPATH", "")]
     ).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def worker_env(window: Window, tmp: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker that dies in `window` (once per test, by the mark in `tmp`),
+    with the repository and this folder importable."""
+    env = kit_env()
+    env[WINDOW] = window
+    env[MARK] = str(tmp / f"crashed-{window}")
     env.update(extra or {})
     return env
 
@@ -152,3 +163,76 @@ class CrashingWorker:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+class Zygote:
+    """Agent processes forked from one pre-imported parent (`argv`, a zygote that speaks the
+    protocol of `tests/run/run_agent.py --zygote`): a restart costs a fork, not an interpreter
+    start, so a harness can restart agents dozens of times within seconds. Each forked agent is
+    a real process (its own pid, killed by a real SIGKILL), reaped by the zygote.
+
+    `async with Zygote(argv, tmp) as zygote:` then `await zygote.run(argv, env, log)`: the
+    agent's exit code (minus the signal for a killed one).
+    """
+
+    def __init__(self, argv: Sequence[str], tmp: Path) -> None:
+        self.argv = list(argv)
+        self.tmp = tmp
+        self._ids = 0
+        self._pids: dict[int, anyio.Event] = {}
+        self._started: dict[int, tuple[anyio.Event, list[int]]] = {}
+        self._exited: dict[int, int] = {}
+        self._process: anyio.abc.Process | None = None
+        self._group: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> Zygote:
+        self._process = await anyio.open_process(
+            self.argv, env=kit_env(), cwd=ROOT, stderr=(self.tmp / "zygote.log").open("ab")
+        )
+        self._group = anyio.create_task_group()
+        await self._group.__aenter__()
+        self._group.start_soon(self._read)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._process is not None and self._group is not None
+        if self._process.stdin is not None:
+            await self._process.stdin.aclose()
+        with anyio.move_on_after(SOON):
+            await self._process.wait()
+        if self._process.returncode is None:
+            self._process.kill()
+        self._group.cancel_scope.cancel()
+        await self._group.__aexit__(None, None, None)
+
+    async def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        buffer = b""
+        async for chunk in self._process.stdout:
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                kind, first, second = line.decode().split()
+                if kind == "started":
+                    event, slot = self._started[int(first)]
+                    slot.append(int(second))
+                    event.set()
+                else:
+                    self._exited[int(first)] = int(second)
+                    self._pids.setdefault(int(first), anyio.Event()).set()
+
+    async def run(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> int:
+        """Fork one agent with `argv` (its arguments) and `env` (added to the environment),
+        its output appended to `log`; its exit code once it ended."""
+        assert self._process is not None and self._process.stdin is not None
+        self._ids += 1
+        order = self._ids
+        event, slot = anyio.Event(), []
+        self._started[order] = (event, slot)
+        line = {"id": order, "argv": list(argv), "env": dict(env), "log": str(log)}
+        await self._process.stdin.send((json.dumps(line) + "\n").encode())
+        with anyio.fail_after(SOON):
+            await event.wait()
+            pid = slot[0]
+            await self._pids.setdefault(pid, anyio.Event()).wait()
+        return self._exited.pop(pid)
