@@ -49,7 +49,6 @@ from ._journal import (
     Journal,
     RunBusy,
     RunFinished,
-    fingerprint_arguments,
     open_journal,
 )
 from ._journal.lease import check_lease, check_run_id
@@ -426,7 +425,7 @@ class Run:
         *,
         server: str,
         tool: str,
-        arguments: Mapping[str, Any] | None,
+        fingerprint: str,
         listing: Tool | None = None,
         lookup: Any = None,
         overrides: Mapping[str, Override] | None = None,
@@ -442,7 +441,6 @@ class Run:
         retention; else the recorded key. `lookup` (an async callable returning the tool's
         listing) is only awaited for a recorded position.
         """
-        fingerprint = fingerprint_arguments(arguments)
         key = run_key(self.run_id, position)
         entry = self._entries.get(position)
         if entry is None:

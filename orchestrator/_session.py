@@ -28,6 +28,7 @@ from ._catalog import ToolCatalog, watch_list_changed
 from ._classify import Failure, classify
 from ._gate import GATED, retry_gate
 from ._http import AttemptProbe, current_probe
+from ._journal import fingerprint_arguments
 from ._key import KeySource, resolve_key
 from ._outcome import (
     NotExecuted,
@@ -299,6 +300,7 @@ class RetryingSession:
         "may have run"."""
         # The server's name is part of the entry, so the session is made first; a connect
         # failure here is raised as it is, with no position taken.
+        fingerprint = fingerprint_arguments(arguments)  # not plain JSON: refused, no position
         session = self._slot.current()
         if session is None:
             session, _ = await self._slot.acquire()
@@ -320,7 +322,7 @@ class RetryingSession:
             position,
             server=server_name(session),
             tool=name,
-            arguments=arguments,
+            fingerprint=fingerprint,
             lookup=lookup,
             overrides=self._overrides,
             trust_annotations=policy.trust_annotations,
