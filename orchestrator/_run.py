@@ -431,7 +431,8 @@ class Run:
         overrides: Mapping[str, Override] | None = None,
         trust_annotations: bool = True,
     ) -> Claim:
-        """Decide the call at `position`, before anything is sent (see the module doc).
+        """Decide the call at `position` (`fingerprint`: `fingerprint_arguments` of its
+        arguments), before anything is sent (see the module doc).
 
         A new position: the intent is recorded (durably, shielded from cancellation) and the
         claim returned. A recorded one: `RunDiverged` if it is another call; `OutcomeUnknown`
