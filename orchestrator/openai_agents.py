@@ -9,19 +9,19 @@ a timeout or a 5xx) with no key and no look at the tool's annotations, so a tool
 lost runs twice. Here:
 
 - the SDK's retry loop never runs for tool calls (`max_retry_attempts` still governs listing);
-- every call carries an idempotency key, the first of: a key already in the call's `_meta` (set
-  by a user `tool_meta_resolver`, which still runs, or by a workflow-side resolver that hands
-  `call_tool` its `meta`); the server's `run=` (the run's journal: the key comes from the run id
-  and the call's position, see `orchestrator.Run`; the SDK does not tell a tool its index in
-  the model's response, so the calls of one response are numbered in the order they reach the
-  server object, which is the response order as the SDK starts them; set
-  `RunConfig(max_function_tool_concurrency=1)` where that order must hold strictly); the
-  server's `key_source=` (a `KeySource`, e.g. a durable engine's
-  step); a key derived from the server's name, the tool name and the model's tool-call id; a
-  fresh one (a `call_tool` outside an agent run, with no source). The derived key is the same
-  logical call on every attempt, if the model re-issues it under the same id, and in another
-  process of the same run (a worker that picks the run up after a crash): it holds nothing
-  random of the server object's;
+- every call carries an idempotency key, the first of: a key already in the call's `_meta` (set by a
+  user `tool_meta_resolver`, which still runs, or by a workflow-side resolver that hands `call_tool`
+  its `meta`); the server's `run=` (the run's journal: the key comes from the run id and the call's
+  position, see `orchestrator.Run`; the SDK does not tell a tool its index in the model's response,
+  so the calls of one response are numbered in the order they reach the server object: the SDK
+  starts them in response order, but with its default concurrency they reach it as its scheduling
+  has them; set `RunConfig(tool_execution= ToolExecutionConfig(max_function_tool_concurrency=1))`
+  where that order must hold strictly); the server's `key_source=` (a `KeySource`, e.g. a durable
+  engine's step); a key derived from the server's name, the tool name and the model's tool-call id;
+  a fresh one (a `call_tool` outside an agent run, with no source). The derived key is the same
+  logical call on every attempt, if the model re-issues it under the same id, and in another process
+  of the same run (a worker that picks the run up after a crash): it holds nothing random of the
+  server object's;
 - `client_session_timeout_seconds` is the per-attempt timeout unless the policy sets one;
 - a call that may have run but cannot be retried reaches the model as an `isError` tool result
   that says so ("may have run; do not repeat"), not as the SDK's default "Please try again".
