@@ -15,7 +15,7 @@ lost runs twice. Here:
   position, see `orchestrator.Run`; the SDK does not tell a tool its index in the model's response,
   so the calls of one response are numbered in the order they reach the server object: the SDK
   starts them in response order, but with its default concurrency they reach it as its scheduling
-  has them; set `RunConfig(tool_execution= ToolExecutionConfig(max_function_tool_concurrency=1))`
+  has them; set `RunConfig(tool_execution=ToolExecutionConfig(max_function_tool_concurrency=1))`
   where that order must hold strictly); the server's `key_source=` (a `KeySource`, e.g. a durable
   engine's step); a key derived from the server's name, the tool name and the model's tool-call id;
   a fresh one (a `call_tool` outside an agent run, with no source). The derived key is the same
