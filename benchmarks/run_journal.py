@@ -28,23 +28,19 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import redis
-from mcp.client import Client
 
-from idempotency import open_store
 from orchestrator import Journal, MemoryJournal, RetryingSession, Run, SQLiteJournal
 from orchestrator._journal.redis import RedisJournal
 
 from ._redis import RedisServer
 from ._scale import FULL, QUICK, Scale
-from ._servers import bench_server
-from ._stats import percentile, spread
-from .call_overhead import _http_servers
+from .call_overhead import Call, _http_servers, _latencies, latency_summary, open_client
 
 TRANSPORTS = ("in_process", "http")
 JOURNALS = ("memory", "sqlite", "redis")
@@ -52,8 +48,6 @@ VARIANTS = ("plain", *JOURNALS)
 RESULT_SIZE = 200
 REDIS_PREFIX = "bench:journal:"
 TARGET_BYTES = 300
-
-Call = Callable[[str, int], Awaitable[None]]
 
 
 def _sqlite_size(path: Path) -> int:
@@ -93,15 +87,11 @@ class _Journals:
 async def _endpoint(
     transport: str, target: str, journals: _Journals, label: str, warmup: int
 ) -> AsyncIterator[Callable[[int], contextlib.AbstractAsyncContextManager[Call]]]:
-    """For one transport: `round_(n)` enters one `Run` per journal (run ids named by `label`
-    and the round) and yields `call(variant, n)`."""
+    """For one transport (`target`: the server's key store URL in process, its endpoint over
+    HTTP): `round_(n)` enters one `Run` per journal (run ids named by `label` and the round)
+    and yields `call(variant, n, size)`."""
     async with contextlib.AsyncExitStack() as stack:
-        if transport == "in_process":
-            store = open_store("memory://")
-            stack.push_async_callback(store.aclose)
-            client = await stack.enter_async_context(Client(bench_server(store)))
-        else:
-            client = await stack.enter_async_context(Client(target))
+        client = await open_client(stack, transport, target)
         plain = RetryingSession(client)
         await plain.refresh_tools()
 
@@ -118,8 +108,8 @@ async def _endpoint(
                     sessions[name] = RetryingSession(client, run=run)
                     await sessions[name].refresh_tools()
 
-                async def call(variant: str, n: int) -> None:
-                    args = {"text": f"{number}-{n}", "size": RESULT_SIZE}
+                async def call(variant: str, n: int, size: int) -> None:
+                    args = {"text": f"{number}-{n}", "size": size}
                     result = await sessions[variant].call_tool("keyed", args)
                     if result.is_error:
                         raise RuntimeError(f"the benchmark tool failed: {result}")
@@ -129,41 +119,8 @@ async def _endpoint(
         async with round_(-1) as warm:  # connections, scripts, tool lists, the journal files
             for n in range(warmup):
                 for variant in VARIANTS:
-                    await warm(variant, n)
+                    await warm(variant, n, RESULT_SIZE)
         yield round_
-
-
-async def _latencies(call: Call, variants: tuple[str, ...], calls: int) -> dict[str, list[float]]:
-    """Milliseconds per call, the variants interleaved call by call (rotating which goes
-    first), so that a change in machine load hits every variant alike."""
-    found: dict[str, list[float]] = {v: [] for v in variants}
-    for n in range(calls):
-        k = n % len(variants)
-        for variant in variants[k:] + variants[:k]:
-            started = time.perf_counter()
-            await call(variant, n)
-            found[variant].append((time.perf_counter() - started) * 1000)
-    return found
-
-
-def _summary(rounds: list[dict[str, list[float]]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for variant in VARIANTS:
-        out[variant] = {
-            "p50_ms": spread([percentile(r[variant], 50) for r in rounds]),
-            "p99_ms": spread([percentile(r[variant], 99) for r in rounds]),
-        }
-    for name in JOURNALS:
-        out[f"{name}_minus_plain_p50_ms"] = spread(
-            [percentile(r[name], 50) - percentile(r["plain"], 50) for r in rounds]
-        )
-        out[f"{name}_vs_plain_p50"] = spread(
-            [percentile(r[name], 50) / percentile(r["plain"], 50) for r in rounds]
-        )
-        out[f"{name}_vs_plain_p99"] = spread(
-            [percentile(r[name], 99) / percentile(r["plain"], 99) for r in rounds]
-        )
-    return out
 
 
 async def _bytes_per_entry(journals: _Journals, empty_sqlite: int) -> dict[str, Any]:
@@ -209,9 +166,11 @@ async def _measure(scale: Scale) -> dict[str, Any]:
             empty_sqlite = _sqlite_size(journals.sqlite_path)
             async with contextlib.AsyncExitStack() as stack:
                 (url,) = await stack.enter_async_context(_http_servers(["memory://"]))
+                targets = {"in_process": "memory://", "http": url}
+                warmup = scale.journal_warmup
                 endpoints = {
                     transport: await stack.enter_async_context(
-                        _endpoint(transport, url, journals, label, scale.journal_warmup)
+                        _endpoint(transport, targets[transport], journals, label, warmup)
                     )
                     for transport in TRANSPORTS
                 }
@@ -219,7 +178,9 @@ async def _measure(scale: Scale) -> dict[str, Any]:
                     order = VARIANTS if round_no % 2 == 0 else tuple(reversed(VARIANTS))
                     for transport in TRANSPORTS:
                         async with endpoints[transport](round_no) as call:
-                            latency[transport].append(await _latencies(call, order, calls))
+                            latency[transport].append(
+                                await _latencies(call, order, calls, RESULT_SIZE)
+                            )
             sizes = await _bytes_per_entry(journals, empty_sqlite)
         finally:
             await journals.aclose()
@@ -227,7 +188,10 @@ async def _measure(scale: Scale) -> dict[str, Any]:
         "result_size_bytes": RESULT_SIZE,
         "calls_per_round": calls,
         "rounds": rounds,
-        "latency": {transport: _summary(runs) for transport, runs in latency.items()},
+        "latency": {
+            transport: latency_summary(runs, VARIANTS, JOURNALS)
+            for transport, runs in latency.items()
+        },
         "bytes_per_entry": sizes,
     }
     out["journal_ratio_by_transport"] = {

@@ -24,7 +24,7 @@ on the fake clock, with a new client and a new agent.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -462,6 +462,20 @@ async def run_calls(url: str, run: Run, calls: Sequence[Call], dying: Dying | No
 
 
 async def resume_through_retrying_client(
+    tmp: Path, run_id: str, opened: Callable[[], Journal], clock: FakeClock
+) -> None:
+    """`resumed_through_retrying_client` with two journals `opened` over the same data (the
+    first process's, the second's), closed after."""
+    first, second = opened(), opened()
+    try:
+        async with shop(tmp) as s:
+            await resumed_through_retrying_client(s, run_id, first, second, clock)
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def resumed_through_retrying_client(
     s: DurableShop, run_id: str, first: Journal, second: Journal, clock: FakeClock
 ) -> None:
     """Four guarded calls, one after another, killed in W3 of position 1. The resume replays
@@ -494,14 +508,9 @@ async def resume_through_retrying_client(
 async def test_fastmcp_retrying_client_with_run_resumes_a_killed_run(tmp_path: Path) -> None:
     clock = FakeClock()
     path = tmp_path / "journal.db"
-    first = SQLiteJournal(path, clock=clock)
-    second = SQLiteJournal(path, clock=clock)
-    try:
-        async with shop(tmp_path) as s:
-            await resume_through_retrying_client(s, "fmcp", first, second, clock)
-    finally:
-        await first.aclose()
-        await second.aclose()
+    await resume_through_retrying_client(
+        tmp_path, "fmcp", lambda: SQLiteJournal(path, clock=clock), clock
+    )
 
 
 @pytest.mark.redis
@@ -514,11 +523,9 @@ async def test_a_run_resumes_from_a_redis_journal(
 
     clock = FakeClock()
     prefix = f"{redis_namespace}:journal:"
-    first = RedisJournal.from_url(redis_url, prefix=prefix, clock=clock)
-    second = RedisJournal.from_url(redis_url, prefix=prefix, clock=clock)
-    try:
-        async with shop(tmp_path) as s:
-            await resume_through_retrying_client(s, "redis", first, second, clock)
-    finally:
-        await first.aclose()
-        await second.aclose()
+    await resume_through_retrying_client(
+        tmp_path,
+        "redis",
+        lambda: RedisJournal.from_url(redis_url, prefix=prefix, clock=clock),
+        clock,
+    )
