@@ -14,6 +14,8 @@ restart sends the pipeline again under new keys.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import random
 import sys
@@ -54,6 +56,10 @@ SLOTS: tuple[int | tuple[int, ...], ...] = (0, 1, 2, TURN, 6, 7)
 KILLED = -9
 #: Agents running at once (the machine may have two cores).
 PARALLEL = 6
+
+#: The Run lease of the demo's agents: short, since a restart waits for a killed agent's lease
+#: to run out, long enough (renewed every third of it) that a live agent keeps its run.
+DEMO_LEASE = 0.4
 
 Kill = tuple[int, str]
 PipelineMode = Literal["run", "fresh"]
@@ -115,19 +121,21 @@ class PipelineHarness:
         async with self.limiter:
             return await self.zygote.run(argv, env, self.folder / f"{tag}.log")
 
-    async def resumed(self, tag: str, kills: Sequence[Kill], mode: PipelineMode = "run") -> int:
-        """Run the pipeline with one kill per process, then once more to completion; the
-        number of processes it took. An agent that does not die or end as planned is an
-        `AssertionError` carrying its log."""
+    async def resumed(
+        self, tag: str, kills: Sequence[Kill], mode: PipelineMode = "run", **options: Any
+    ) -> int:
+        """Run the pipeline with one kill per process, then once more to completion (`options`
+        go to every agent); the number of processes it took. An agent that does not die or end
+        as planned is an `AssertionError` carrying its log."""
         for position, window in kills:
             if mode == "fresh" and window == "W3":
                 window = "W2"  # no journal: W3 is the same point as W2
-            code = await self.agent(tag, crash=(position, window), mode=mode)
+            code = await self.agent(tag, crash=(position, window), mode=mode, **options)
             if code != KILLED:
                 raise AssertionError(
                     f"{tag}: not killed at {window}@{position} ({code})\n" + self.log(tag)
                 )
-        code = await self.agent(tag, mode=mode)
+        code = await self.agent(tag, mode=mode, **options)
         if code != 0:
             raise AssertionError(f"{tag}: the last process exited {code}\n" + self.log(tag))
         return len(kills) + 1
@@ -210,22 +218,37 @@ class PipelineTotals:
 
 
 async def run_pipelines(
-    seeds: Sequence[int], folder: Path
+    seeds: Sequence[int],
+    folder: Path,
+    *,
+    lease: float = DEMO_LEASE,
+    zygote: Zygote | None = None,
 ) -> tuple[PipelineTotals, PipelineTotals]:
     """Each seed's pipeline killed on its schedule and restarted until done, once with fresh
-    keys and once under `Run`, all at once against one shop; the totals of both modes."""
+    keys and once under `Run` (its lease `lease` seconds: a restart waits that long at most
+    for a killed agent's lease to run out), all at once against one shop; the totals of both
+    modes. `zygote`: one entered earlier (`Zygote(AGENT, folder)`), so that its imports ran
+    while the caller did something else; else one is started here."""
+    async with contextlib.AsyncExitStack() as stack:
+        if zygote is None:
+            zygote = await stack.enter_async_context(Zygote(AGENT, folder))
+        url, ledger = await stack.enter_async_context(pipeline_shop(folder))
+        totals = await _resume_all(PipelineHarness(url, ledger, zygote, folder), seeds, lease)
+    return totals
+
+
+async def _resume_all(
+    harness: PipelineHarness, seeds: Sequence[int], lease: float
+) -> tuple[PipelineTotals, PipelineTotals]:
     fresh, journalled = PipelineTotals("fresh"), PipelineTotals("run")
     plans = {seed: schedule(seed) for seed in seeds}
-    async with (
-        pipeline_shop(folder) as (url, ledger),
-        Zygote(AGENT, folder) as zygote,
-    ):
-        harness = PipelineHarness(url, ledger, zygote, folder)
-        async with anyio.create_task_group() as group:
-            for seed, kills in plans.items():
-                group.start_soon(harness.resumed, f"f{seed}", kills, "fresh")
-                group.start_soon(harness.resumed, f"s{seed}", kills, "run")
+    async with anyio.create_task_group() as group:
         for seed, kills in plans.items():
-            fresh.add(harness, f"f{seed}", kills)
-            journalled.add(harness, f"s{seed}", kills)
+            group.start_soon(harness.resumed, f"f{seed}", kills, "fresh")
+            group.start_soon(
+                functools.partial(harness.resumed, f"s{seed}", kills, "run", lease=lease)
+            )
+    for seed, kills in plans.items():
+        fresh.add(harness, f"f{seed}", kills)
+        journalled.add(harness, f"s{seed}", kills)
     return fresh, journalled
