@@ -53,8 +53,8 @@ _EXPLANATION = (
 )
 
 _PIPELINE_EXPLANATION = (
-    "Then an agent pipeline: {pipelines} agent process(es), each running an eight-call pipeline"
-    " (payments, writes, notifications, a parallel turn of three) against a guarded server over"
+    "Then agent pipelines: {pipelines} eight-call pipeline(s) (payments, writes, notifications,"
+    " a parallel turn of three), each run by an agent process against a guarded server over"
     " HTTP, SIGKILLed at seeded points ({kills} kills in all: before a request leaves, after the"
     " server ran the tool, after the answer came back, between calls) and restarted with the"
     " same run id until it finishes: first with fresh keys per process (what a plain agent"
@@ -173,27 +173,29 @@ class _Live:
             print(f"  {self.label}: {self.done}/{self.total} calls", file=self.out, flush=True)
 
 
-def _figures(report: Report) -> dict[str, Any]:
-    data = report.to_dict()
-    return {key: data[key] for _, key in _ROWS}
+def _side_by_side(
+    rows: tuple[tuple[str, str], ...],
+    heads: tuple[str, str],
+    left: dict[str, Any],
+    right: dict[str, Any],
+) -> str:
+    """Two columns of figures under `heads`, one row per (label, key); both tables of the demo
+    share the label width, so they line up."""
+    label_width = max(len(label) for label, _ in _ROWS + _PIPELINE_ROWS)
+    lines = [f"{'':<{label_width}}  {heads[0]:>12}  {heads[1]:>10}"]
+    for label, key in rows:
+        lines.append(f"{label:<{label_width}}  {left[key]:>12}  {right[key]:>10}")
+    return "\n".join(lines)
 
 
 def _table(baseline: Report, once: Report) -> str:
-    left, right = _figures(baseline), _figures(once)
-    label_width = max(len(label) for label, _ in _ROWS)
-    lines = [f"{'':<{label_width}}  {'naive retry':>12}  {'mcp-once':>10}"]
-    for label, key in _ROWS:
-        lines.append(f"{label:<{label_width}}  {left[key]:>12}  {right[key]:>10}")
-    return "\n".join(lines)
+    heads = ("naive retry", "mcp-once")
+    return _side_by_side(_ROWS, heads, baseline.to_dict(), once.to_dict())
 
 
 def _pipeline_table(fresh: PipelineTotals, journalled: PipelineTotals) -> str:
-    left, right = fresh.to_dict(), journalled.to_dict()
-    label_width = max(len(label) for label, _ in _ROWS)
-    lines = [f"{'':<{label_width}}  {'fresh keys':>12}  {'Run':>10}"]
-    for label, key in _PIPELINE_ROWS:
-        lines.append(f"{label:<{label_width}}  {left[key]:>12}  {right[key]:>10}")
-    return "\n".join(lines)
+    heads = ("fresh keys", "Run")
+    return _side_by_side(_PIPELINE_ROWS, heads, fresh.to_dict(), journalled.to_dict())
 
 
 def _pipeline_verdict(fresh: PipelineTotals, journalled: PipelineTotals) -> str:

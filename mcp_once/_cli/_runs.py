@@ -25,27 +25,27 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
 
 from idempotency import CallScope, default_scope, rfc3339, store_key
-from orchestrator._journal import (
+from orchestrator import (
     Entry,
     Journal,
     JournalUnavailable,
     RunBusy,
     RunSummary,
+    SQLiteJournal,
     open_journal,
 )
-from orchestrator._journal.open import DEFAULT_DIRECTORY, DEFAULT_FILE, sqlite_path
 
 from ._common import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE, EXIT_USAGE, fail, redacted
 
-#: What `Run` opens when given no journal: the SQLite file under `.mcp-once/` of the working
-#: directory, named as a URL so the option, its help and the messages all say the same thing.
-DEFAULT_JOURNAL_URL = f"sqlite:///{DEFAULT_DIRECTORY}/{DEFAULT_FILE}"
+#: What `Run` opens when given no journal (`orchestrator.default_journal_path`): the SQLite file
+#: under `.mcp-once/` of the working directory, named as a URL so the option, its help and the
+#: messages all say the same thing (a test checks it is the file `Run` writes).
+DEFAULT_JOURNAL_URL = "sqlite:///.mcp-once/journal.db"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -134,13 +134,12 @@ def _open_or_fail(url: str) -> Journal:
     """The journal at `url`, or an exit saying what is wrong with the URL; an SQLite file that
     does not exist is not created (see the module's docstring)."""
     try:
-        if url.startswith("sqlite:"):
-            path = Path(sqlite_path(url))
-            if not path.is_file():
-                _unreachable(url, FileNotFoundError(f"no journal file at {path}"))
-        return open_journal(url)
+        journal = open_journal(url)  # opens nothing yet: SQLite connects on first use
     except (ValueError, TypeError) as exc:
         fail(f"bad journal URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
+    if isinstance(journal, SQLiteJournal) and not journal.path.is_file():
+        _unreachable(url, FileNotFoundError(f"no journal file at {journal.path}"))
+    return journal
 
 
 def _when(timestamp: float | None) -> str | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,18 +23,17 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from cli_run import cli, private_redis_server, sync_cli
 from mcp import Client
-from redis_server import RedisServer, free_port, redis_server_binary
+from redis_server import RedisServer, free_port
 
 from idempotency import SQLiteKeyStore
-from mcp_once._cli import main
 from mcp_once.scenarios._ledger import Ledger
 from mcp_once.scenarios._shop import build_server
 from orchestrator import Journal, RetryingSession, Run, open_journal
 
 pytestmark = pytest.mark.anyio
 
-UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 PAY = {"call_id": "p", "account": "acme", "cents": 100}
 NOTE = {"call_id": "n", "message": "hi"}
 DAY = 86400.0
@@ -69,14 +67,7 @@ class LosingDone:
 
 @pytest.fixture(scope="module")
 def private_redis() -> Iterator[RedisServer]:
-    """A Redis of this module's own: the CLI takes no key prefix, so each test empties it."""
-    if redis_server_binary() is None:
-        message = "REDIS NOT AVAILABLE — the Redis half of the runs CLI tests cannot run"
-        if UNDER_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    with RedisServer() as server:
-        yield server
+    yield from private_redis_server("runs CLI")
 
 
 @dataclass
@@ -149,35 +140,6 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield Backend(request.param, url, keys, Ledger(tmp_path / "ledger.sqlite3"))
     finally:
         await keys.aclose()
-
-
-@dataclass
-class Ran:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-def _cli_in_thread(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Ran:
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return Ran(code, out, err)
-
-
-async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
-    """`mcp-once *argv` in-process (a worker thread: the CLI runs its own event loop)."""
-    return await anyio.to_thread.run_sync(functools.partial(_cli_in_thread, capsys, list(argv)))
-
-
-def sync_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
-    return _cli_in_thread(capsys, list(argv))
 
 
 # -- list ----------------------------------------------------------------------------------------
