@@ -39,6 +39,7 @@ from ._journal import (
     MemoryJournal,
     RunBusy,
     RunFinished,
+    RunSummary,
     SQLiteJournal,
     open_journal,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "RunDiverged",
     "RunExpired",
     "RunFinished",
+    "RunSummary",
     "SQLiteJournal",
     "ServerOutcomeUnknown",
     "SessionLike",

@@ -14,7 +14,6 @@ engine re-run the step. The count that matters is the ledger's: rows the tool bo
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -163,76 +162,3 @@ class CrashingWorker:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-
-
-class Zygote:
-    """Agent processes forked from one pre-imported parent (`argv`, a zygote that speaks the
-    protocol of `tests/run/run_agent.py --zygote`): a restart costs a fork, not an interpreter
-    start, so a harness can restart agents dozens of times within seconds. Each forked agent is
-    a real process (its own pid, killed by a real SIGKILL), reaped by the zygote.
-
-    `async with Zygote(argv, tmp) as zygote:` then `await zygote.run(argv, env, log)`: the
-    agent's exit code (minus the signal for a killed one).
-    """
-
-    def __init__(self, argv: Sequence[str], tmp: Path) -> None:
-        self.argv = list(argv)
-        self.tmp = tmp
-        self._ids = 0
-        self._pids: dict[int, anyio.Event] = {}
-        self._started: dict[int, tuple[anyio.Event, list[int]]] = {}
-        self._exited: dict[int, int] = {}
-        self._process: anyio.abc.Process | None = None
-        self._group: anyio.abc.TaskGroup | None = None
-
-    async def __aenter__(self) -> Zygote:
-        self._process = await anyio.open_process(
-            self.argv, env=kit_env(), cwd=ROOT, stderr=(self.tmp / "zygote.log").open("ab")
-        )
-        self._group = anyio.create_task_group()
-        await self._group.__aenter__()
-        self._group.start_soon(self._read)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._process is not None and self._group is not None
-        if self._process.stdin is not None:
-            await self._process.stdin.aclose()
-        with anyio.move_on_after(SOON):
-            await self._process.wait()
-        if self._process.returncode is None:
-            self._process.kill()
-        self._group.cancel_scope.cancel()
-        await self._group.__aexit__(None, None, None)
-
-    async def _read(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
-        buffer = b""
-        async for chunk in self._process.stdout:
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                kind, first, second = line.decode().split()
-                if kind == "started":
-                    event, slot = self._started[int(first)]
-                    slot.append(int(second))
-                    event.set()
-                else:
-                    self._exited[int(first)] = int(second)
-                    self._pids.setdefault(int(first), anyio.Event()).set()
-
-    async def run(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> int:
-        """Fork one agent with `argv` (its arguments) and `env` (added to the environment),
-        its output appended to `log`; its exit code once it ended."""
-        assert self._process is not None and self._process.stdin is not None
-        self._ids += 1
-        order = self._ids
-        event, slot = anyio.Event(), []
-        self._started[order] = (event, slot)
-        line = {"id": order, "argv": list(argv), "env": dict(env), "log": str(log)}
-        await self._process.stdin.send((json.dumps(line) + "\n").encode())
-        with anyio.fail_after(SOON):
-            await event.wait()
-            pid = slot[0]
-            await self._pids.setdefault(pid, anyio.Event()).wait()
-        return self._exited.pop(pid)

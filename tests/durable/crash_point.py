@@ -12,7 +12,6 @@ worker code: the test SIGKILLs the worker when the server's ledger shows the too
 from __future__ import annotations
 
 import os
-import signal
 
 WINDOW = "MCP_ONCE_CRASH_WINDOW"
 MARK = "MCP_ONCE_CRASH_MARK"
@@ -38,15 +37,3 @@ def crash_point(window: str) -> None:
 def crashed() -> bool:
     """Whether a worker of this test has already died at its crash point."""
     return os.path.exists(os.environ.get(MARK, ""))
-
-
-#: For a worker that dies at a point given per process (the run harness restarts its agent with
-#: a new point each time): `window@position`, e.g. `W2@3`.
-CRASH_AT = "MCP_ONCE_CRASH_AT"
-
-
-def crash_at(window: str, position: int) -> None:
-    """SIGKILL this process if `MCP_ONCE_CRASH_AT` names this window at this position: no
-    cleanup, no flush, no `finally`, exactly what an OOM kill or a lost host does."""
-    if os.environ.get(CRASH_AT) == f"{window}@{position}":
-        os.kill(os.getpid(), signal.SIGKILL)

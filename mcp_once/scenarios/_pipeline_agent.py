@@ -1,6 +1,8 @@
-"""The agent of the kill-and-resume harness: a scripted pipeline of tool calls against the shop
-server over HTTP, in a process of its own, that SIGKILLs itself at the point the harness names
-(`MCP_ONCE_CRASH_AT=W2@3`, see `crash_point.crash_at`) and is started again until it completes.
+"""The agent of the kill-and-resume pipeline (the run tests' harness and `mcp-once demo`): a
+scripted pipeline of tool calls against the shop server over HTTP, in a process of its own, that
+SIGKILLs itself at the point the harness names (`MCP_ONCE_CRASH_AT=W2@3`, see `crash_at`) and is
+started again until it completes. `python -m mcp_once.scenarios._pipeline_agent --zygote` is the
+pre-imported parent `Zygote` forks agents from.
 
 The pipeline (positions, as `orchestrator.Run` numbers them):
   0 set_value   1 pay   2 notify   turn of three, run concurrently: 3 pay, 4 set_value, 5 notify
@@ -17,7 +19,9 @@ The windows, in the life of a call at one position:
 `--mode fresh` is the baseline users have today: the same pipeline with a fresh key per call and
 process (no `Run`), so a restart sends everything again under new keys. The output (a JSON file,
 written once the pipeline completes) holds, per position, "ok" and the result text or
-"unknown:<reason>" for a call that ended in `OutcomeUnknown`.
+"unknown:<reason>" for a call that ended in `OutcomeUnknown`. Every answer the server replayed
+from its record is also appended, as its position, to `<out>.replays`, as it arrives: a replay
+served to a process killed right after still counts.
 """
 
 from __future__ import annotations
@@ -26,19 +30,18 @@ import argparse
 import contextlib
 import json
 import os
-import select
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-from crash_point import crash_at
 from mcp import Client
 from mcp_types import CallToolResult, RequestParamsMeta, TextContent
 
+from idempotency import wire
+from mcp_once.scenarios._zygote import serve_forks
 from orchestrator import (
     OutcomeUnknown,
     RetryingSession,
@@ -52,12 +55,27 @@ from orchestrator import (
     streamable_http_transport,
 )
 
+#: The environment variable naming where a process dies: `window@position`, e.g. `W2@3`.
+CRASH_AT = "MCP_ONCE_CRASH_AT"
 #: Exit codes the harness reads.
 BUSY, DIVERGED, EXPIRED = 3, 4, 5
 POSITIONS = 8
 TURN = (3, 4, 5)
 UNGUARDED = frozenset({2, 5})
 POLICY = RetryPolicy(max_attempts=3)
+
+
+def crash_at(window: str, position: int) -> None:
+    """SIGKILL this process if `MCP_ONCE_CRASH_AT` names this window at this position: no
+    cleanup, no flush, no `finally`, exactly what an OOM kill or a lost host does."""
+    if os.environ.get(CRASH_AT) == f"{window}@{position}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def replayed(result: CallToolResult) -> bool:
+    """Whether the server answered from its record (its marker says `replayed`)."""
+    marker = (result.meta or {}).get(wire.IDEMPOTENCY_META)
+    return isinstance(marker, dict) and marker.get("status") == "replayed"
 
 
 def steps(tag: str, variant: str) -> list[tuple[str, dict[str, Any]]]:
@@ -90,7 +108,10 @@ def position_of(arguments: dict[str, Any] | None) -> int:
 
 class KillingClient(Client):
     """`mcp.Client` whose tool calls die at W1 (before the request leaves) or W2 (after the
-    answer came back, before the session sees it)."""
+    answer came back, before the session sees it), and which notes each replayed answer in
+    `replays` (a file appended to with one unbuffered write, so a SIGKILL loses none)."""
+
+    replays: str | None = None
 
     async def call_tool(
         self,
@@ -107,6 +128,12 @@ class KillingClient(Client):
         result = await super().call_tool(
             name, arguments, read_timeout_seconds, progress_callback, meta=meta, **kwargs
         )
+        if self.replays is not None and replayed(result):
+            note = os.open(self.replays, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(note, f"{position}\n".encode())
+            finally:
+                os.close(note)
         crash_at("W2", position)
         return result
 
@@ -210,7 +237,9 @@ async def main(args: argparse.Namespace) -> int:
     global run_mode_fresh
     run_mode_fresh = args.mode == "fresh"
     plan = steps(args.tag, args.variant)
-    async with KillingClient(streamable_http_transport(args.url)) as client:
+    killing = KillingClient(streamable_http_transport(args.url))
+    killing.replays = f"{args.out}.replays"
+    async with killing as client:
         if run_mode_fresh:
             out = await pipeline(RetryingSession(client, policy=POLICY), None, plan)
         else:
@@ -238,54 +267,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def serve_forks() -> None:
-    """The zygote: everything imported once, then one `fork` per agent the harness asks for
-    (a JSON line on stdin: id, argv, environment, log file), so a restart costs a fork, not an
-    interpreter start. Answers `started <id> <pid>` and `exited <pid> <code>` lines (a killed
-    child's code is minus its signal). No threads and no event loop in here: fork-safe."""
-    children: set[int] = set()
-    pending = b""
-    while True:
-        ready, _, _ = select.select([0], [], [], 0.02)
-        if ready:
-            # Raw reads, one buffer of our own: a buffered readline could swallow the next
-            # order, which select would then never report.
-            chunk = os.read(0, 65536)
-            if not chunk:
-                break
-            pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            order = json.loads(line)
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                    os.dup2(log, 1)
-                    os.dup2(log, 2)
-                    os.environ.update(order["env"])
-                    code = anyio.run(main, parse(order["argv"]))
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            children.add(pid)
-            print(f"started {order['id']} {pid}", flush=True)
-        for pid in list(children):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                children.discard(pid)
-                print(f"exited {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
-    for pid in children:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+def run_agent(argv: list[str]) -> int:
+    """One agent process's life: parse `argv`, run the pipeline, its exit code."""
+    code: int = anyio.run(main, parse(argv))
+    return code
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--zygote"]:
-        serve_forks()
+        serve_forks(run_agent)
     else:
-        sys.exit(anyio.run(main, parse(sys.argv[1:])))
+        sys.exit(run_agent(sys.argv[1:]))
