@@ -27,6 +27,10 @@ class Scale:
     outage_rounds: int
     outage_seconds: float
     outage_tail: float
+    #: Run journal: rounds, sequential calls per variant per round, warm-up calls.
+    journal_rounds: int
+    journal_calls: int
+    journal_warmup: int
 
 
 FULL = Scale(
@@ -44,6 +48,9 @@ FULL = Scale(
     outage_rounds=3,
     outage_seconds=4.0,
     outage_tail=1.0,
+    journal_rounds=5,
+    journal_calls=300,
+    journal_warmup=30,
 )
 
 QUICK = Scale(
@@ -61,6 +68,9 @@ QUICK = Scale(
     outage_rounds=1,
     outage_seconds=1.5,
     outage_tail=0.3,
+    journal_rounds=2,
+    journal_calls=80,
+    journal_warmup=20,
 )
 
 #: For the test suite: every code path, figures too short to mean anything.
@@ -79,4 +89,7 @@ SMOKE = Scale(
     outage_rounds=1,
     outage_seconds=0.5,
     outage_tail=0.1,
+    journal_rounds=1,
+    journal_calls=10,
+    journal_warmup=3,
 )

@@ -27,7 +27,7 @@ import secrets
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from subprocess import DEVNULL
 from typing import Any
@@ -101,18 +101,23 @@ async def _http_servers(store_urls: list[str]) -> AsyncIterator[list[str]]:
                     await proc.wait()
 
 
+async def open_client(stack: contextlib.AsyncExitStack, transport: str, target: str) -> Client:
+    """A client of the benchmark server, closed with `stack`: in process (`target` is its key
+    store's URL) or over HTTP (`target` is its endpoint URL)."""
+    if transport == "in_process":
+        store = open_store(target)
+        stack.push_async_callback(store.aclose)
+        return await stack.enter_async_context(Client(bench_server(store)))
+    return await stack.enter_async_context(Client(target))
+
+
 @contextlib.asynccontextmanager
 async def _endpoint(transport: str, target: str, warmup: int) -> AsyncIterator[Call]:
     """A `call(variant, n, size)` against one transport+store combination; `target` is the
     store URL (in-process) or the server's endpoint URL (HTTP)."""
     nonce = secrets.token_hex(4)
     async with contextlib.AsyncExitStack() as stack:
-        if transport == "in_process":
-            store = open_store(target)
-            stack.push_async_callback(store.aclose)
-            client = await stack.enter_async_context(Client(bench_server(store)))
-        else:
-            client = await stack.enter_async_context(Client(target))
+        client = await open_client(stack, transport, target)
         retrying = RetryingSession(client)
         await retrying.refresh_tools()
 
@@ -154,13 +159,21 @@ async def _latencies(
 
 
 def _latency_summary(rounds: list[dict[str, list[float]]]) -> dict[str, Any]:
+    return latency_summary(rounds, VARIANTS, ("keyed", "retrying"))
+
+
+def latency_summary(
+    rounds: list[dict[str, list[float]]], variants: Sequence[str], compared: Sequence[str]
+) -> dict[str, Any]:
+    """Per variant its p50 and p99 across rounds; per `compared` variant its difference and
+    ratios to `plain`, paired within each round."""
     out: dict[str, Any] = {}
-    for variant in VARIANTS:
+    for variant in variants:
         out[variant] = {
             "p50_ms": spread([percentile(r[variant], 50) for r in rounds]),
             "p99_ms": spread([percentile(r[variant], 99) for r in rounds]),
         }
-    for variant in ("keyed", "retrying"):
+    for variant in compared:
         out[f"{variant}_minus_plain_p50_ms"] = spread(
             [percentile(r[variant], 50) - percentile(r["plain"], 50) for r in rounds]
         )

@@ -38,7 +38,14 @@ HEADLINE = (
     "outage_amplification",
     "vs_powertools_ratio",
 )
-SECTIONS = ("round_trips", "store_throughput", "record_memory", "call_overhead", "outage")
+SECTIONS = (
+    "round_trips",
+    "store_throughput",
+    "record_memory",
+    "call_overhead",
+    "outage",
+    "run_journal",
+)
 REPRODUCE = {
     "full": "uv run --group bench python -m benchmarks.run",
     "quick": "uv run --group bench python -m benchmarks.run --quick --json",
@@ -78,6 +85,10 @@ def _section(name: str) -> Callable[..., dict[str, Any]]:
         from . import call_overhead
 
         return call_overhead.measure
+    if name == "run_journal":
+        from . import run_journal
+
+        return run_journal.measure
     from . import outage
 
     return outage.measure
@@ -175,6 +186,16 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             None if value is None else value <= 300,
         )
     )
+    for journal in ("sqlite", "redis"):
+        value = out.get(f"journal_bytes_per_entry_{journal}")
+        rows.append(
+            row(
+                f"run journal bytes per entry, {journal}",
+                value,
+                "<= 300",
+                None if value is None else value <= 300,
+            )
+        )
     return rows
 
 
@@ -206,6 +227,14 @@ def _headline(out: dict[str, Any], results: dict[str, Any]) -> None:
         out["tenacity_amplification"] = og["tenacity_amplification"]
         ours = og["contenders"]["mcp_once"]
         out["outage_recover_first_success_s"] = ours["recover_first_success_s"]["median"]
+    rj = results.get("run_journal", {})
+    for key in (
+        "journal_ratio_by_transport",
+        "journal_bytes_per_entry_sqlite",
+        "journal_bytes_per_entry_redis",
+    ):
+        if key in rj:
+            out[key] = rj[key]
     rm = results.get("record_memory", {})
     if "record_overhead_bytes" in rm:
         out["record_overhead_bytes"] = rm["record_overhead_bytes"]

@@ -15,6 +15,11 @@ scenario engine uses these):
   keys): `KeySource` (`RetryingSession(..., key_source=)`: a `KeyRequest` in, a key or None out),
   `key_step(*identity)` (numbers a step's calls: `KeyRequest.ordinal`), `step_key_from` (a step
   identity and an ordinal as a hashed key) and `step_keys` (the ready source built from both).
+- Runs that survive a restarted agent: `Run` (`async with Run(run_id, journal=...) as run:`,
+  then `RetryingSession(..., run=run)`: keys from the run id and each call's position, intents
+  journalled before they are sent), `Turn` (`run.turn(n)`: the calls of one model response,
+  numbered by their index in it), the journals (`SQLiteJournal`, `MemoryJournal`, `Journal`,
+  `open_journal`) and the refusals (`RunDiverged`, `RunExpired`, `RunBusy`, `RunFinished`).
 - `GATED`: the `FailureKind`s after which the tool may have run, whose retry the annotation gate
   decides (`AttemptReport.failure` in one of them, followed by another attempt, is a gated retry).
 """
@@ -25,6 +30,18 @@ from ._http import (
     RetryAwareTransport,
     http_client_factory,
     streamable_http_transport,
+)
+from ._journal import (
+    Entry,
+    Journal,
+    JournalError,
+    JournalUnavailable,
+    MemoryJournal,
+    RunBusy,
+    RunFinished,
+    RunSummary,
+    SQLiteJournal,
+    open_journal,
 )
 from ._key import KeyRequest, KeySource, derive_key, key_step, mint_key, step_key_from, step_keys
 from ._outcome import (
@@ -38,6 +55,7 @@ from ._outcome import (
 from ._policy import MAX_ATTEMPTS_CEILING, Override, RetryPolicy
 from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable
 from ._report import AttemptReport, CallOutcome, CallReport, FailureKind, GiveUpReason
+from ._run import Run, RunDiverged, RunExpired, Turn, run_key
 from ._session import RetryingSession
 from ._sessions import SessionLike, ToolSession, tool_session
 from ._testing import testing
@@ -49,12 +67,17 @@ __all__ = [
     "CallOutcome",
     "CallReport",
     "Connect",
+    "Entry",
     "FailureKind",
     "GiveUpReason",
     "InvalidParams",
+    "Journal",
+    "JournalError",
+    "JournalUnavailable",
     "KeyRequest",
     "KeyReused",
     "KeySource",
+    "MemoryJournal",
     "NotExecuted",
     "OutcomeUnknown",
     "Override",
@@ -63,16 +86,26 @@ __all__ = [
     "RetryBudget",
     "RetryPolicy",
     "RetryingSession",
+    "Run",
+    "RunBusy",
+    "RunDiverged",
+    "RunExpired",
+    "RunFinished",
+    "RunSummary",
+    "SQLiteJournal",
     "ServerOutcomeUnknown",
     "SessionLike",
     "SessionSlot",
     "SessionUnavailable",
     "ToolCallError",
     "ToolSession",
+    "Turn",
     "derive_key",
     "http_client_factory",
     "key_step",
     "mint_key",
+    "open_journal",
+    "run_key",
     "step_key_from",
     "step_keys",
     "streamable_http_transport",

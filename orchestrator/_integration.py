@@ -15,6 +15,7 @@ from ._budget import RetryBudget
 from ._key import KeySource
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
+from ._run import Run
 from ._session import RetryingSession
 from ._sessions import SessionLike
 
@@ -52,14 +53,23 @@ class PerConnection:
     """One `RetryingSession` per connection of a framework object, remade when it reconnects.
 
     A session's tool catalog and dead/alive state belong to one connection; the budget (pinned by
-    `owned_policy`) belongs to the object and survives reconnection, and so does `key_source`.
+    `owned_policy`) belongs to the object and survives reconnection, and so do `key_source` and
+    `run`.
     """
 
-    def __init__(self, policy: RetryPolicy | None, key_source: KeySource | None = None) -> None:
+    def __init__(
+        self,
+        policy: RetryPolicy | None,
+        key_source: KeySource | None = None,
+        run: Run | None = None,
+    ) -> None:
         if key_source is not None and not callable(key_source):
             raise TypeError("key_source must be a callable taking a KeyRequest, or None")
+        if run is not None and not isinstance(run, Run):
+            raise TypeError(f"run must be an orchestrator.Run or None, not {type(run).__name__}")
         self._policy = owned_policy(policy)
         self._key_source = key_source
+        self._run = run
         self._connection: object = None
         self._session: RetryingSession | None = None
 
@@ -71,11 +81,15 @@ class PerConnection:
     def key_source(self) -> KeySource | None:
         return self._key_source
 
+    @property
+    def run(self) -> Run | None:
+        return self._run
+
     def session_for(self, connection: object, session: SessionLike) -> RetryingSession:
         """The `RetryingSession` over `session` for `connection` (the framework's live session)."""
         if self._session is None or self._connection is not connection:
             self._session = RetryingSession(
-                session, policy=self._policy, key_source=self._key_source
+                session, policy=self._policy, key_source=self._key_source, run=self._run
             )
             self._connection = connection
         return self._session

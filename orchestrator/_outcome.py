@@ -25,6 +25,16 @@ _REASONS: dict[str, str] = {
     "budget": "the retry budget for this server is spent",
     "no_connect": "the session is closed and no connect factory was given",
     "server": "the server reports the outcome of an earlier attempt as unknown",
+    "resumed_intent": (
+        "the run's journal shows an earlier process sent this call without learning its outcome,"
+        " and the tool is not safe to send again (not guarded, not annotated idempotentHint or"
+        " readOnlyHint)"
+    ),
+    "resumed_done": (
+        "the run's journal shows an earlier process sent this call and got its answer (results"
+        " are not journalled), and the tool is not safe to send again (not guarded, not"
+        " annotated idempotentHint or readOnlyHint)"
+    ),
 }
 
 

@@ -36,6 +36,8 @@ GiveUpReason = Literal[
     "budget",  # the shared retry budget is spent
     "no_connect",  # the session is gone and there is no connect factory to replace it
     "server",  # the server itself reported the outcome unknown (-32012)
+    "resumed_intent",  # a resumed run's journal holds the call unanswered; not safe to resend
+    "resumed_done",  # a resumed run's journal holds the call answered; not safe to resend
 ]
 
 

@@ -28,18 +28,40 @@ from ._catalog import ToolCatalog, watch_list_changed
 from ._classify import Failure, classify
 from ._gate import GATED, retry_gate
 from ._http import AttemptProbe, current_probe
+from ._journal import fingerprint_arguments
 from ._key import KeySource, resolve_key
-from ._outcome import NotExecuted, OutcomeUnknown, ServerOutcomeUnknown, tool_call_error
+from ._outcome import (
+    NotExecuted,
+    OutcomeUnknown,
+    ServerOutcomeUnknown,
+    ToolCallError,
+    tool_call_error,
+)
 from ._policy import Override, RetryPolicy, check_overrides
 from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable, transport_closed
 from ._report import AttemptReport, CallOutcome, CallReport, GiveUpReason
-from ._sessions import SessionLike, tool_session
+from ._run import Run, placed_run
+from ._sessions import OverClientSession, SessionLike, tool_session
 from ._testing import pause
 
 
 def _replayed(result: CallToolResult) -> bool:
     record = (result.meta or {}).get(wire.IDEMPOTENCY_META)
     return isinstance(record, Mapping) and record.get("status") == "replayed"
+
+
+#: The server name a journal entry records when the session cannot tell who it talks to.
+UNNAMED_SERVER = "mcp"
+
+
+def server_name(session: SessionLike) -> str:
+    """The name the server gave itself (`serverInfo.name`), which a run's journal records with
+    each call: stable across processes, unlike anything about the connection."""
+    adapted = tool_session(session)
+    inner = adapted.inner() if isinstance(adapted, OverClientSession) else None
+    info = getattr(inner, "server_info", None)
+    name = getattr(info, "name", None)
+    return name if isinstance(name, str) and name else UNNAMED_SERVER
 
 
 class RetryingSession:
@@ -56,7 +78,13 @@ class RetryingSession:
     `key_source` (optional, a `KeySource`) gives the key of a call the caller brings no key for,
     from where the call runs: a durable engine's step, so that a re-run of the step sends the keys
     of its first run (see `key_step`, `step_keys`). Precedence, first match wins:
-    `idempotency_key=`, a key in `meta`, `key_source`, a fresh random key.
+    `idempotency_key=`, a key in `meta`, `run`, `key_source`, a fresh random key.
+
+    `run` (optional, an entered `orchestrator.Run`) journals each call that brings no key: the
+    key comes from the run id and the call's position, the intent is recorded before the request
+    leaves and marked done after the answer, and a restarted run resends what it had sent under
+    the same keys (see `Run`). A call placed by a `Turn` or a framework hook of a run goes
+    through that run even on a session without `run=`.
     """
 
     def __init__(
@@ -67,10 +95,14 @@ class RetryingSession:
         connect: Connect | None = None,
         overrides: Mapping[str, Override] | None = None,
         key_source: KeySource | None = None,
+        run: Run | None = None,
     ) -> None:
         if key_source is not None and not callable(key_source):
             raise TypeError("key_source must be a callable taking a KeyRequest, or None")
+        if run is not None and not isinstance(run, Run):
+            raise TypeError(f"run must be an orchestrator.Run or None, not {type(run).__name__}")
         self._key_source = key_source
+        self._run = run
         if session is not None:
             tool_session(session)  # refuses what the loop cannot drive, before anything is sent
         if session is None and connect is None:
@@ -127,6 +159,11 @@ class RetryingSession:
         return self._key_source
 
     @property
+    def run(self) -> Run | None:
+        """The run whose journal keys this session's unkeyed calls (None: no journal)."""
+        return self._run
+
+    @property
     def session(self) -> SessionLike | None:
         """The session calls currently go to (None before the first connect)."""
         return self._slot.current()
@@ -176,6 +213,8 @@ class RetryingSession:
             ToolCallError: the server answered with a permanent JSON-RPC error.
             ValueError, TypeError: bad arguments, or a bad key from `key_source`, before
                 anything is sent. Whatever `key_source` raises propagates, and nothing is sent.
+            RunDiverged, RunExpired, RunBusy, RunFinished: with a `run`, the journal refused
+                the call (see `Run`); nothing was sent.
         """
         result, _ = await self.call_tool_with_report(
             name,
@@ -217,16 +256,85 @@ class RetryingSession:
             raise ValueError(
                 f"meta[{wire.ATTEMPT_META!r}] is set by RetryingSession, not the caller"
             )
-        key = resolve_key(
-            idempotency_key, meta, key_source=self._key_source, tool=name, arguments=arguments
-        )
         if self._slot.can_reconnect and not self._slot.entered:
             raise RuntimeError(
                 "a RetryingSession with connect= must be entered (`async with`) before use:"
                 " it owns the sessions it opens"
             )
-        run = _Call(self, name, arguments, read_timeout_seconds, progress_callback, meta, key)
-        return await run.run()
+        run = self._run_for(idempotency_key, meta)
+        if run is not None:
+            return await self._journaled(
+                run, name, arguments, read_timeout_seconds, progress_callback, meta
+            )
+        key = resolve_key(
+            idempotency_key, meta, key_source=self._key_source, tool=name, arguments=arguments
+        )
+        call = _Call(self, name, arguments, read_timeout_seconds, progress_callback, meta, key)
+        return await call.run()
+
+    def _run_for(self, idempotency_key: str | None, meta: Mapping[str, Any] | None) -> Run | None:
+        """The run that keys this call: none when the caller brings a key (checked later by
+        `resolve_key`), else the session's or the one a turn placed the call in."""
+        if idempotency_key is not None or (meta is not None and wire.KEY_META in meta):
+            return None
+        placed = placed_run()
+        if placed is not None and self._run is not None and placed is not self._run:
+            raise ValueError(
+                f"this call was placed in {placed!r}, but the session journals {self._run!r}"
+            )
+        return placed if placed is not None else self._run
+
+    async def _journaled(
+        self,
+        run: Run,
+        name: str,
+        arguments: dict[str, Any] | None,
+        read_timeout: float | None,
+        progress_callback: ProgressFnT | None,
+        meta: Mapping[str, Any] | None,
+    ) -> tuple[CallToolResult, CallReport]:
+        """One call of `run`: claimed (journal first), sent under the claimed key, marked done
+        when an answer ends it (a result, an `isError` result or a permanent error). Anything
+        else (`OutcomeUnknown`, `NotExecuted`, cancellation, a crash) leaves the intent: the
+        journal cannot tell "never arrived" from "ran, answer lost", so a resume treats it as
+        "may have run"."""
+        # The server's name is part of the entry, so the session is made first; a connect
+        # failure here is raised as it is, with no position taken.
+        fingerprint = fingerprint_arguments(arguments)  # not plain JSON: refused, no position
+        session = self._slot.current()
+        if session is None:
+            session, _ = await self._slot.acquire()
+        position = run.take_position()
+        catalog = self._catalog
+        policy = self._policy
+
+        async def lookup() -> Tool | None:
+            if (tool := catalog.fresh(name)) is not None:
+                return tool
+            with anyio.move_on_after(policy.deadline):
+                try:
+                    return await catalog.lookup(session, name)
+                except Exception as exc:
+                    telemetry.logger.debug("listing tools failed: %s", type(exc).__name__)
+            return catalog.get(name)
+
+        claim = await run.claim(
+            position,
+            server=server_name(session),
+            tool=name,
+            fingerprint=fingerprint,
+            lookup=lookup,
+            overrides=self._overrides,
+            trust_annotations=policy.trust_annotations,
+        )
+        call = _Call(self, name, arguments, read_timeout, progress_callback, meta, claim.key)
+        try:
+            answer = await call.run()
+        except ToolCallError:
+            await run.done(claim)
+            raise
+        await run.done(claim)
+        return answer
 
 
 class _Call:

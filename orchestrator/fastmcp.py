@@ -32,6 +32,7 @@ from mcp_types import CONNECTION_CLOSED, CallToolResult, ListToolsResult, Reques
 from ._integration import PerConnection, attempt_timeout
 from ._key import KeySource
 from ._policy import RetryPolicy
+from ._run import Run
 from ._sessions import OverClientSession
 
 if TYPE_CHECKING:
@@ -95,9 +96,10 @@ class FastMCPSession(OverClientSession):
 class RetryingClient(Client[Any]):
     """A `fastmcp.Client` whose tool calls are retried safely; usable wherever one is accepted.
 
-    Takes `fastmcp.Client`'s arguments plus `policy=` (a `RetryPolicy`) and `key_source=` (a
-    `KeySource`). Per-attempt timeout: the call's `timeout=`, else the policy's `attempt_timeout`,
-    else the client's `timeout=`. Keys: a key passed in `meta` under
+    Takes `fastmcp.Client`'s arguments plus `policy=` (a `RetryPolicy`), `key_source=` (a
+    `KeySource`) and `run=` (an entered `orchestrator.Run`, which journals the calls that bring
+    no key; it comes before `key_source`). Per-attempt timeout: the call's `timeout=`, else the
+    policy's `attempt_timeout`, else the client's `timeout=`. Keys: a key passed in `meta` under
     `io.github.mcp-once/idempotency-key` is used on every attempt (that is how pydantic-ai's
     tool-call ids become keys, see `orchestrator.pydantic_ai`); without one, `key_source` (if
     given) is asked, and otherwise (or when it answers None) each `call_tool` mints its own.
@@ -116,10 +118,11 @@ class RetryingClient(Client[Any]):
         *args: Any,
         policy: RetryPolicy | None = None,
         key_source: KeySource | None = None,
+        run: Run | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(transport, *args, **kwargs)
-        self._mcp_once = PerConnection(policy, key_source)
+        self._mcp_once = PerConnection(policy, key_source, run)
 
     @property
     def policy(self) -> RetryPolicy:
@@ -129,12 +132,18 @@ class RetryingClient(Client[Any]):
     def key_source(self) -> KeySource | None:
         return self._mcp_once.key_source
 
+    @property
+    def run(self) -> Run | None:
+        return self._mcp_once.run
+
     def new(self) -> RetryingClient:
-        """A fresh clone (FastMCP's `new()`), with connection state of its own; budget and
-        key source shared."""
+        """A fresh clone (FastMCP's `new()`), with connection state of its own; budget, key
+        source and run shared."""
         clone = super().new()
         assert isinstance(clone, RetryingClient)
-        clone._mcp_once = PerConnection(self._mcp_once.policy, self._mcp_once.key_source)
+        clone._mcp_once = PerConnection(
+            self._mcp_once.policy, self._mcp_once.key_source, self._mcp_once.run
+        )
         return clone
 
     async def call_tool_mcp(

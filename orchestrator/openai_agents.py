@@ -1,22 +1,27 @@
 """OpenAI Agents SDK servers whose tool calls are retried safely instead of blindly.
 
 `RetryingMCPServerStdio`, `RetryingMCPServerStreamableHttp` and `RetryingMCPServerSse` are the
-SDK's own server classes (same arguments, plus keywords `policy=`, a `RetryPolicy`, and
-`key_source=`, a `KeySource`) with one
+SDK's own server classes (same arguments, plus keywords `policy=`, a `RetryPolicy`,
+`key_source=`, a `KeySource`, and `run=`, an entered `orchestrator.Run`) with one
 difference: `call_tool` goes through `RetryingSession`. Why: with `max_retry_attempts > 0` the SDK
 re-sends *any* failed `call_tool` (and the streamable HTTP class re-sends on a fresh session after
 a timeout or a 5xx) with no key and no look at the tool's annotations, so a tool whose answer was
 lost runs twice. Here:
 
 - the SDK's retry loop never runs for tool calls (`max_retry_attempts` still governs listing);
-- every call carries an idempotency key, the first of: a key already in the call's `_meta` (set
-  by a user `tool_meta_resolver`, which still runs, or by a workflow-side resolver that hands
-  `call_tool` its `meta`); the server's `key_source=` (a `KeySource`, e.g. a durable engine's
-  step); a key derived from the server's name, the tool name and the model's tool-call id; a
-  fresh one (a `call_tool` outside an agent run, with no source). The derived key is the same
-  logical call on every attempt, if the model re-issues it under the same id, and in another
-  process of the same run (a worker that picks the run up after a crash): it holds nothing
-  random of the server object's;
+- every call carries an idempotency key, the first of: a key already in the call's `_meta` (set by a
+  user `tool_meta_resolver`, which still runs, or by a workflow-side resolver that hands `call_tool`
+  its `meta`); the server's `run=` (the run's journal: the key comes from the run id and the call's
+  position, see `orchestrator.Run`; the SDK does not tell a tool its index in the model's response,
+  so the calls of one response are numbered in the order they reach the server object: the SDK
+  starts them in response order, but with its default concurrency they reach it as its scheduling
+  has them; set `RunConfig(tool_execution=ToolExecutionConfig(max_function_tool_concurrency=1))`
+  where that order must hold strictly); the server's `key_source=` (a `KeySource`, e.g. a durable
+  engine's step); a key derived from the server's name, the tool name and the model's tool-call id;
+  a fresh one (a `call_tool` outside an agent run, with no source). The derived key is the same
+  logical call on every attempt, if the model re-issues it under the same id, and in another process
+  of the same run (a worker that picks the run up after a crash): it holds nothing random of the
+  server object's;
 - `client_session_timeout_seconds` is the per-attempt timeout unless the policy sets one;
 - a call that may have run but cannot be retried reaches the model as an `isError` tool result
   that says so ("may have run; do not repeat"), not as the SDK's default "Please try again".
@@ -54,6 +59,7 @@ from ._integration import PerConnection, attempt_timeout, tell_model
 from ._key import KeySource, derive_key, key_from_source
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
+from ._run import Run
 
 __all__ = [
     "KEY_SOURCE",
@@ -171,9 +177,10 @@ class _RetryingServer(_MCPServerWithClientSession):
         *args: Any,
         policy: RetryPolicy | None = None,
         key_source: KeySource | None = None,
+        run: Run | None = None,
         **kwargs: Any,
     ) -> None:
-        self._mcp_once = PerConnection(policy, key_source)
+        self._mcp_once = PerConnection(policy, key_source, run)
         self._user_meta_resolver: MCPToolMetaResolver | None = None
         super().__init__(*args, **kwargs)
 
@@ -184,6 +191,10 @@ class _RetryingServer(_MCPServerWithClientSession):
     @property
     def key_source(self) -> KeySource | None:
         return self._mcp_once.key_source
+
+    @property
+    def run(self) -> Run | None:
+        return self._mcp_once.run
 
     @property
     def tool_meta_resolver(self) -> MCPToolMetaResolver:
@@ -206,6 +217,8 @@ class _RetryingServer(_MCPServerWithClientSession):
                 meta.update(resolved)
         if wire.KEY_META in meta:
             return meta  # the resolver's key wins; `RetryingSession` checks it
+        if self._mcp_once.run is not None:
+            return meta or None  # the run's journal keys the call, in `RetryingSession`
         key_source = self._mcp_once.key_source
         key = (
             key_from_source(key_source, context.tool_name, context.arguments)
@@ -255,12 +268,12 @@ class _RetryingServer(_MCPServerWithClientSession):
 
 class RetryingMCPServerStdio(_RetryingServer, MCPServerStdio):
     """`agents.mcp.MCPServerStdio` with safe retries: the SDK's arguments plus
-    `policy=` and `key_source=`."""
+    `policy=`, `key_source=` and `run=`."""
 
 
 class RetryingMCPServerStreamableHttp(_RetryingServer, MCPServerStreamableHttp):
     """`agents.mcp.MCPServerStreamableHttp` with safe retries: the SDK's arguments plus
-    `policy=` and `key_source=`.
+    `policy=`, `key_source=` and `run=`.
 
     Also replaces the SDK's re-send on a fresh ("isolated") session after a timeout or a 5xx.
     """
@@ -268,4 +281,4 @@ class RetryingMCPServerStreamableHttp(_RetryingServer, MCPServerStreamableHttp):
 
 class RetryingMCPServerSse(_RetryingServer, MCPServerSse):
     """`agents.mcp.MCPServerSse` with safe retries: the SDK's arguments plus
-    `policy=` and `key_source=`."""
+    `policy=`, `key_source=` and `run=`."""

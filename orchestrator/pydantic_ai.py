@@ -32,6 +32,13 @@ parts of the key survive the crash: the default `run_id` is `<workflow id>:<step
 and `examples/pydantic_ai_dbos.py`. Pass no per-process `run_id=` of your own to `agent.run`:
 it would change the key on recovery.
 
+To journal an agent run so that a restarted process resends what it had sent under the same keys
+(`orchestrator.Run`), use `process_tool_call=keyed_tool_calls_with(run=run)` over a
+`RetryingClient` (with or without its own `run=`): the hook sends no key of its own and places
+each call at its index among the tool calls of the model response that asked for it, so the
+calls of one response keep their positions whatever order they finish in; the run's journal
+keys them.
+
 Needs the `pydantic-ai` extra (`pip install "mcp-once[pydantic-ai]"`).
 """
 
@@ -41,14 +48,22 @@ from typing import Any
 
 from pydantic_ai import ModelRetry, RunContext, ToolFailed
 from pydantic_ai.mcp import CallToolFunc, ProcessToolCallback, ToolResult
+from pydantic_ai.messages import ModelResponse, ToolCallPart
 
 from idempotency import wire
 
 from ._integration import tell_model
 from ._key import KeySource, derive_key, key_from_source
 from ._outcome import NotExecuted, OutcomeUnknown
+from ._run import Run, Turn
 
-__all__ = ["KEY_SOURCE", "keyed_tool_calls", "keyed_tool_calls_with", "tool_call_key"]
+__all__ = [
+    "KEY_SOURCE",
+    "keyed_tool_calls",
+    "keyed_tool_calls_with",
+    "response_turn",
+    "tool_call_key",
+]
 
 #: The prefix of keys derived from pydantic-ai's run and tool-call ids.
 KEY_SOURCE = "pydantic-ai"
@@ -72,26 +87,65 @@ async def keyed_tool_calls(
     return await _keyed_call(ctx, call_tool, name, args, tool_call_key(ctx, name))
 
 
-def keyed_tool_calls_with(key_source: KeySource) -> ProcessToolCallback:
-    """`keyed_tool_calls`, with the key taken from `key_source` when it gives one.
+def keyed_tool_calls_with(
+    key_source: KeySource | None = None, *, run: Run | None = None
+) -> ProcessToolCallback:
+    """`keyed_tool_calls`, with the key taken from `run`'s journal or from `key_source`.
 
     `MCPToolset(client, process_tool_call=keyed_tool_calls_with(step_keys))`: each call's key is
     the source's answer (asked once per call, in the calling task, so `key_step` ordinals apply),
     else the tool-call-id key of `tool_call_key`, else a fresh one. What the source raises
     propagates and a bad key is refused, before anything is sent.
+
+    `keyed_tool_calls_with(run=run)` (the client must be a `RetryingClient`): the run keys every
+    call (it comes before `key_source`, which is then not asked), at the call's index among the
+    tool calls of its model response (`response_turn`); see the module doc.
     """
-    if not callable(key_source):
+    if key_source is None and run is None:
+        raise TypeError("keyed_tool_calls_with needs a key_source, a run, or both")
+    if key_source is not None and not callable(key_source):
         raise TypeError("key_source must be a callable taking a KeyRequest")
+    if run is not None and not isinstance(run, Run):
+        raise TypeError(f"run must be an orchestrator.Run, not {type(run).__name__}")
 
     async def keyed(
         ctx: RunContext[Any], call_tool: CallToolFunc, name: str, args: dict[str, Any]
     ) -> ToolResult:
+        if run is not None:
+            placed = response_turn(run, ctx)
+            if placed is None:
+                return await _keyed_call(ctx, call_tool, name, args, None)
+            turn, index = placed
+            with turn.call(index):
+                return await _keyed_call(ctx, call_tool, name, args, None)
+        assert key_source is not None
         key = key_from_source(key_source, name, args)
         if key is None:
             key = tool_call_key(ctx, name)
         return await _keyed_call(ctx, call_tool, name, args, key)
 
     return keyed
+
+
+def response_turn(run: Run, ctx: RunContext[Any]) -> tuple[Turn, int] | None:
+    """The turn of the model response that asked for this tool call, and the call's index among
+    its tool calls; None when the run context does not show the response (the call then takes
+    the run's next position when it is made).
+
+    The response is named by its place in the message history, the same on every run of a
+    deterministic pipeline; its tool calls are counted all, MCP or not, so the index is the
+    call's place in what the model wrote.
+    """
+    if ctx.tool_call_id is None:
+        return None
+    for number, message in enumerate(ctx.messages):
+        if not isinstance(message, ModelResponse):
+            continue
+        calls = [part for part in message.parts if isinstance(part, ToolCallPart)]
+        for index, part in enumerate(calls):
+            if part.tool_call_id == ctx.tool_call_id:
+                return run.turn_of(("pydantic-ai", number), len(calls)), index
+    return None
 
 
 async def _keyed_call(

@@ -100,3 +100,14 @@ def test_outage_budget_keeps_amplification_below_the_baseline(
     baseline = quick_json["results"]["outage"]["contenders"]["tenacity"]["runs"]  # type: ignore[index]
     for run in baseline:
         assert run["attempts_of_those"] == 3 * run["logical_calls_within_outage"], run
+
+
+def test_the_run_journal_benchmark_journals_every_call(quick_json: dict[str, object]) -> None:
+    """Counts, not timings: every journalled call of the smoke scale left one entry in each
+    journal (1 round of 10 calls and 3 warm-up calls, per transport), and Redis's bytes per
+    entry are within the target (SQLite's file grows by whole pages: too few entries here)."""
+    sizes = quick_json["results"]["run_journal"]["bytes_per_entry"]  # type: ignore[index]
+    assert sizes["sqlite"]["entries"] == sizes["redis"]["entries"] == 2 * (10 + 3)
+    assert 0 < sizes["redis"]["bytes_per_entry"] <= 300
+    ratios = quick_json["journal_ratio_by_transport"]
+    assert set(ratios) == {"in_process", "http"}  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import _bench, _demo, _keys, _serve
+from . import _bench, _demo, _keys, _runs, _serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Safe retries for MCP tool calls: demo, operator commands and benchmarks.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (_demo, _keys, _serve, _bench):
+    for module in (_demo, _keys, _runs, _serve, _bench):
         module.add_parser(commands)
     return parser
 

@@ -3,13 +3,17 @@
 A real MCP server (in-process over memory streams, a stdio child or an HTTP server process) with
 a payment, a naturally idempotent write, a read and an unguarded notification; a fault plan that
 loses answers, duplicates requests, drops connections and restarts the server once; then a
-side-by-side table. The engine is the chaos suite's (`mcp_once.scenarios`), so the demo shows
-exactly what the tests assert.
+side-by-side table. Then the agent pipeline: an agent process running a scripted eight-call
+pipeline against the same shop over HTTP, SIGKILLed at seeded points and restarted with the same
+run id until it finishes, once with fresh keys per process and once under `orchestrator.Run`. The
+engine is the chaos suite's and the run tests' (`mcp_once.scenarios`), so the demo shows exactly
+what the tests assert.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -31,11 +35,14 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from mcp_once.scenarios import CallRecord, Mode, Report, Scenario
+    from mcp_once.scenarios import CallRecord, Mode, PipelineTotals, Report, Scenario
 
 DEFAULT_CALLS = 100
 DEFAULT_SEED = 7
 MAX_CALLS = 100_000
+#: Pipelines per mode by default: two seeds' worth of kills (7 or so) in a few seconds.
+DEFAULT_PIPELINES = 2
+MAX_PIPELINES = 50
 
 _EXPLANATION = (
     "{calls} MCP tool calls (payments, writes, reads, notifications) over {where}, through a"
@@ -43,6 +50,26 @@ _EXPLANATION = (
     " restart halfway. The same calls meet the same faults twice: first with a naive retry"
     " loop (retry on any error, no keys), then with mcp-once (idempotency keys on the client,"
     " @idempotent on the server). A duplicate effect is, say, a payment charged twice."
+)
+
+_PIPELINE_EXPLANATION = (
+    "Then agent pipelines: {pipelines} eight-call pipeline(s) (payments, writes, notifications,"
+    " a parallel turn of three), each run by an agent process against a guarded server over"
+    " HTTP, SIGKILLed at seeded points ({kills} kills in all: before a request leaves, after the"
+    " server ran the tool, after the answer came back, between calls) and restarted with the"
+    " same run id until it finishes: first with fresh keys per process (what a plain agent"
+    " loop has today), then with orchestrator.Run (keys from the run id and the call's"
+    " position, journalled)."
+)
+
+_PIPELINE_ROWS: tuple[tuple[str, str], ...] = (
+    ("pipeline calls", "calls"),
+    ("agent processes", "processes"),
+    ("SIGKILLs", "kills"),
+    ("effects executed", "effects"),
+    ("duplicate effects", "duplicate_effects"),
+    ("replays served", "replays"),
+    ("outcome unknown (reported)", "outcome_unknown"),
 )
 
 _ROWS: tuple[tuple[str, str], ...] = (
@@ -84,6 +111,13 @@ def add_parser(commands: Any) -> None:
     demo.add_argument(
         "--calls", type=int, default=DEFAULT_CALLS, help="logical calls (default: %(default)s)"
     )
+    demo.add_argument(
+        "--pipelines",
+        type=int,
+        default=DEFAULT_PIPELINES,
+        help="agent pipelines killed and resumed, per mode (0: skip that part;"
+        " default: %(default)s)",
+    )
     demo.add_argument("--json", action="store_true", help="print a machine-readable summary")
     demo.add_argument("--verbose", action="store_true", help="show the library's log output")
     demo.set_defaults(run=run)
@@ -94,6 +128,8 @@ def _check_args(args: argparse.Namespace) -> None:
         fail(f"--calls must be between 1 and {MAX_CALLS}, got {args.calls}", EXIT_USAGE)
     if args.seed < 0:
         fail(f"--seed must be >= 0, got {args.seed}", EXIT_USAGE)
+    if not 0 <= args.pipelines <= MAX_PIPELINES:
+        fail(f"--pipelines must be between 0 and {MAX_PIPELINES}, got {args.pipelines}", EXIT_USAGE)
     if args.store is not None and args.store.startswith("memory:") and args.transport != "memory":
         fail(
             "--store memory:// lives inside one process; the stdio and http servers run in"
@@ -137,18 +173,43 @@ class _Live:
             print(f"  {self.label}: {self.done}/{self.total} calls", file=self.out, flush=True)
 
 
-def _figures(report: Report) -> dict[str, Any]:
-    data = report.to_dict()
-    return {key: data[key] for _, key in _ROWS}
+def _side_by_side(
+    rows: tuple[tuple[str, str], ...],
+    heads: tuple[str, str],
+    left: dict[str, Any],
+    right: dict[str, Any],
+) -> str:
+    """Two columns of figures under `heads`, one row per (label, key); both tables of the demo
+    share the label width, so they line up."""
+    label_width = max(len(label) for label, _ in _ROWS + _PIPELINE_ROWS)
+    lines = [f"{'':<{label_width}}  {heads[0]:>12}  {heads[1]:>10}"]
+    for label, key in rows:
+        lines.append(f"{label:<{label_width}}  {left[key]:>12}  {right[key]:>10}")
+    return "\n".join(lines)
 
 
 def _table(baseline: Report, once: Report) -> str:
-    left, right = _figures(baseline), _figures(once)
-    label_width = max(len(label) for label, _ in _ROWS)
-    lines = [f"{'':<{label_width}}  {'naive retry':>12}  {'mcp-once':>10}"]
-    for label, key in _ROWS:
-        lines.append(f"{label:<{label_width}}  {left[key]:>12}  {right[key]:>10}")
-    return "\n".join(lines)
+    heads = ("naive retry", "mcp-once")
+    return _side_by_side(_ROWS, heads, baseline.to_dict(), once.to_dict())
+
+
+def _pipeline_table(fresh: PipelineTotals, journalled: PipelineTotals) -> str:
+    heads = ("fresh keys", "Run")
+    return _side_by_side(_PIPELINE_ROWS, heads, fresh.to_dict(), journalled.to_dict())
+
+
+def _pipeline_verdict(fresh: PipelineTotals, journalled: PipelineTotals) -> str:
+    if not journalled.ok:
+        return (
+            f"FAILED: under Run, {journalled.duplicates} duplicate effect(s) and"
+            f" {journalled.missing} missing effect(s). Please report this with the seed."
+        )
+    return (
+        f"fresh keys: {fresh.duplicates} duplicate effect(s), every restart sends the pipeline"
+        f" again. Run: none, with {journalled.replays} answer(s) replayed by key; the"
+        f" {journalled.outcome_unknown} OutcomeUnknown are notifications (unguarded) a kill"
+        " left in doubt or already sent, never sent again."
+    )
 
 
 def _fault_line(report: Report) -> str:
@@ -176,8 +237,27 @@ def _verdict(baseline: Report, once: Report) -> str:
 
 
 def _summary(
-    args: argparse.Namespace, store: str, baseline: Report, once: Report, seconds: float
+    args: argparse.Namespace,
+    store: str,
+    baseline: Report,
+    once: Report,
+    pipelines: tuple[PipelineTotals, PipelineTotals] | None,
+    seconds: float,
 ) -> dict[str, Any]:
+    pipeline: dict[str, Any] | None = None
+    if pipelines is not None:
+        fresh, journalled = pipelines
+        pipeline = {
+            "pipelines": journalled.pipelines,
+            "seeds": list(range(args.seed, args.seed + args.pipelines)),
+            "kills": journalled.kills,
+            "duplicate_effects": journalled.duplicates,
+            "baseline_duplicate_effects": fresh.duplicates,
+            "replays": journalled.replays,
+            "ok": journalled.ok,
+            "run": journalled.to_dict(),
+            "fresh_keys": fresh.to_dict(),
+        }
     return {
         "calls": once.calls,
         "transport": args.transport,
@@ -195,15 +275,25 @@ def _summary(
         "baseline_retries": baseline.retries,
         "baseline_effects": baseline.effects,
         "baseline_duplicate_effects": baseline.duplicates,
-        "ok": once.ok,
+        "ok": once.ok and (pipeline is None or pipeline["ok"]),
         "seconds": round(seconds, 2),
         "mcp_once": once.to_dict(),
         "baseline": baseline.to_dict(),
+        "pipeline": pipeline,
     }
 
 
-async def _run(args: argparse.Namespace, workdir: Path) -> tuple[Report, Report, str]:
-    from mcp_once.scenarios import Scenario, default_policy, run_scenario
+async def _run(
+    args: argparse.Namespace, workdir: Path
+) -> tuple[Report, Report, tuple[PipelineTotals, PipelineTotals] | None, str]:
+    from mcp_once.scenarios import (
+        PIPELINE_AGENT,
+        Scenario,
+        Zygote,
+        default_policy,
+        run_pipelines,
+        run_scenario,
+    )
 
     store = args.store
     if store is None:
@@ -221,10 +311,28 @@ async def _run(args: argparse.Namespace, workdir: Path) -> tuple[Report, Report,
     )
     modes: tuple[tuple[Mode, str], ...] = (("naive", "naive retry"), ("mcp-once", "mcp-once"))
     reports: list[Report] = []
-    for mode, label in modes:
-        live = _Live(label, args.calls, sys.stderr)
-        reports.append(await run_scenario(scenario, mode, workdir, progress=live))
-    return reports[0], reports[1], store
+    pipelines = None
+    folder = workdir / "pipeline"
+    folder.mkdir()
+    async with contextlib.AsyncExitStack() as stack:
+        # Entered first: the agents' parent imports in a process of its own meanwhile.
+        zygote = (
+            await stack.enter_async_context(Zygote(PIPELINE_AGENT, folder))
+            if args.pipelines
+            else None
+        )
+        for mode, label in modes:
+            live = _Live(label, args.calls, sys.stderr)
+            reports.append(await run_scenario(scenario, mode, workdir, progress=live))
+        if zygote is not None:
+            print(
+                f"  pipeline: {args.pipelines} agent pipeline(s) per mode, killed and restarted",
+                file=sys.stderr,
+                flush=True,
+            )
+            seeds = range(args.seed, args.seed + args.pipelines)
+            pipelines = await run_pipelines(seeds, folder, zygote=zygote)
+    return reports[0], reports[1], pipelines, store
 
 
 def run(args: argparse.Namespace) -> int:
@@ -238,18 +346,29 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="mcp-once-demo-") as tmp:
-            baseline, once, store = anyio.run(_run, args, Path(tmp))
+            baseline, once, pipelines, store = anyio.run(_run, args, Path(tmp))
     finally:
         logging.disable(logging.NOTSET)
     seconds = time.monotonic() - started
     shown_store = store if args.store is not None else "a temporary SQLite file"
+    summary = _summary(args, shown_store, baseline, once, pipelines, seconds)
     if args.json:
-        print(json.dumps(_summary(args, shown_store, baseline, once, seconds), indent=2))
+        print(json.dumps(summary, indent=2))
     else:
         print()
         print(_table(baseline, once))
         print()
         print(f"faults (mcp-once run): {_fault_line(once) or 'none'}")
         print(_verdict(baseline, once))
+        if pipelines is not None:
+            fresh, journalled = pipelines
+            print()
+            print(
+                _PIPELINE_EXPLANATION.format(pipelines=journalled.pipelines, kills=journalled.kills)
+            )
+            print()
+            print(_pipeline_table(fresh, journalled))
+            print()
+            print(_pipeline_verdict(fresh, journalled))
         print(f"seed {args.seed}, store: {shown_store}, {seconds:.1f} s")
-    return EXIT_OK if once.ok else EXIT_PROBLEM
+    return EXIT_OK if summary["ok"] else EXIT_PROBLEM

@@ -11,7 +11,9 @@ through `orchestrator.RetryingSession` ("mcp-once") or a naive tenacity loop ("n
 `Endpoint` (memory, stdio, HTTP; restartable), with the link broken by `orchestrator.chaos`;
 `check` reads the ledger and the call reports into a `Report`. `open_replicas` runs several HTTP
 replicas on one store behind a balancer that can freeze or kill one of them; `strays` tells
-whether what a run left half-done belongs to a struck replica.
+whether what a run left half-done belongs to a struck replica. `run_pipelines` kills an agent
+process running a scripted pipeline at seeded points and restarts it until done, with fresh keys
+and under `orchestrator.Run` (`_pipeline`, `_pipeline_agent`, `_zygote`).
 `python -m mcp_once.scenarios.soak --seeds 50` runs it for longer.
 """
 
@@ -27,6 +29,8 @@ from mcp_once.scenarios._endpoints import (
 )
 from mcp_once.scenarios._invariants import Report, check
 from mcp_once.scenarios._ledger import Effect, Ledger
+from mcp_once.scenarios._pipeline import AGENT as PIPELINE_AGENT
+from mcp_once.scenarios._pipeline import PipelineTotals, run_pipelines
 from mcp_once.scenarios._replicas import Replicas, Strays, open_replicas, strays
 from mcp_once.scenarios._shop import ShopEffects, build_server, marks
 from mcp_once.scenarios._suite import Scenario, default_plan, open_endpoint, run_scenario
@@ -40,8 +44,10 @@ from mcp_once.scenarios._workload import (
     plan_calls,
     run_workload,
 )
+from mcp_once.scenarios._zygote import Zygote
 
 __all__ = [
+    "PIPELINE_AGENT",
     "CallRecord",
     "CallSpec",
     "Effect",
@@ -51,6 +57,7 @@ __all__ = [
     "Ledger",
     "MemoryEndpoint",
     "Mode",
+    "PipelineTotals",
     "Replicas",
     "Report",
     "RunResult",
@@ -60,6 +67,7 @@ __all__ = [
     "StdioEndpoint",
     "Strays",
     "TransportName",
+    "Zygote",
     "build_server",
     "check",
     "connect_factory",
@@ -69,6 +77,7 @@ __all__ = [
     "open_endpoint",
     "open_replicas",
     "plan_calls",
+    "run_pipelines",
     "run_scenario",
     "run_workload",
     "server_command",

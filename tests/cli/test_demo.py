@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mcp_once._cli import main
-from mcp_once.scenarios import Report
+from mcp_once.scenarios import PipelineTotals, Report
 
 SCRIPT = Path(sys.executable).with_name("mcp-once")
 TIMEOUT = 240
@@ -52,12 +52,20 @@ def assert_shows_the_difference(data: dict[str, Any], calls: int) -> None:
     assert data["mcp_once"]["gate_violations"] == 0
 
 
-def test_default_run_over_memory() -> None:
+def test_default_run_over_memory_and_the_killed_pipelines() -> None:
     data = summary(demo("--json"))
     assert_shows_the_difference(data, 100)
     assert data["transport"] == "memory" and data["store"] == "a temporary SQLite file"
     assert data["faults"].get("server_restart") == 1
     assert data["seconds"] < 30, "the default demo must stay quick"
+    pipeline = data["pipeline"]
+    run, fresh = pipeline["run"], pipeline["fresh_keys"]
+    assert pipeline["pipelines"] == 2 and pipeline["seeds"] == [7, 8] and pipeline["ok"] is True
+    assert pipeline["kills"] == run["kills"] == fresh["kills"] >= 6  # 3 or 4 per pipeline
+    assert run["processes"] == fresh["processes"] == run["kills"] + 2
+    assert pipeline["duplicate_effects"] == run["duplicate_effects"] == 0
+    assert run["missing_effects"] == 0 and run["replays"] > 0 and fresh["replays"] == 0
+    assert pipeline["baseline_duplicate_effects"] == fresh["duplicate_effects"] > 0
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
@@ -84,6 +92,11 @@ def test_human_output_explains_and_compares() -> None:
     naive, once = (int(cell) for cell in row.split()[-2:])
     assert once == 0 and naive > 0
     assert "30/30" in completed.stderr  # live progress, on stderr
+    assert "Then agent pipelines: 2 eight-call pipeline(s)" in out
+    table = out[out.index("fresh keys  ") :]
+    row = next(line for line in table.splitlines() if line.startswith("duplicate effects"))
+    fresh, run = (int(cell) for cell in row.split()[-2:])
+    assert run == 0 and fresh > 0
 
 
 @pytest.mark.parametrize(
@@ -95,6 +108,8 @@ def test_human_output_explains_and_compares() -> None:
         (["--store", "bogus://x"], 2, "unknown key store scheme"),
         (["--store", "redis://127.0.0.1:1/0"], 3, "cannot be reached"),
         (["--transport", "carrier-pigeon"], 2, "invalid choice"),
+        (["--pipelines", "-1"], 2, "--pipelines must be between 0 and 50"),
+        (["--pipelines", "51"], 2, "--pipelines must be between 0 and 50"),
     ],
 )
 def test_bad_options_fail_with_a_sentence(args: list[str], code: int, message: str) -> None:
@@ -116,6 +131,29 @@ def test_a_duplicate_under_mcp_once_exits_1(
         return report
 
     monkeypatch.setattr(mcp_once.scenarios, "run_scenario", fake)
-    assert main(["demo", "--calls", "3", "--json"]) == 1
+    assert main(["demo", "--calls", "3", "--pipelines", "0", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["duplicate_effects"] == 1 and data["ok"] is False
+    assert data["pipeline"] is None
+
+
+def test_a_duplicate_under_run_in_the_pipelines_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pipeline's verdict counts too: a duplicate effect under Run fails the demo."""
+    import mcp_once.scenarios
+
+    async def calls(scenario: Any, mode: str, workdir: Path, **_: Any) -> Report:
+        return Report(mode=mode, transport="memory", era="modern", seed=0, calls=3)
+
+    async def pipelines(seeds: Any, folder: Path, **_: Any) -> tuple[Any, Any]:
+        fresh, run = PipelineTotals("fresh"), PipelineTotals("run")
+        fresh.duplicates, run.duplicates = 5, 1
+        return fresh, run
+
+    monkeypatch.setattr(mcp_once.scenarios, "run_scenario", calls)
+    monkeypatch.setattr(mcp_once.scenarios, "run_pipelines", pipelines)
+    assert main(["demo", "--calls", "3", "--pipelines", "1", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["duplicate_effects"] == 0 and data["ok"] is False
+    assert data["pipeline"]["duplicate_effects"] == 1 and data["pipeline"]["ok"] is False

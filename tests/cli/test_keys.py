@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -23,12 +22,13 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
+from cli_run import cli, private_redis_server, sync_cli
 from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult
-from redis_server import RedisServer, free_port, redis_server_binary
+from redis_server import RedisServer, free_port
 
 from idempotency import (
     CallScope,
@@ -42,7 +42,7 @@ from idempotency import (
     wire,
 )
 from idempotency._stores.sqlite import sqlite_path_from_url
-from mcp_once._cli import _common, _grace, main
+from mcp_once._cli import _common, _grace
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +50,6 @@ SERVER = "shop"
 LEASE = 30.0
 SOON = 30.0
 ARGS = {"order": "o-1", "cents": 500}
-UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 # -- the guarded tool and the stores -----------------------------------------------------------
@@ -139,14 +138,7 @@ class Backend:
 
 @pytest.fixture(scope="module")
 def private_redis() -> Iterator[RedisServer]:
-    """A Redis of this module's own: the CLI cannot take a key prefix, so each test empties it."""
-    if redis_server_binary() is None:
-        message = "REDIS NOT AVAILABLE — the Redis half of the keys CLI tests cannot run"
-        if UNDER_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    with RedisServer() as server:
-        yield server
+    yield from private_redis_server("keys CLI")
 
 
 @pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
@@ -171,35 +163,6 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 
 # -- running the CLI -----------------------------------------------------------------------------
-
-
-@dataclass
-class Ran:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-def _cli_in_thread(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Ran:
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return Ran(code, out, err)
-
-
-async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
-    """`mcp-once *argv` in-process (a worker thread: the CLI runs its own event loop)."""
-    return await anyio.to_thread.run_sync(functools.partial(_cli_in_thread, capsys, list(argv)))
-
-
-def sync_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Ran:
-    return _cli_in_thread(capsys, list(argv))
 
 
 def record_key(client_key: str, tool: str = "charge") -> str:

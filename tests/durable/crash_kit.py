@@ -57,17 +57,18 @@ class DurableShop:
 
 @contextmanager
 def running_shop(
-    tmp: Path, *, guarded: bool = True, retention: float | None = None
+    tmp: Path, *, guarded: bool = True, retention: float | None = None, hold: float = HOLD
 ) -> Iterator[DurableShop]:
     """A shop server process, guarded by a SQLite key store (or not), that holds `pay` for
-    `HOLD` seconds on its first attempt; `retention` (seconds a completed record is kept, the
+    `hold` seconds on its first attempt (0: never, for harnesses that kill in the agent
+    instead); `retention` (seconds a completed record is kept, the
     guard's default if None) is for tests of what happens once a record is gone. Synchronous,
     for a module-scoped fixture (one shop for many tests, each with call ids of its own)."""
     ledger = Ledger(tmp / "ledger.sqlite3")
     store = f"sqlite:///{tmp / 'keys.sqlite3'}" if guarded else None
     process = ServerProcess(
         lambda port: server_command(
-            "http", ledger, store, port=port, hold=HOLD, retention=retention
+            "http", ledger, store, port=port, hold=hold, retention=retention
         )
     )
     process.start()
@@ -79,10 +80,10 @@ def running_shop(
 
 @asynccontextmanager
 async def durable_shop(
-    tmp: Path, *, guarded: bool = True, retention: float | None = None
+    tmp: Path, *, guarded: bool = True, retention: float | None = None, hold: float = HOLD
 ) -> AsyncIterator[DurableShop]:
     """`running_shop`, started and stopped off the event loop."""
-    shop = running_shop(tmp, guarded=guarded, retention=retention)
+    shop = running_shop(tmp, guarded=guarded, retention=retention, hold=hold)
     entered = await anyio.to_thread.run_sync(shop.__enter__)
     try:
         yield entered
