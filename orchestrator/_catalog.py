@@ -9,10 +9,13 @@ and on `notifications/tools/list_changed` when the session lets us hear them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 
 import anyio
 from mcp_types import Tool
+
+from idempotency import wire
 
 from ._sessions import SessionLike, tool_session
 
@@ -92,3 +95,15 @@ def watch_list_changed(session: SessionLike, on_change: Callable[[], None]) -> b
     Best effort (it hooks SDK internals): returns False when the hook is not available.
     """
     return tool_session(session).watch_list_changed(on_change)
+
+
+def advertised_retention(tool: Tool | None) -> float | None:
+    """The seconds the server says it keeps a key of this tool (`retentionSeconds` in the
+    listing's `_meta`), or None when it says nothing."""
+    entry = (tool.meta or {}).get(wire.IDEMPOTENCY_META) if tool is not None else None
+    if not isinstance(entry, Mapping):
+        return None
+    seconds = entry.get("retentionSeconds")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return None
+    return float(seconds) if math.isfinite(seconds) and seconds >= 0 else None

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import math
 import os
 import socket
 import time
@@ -38,8 +37,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from mcp_types import Tool
 
-from idempotency import wire
-
+from ._catalog import advertised_retention
 from ._gate import retry_gate
 from ._journal import (
     DEFAULT_LEASE,
@@ -110,18 +108,6 @@ class RunExpired(Exception):
             f"run {run_id!r} position {position} ({tool!r}) was sent {age:.0f}s ago; the server"
             f" keeps keys for {retention:.0f}s, so a resend could run it again; nothing was sent"
         )
-
-
-def advertised_retention(tool: Tool | None) -> float | None:
-    """The seconds the server says it keeps a key of this tool (`retentionSeconds` in the
-    listing's `_meta`), or None when it says nothing."""
-    entry = (tool.meta or {}).get(wire.IDEMPOTENCY_META) if tool is not None else None
-    if not isinstance(entry, Mapping):
-        return None
-    seconds = entry.get("retentionSeconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        return None
-    return float(seconds) if math.isfinite(seconds) and seconds >= 0 else None
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ from temporalio.worker import (
 
 from idempotency import wire
 
-from ._catalog import list_all_tools
+from ._catalog import advertised_retention, list_all_tools
 from ._integration import PerConnection, attempt_timeout
 from ._key import KeyRequest, Ordinals, step_key_from
 from ._outcome import NotExecuted, OutcomeUnknown
@@ -252,17 +252,6 @@ def retention_margin(retention: float) -> float:
     return min(60.0, retention / 10.0)
 
 
-def _advertised_retention(tools: ListToolsResult | list[Any]) -> dict[str, float]:
-    found: dict[str, float] = {}
-    listed = tools.tools if isinstance(tools, ListToolsResult) else tools
-    for tool in listed:
-        entry = (tool.meta or {}).get(wire.IDEMPOTENCY_META)
-        seconds = entry.get("retentionSeconds") if isinstance(entry, dict) else None
-        if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
-            found[tool.name] = float(seconds)
-    return found
-
-
 class _RetentionGuard:
     """A `ToolSession` that refuses a re-run's call once the first attempt is older than the
     tool's advertised retention (see the module doc)."""
@@ -289,7 +278,11 @@ class _RetentionGuard:
 
     async def _check(self, name: str, info: activity.Info) -> None:
         if self._retention is None or name not in self._retention:
-            self._retention = _advertised_retention(await list_all_tools(self._inner))
+            self._retention = {
+                tool.name: seconds
+                for tool in await list_all_tools(self._inner)
+                if (seconds := advertised_retention(tool)) is not None
+            }
         retention = self._retention.get(name)
         if retention is None:
             return
