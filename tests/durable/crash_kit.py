@@ -18,14 +18,16 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
+import pytest
 
 from mcp_once.scenarios._endpoints import ServerProcess, server_command
 from mcp_once.scenarios._ledger import Effect, Ledger
@@ -41,6 +43,11 @@ WINDOWS: tuple[Window, ...] = ("before", "during", "after")
 HOLD = 1.5
 #: Bound for anything that ends as soon as the awaited thing happens.
 SOON = 60.0
+#: Crash cases run at once (`side_by_side`): most of a case is worker start-up (seconds of CPU
+#: importing an engine's SDK) and waiting on other processes; this machine has 2 cores.
+AT_ONCE = 3
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -201,3 +208,75 @@ class CrashingWorker:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def side_by_side(
+    cases: Mapping[str, Callable[[], Awaitable[T]]], at_once: int = AT_ONCE
+) -> dict[str, T | Exception]:
+    """Run every case (an async callable) in one event loop, `at_once` of them at a time, and
+    return what each returned or raised, by name: for a module fixture whose tests then check
+    one case each (`outcome`), so test ids and assertions stay per case."""
+    found: dict[str, T | Exception] = {}
+
+    async def one(name: str, limiter: anyio.CapacityLimiter) -> None:
+        async with limiter:
+            try:
+                found[name] = await cases[name]()
+            except Exception as error:  # raised again by the case's own test
+                found[name] = error
+
+    async def every() -> None:
+        limiter = anyio.CapacityLimiter(at_once)
+        async with anyio.create_task_group() as group:
+            for name in cases:
+                group.start_soon(one, name, limiter)
+
+    anyio.run(every)
+    return found
+
+
+def crash_cases(
+    cases: Sequence[Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    run: Callable[..., Awaitable[T]],
+    *args: Any,
+    at_once: int = AT_ONCE,
+) -> dict[str, T | Exception]:
+    """`side_by_side` of `run(*args, tmp, *case.values)` for every `pytest.param` case, each in
+    a folder of its own, by the case's id (what its test finds with `outcome`)."""
+    return side_by_side(
+        {
+            str(case.id): partial(run, *args, tmp_path_factory.mktemp(str(case.id)), *case.values)
+            for case in cases
+        },
+        at_once,
+    )
+
+
+class Finishing(Protocol):
+    """A started workflow (a Temporal `WorkflowHandle`): its result, once it has one."""
+
+    async def result(self) -> Any: ...
+
+
+async def result_after_crash(
+    worker: CrashingWorker,
+    ledger: Ledger,
+    call_id: str,
+    workflow: Finishing,
+    take_over: Callable[[], object],
+) -> Any:
+    """Once `worker` died in its window (for `call_id`), `take_over()` (start the replacement)
+    and return the workflow's result, which the replacement's re-run of the step gives."""
+    await worker.crashed(ledger, call_id=call_id)
+    take_over()
+    with anyio.fail_after(SOON):
+        return await workflow.result()
+
+
+def outcome(found: Mapping[str, T | Exception], name: str) -> T:
+    """The result of case `name` of `side_by_side`; what it raised, raised again here."""
+    result = found[name]
+    if isinstance(result, Exception):
+        raise result
+    return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from crash_point import standby
 from temporal_flows import TASK_QUEUE, TEMPORAL, worker_options
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -18,4 +19,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    standby()  # a replacement started early waits here, imports done, until released
     asyncio.run(main())

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import pytest
-from crash_kit import CrashingWorker, DurableShop, Window, durable_shop
+from crash_kit import CrashingWorker, DurableShop, Window, crash_cases, durable_shop, outcome
 
 from orchestrator import step_key_from
 
@@ -105,8 +105,11 @@ def start_run(shop: DurableShop, tmp: Path, leg: str, window: Window, adapter: b
     return Run(workflow_id, call_id, worker, out, steps)
 
 
-async def crash_and_recover(run: Run, shop: DurableShop) -> None:
+async def crash_and_recover(
+    shop: DurableShop, tmp: Path, leg: str, window: Window, adapter: bool
+) -> Run:
     """The worker dies in its window; the restarted one lets `DBOS.launch()` recover."""
+    run = start_run(shop, tmp, leg, window, adapter)
     try:
         run.worker.start()
         await run.worker.crashed(shop.ledger, call_id=run.call_id)
@@ -115,54 +118,28 @@ async def crash_and_recover(run: Run, shop: DurableShop) -> None:
         assert code == 0, f"the recovering worker exited {code}:\n{run.worker.output()}"
     finally:
         run.worker.stop()
-
-
-#: Cases run at once: most of a case is worker start-up (imports) and waiting on the other
-#: processes, so a few side by side cut the module's wall time on two cores.
-AT_ONCE = 4
+    return run
 
 
 @pytest.fixture(scope="module")
 def recovered(
     shop: DurableShop, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, tuple[Run, Exception | None]]:
-    """Every case, crashed and recovered, side by side: each test then checks its own."""
-    runs = {
-        str(case.id): start_run(shop, tmp_path_factory.mktemp(str(case.id)), *case.values)
-        for case in CASES
-    }
-    errors: dict[str, Exception] = {}
-
-    async def one(case_id: str, limiter: anyio.CapacityLimiter) -> None:
-        async with limiter:
-            try:
-                await crash_and_recover(runs[case_id], shop)
-            except Exception as error:  # reported by the case's own test
-                errors[case_id] = error
-
-    async def every() -> None:
-        limiter = anyio.CapacityLimiter(AT_ONCE)
-        async with anyio.create_task_group() as group:
-            for case_id in runs:
-                group.start_soon(one, case_id, limiter)
-
-    with anyio.from_thread.start_blocking_portal() as portal:
-        portal.call(every)
-    return {case_id: (run, errors.get(case_id)) for case_id, run in runs.items()}
+) -> dict[str, Run | Exception]:
+    """Every case, crashed and recovered, side by side (4 at once: most of a case is worker
+    start-up and waiting on the other processes): each test then checks its own."""
+    return crash_cases(CASES, tmp_path_factory, crash_and_recover, shop, at_once=4)
 
 
 @pytest.mark.parametrize(("leg", "window", "adapter"), CASES)
 def test_a_recovered_step_pays_once_with_the_adapter_and_twice_without(
-    recovered: dict[str, tuple[Run, Exception | None]],
+    recovered: dict[str, Run | Exception],
     shop: DurableShop,
     request: pytest.FixtureRequest,
     leg: str,
     window: Window,
     adapter: bool,
 ) -> None:
-    run, error = recovered[request.node.callspec.id]
-    if error is not None:
-        raise error
+    run = outcome(recovered, request.node.callspec.id)
     effects = shop.effects(run.call_id)
     starts, ends = run.lines("start"), run.lines("end")
     # Recovery by DBOS.launch(): the crashed execution and the recovered one, in two processes,

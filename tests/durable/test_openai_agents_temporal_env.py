@@ -5,7 +5,8 @@ newest on the index) pins `openai-agents>=0.22,<0.23`, and this environment test
 openai-agents 0.24.0. `durable-envs/openai-agents-temporal` installs mcp-once from this checkout
 with its `openai-agents` extra (>=0.22,<0.25) beside the plugin, from its own lock file, and runs:
 its crash test (a Temporal dev server, a worker process killed before / during / after the MCP
-call, the shop's ledger) and this suite's OpenAI Agents tests over HTTP, on openai-agents 0.22.
+call, the shop's ledger) and, at the same time in a second run, this suite's OpenAI Agents tests
+over HTTP, on openai-agents 0.22.
 Started from here rather than from `.ci/run`, so that a plain `uv run pytest` runs the leg too.
 Under CI a missing `uv` fails; elsewhere it skips, loudly.
 """
@@ -26,7 +27,7 @@ UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 TIMEOUT = 600
 
 
-def test_openai_agents_on_temporal_in_its_own_environment() -> None:
+def test_openai_agents_on_temporal_in_its_own_environment(tmp_path: Path) -> None:
     uv = shutil.which("uv")
     if uv is None:
         reason = "UV NOT AVAILABLE: the OpenAI Agents x Temporal leg needs `uv` to build its env"
@@ -34,17 +35,35 @@ def test_openai_agents_on_temporal_in_its_own_environment() -> None:
             pytest.fail(reason)
         pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
-    argv = [
-        uv, "run", "--project", str(PROJECT), "--frozen", "pytest", "-p", "no:cacheprovider",
-        "-q", "-rs", str(PROJECT / "tests"), "tests/frameworks/test_openai_agents.py",
-        "-k", "not stdio",
+    pytest_in_env = [uv, "run", "--project", str(PROJECT), "--frozen", "pytest"]
+    runs = [
+        # The leg's own tests: the crash cases (side by side) and the example.
+        [*pytest_in_env, "-p", "no:cacheprovider", "-q", "-rs", str(PROJECT / "tests")],
+        # This suite's OpenAI Agents tests on 0.22, at the same time: they mostly wait out
+        # attempt timeouts (seconds of wall time, little CPU).
+        [*pytest_in_env, "-p", "no:cacheprovider", "-q", "-rs",
+         "tests/frameworks/test_openai_agents.py", "-k", "not stdio"],
     ]  # fmt: skip
-    done = subprocess.run(
-        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    if " skipped" in output.splitlines()[-1]:
-        if UNDER_CI:
-            pytest.fail(f"the leg skipped tests under CI:\n{output}")
-        pytest.skip(f"the leg skipped tests:\n{output}")
+    # Both at once (on a first run, uv's lock on the environment makes one wait for the sync).
+    logs = [tmp_path / f"run-{index}.log" for index in range(len(runs))]
+    processes = []
+    for argv, log in zip(runs, logs, strict=True):
+        with log.open("wb") as out:
+            processes.append(
+                subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            )
+    try:
+        for process in processes:
+            process.wait(timeout=TIMEOUT)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, log in zip(processes, logs, strict=True):
+        output = log.read_text(errors="replace")
+        assert process.returncode == 0, output
+        if " skipped" in output.splitlines()[-1]:
+            if UNDER_CI:
+                pytest.fail(f"the leg skipped tests under CI:\n{output}")
+            pytest.skip(f"the leg skipped tests:\n{output}")

@@ -10,6 +10,9 @@ With `keyed_tool_calls` the re-run sends the same key (the run id is replay-stab
 `TemporalDurability`, the tool-call id comes from the model response Temporal recorded): one
 effect, the re-run's answer marked replayed where the tool had run, and the workflow's output is
 the first run's receipt. Without it (the same harness, no key of the run): two effects.
+
+The crash cases are independent (own task queue, workflow id, call id, crash mark) and run side
+by side against one dev server and one shop (`crash_kit.side_by_side`); each test checks its own.
 """
 
 from __future__ import annotations
@@ -19,22 +22,20 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import anyio
+import crash_kit as kit
 import pytest
-from crash_kit import SOON, WINDOWS, CrashingWorker, Window, durable_shop
+from crash_kit import SOON, WINDOWS, CrashingWorker, DurableShop, Window, running_shop
 from temporal_dev import temporal_binary, temporal_dev_server
 
 from mcp_once.scenarios._endpoints import ServerProcess
 from mcp_once.scenarios._ledger import Effect
 from orchestrator.pydantic_ai import KEY_SOURCE
-
-pytestmark = pytest.mark.anyio
 
 WORKER = Path(__file__).with_name("pai_temporal_worker.py")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -64,11 +65,6 @@ def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield address
 
 
-@pytest.fixture
-async def temporal(temporal_address: str) -> AsyncIterator[Client]:
-    yield await Client.connect(temporal_address, plugins=[PydanticAIPlugin()])
-
-
 @dataclass
 class Answer:
     """One answer the worker's MCP client got (see `pai_temporal_worker.ObservedClient`)."""
@@ -87,40 +83,56 @@ class Run:
 
 
 async def crash_and_rerun(
-    temporal: Client, address: str, tmp: Path, window: Window, mode: str
+    address: str, shop: DurableShop, tmp: Path, window: Window, mode: str
 ) -> Run:
     """Start the agent's workflow on a worker that dies in `window`, restart the worker, and
     return what the workflow answered and what the shop and the client saw."""
-    call_id = f"pay-{window}-{mode}"
+    call_id = f"pay-{window}-{mode}-{uuid.uuid4().hex[:8]}"
     answers = tmp / "answers.jsonl"
-    async with durable_shop(tmp) as shop:
-        queue = f"pai-{uuid.uuid4().hex[:8]}"
-        env = {
-            "TEMPORAL_ADDRESS": address,
-            "TASK_QUEUE": queue,
-            "SHOP_URL": shop.url,
-            "MODE": mode,
-            "ANSWERS": str(answers),
-        }
-        worker = CrashingWorker([sys.executable, str(WORKER)], window=window, tmp=tmp, env=env)
-        try:
-            worker.start()
-            worker.standby()  # the replacement imports pydantic-ai and temporalio meanwhile
-            handle = await temporal.start_workflow(
-                "PayWorkflow",
-                f"pay {call_id}",
-                id=f"{queue}-wf",
-                task_queue=queue,
-                result_type=str,
-                execution_timeout=timedelta(seconds=SOON),
-            )
-            await worker.crashed(shop.ledger)
-            worker.start()
-            with anyio.fail_after(SOON):
-                output = await handle.result()
-        finally:
-            worker.stop()
-        return Run(output, shop.effects(call_id), read_answers(answers), worker.output())
+    queue = f"pai-{uuid.uuid4().hex[:8]}"
+    env = {
+        "TEMPORAL_ADDRESS": address,
+        "TASK_QUEUE": queue,
+        "SHOP_URL": shop.url,
+        "MODE": mode,
+        "ANSWERS": str(answers),
+    }
+    worker = CrashingWorker([sys.executable, str(WORKER)], window=window, tmp=tmp, env=env)
+    try:
+        worker.start()
+        worker.standby()  # the replacement imports pydantic-ai and temporalio meanwhile
+        temporal = await Client.connect(address, plugins=[PydanticAIPlugin()])
+        handle = await temporal.start_workflow(
+            "PayWorkflow",
+            f"pay {call_id}",
+            id=f"{queue}-wf",
+            task_queue=queue,
+            result_type=str,
+            execution_timeout=timedelta(seconds=SOON),
+        )
+        output = await kit.result_after_crash(worker, shop.ledger, call_id, handle, worker.start)
+    finally:
+        worker.stop()
+    return Run(output, shop.effects(call_id), read_answers(answers), worker.output())
+
+
+#: (window, mode): every window keyed; bare, "after" (the window the issue measured) and
+#: "during" (the mid-tool kill is a duplicate too without the adapter).
+CASES = [
+    *(pytest.param(window, "keyed", id=f"{window}-keyed") for window in WINDOWS),
+    pytest.param("during", "bare", id="during-bare"),
+    pytest.param("after", "bare", id="after-bare"),
+]
+
+
+@pytest.fixture(scope="module")
+def runs(
+    temporal_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Run | Exception]]:
+    """Every crash case side by side against the module's dev server and one shop (each with
+    its own task queue, workflow id, call id and crash mark); each test checks its own."""
+    with running_shop(tmp_path_factory.mktemp("pai-shop")) as shop:
+        yield kit.crash_cases(CASES, tmp_path_factory, crash_and_rerun, temporal_address, shop)
 
 
 def read_answers(path: Path) -> list[Answer]:
@@ -133,10 +145,10 @@ def read_answers(path: Path) -> list[Answer]:
 
 
 @pytest.mark.parametrize("window", WINDOWS)
-async def test_keyed_tool_calls_run_the_tool_once_across_a_worker_crash(
-    temporal: Client, temporal_address: str, tmp_path: Path, window: Window
+def test_keyed_tool_calls_run_the_tool_once_across_a_worker_crash(
+    runs: dict[str, Run | Exception], window: Window
 ) -> None:
-    run = await crash_and_rerun(temporal, temporal_address, tmp_path, window, "keyed")
+    run = kit.outcome(runs, f"{window}-keyed")
     assert len(run.effects) == 1, (run.effects, run.log)
     (effect,) = run.effects
     assert effect.key is not None and effect.key.startswith(f"{KEY_SOURCE}-")
@@ -150,14 +162,12 @@ async def test_keyed_tool_calls_run_the_tool_once_across_a_worker_crash(
     assert run.output == effect.result
 
 
-# "after" is the window the issue measured; "during" (marked slow: another ~10 s of CPU for two
-# worker imports) shows the mid-tool kill is a duplicate too without the adapter.
-@pytest.mark.parametrize("window", [pytest.param("during", marks=pytest.mark.slow), "after"])
-async def test_without_keyed_tool_calls_the_rerun_pays_twice(
-    temporal: Client, temporal_address: str, tmp_path: Path, window: Window
+@pytest.mark.parametrize("window", ["during", "after"])
+def test_without_keyed_tool_calls_the_rerun_pays_twice(
+    runs: dict[str, Run | Exception], window: Window
 ) -> None:
     """The same harness without the adapter: the test sees the duplicate it guards against."""
-    run = await crash_and_rerun(temporal, temporal_address, tmp_path, window, "bare")
+    run = kit.outcome(runs, f"{window}-bare")
     assert len(run.effects) == 2, (run.effects, run.log)
     assert run.effects[0].key != run.effects[1].key
     assert not any(answer.replayed for answer in run.answers)
