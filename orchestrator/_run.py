@@ -273,6 +273,10 @@ class Run:
                     if journal is not None and fence is not None:
                         if exc_type is None and self._lost is None:
                             await journal.finish(self.run_id, fence)
+                            # Each finished run forgets those finished more than the retention
+                            # ago: the journal stays bounded with no sweeper to run. One short
+                            # write per run; a failure here costs nothing but the sweep.
+                            await journal.sweep()
                         else:
                             await journal.release(self.run_id, fence)
                 except Exception as error:  # cleanup: a stale or failing journal must not mask

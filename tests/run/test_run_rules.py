@@ -232,6 +232,21 @@ async def test_a_finished_run_executes_nothing(tmp_path: Path) -> None:
         assert (s.count("p"), s.count("n"), s.count("s")) == (1, 1, 0)
 
 
+async def test_finishing_a_run_forgets_runs_finished_longer_ago_than_the_retention() -> None:
+    clock = FakeClock()
+    journal = MemoryJournal(clock=clock, retention=3600)
+    async with Run("old", journal=journal, clock=clock):
+        pass
+    clock.advance(1800)
+    async with Run("recent", journal=journal, clock=clock):
+        pass
+    assert {run.run_id for run in await journal.runs()} == {"old", "recent"}
+    clock.advance(1801)  # "old" finished 3601 s ago, "recent" 1801 s ago
+    async with Run("new", journal=journal, clock=clock):
+        pass
+    assert {run.run_id for run in await journal.runs()} == {"recent", "new"}
+
+
 async def test_a_turn_numbers_calls_by_index_not_by_completion(tmp_path: Path) -> None:
     journal = LosingDone()
     calls = [("pay", PAY), ("set_value", SET), ("pay", {**PAY, "call_id": "p2"})]
