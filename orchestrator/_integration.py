@@ -16,7 +16,7 @@ from ._key import KeySource
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
 from ._run import Run
-from ._session import RetryingSession
+from ._session import RetryingSession, check_key_options
 from ._sessions import SessionLike
 
 
@@ -63,10 +63,7 @@ class PerConnection:
         key_source: KeySource | None = None,
         run: Run | None = None,
     ) -> None:
-        if key_source is not None and not callable(key_source):
-            raise TypeError("key_source must be a callable taking a KeyRequest, or None")
-        if run is not None and not isinstance(run, Run):
-            raise TypeError(f"run must be an orchestrator.Run or None, not {type(run).__name__}")
+        check_key_options(key_source, run)
         self._policy = owned_policy(policy)
         self._key_source = key_source
         self._run = run

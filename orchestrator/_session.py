@@ -64,6 +64,15 @@ def server_name(session: SessionLike) -> str:
     return name if isinstance(name, str) and name else UNNAMED_SERVER
 
 
+def check_key_options(key_source: KeySource | None, run: Run | None) -> None:
+    """Refuse a `key_source` or `run` that cannot work, where it is given (the session, or an
+    adapter that makes sessions later), rather than at the first call."""
+    if key_source is not None and not callable(key_source):
+        raise TypeError("key_source must be a callable taking a KeyRequest, or None")
+    if run is not None and not isinstance(run, Run):
+        raise TypeError(f"run must be an orchestrator.Run or None, not {type(run).__name__}")
+
+
 class RetryingSession:
     """Wraps a `ClientSession`, an `mcp.Client` or a connected `fastmcp.Client` (or any
     `ToolSession`) so that `call_tool` retries safely.
@@ -97,10 +106,7 @@ class RetryingSession:
         key_source: KeySource | None = None,
         run: Run | None = None,
     ) -> None:
-        if key_source is not None and not callable(key_source):
-            raise TypeError("key_source must be a callable taking a KeyRequest, or None")
-        if run is not None and not isinstance(run, Run):
-            raise TypeError(f"run must be an orchestrator.Run or None, not {type(run).__name__}")
+        check_key_options(key_source, run)
         self._key_source = key_source
         self._run = run
         if session is not None:
