@@ -22,6 +22,11 @@ IDEMPOTENCY_META: Final = NAMESPACE + "idempotency"
 #: under a key the server derives for that caller.
 KEY_MODES: Final = ("required", "optional", "derived")
 
+#: Tool definition `_meta` entry fields present only when the server takes keys elsewhere too:
+#: the argument path (dotted for nested objects) a key may travel in, and the HTTP header name.
+DEFINITION_KEY_ARGUMENT: Final = "keyArgument"
+DEFINITION_KEY_HEADER: Final = "keyHeader"
+
 #: Another attempt with this key is running; retry after `data.retryAfterMs`.
 IN_PROGRESS: Final = -32010
 #: The key was used with different arguments; never retry.
