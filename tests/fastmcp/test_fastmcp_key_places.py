@@ -1,0 +1,221 @@
+"""Issue #24 on FastMCP: `IdempotencyMiddleware(key_argument=..., key_header=...)`, through real
+FastMCP clients in memory and over streamable HTTP. The same rules as on `MCPServer`
+(`tests/server/test_key_places.py`); here what FastMCP adds: it refuses arguments a function
+does not take, so the middleware hands the body the call without an undeclared key argument.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastmcp import Client, FastMCP
+from fastmcp.client.transports import StreamableHttpTransport
+from fastmcp_kit import TRANSPORTS, charge_server, promise, serving
+from mcp import MCPError
+from server_kit import Effects, marker, meta, serve_http
+
+from idempotency import MemoryKeyStore, wire
+from idempotency._guard.keyplaces import KEY_ARGUMENT_DESCRIPTION
+from idempotency.fastmcp import IdempotencyMiddleware
+
+pytestmark = pytest.mark.anyio
+
+ARGS: dict[str, Any] = {"order": "o", "cents": 1}
+
+
+def with_key(path: str, key: object) -> dict[str, Any]:
+    out: dict[str, Any] = dict(ARGS)
+    node = out
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = key
+    return out
+
+
+@pytest.mark.parametrize("path", ["idempotency_key", "meta.idempotency-key"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_argument_key_replays_and_a_new_key_runs_again(transport: str, path: str) -> None:
+    effects = Effects()
+    server = charge_server(
+        MemoryKeyStore(), effects, gated=False, keys="optional", key_argument=path
+    )
+    async with serving(server, transport) as connect, connect() as client:
+        first = await client.call_tool_mcp("charge", with_key(path, "k-1"))
+        again = await client.call_tool_mcp("charge", with_key(path, "k-1"))
+        other = await client.call_tool_mcp("charge", with_key(path, "k-2"))
+    assert not first.is_error, first
+    assert effects.count == 2
+    assert marker(first)["status"] == "executed" and marker(again)["status"] == "replayed"
+    assert marker(again)["key"] == "k-1"
+    assert marker(other)["status"] == "executed"
+
+
+async def test_the_body_gets_the_key_argument_only_when_it_declares_it() -> None:
+    mcp: FastMCP[Any] = FastMCP("shop")
+    mcp.add_middleware(IdempotencyMiddleware(MemoryKeyStore(), key_argument="idempotency_key"))
+    seen: list[dict[str, Any]] = []
+
+    @mcp.tool
+    def plain(order: str) -> str:
+        seen.append({"order": order})
+        return "ok"
+
+    @mcp.tool
+    def declared(order: str, idempotency_key: str | None = None) -> str:
+        seen.append({"order": order, "idempotency_key": idempotency_key})
+        return "ok"
+
+    async with Client(mcp) as client:
+        await client.call_tool_mcp("plain", {"order": "o", "idempotency_key": "k1"})
+        await client.call_tool_mcp("declared", {"order": "o", "idempotency_key": "k2"})
+        tools = {t.name: t for t in await client.list_tools()}
+    assert seen == [{"order": "o"}, {"order": "o", "idempotency_key": "k2"}]
+    plain_key = tools["plain"].input_schema["properties"]["idempotency_key"]
+    assert plain_key["description"] == KEY_ARGUMENT_DESCRIPTION
+    assert tools["declared"].input_schema["properties"]["idempotency_key"]["description"] == (
+        KEY_ARGUMENT_DESCRIPTION
+    )
+
+
+@pytest.mark.parametrize("key", [42, None, "", "k" * 256, "tab\tkey", "clé"], ids=str)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_bad_argument_key_is_invalid_params_and_nothing_happens(
+    transport: str, key: object
+) -> None:
+    effects = Effects()
+    store = MemoryKeyStore()
+    server = charge_server(store, effects, gated=False, key_argument="idempotency_key")
+    async with serving(server, transport) as connect, connect() as client:
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool_mcp("charge", with_key("idempotency_key", key))
+    assert caught.value.code == wire.INVALID_PARAMS
+    assert "argument 'idempotency_key'" in caught.value.message
+    assert effects.count == 0
+    assert await store.list_records() == []
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_meta_and_argument_keys_that_disagree_are_refused(transport: str) -> None:
+    effects = Effects()
+    store = MemoryKeyStore()
+    server = charge_server(store, effects, gated=False, key_argument="idempotency_key")
+    async with serving(server, transport) as connect, connect() as client:
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool_mcp("charge", with_key("idempotency_key", "a"), meta=meta("b"))
+        await client.call_tool_mcp("charge", with_key("idempotency_key", "a"), meta=meta("a"))
+        agreed = await client.call_tool_mcp("charge", with_key("idempotency_key", "a"))
+    assert caught.value.code == wire.INVALID_PARAMS
+    assert wire.KEY_META in caught.value.message
+    assert "argument 'idempotency_key'" in caught.value.message
+    assert effects.count == 1 and marker(agreed)["status"] == "replayed"
+
+
+async def test_header_key_deduplicates_a_keyless_body_and_bad_headers_are_refused() -> None:
+    effects = Effects()
+    store = MemoryKeyStore()
+    server = charge_server(
+        store, effects, gated=False, keys="optional", key_header="Idempotency-Key"
+    )
+
+    def client(base: str, value: str) -> Client[Any]:
+        return Client(StreamableHttpTransport(f"{base}/mcp", headers={"Idempotency-Key": value}))
+
+    async with serve_http(server.http_app()) as base:
+        async with client(base, "h-1") as one:
+            first = await one.call_tool_mcp("charge", ARGS)
+        async with client(base, "h-1") as two:
+            again = await two.call_tool_mcp("charge", ARGS)
+        for bad in ("", "k" * 256, "a\tb"):
+            async with client(base, bad) as three:
+                with pytest.raises(MCPError) as caught:
+                    await three.call_tool_mcp("charge", ARGS)
+            assert caught.value.code == wire.INVALID_PARAMS
+            assert "HTTP header 'Idempotency-Key'" in caught.value.message
+    assert marker(first)["status"] == "executed" and marker(again)["status"] == "replayed"
+    assert effects.count == 1
+    assert len(await store.list_records()) == 1
+
+
+async def test_the_header_is_ignored_unless_the_middleware_opts_in() -> None:
+    effects = Effects()
+    server = charge_server(MemoryKeyStore(), effects, gated=False, keys="optional")
+    async with serve_http(server.http_app()) as base:
+        for _ in range(2):
+            transport = StreamableHttpTransport(f"{base}/mcp", headers={"Idempotency-Key": "h-1"})
+            async with Client(transport) as client:
+                await client.call_tool_mcp("charge", ARGS)
+    assert effects.count == 2
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_an_argument_keyed_tool_is_listed_retry_safe_with_its_key_place(
+    transport: str,
+) -> None:
+    server = charge_server(
+        MemoryKeyStore(), Effects(), keys="required", key_argument="meta.idempotency-key"
+    )
+    async with serving(server, transport) as connect, connect() as client:
+        (tool,) = await client.list_tools()
+    hint, entry = promise(tool)
+    assert hint is True
+    assert entry[wire.DEFINITION_KEY_ARGUMENT] == "meta.idempotency-key"
+    nested = tool.input_schema["properties"]["meta"]
+    assert nested["properties"]["idempotency-key"]["description"] == KEY_ARGUMENT_DESCRIPTION
+    assert "meta" in tool.input_schema["required"] and nested["required"] == ["idempotency-key"]
+
+
+#: `charge` as the middleware listed it before issue 24 (captured from main's code).
+UNCHANGED_LISTING: dict[str, Any] = {
+    "http": {
+        "_meta": {
+            "fastmcp": {"tags": []},
+            "io.github.mcp-once/idempotency": {"keys": "optional", "retentionSeconds": 86400},
+        },
+        "inputSchema": {
+            "additionalProperties": False,
+            "properties": {"cents": {"type": "integer"}, "order": {"type": "string"}},
+            "required": ["order", "cents"],
+            "type": "object",
+        },
+        "name": "charge",
+        "outputSchema": {
+            "properties": {"result": {"type": "string"}},
+            "required": ["result"],
+            "type": "object",
+            "x-fastmcp-wrap-result": True,
+        },
+        "title": "Charge",
+    },
+    "memory": {
+        "_meta": {
+            "fastmcp": {"tags": []},
+            "io.github.mcp-once/idempotency": {"keys": "derived", "retentionSeconds": 86400},
+        },
+        "annotations": {"idempotentHint": True},
+        "inputSchema": {
+            "additionalProperties": False,
+            "properties": {"cents": {"type": "integer"}, "order": {"type": "string"}},
+            "required": ["order", "cents"],
+            "type": "object",
+        },
+        "name": "charge",
+        "outputSchema": {
+            "properties": {"result": {"type": "string"}},
+            "required": ["result"],
+            "type": "object",
+            "x-fastmcp-wrap-result": True,
+        },
+        "title": "Charge",
+    },
+}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_tool_without_these_options_is_listed_as_before(transport: str) -> None:
+    server = charge_server(MemoryKeyStore(), Effects())
+    async with serving(server, transport) as connect, connect() as client:
+        (tool,) = await client.list_tools()
+    dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert dumped == UNCHANGED_LISTING[transport]
