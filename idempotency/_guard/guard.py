@@ -55,8 +55,8 @@ from . import errors
 from .caller import caller_of
 from .complete import store_result
 from .current_claim import Claim, holding
-from .fingerprint import UnfingerprintableArguments, fingerprint
-from .keyplaces import argument_place, found_keys, header_place, without_key
+from .fingerprint import UnfingerprintableArguments, covered, fingerprint
+from .keyplaces import argument_place, found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from .policy import Policy
@@ -267,13 +267,11 @@ class Guard:
             retention=policy.retention_for(source is KeySource.DERIVED),
         )
 
-    def _covered(self, arguments: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-        """The arguments the fingerprint covers: never the key argument (the key is what
-        names the call, not part of what the call asks for)."""
-        path = self.policy.key_argument
-        if path is None or not isinstance(arguments, Mapping):
-            return arguments
-        return without_key(arguments, path)
+    def _covered(self, arguments: Mapping[str, Any] | None) -> Any:
+        """What the fingerprint covers (`fingerprint.covered`): never the key argument (the key
+        names the call, it is not what the call asks for), and what `fingerprint=` chose."""
+        policy = self.policy
+        return covered(arguments, key_argument=policy.key_argument, option=policy.fingerprint)
 
     def _elsewhere(self) -> tuple[str, ...]:
         """The places besides `_meta` this guard takes a key from, as errors name them."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from .. import wire
+from .fingerprint import FingerprintOption, check_option
 from .keyplaces import check_argument_path, check_header_name
 from .scope import ScopeFn, default_scope
 
@@ -56,6 +57,7 @@ class PolicyOptions(TypedDict, total=False):
     fail_open: bool
     key_argument: str | None
     key_header: str | None
+    fingerprint: FingerprintOption | None
 
 
 def _positive(name: str, value: object) -> float:
@@ -134,6 +136,11 @@ class Policy:
     #: HTTP gateways and the IETF draft spell it). None (default): headers are ignored, so a
     #: header set by something the server does not trust to name calls changes nothing.
     key_header: str | None = None
+    #: Which arguments make "the same call" when a key comes back (see `fingerprint.py`):
+    #: `{"exclude": ["sent_at", "trace.id"]}` so a retry that changed only those replays,
+    #: `{"include": ["order", "cents"]}` so only those count, or a function of the arguments.
+    #: None (default): every argument counts. The key argument never does.
+    fingerprint: FingerprintOption | None = None
 
     def __post_init__(self) -> None:
         if self.keys not in KEY_MODES:
@@ -158,6 +165,8 @@ class Policy:
             check_argument_path(self.key_argument)
         if self.key_header is not None:
             check_header_name(self.key_header)
+        if self.fingerprint is not None:
+            check_option(self.fingerprint)
         size = self.max_result_bytes
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"max_result_bytes must be a positive int, not {size!r}")

@@ -394,3 +394,63 @@ async def test_a_tool_without_these_options_is_listed_as_before() -> None:
         async with connected(server, setting) as (client, _):
             tool = listed(await client.list_tools(), "charge")
         assert tool == UNCHANGED_LISTING, setting
+
+
+# --- what the fingerprint covers (`fingerprint=`) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"exclude": ["sent_at", "trace.id"]},
+        {"include": ["order", "cents"]},
+        lambda arguments: [arguments["order"], arguments["cents"]],
+    ],
+    ids=["exclude", "include", "function"],
+)
+async def test_a_retry_that_changed_only_an_uncovered_field_replays(option: Any) -> None:
+    """`sent_at` and `trace` are not the tool's parameters: the SDK drops them before the body,
+    but the fingerprint reads the arguments as sent."""
+    effects = Effects()
+    server = effect_server(
+        MemoryKeyStore(), effects, gated=False, key_argument="idempotency_key", fingerprint=option
+    )
+    sent = with_key("idempotency_key", "k")
+    async with Client(server, mode="legacy") as client:
+        await client.call_tool("charge", {**sent, "sent_at": "10:00", "trace": {"id": "t1"}})
+        replay = await client.call_tool(
+            "charge", {**sent, "sent_at": "10:01", "trace": {"id": "t2"}}
+        )
+        reused = await refused(client, "charge", {**sent, "cents": 2, "sent_at": "10:02"})
+    assert marker(replay)["status"] == "replayed"
+    assert reused.code == wire.KEY_REUSED
+    assert effects.count == 1
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"exclude": "sent_at"},
+        {"only": ["a"]},
+        {"include": ["a"], "exclude": ["b"]},
+        {"include": [""]},
+        3,
+    ],
+)
+def test_a_fingerprint_option_that_names_nothing_is_refused(option: object) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        idempotent(MemoryKeyStore(), fingerprint=option)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"key_argument": "a..b"},
+        {"key_argument": ""},
+        {"key_header": "Bad Header"},
+        {"key_argument": 3},
+    ],
+)
+def test_a_key_place_that_names_nothing_is_refused(option: dict[str, Any]) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        idempotent(MemoryKeyStore(), **option)
