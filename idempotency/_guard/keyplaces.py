@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +39,7 @@ META_PLACE = f"params._meta[{wire.KEY_META!r}]"
 
 def check_argument_path(path: object) -> tuple[str, ...]:
     """The path's segments; a `TypeError`/`ValueError` for a path that names no argument."""
-    if not isinstance(path, str):
-        raise TypeError(f"key_argument must be a string, not {type(path).__name__}")
-    segments = tuple(path.split("."))
-    if not path or any(not s for s in segments):
-        raise ValueError(
-            f'key_argument must name an argument, nested with dots ("meta.key"); got {path!r}'
-        )
-    return segments
+    return wire.argument_path(path)
 
 
 def check_header_name(name: object) -> str:
@@ -65,26 +58,12 @@ def header_place(name: str) -> str:
     return f"HTTP header {name!r}"
 
 
-_ABSENT = object()
-
-
-def _value_at(arguments: Mapping[str, Any] | None, segments: Sequence[str]) -> object:
-    """The value at `segments`, or `_ABSENT` (a container on the way that is not an object
-    holds no key: the key is absent, not malformed)."""
-    node: object = arguments
-    for segment in segments:
-        if not isinstance(node, Mapping) or segment not in node:
-            return _ABSENT
-        node = node[segment]
-    return node
-
-
 def without_key(arguments: Mapping[str, Any], path: str) -> dict[str, Any]:
     """`arguments` without the key at `path` (a copy; the caller's mapping is untouched). An
     object on the way that only held the key is dropped too, so the rest reads as it would
     have without the key."""
     segments = check_argument_path(path)
-    if _value_at(arguments, segments) is _ABSENT:
+    if wire.argument_at(arguments, segments) is wire.ABSENT:
         return dict(arguments)
     copied: dict[str, Any] = dict(arguments)
     parents: list[dict[str, Any]] = [copied]
@@ -138,8 +117,8 @@ def found_keys(
     if meta is not None and wire.KEY_META in meta:
         found.append(FoundKey(META_PLACE, meta[wire.KEY_META]))
     if key_argument is not None:
-        value = _value_at(arguments, check_argument_path(key_argument))
-        if value is not _ABSENT:
+        value = wire.argument_at(arguments, check_argument_path(key_argument))
+        if value is not wire.ABSENT:
             found.append(FoundKey(argument_place(key_argument), value))
     if key_header is not None:
         for value in _header_values(request, key_header):

@@ -219,3 +219,44 @@ async def test_a_tool_without_these_options_is_listed_as_before(transport: str) 
         (tool,) = await client.list_tools()
     dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
     assert dumped == UNCHANGED_LISTING[transport]
+
+
+async def test_retrying_client_puts_its_key_in_the_argument_on_every_attempt() -> None:
+    """`orchestrator.fastmcp.RetryingClient` (through `RetryingSession`) reads the listing's
+    `keyArgument` and sends its key there as well as in `_meta`, over a link that loses the first
+    answer: one effect, the retry replayed, the same key in the argument of both attempts."""
+    from fastmcp.server.middleware import Middleware, MiddlewareContext
+
+    from orchestrator import RetryPolicy
+    from orchestrator.chaos import Chaos, Fault, FaultPlan
+    from orchestrator.fastmcp import RetryingClient, SDKStreamTransport
+
+    arrived: list[dict[str, Any]] = []
+    ran: list[str | None] = []
+
+    class Arrivals(Middleware):
+        async def on_call_tool(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+            arrived.append(dict(context.message.arguments or {}))
+            return await call_next(context)
+
+    mcp: FastMCP[Any] = FastMCP("shop")
+    mcp.add_middleware(Arrivals())
+    mcp.add_middleware(IdempotencyMiddleware(MemoryKeyStore(), key_argument="idempotency_key"))
+
+    @mcp.tool
+    def charge(order: str, idempotency_key: str | None = None) -> str:
+        ran.append(idempotency_key)
+        return f"charged {order}"
+
+    chaos = Chaos(FaultPlan(schedule={1: Fault.LOST_ACK, 2: None}, tools={"charge"}), seed=7)
+    policy = RetryPolicy(max_attempts=3, attempt_timeout=2.0, deadline=30.0)
+    async with serve_http(mcp.http_app()) as base:
+        url = f"{base}/mcp"
+        client = RetryingClient(SDKStreamTransport(lambda: chaos.wrap(url)), policy=policy)
+        async with client:
+            result = await client.call_tool_mcp("charge", {"order": "o"})
+        await chaos.settled()
+    assert [f.kind for f in chaos.faults] == [Fault.LOST_ACK]
+    assert marker(result)["status"] == "replayed"
+    assert len(ran) == 1 and ran[0] is not None and wire.key_problem(ran[0]) is None
+    assert [a.get("idempotency_key") for a in arrived] == [ran[0], ran[0]]
