@@ -86,8 +86,11 @@ class RetryingSession:
 
     `key_source` (optional, a `KeySource`) gives the key of a call the caller brings no key for,
     from where the call runs: a durable engine's step, so that a re-run of the step sends the keys
-    of its first run (see `key_step`, `step_keys`). Precedence, first match wins:
-    `idempotency_key=`, a key in `meta`, `run`, `key_source`, a fresh random key.
+    of its first run (see `key_step`, `step_keys`). Precedence, first match wins: the caller's
+    key (`idempotency_key=`, a key in `meta`, or a value in the argument the tool's listing names
+    as `keyArgument`; those given must agree, else `ValueError`), `run`, `key_source`, a fresh
+    random key. A tool listed with a `keyArgument` gets the key in that argument too, on every
+    attempt, for servers (and gateways) that read it there.
 
     `run` (optional, an entered `orchestrator.Run`) journals each call that brings no key: the
     key comes from the run id and the call's position, the intent is recorded before the request
