@@ -7,8 +7,9 @@ call (a durable engine replaying a step after a crash): for that the key must co
 call runs, which is what a `KeySource` gives, with `key_step` numbering the calls of one step.
 
 Where the key of a call comes from, first match wins: the caller's (`idempotency_key=`, a key
-already in `meta`, or one in the tool's key argument; all that are given must agree), the
-session's `key_source`, a fresh random key (`resolve_key`).
+already in `meta`, or one in the tool's key argument; all that are given must agree), a framework
+adapter's (`adapter_key`: it gives way to a key in the argument), the session's `key_source`, a
+fresh random key (`resolve_key`).
 """
 
 from __future__ import annotations
@@ -197,6 +198,48 @@ def key_from_source(
     if problem is not None:
         raise ValueError(f"key_source returned a bad key: {problem}")
     return key
+
+
+_adapter_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mcp_once_adapter_key", default=None
+)
+
+
+@contextlib.contextmanager
+def adapter_key(key: object) -> Iterator[None]:
+    """Inside this block, a call whose `_meta` key is `key` holds it as a framework adapter's
+    choice (derived from a tool-call id, a step, a key source), not as the caller's own.
+
+    Why: where a model fills the tool's key argument (the listing's `keyArgument`), the model's
+    key is the call's key. The listing tells the model to reuse it when it retries an action,
+    and the model's retry is a new tool call with a new tool-call id, so only the model's key
+    can say "the same action". An adapter's key therefore gives way to it, instead of the two
+    being refused as disagreeing keys; with no key from the model, the adapter's key is used
+    (and goes in the argument as well). The adapter puts its key in `_meta`, the one place a
+    framework lets it through, and marks it here (a context variable: nothing on the wire).
+    """
+    token = _adapter_key.set(key if isinstance(key, str) else None)
+    try:
+        yield
+    finally:
+        _adapter_key.reset(token)
+
+
+def split_adapter_key(
+    meta: Mapping[str, Any] | None,
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """`meta` without the key an adapter placed in it (`adapter_key`), and that key; `meta`
+    unchanged and None when its key is not the adapter's (or is malformed: then it is checked,
+    and refused, as the caller's)."""
+    placed = _adapter_key.get()
+    if (
+        placed is None
+        or meta is None
+        or meta.get(wire.KEY_META) != placed
+        or wire.key_problem(placed) is not None
+    ):
+        return meta, None
+    return {name: value for name, value in meta.items() if name != wire.KEY_META}, placed
 
 
 def argument_place(segments: tuple[str, ...]) -> str:

@@ -29,7 +29,14 @@ from ._classify import Failure, classify
 from ._gate import GATED, retry_gate
 from ._http import AttemptProbe, current_probe
 from ._journal import fingerprint_arguments
-from ._key import KeySource, argument_place, caller_key, resolve_key, with_key_argument
+from ._key import (
+    KeySource,
+    argument_place,
+    caller_key,
+    resolve_key,
+    split_adapter_key,
+    with_key_argument,
+)
 from ._outcome import (
     NotExecuted,
     OutcomeUnknown,
@@ -88,9 +95,10 @@ class RetryingSession:
     from where the call runs: a durable engine's step, so that a re-run of the step sends the keys
     of its first run (see `key_step`, `step_keys`). Precedence, first match wins: the caller's
     key (`idempotency_key=`, a key in `meta`, or a value in the argument the tool's listing names
-    as `keyArgument`; those given must agree, else `ValueError`), `run`, `key_source`, a fresh
-    random key. A tool listed with a `keyArgument` gets the key in that argument too, on every
-    attempt, for servers (and gateways) that read it there.
+    as `keyArgument`; those given must agree, else `ValueError`), a framework adapter's key
+    (which gives way to one in the argument, as a model fills it: see `adapter_key`), `run`,
+    `key_source`, a fresh random key. A tool listed with a `keyArgument` gets the key in that
+    argument too, on every attempt, for servers (and gateways) that read it there.
 
     `run` (optional, an entered `orchestrator.Run`) journals each call that brings no key: the
     key comes from the run id and the call's position, the intent is recorded before the request
@@ -271,13 +279,14 @@ class RetryingSession:
                 " it owns the sessions it opens"
             )
         key_argument = await self._key_argument(name, arguments)
+        meta, adapters = split_adapter_key(meta)
         brought = caller_key(idempotency_key, meta, arguments, key_argument)
-        run = self._run_for(brought)
+        run = self._run_for(brought if brought is not None else adapters)
         if run is not None:
             return await self._journaled(
                 run, name, arguments, read_timeout_seconds, progress_callback, meta
             )
-        key = brought
+        key = brought if brought is not None else adapters
         if key is None:
             key = resolve_key(
                 None, None, key_source=self._key_source, tool=name, arguments=arguments
@@ -402,8 +411,9 @@ class _Call:
         self.progress_callback = progress_callback
         self.user_meta = dict(meta) if meta is not None else {}
         self.key = key
-        #: Whether the key is this session's choice (minted or from its key source), not the
-        #: caller's nor a run's: only such a key gives way to one found in the arguments.
+        #: Whether the key is this session's choice (minted or from its key source) or a framework
+        #: adapter's (`adapter_key`), not the caller's nor a run's: only such a key gives way to
+        #: one found in the arguments.
         self.adoptable = False
         self.records: list[AttemptReport] = []
         self.maybe_ran = False
