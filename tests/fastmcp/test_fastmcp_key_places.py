@@ -13,6 +13,7 @@ from fastmcp import Client, FastMCP
 from fastmcp.client.transports import StreamableHttpTransport
 from fastmcp_kit import TRANSPORTS, charge_server, promise, serving
 from mcp import MCPError
+from mcp_types import TextContent
 from server_kit import Effects, marker, meta, serve_http
 
 from idempotency import MemoryKeyStore, wire
@@ -219,6 +220,68 @@ async def test_a_tool_without_these_options_is_listed_as_before(transport: str) 
         (tool,) = await client.list_tools()
     dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
     assert dumped == UNCHANGED_LISTING[transport]
+
+
+# --- what the fingerprint covers (`fingerprint=`) -------------------------------------------
+
+
+def volatile_server(effects: Effects, option: Any) -> FastMCP[Any]:
+    """`charge` with two volatile fields a client may change between sends of one call. FastMCP
+    refuses arguments a function does not take, so the function declares them."""
+    mcp: FastMCP[Any] = FastMCP("shop")
+    mcp.add_middleware(
+        IdempotencyMiddleware(MemoryKeyStore(), key_argument="idempotency_key", fingerprint=option)
+    )
+
+    @mcp.tool
+    async def charge(
+        order: str, cents: int, sent_at: str | None = None, trace: dict[str, str] | None = None
+    ) -> str:
+        return await effects.charge(order, cents, gated=False)
+
+    return mcp
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"exclude": ["sent_at", "trace.id"]},
+        {"include": ["order", "cents"]},
+        lambda arguments: [arguments["order"], arguments["cents"]],
+        None,
+    ],
+    ids=["exclude", "include", "function", "every-argument"],
+)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_retry_that_changed_only_an_uncovered_field_replays(
+    transport: str, option: Any
+) -> None:
+    """A retry that changed only what the fingerprint leaves out replays (1 effect); one that
+    changed a covered field is -32011. Without `fingerprint=` (every argument counts) the
+    first retry is -32011 too: the option is what makes it replay."""
+    effects = Effects()
+    sent = with_key("idempotency_key", "k")
+    async with serving(volatile_server(effects, option), transport) as connect, connect() as c:
+        first = await c.call_tool_mcp("charge", {**sent, "sent_at": "10:00", "trace": {"id": "1"}})
+        volatile = {**sent, "sent_at": "10:01", "trace": {"id": "2"}}
+        if option is None:
+            with pytest.raises(MCPError) as changed:
+                await c.call_tool_mcp("charge", volatile)
+            assert changed.value.code == wire.KEY_REUSED
+        else:
+            retry = await c.call_tool_mcp("charge", volatile)
+            assert marker(retry)["status"] == "replayed" and text_of(retry) == text_of(first)
+        with pytest.raises(MCPError) as reused:
+            await c.call_tool_mcp("charge", {**sent, "cents": 2, "sent_at": "10:02"})
+    assert marker(first)["status"] == "executed"
+    assert reused.value.code == wire.KEY_REUSED
+    assert effects.count == 1
+
+
+def text_of(result: Any) -> str:
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    return block.text
 
 
 async def test_retrying_client_puts_its_key_in_the_argument_on_every_attempt() -> None:
