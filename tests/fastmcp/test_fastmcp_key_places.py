@@ -150,12 +150,15 @@ async def test_the_header_is_ignored_unless_the_middleware_opts_in() -> None:
     assert effects.count == 2
 
 
+@pytest.mark.parametrize("keys", ["optional", "required", "derived"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_an_argument_keyed_tool_is_listed_retry_safe_with_its_key_place(
-    transport: str,
+    transport: str, keys: str
 ) -> None:
+    """To every caller, whatever `keys` says, also over HTTP where this server has no caller
+    identity (a keyless tool is listed without the hint there: see `UNCHANGED_LISTING`)."""
     server = charge_server(
-        MemoryKeyStore(), Effects(), keys="required", key_argument="meta.idempotency-key"
+        MemoryKeyStore(), Effects(), keys=keys, key_argument="meta.idempotency-key"
     )
     async with serving(server, transport) as connect, connect() as client:
         (tool,) = await client.list_tools()
@@ -164,7 +167,9 @@ async def test_an_argument_keyed_tool_is_listed_retry_safe_with_its_key_place(
     assert entry[wire.DEFINITION_KEY_ARGUMENT] == "meta.idempotency-key"
     nested = tool.input_schema["properties"]["meta"]
     assert nested["properties"]["idempotency-key"]["description"] == KEY_ARGUMENT_DESCRIPTION
-    assert "meta" in tool.input_schema["required"] and nested["required"] == ["idempotency-key"]
+    required = keys == "required"
+    assert ("meta" in tool.input_schema["required"]) is required
+    assert (nested.get("required") == ["idempotency-key"]) is required
 
 
 #: `charge` as the middleware listed it before issue 24 (captured from main's code).

@@ -291,7 +291,7 @@ def listed(result: ListToolsResult, name: str) -> dict[str, Any]:
     return tool.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
-@pytest.mark.parametrize("keys", ["optional", "required"])
+@pytest.mark.parametrize("keys", ["optional", "required", "derived"])
 async def test_an_argument_keyed_tool_is_listed_retry_safe_with_its_key_place(keys: str) -> None:
     """To every caller, also one without identity (stateless HTTP): any caller can send a key."""
     server = effect_server(
@@ -316,6 +316,50 @@ async def test_an_argument_keyed_tool_is_listed_retry_safe_with_its_key_place(ke
     assert ("meta" in schema["required"]) is required
     assert ("idempotency-key" in nested.get("required", [])) is required
     assert set(schema["required"]) - {"meta"} == {"order", "cents"}
+
+
+@pytest.mark.parametrize("keys", ["optional", "required", "derived"])
+async def test_install_and_the_low_level_handler_list_an_argument_keyed_tool_retry_safe(
+    keys: str,
+) -> None:
+    """`install()` and `idempotent_call_tool(...).advertise` list the hint to a caller without
+    identity (stateless HTTP) as `@idempotent` does, whatever `keys` says."""
+    server = MCPServer("shop")
+
+    @server.tool()
+    async def charge(order: str, cents: int) -> str:
+        return "charged"
+
+    install(server, MemoryKeyStore(), keys=keys, key_argument="idempotency_key")
+
+    async def handler(ctx: Any, params: CallToolRequestParams) -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text="charged")])
+
+    guarded = idempotent_call_tool(
+        MemoryKeyStore(), handler, keys=keys, key_argument="idempotency_key"
+    )
+
+    async def tools(ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        return ListToolsResult(tools=[Tool(name="charge", input_schema={"type": "object"})])
+
+    low = Server("low", on_call_tool=guarded, on_list_tools=guarded.advertise(tools))
+    for app in (server.streamable_http_app(stateless_http=True), low):
+        if isinstance(app, Server):
+            async with Client(app, mode="legacy") as client:
+                tool = listed(await client.list_tools(), "charge")
+        else:
+            async with (
+                serve_http(app) as base,
+                httpx2.AsyncClient() as http,
+                Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client,
+            ):
+                tool = listed(await client.list_tools(), "charge")
+        assert tool["annotations"]["idempotentHint"] is True, app
+        entry = tool["_meta"][wire.IDEMPOTENCY_META]
+        assert entry[wire.DEFINITION_KEY_ARGUMENT] == "idempotency_key"
+        assert ("idempotency_key" in tool["inputSchema"].get("required", [])) is (
+            keys == "required"
+        )
 
 
 async def test_install_and_the_low_level_handler_take_the_options() -> None:
