@@ -31,21 +31,10 @@ from agents.usage import Usage
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
+from openai.types import responses
 from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai import messages as pai
 from pydantic_ai.mcp import MCPToolset
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from server_kit import serve_http
 from temporalio.testing import ActivityEnvironment
@@ -103,15 +92,15 @@ class PaiModel:
     calls: list[dict[str, Any]]
     seen: list[str] = field(default_factory=list)
 
-    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    def __call__(self, messages: list[pai.ModelMessage], info: AgentInfo) -> pai.ModelResponse:
         last = messages[-1]
-        assert isinstance(last, ModelRequest)
-        self.seen += [str(p.content) for p in last.parts if isinstance(p, ToolReturnPart)]
-        made = sum(isinstance(m, ModelResponse) for m in messages)
+        assert isinstance(last, pai.ModelRequest)
+        self.seen += [str(p.content) for p in last.parts if isinstance(p, pai.ToolReturnPart)]
+        made = sum(isinstance(m, pai.ModelResponse) for m in messages)
         if made < len(self.calls):
-            call = ToolCallPart("charge", self.calls[made], tool_call_id=f"call-{made + 1}")
-            return ModelResponse(parts=[call])
-        return ModelResponse(parts=[TextPart(json.dumps(self.seen))])
+            call = pai.ToolCallPart("charge", self.calls[made], tool_call_id=f"call-{made + 1}")
+            return pai.ModelResponse(parts=[call])
+        return pai.ModelResponse(parts=[pai.TextPart(json.dumps(self.seen))])
 
 
 async def pai_run(url: str, calls: list[dict[str, Any]]) -> list[str]:
@@ -162,7 +151,7 @@ class AgentsScript(AgentsModel):
         ]
         made = len(self.outputs)
         if made < len(self.calls):
-            call = ResponseFunctionToolCall(
+            call = responses.ResponseFunctionToolCall(
                 type="function_call",
                 id=f"fc-{made + 1}",
                 call_id=f"call-{made + 1}",
@@ -171,8 +160,10 @@ class AgentsScript(AgentsModel):
                 status="completed",
             )
             return AgentsResponse(output=[call], usage=Usage(), response_id=None)
-        text = ResponseOutputText(type="output_text", text=json.dumps(self.outputs), annotations=[])
-        message = ResponseOutputMessage(
+        text = responses.ResponseOutputText(
+            type="output_text", text=json.dumps(self.outputs), annotations=[]
+        )
+        message = responses.ResponseOutputMessage(
             type="message", id="msg-1", role="assistant", status="completed", content=[text]
         )
         return AgentsResponse(output=[message], usage=Usage(), response_id=None)
