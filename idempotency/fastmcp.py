@@ -74,10 +74,11 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import INTERNAL_ERROR, CallToolRequestParams, ListToolsRequest
 from typing_extensions import Unpack
 
-from ._guard.advertise import advertise_tool, declares_idempotent, derivable
+from ._guard.advertise import advertise_schema, advertise_tool, declares_idempotent, derivable
 from ._guard.caller import caller_of
 from ._guard.guard import Guard, ToolCall
 from ._guard.guard import ToolResult as GuardResult
+from ._guard.keyplaces import declares_argument, without_key
 from ._guard.policy import PolicyOptions, make_policy
 from ._guard.telemetry import logger
 from ._integrations.fastmcp.body import install_body_watch, watching_body
@@ -242,11 +243,29 @@ class IdempotencyMiddleware(Middleware):
             self._check_order(ctx)
         request = None if ctx is None else _request(ctx)
         known = caller_of(request) is not None
+        return [self._advertised(t, known) if self.guards(t) else t for t in tools]
+
+    def _advertised(self, tool: Tool, caller_known: bool) -> Tool:
         policy = self.guard.policy
-        return [
-            advertise_tool(t, policy, known and self.derivable(t)) if self.guards(t) else t
-            for t in tools
-        ]
+        listed = advertise_tool(tool, policy, caller_known and self.derivable(tool))
+        schema = advertise_schema(listed.parameters, policy)
+        if schema is listed.parameters:
+            return listed
+        return listed.model_copy(update={"parameters": schema})
+
+    def _for_body(
+        self, tool: Tool, context: MiddlewareContext[CallToolRequestParams]
+    ) -> MiddlewareContext[CallToolRequestParams]:
+        """The call as the tool's body gets it: without the key argument unless the tool's own
+        signature declares it (FastMCP refuses arguments a function does not take)."""
+        path = self.guard.policy.key_argument
+        arguments = context.message.arguments
+        if path is None or not arguments or declares_argument(tool.parameters, path):
+            return context
+        stripped = without_key(arguments, path)
+        if stripped == arguments:
+            return context
+        return context.copy(message=context.message.model_copy(update={"arguments": stripped}))
 
     async def on_call_tool(
         self,
@@ -267,11 +286,13 @@ class IdempotencyMiddleware(Middleware):
             return await call_next(context)
         tool, guarded_as = found
         self._check_order(ctx)
+        sent = context  # the guard reads the key from the call as sent
+        context = self._for_body(tool, context)
         request = _request(ctx)
         call = ToolCall(
             server=ctx.fastmcp.name,
             tool=guarded_as,
-            arguments=message.arguments,
+            arguments=sent.message.arguments,
             meta=None if request is None else request.meta,
             request=request,
             derivable=self.derivable(tool),

@@ -6,7 +6,8 @@ the contract (`semantics.md`) is the single source, and this file is its only tr
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 NAMESPACE: Final = "io.github.mcp-once/"
 
@@ -21,6 +22,14 @@ IDEMPOTENCY_META: Final = NAMESPACE + "idempotency"
 #: sends; they differ in what happens to a keyless call: refused (-32602), run unprotected, or run
 #: under a key the server derives for that caller.
 KEY_MODES: Final = ("required", "optional", "derived")
+
+#: Tool definition `_meta` entry fields present only when the server takes keys elsewhere too:
+#: the argument path (dotted for nested objects) a key may travel in, and the HTTP header name.
+DEFINITION_KEY_ARGUMENT: Final = "keyArgument"
+DEFINITION_KEY_HEADER: Final = "keyHeader"
+
+#: What `argument_at` answers when no value stands at the path.
+ABSENT: Final = object()
 
 #: Another attempt with this key is running; retry after `data.retryAfterMs`.
 IN_PROGRESS: Final = -32010
@@ -58,3 +67,27 @@ def key_problem(key: object) -> str | None:
     if not all(" " <= ch <= "~" for ch in key):
         return "the idempotency key must be printable ASCII (0x20 to 0x7E)"
     return None
+
+
+def argument_path(path: object) -> tuple[str, ...]:
+    """The segments of a key argument's path (`keyArgument`: dotted for nested objects, so a
+    segment never contains a dot); a `TypeError`/`ValueError` for a path that names no argument."""
+    if not isinstance(path, str):
+        raise TypeError(f"key_argument must be a string, not {type(path).__name__}")
+    segments = tuple(path.split("."))
+    if not path or any(not s for s in segments):
+        raise ValueError(
+            f'key_argument must name an argument, nested with dots ("meta.key"); got {path!r}'
+        )
+    return segments
+
+
+def argument_at(arguments: Mapping[str, Any] | None, segments: tuple[str, ...]) -> object:
+    """The value at `segments` in a call's arguments, or `ABSENT` (a container on the way that
+    is not an object holds no key: the key is absent, not malformed)."""
+    node: object = arguments
+    for segment in segments:
+        if not isinstance(node, Mapping) or segment not in node:
+            return ABSENT
+        node = node[segment]
+    return node

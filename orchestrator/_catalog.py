@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import anyio
 from mcp_types import Tool
@@ -97,13 +98,30 @@ def watch_list_changed(session: SessionLike, on_change: Callable[[], None]) -> b
     return tool_session(session).watch_list_changed(on_change)
 
 
+def _policy_entry(tool: Tool | None) -> Mapping[str, Any]:
+    """The tool's listing `_meta` entry (its idempotency policy); empty when it has none."""
+    entry = (tool.meta or {}).get(wire.IDEMPOTENCY_META) if tool is not None else None
+    return entry if isinstance(entry, Mapping) else {}
+
+
+def advertised_key_argument(tool: Tool | None) -> tuple[str, ...] | None:
+    """The path of the argument the server also takes this tool's key from (`keyArgument` in
+    the listing's `_meta`, dotted for nested objects), as segments; None when it names none or
+    names it in a form this client cannot read (then the key travels in `_meta` only)."""
+    path = _policy_entry(tool).get(wire.DEFINITION_KEY_ARGUMENT)
+    if path is None:
+        return None
+    try:
+        return wire.argument_path(path)
+    except (TypeError, ValueError):
+        logger.debug("ignoring an unreadable %s: %r", wire.DEFINITION_KEY_ARGUMENT, path)
+        return None
+
+
 def advertised_retention(tool: Tool | None) -> float | None:
     """The seconds the server says it keeps a key of this tool (`retentionSeconds` in the
     listing's `_meta`), or None when it says nothing."""
-    entry = (tool.meta or {}).get(wire.IDEMPOTENCY_META) if tool is not None else None
-    if not isinstance(entry, Mapping):
-        return None
-    seconds = entry.get("retentionSeconds")
+    seconds = _policy_entry(tool).get("retentionSeconds")
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return None
     return float(seconds) if math.isfinite(seconds) and seconds >= 0 else None

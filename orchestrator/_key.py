@@ -6,8 +6,10 @@ coordination between clients. It is not identical across a *re-run* of the code 
 call (a durable engine replaying a step after a crash): for that the key must come from where the
 call runs, which is what a `KeySource` gives, with `key_step` numbering the calls of one step.
 
-Where the key of a call comes from, first match wins: `idempotency_key=`, a key already in
-`meta`, the session's `key_source`, a fresh random key (`resolve_key`).
+Where the key of a call comes from, first match wins: the caller's (`idempotency_key=`, a key
+already in `meta`, or one in the tool's key argument; all that are given must agree), a framework
+adapter's (`adapter_key`: it gives way to a key in the argument), the session's `key_source`, a
+fresh random key (`resolve_key`).
 """
 
 from __future__ import annotations
@@ -198,6 +200,88 @@ def key_from_source(
     return key
 
 
+_adapter_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mcp_once_adapter_key", default=None
+)
+
+
+@contextlib.contextmanager
+def adapter_key(key: object) -> Iterator[None]:
+    """Inside this block, a call whose `_meta` key is `key` holds it as a framework adapter's
+    choice (derived from a tool-call id, a step, a key source), not as the caller's own.
+
+    Why: where a model fills the tool's key argument (the listing's `keyArgument`), the model's
+    key is the call's key. The listing tells the model to reuse it when it retries an action,
+    and the model's retry is a new tool call with a new tool-call id, so only the model's key
+    can say "the same action". An adapter's key therefore gives way to it, instead of the two
+    being refused as disagreeing keys; with no key from the model, the adapter's key is used
+    (and goes in the argument as well). The adapter puts its key in `_meta`, the one place a
+    framework lets it through, and marks it here (a context variable: nothing on the wire).
+    """
+    token = _adapter_key.set(key if isinstance(key, str) else None)
+    try:
+        yield
+    finally:
+        _adapter_key.reset(token)
+
+
+def split_adapter_key(
+    meta: Mapping[str, Any] | None,
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """`meta` without the key an adapter placed in it (`adapter_key`), and that key; `meta`
+    unchanged and None when its key is not the adapter's (or is malformed: then it is checked,
+    and refused, as the caller's)."""
+    placed = _adapter_key.get()
+    if (
+        placed is None
+        or meta is None
+        or meta.get(wire.KEY_META) != placed
+        or wire.key_problem(placed) is not None
+    ):
+        return meta, None
+    return {name: value for name, value in meta.items() if name != wire.KEY_META}, placed
+
+
+def argument_place(segments: tuple[str, ...]) -> str:
+    """How the key argument is named in errors: its dotted path, as the listing gives it."""
+    return f"arguments[{'.'.join(segments)!r}]"
+
+
+def caller_key(
+    idempotency_key: object,
+    meta: Mapping[str, Any] | None,
+    arguments: Mapping[str, Any] | None = None,
+    key_argument: tuple[str, ...] | None = None,
+) -> str | None:
+    """The key the caller brings, or None: `idempotency_key=`, a key in `meta` under the wire
+    name, or (when the tool is listed with a `keyArgument`) a value at that path of the
+    arguments, as a model or a plain client fills it. Each place is checked with the server's
+    own rule (`wire.key_problem`), and places that disagree are refused, as the server refuses
+    them (-32602): all with a `ValueError` before anything is sent, so none costs an attempt.
+    """
+    brought: list[tuple[str, object]] = []
+    if idempotency_key is not None:
+        brought.append(("idempotency_key", idempotency_key))
+    if meta is not None and wire.KEY_META in meta:
+        brought.append((f"meta[{wire.KEY_META!r}]", meta[wire.KEY_META]))
+    if key_argument is not None:
+        value = wire.argument_at(arguments, key_argument)
+        if value is not wire.ABSENT:
+            brought.append((argument_place(key_argument), value))
+    for place, value in brought:
+        problem = wire.key_problem(value)
+        if problem is not None:
+            raise ValueError(f"{place}: {problem}")
+    if not brought:
+        return None
+    (first_place, first), *others = brought
+    for place, value in others:
+        if value != first:
+            raise ValueError(f"{first_place} and {place} disagree; pass the key once")
+    assert isinstance(first, str)
+    return first
+
+
 def resolve_key(
     idempotency_key: object,
     meta: Mapping[str, Any] | None,
@@ -205,37 +289,41 @@ def resolve_key(
     key_source: KeySource | None = None,
     tool: str = "",
     arguments: Mapping[str, Any] | None = None,
+    key_argument: tuple[str, ...] | None = None,
 ) -> str:
-    """The key for one logical call: the caller's (checked), the key source's, or a new one.
+    """The key for one logical call: the caller's (`caller_key`), the key source's, or a new one.
 
-    A caller may pass the key either as `idempotency_key=` or inside `meta` under the wire name;
-    both at once must agree. A bad key is refused here, before anything is sent, with the same
-    rule the server applies (`wire.key_problem`), so it can never cost an attempt. Only when the
-    caller brings no key is `key_source` asked (so a caller's key takes no ordinal); when it
-    answers None, or there is none, the key is minted.
+    Only when the caller brings no key is `key_source` asked (so a caller's key takes no
+    ordinal); when it answers None, or there is none, the key is minted.
     """
-    from_meta = meta.get(wire.KEY_META) if meta is not None else None
-    if meta is not None and wire.KEY_META in meta:
-        problem = wire.key_problem(from_meta)
-        if problem is not None:
-            raise ValueError(f"meta[{wire.KEY_META!r}]: {problem}")
-    if idempotency_key is not None:
-        problem = wire.key_problem(idempotency_key)
-        if problem is not None:
-            raise ValueError(f"idempotency_key: {problem}")
-        assert isinstance(idempotency_key, str)
-        if from_meta is not None and from_meta != idempotency_key:
-            raise ValueError(
-                f"idempotency_key and meta[{wire.KEY_META!r}] disagree; pass the key once"
-            )
-        return idempotency_key
-    if isinstance(from_meta, str):
-        return from_meta
+    brought = caller_key(idempotency_key, meta, arguments, key_argument)
+    if brought is not None:
+        return brought
     if key_source is not None:
         sourced = key_from_source(key_source, tool, arguments)
         if sourced is not None:
             return sourced
     return mint_key()
+
+
+def with_key_argument(
+    arguments: Mapping[str, Any] | None, key_argument: tuple[str, ...], key: str
+) -> dict[str, Any] | None:
+    """A copy of `arguments` with `key` at the `key_argument` path (objects on the way made as
+    needed; the caller's mapping is untouched), or None when something on the way is not an
+    object, so the key cannot go there (it still travels in `_meta`)."""
+    out: dict[str, Any] = dict(arguments or {})
+    node = out
+    *parents, leaf = key_argument
+    for segment in parents:
+        child = node.get(segment, {})
+        if not isinstance(child, Mapping):
+            return None
+        copied = dict(child)
+        node[segment] = copied
+        node = copied
+    node[leaf] = key
+    return out
 
 
 def derive_key(source: str, *parts: str) -> str:

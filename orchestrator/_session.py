@@ -24,12 +24,19 @@ from idempotency import wire
 
 from . import _telemetry as telemetry
 from ._budget import RetryBudget
-from ._catalog import ToolCatalog, watch_list_changed
+from ._catalog import ToolCatalog, advertised_key_argument, watch_list_changed
 from ._classify import Failure, classify
 from ._gate import GATED, retry_gate
 from ._http import AttemptProbe, current_probe
 from ._journal import fingerprint_arguments
-from ._key import KeySource, resolve_key
+from ._key import (
+    KeySource,
+    argument_place,
+    caller_key,
+    resolve_key,
+    split_adapter_key,
+    with_key_argument,
+)
 from ._outcome import (
     NotExecuted,
     OutcomeUnknown,
@@ -86,8 +93,12 @@ class RetryingSession:
 
     `key_source` (optional, a `KeySource`) gives the key of a call the caller brings no key for,
     from where the call runs: a durable engine's step, so that a re-run of the step sends the keys
-    of its first run (see `key_step`, `step_keys`). Precedence, first match wins:
-    `idempotency_key=`, a key in `meta`, `run`, `key_source`, a fresh random key.
+    of its first run (see `key_step`, `step_keys`). Precedence, first match wins: the caller's
+    key (`idempotency_key=`, a key in `meta`, or a value in the argument the tool's listing names
+    as `keyArgument`; those given must agree, else `ValueError`), a framework adapter's key
+    (which gives way to one in the argument, as a model fills it: see `adapter_key`), `run`,
+    `key_source`, a fresh random key. A tool listed with a `keyArgument` gets the key in that
+    argument too, on every attempt, for servers (and gateways) that read it there.
 
     `run` (optional, an entered `orchestrator.Run`) journals each call that brings no key: the
     key comes from the run id and the call's position, the intent is recorded before the request
@@ -267,21 +278,54 @@ class RetryingSession:
                 "a RetryingSession with connect= must be entered (`async with`) before use:"
                 " it owns the sessions it opens"
             )
-        run = self._run_for(idempotency_key, meta)
+        key_argument = await self._key_argument(name, arguments)
+        meta, adapters = split_adapter_key(meta)
+        brought = caller_key(idempotency_key, meta, arguments, key_argument)
+        run = self._run_for(brought if brought is not None else adapters)
         if run is not None:
             return await self._journaled(
                 run, name, arguments, read_timeout_seconds, progress_callback, meta
             )
-        key = resolve_key(
-            idempotency_key, meta, key_source=self._key_source, tool=name, arguments=arguments
-        )
+        key = brought if brought is not None else adapters
+        if key is None:
+            key = resolve_key(
+                None, None, key_source=self._key_source, tool=name, arguments=arguments
+            )
         call = _Call(self, name, arguments, read_timeout_seconds, progress_callback, meta, key)
+        call.adoptable = brought is None
         return await call.run()
 
-    def _run_for(self, idempotency_key: str | None, meta: Mapping[str, Any] | None) -> Run | None:
-        """The run that keys this call: none when the caller brings a key (checked later by
-        `resolve_key`), else the session's or the one a turn placed the call in."""
-        if idempotency_key is not None or (meta is not None and wire.KEY_META in meta):
+    async def _key_argument(
+        self, name: str, arguments: Mapping[str, Any] | None
+    ) -> tuple[str, ...] | None:
+        """Where the tool's listing says its key may also travel among the arguments, learnt
+        before the key is chosen when the arguments might already hold one (the caller's key).
+
+        The listing is the one a call would make anyway (once per session, for an unknown tool),
+        only made earlier; with no session yet (a first call through `connect=`) it is left to
+        the attempt, which adopts a key it then finds in the arguments (`_Call.with_key`).
+        """
+        catalog = self._catalog
+        session = self._slot.current()
+        generation = self._slot.generation
+        if (
+            arguments
+            and session is not None
+            and catalog.fresh(name) is None
+            and self._warmed_generation != generation
+        ):
+            self._warmed_generation = generation
+            with anyio.move_on_after(self._policy.deadline):
+                try:
+                    await catalog.lookup(session, name)
+                except Exception as exc:
+                    telemetry.logger.debug("listing tools failed: %s", type(exc).__name__)
+        return advertised_key_argument(catalog.get(name))
+
+    def _run_for(self, brought: str | None) -> Run | None:
+        """The run that keys this call: none when the caller brings a key, else the session's or
+        the one a turn placed the call in."""
+        if brought is not None:
             return None
         placed = placed_run()
         if placed is not None and self._run is not None and placed is not self._run:
@@ -367,6 +411,10 @@ class _Call:
         self.progress_callback = progress_callback
         self.user_meta = dict(meta) if meta is not None else {}
         self.key = key
+        #: Whether the key is this session's choice (minted or from its key source) or a framework
+        #: adapter's (`adapter_key`), not the caller's nor a run's: only such a key gives way to
+        #: one found in the arguments.
+        self.adoptable = False
         self.records: list[AttemptReport] = []
         self.maybe_ran = False
         self.total_wait = 0.0
@@ -479,6 +527,7 @@ class _Call:
                 Failure("never_sent", TimeoutError("no time left before the deadline")),
                 generation,
             )
+        arguments = self.with_key()
         meta = dict(self.user_meta)
         meta[wire.KEY_META] = self.key
         meta[wire.ATTEMPT_META] = attempt
@@ -489,7 +538,7 @@ class _Call:
             with anyio.CancelScope(deadline=self.deadline) as scope:
                 result = await tool_session(session).call_tool(
                     self.name,
-                    self.arguments,
+                    arguments,
                     timeout,
                     self.progress_callback,
                     meta=cast(RequestParamsMeta, meta),
@@ -506,6 +555,33 @@ class _Call:
                 generation,
             )
         return result, None, generation
+
+    def with_key(self) -> dict[str, Any] | None:
+        """The arguments of the next attempt: the caller's, with the key at the path the tool's
+        listing names (`keyArgument`), so that the argument and `_meta` carry one key (the
+        server takes equal keys as one). Unchanged when the listing names none or the path
+        cannot hold it.
+
+        A value already there was taken as the caller's key when the call began; one found only
+        now (the listing came after the key was chosen) is adopted if the key was this
+        session's own and nothing has been sent, else refused (`ValueError`, before sending).
+        """
+        path = advertised_key_argument(self.owner._catalog.get(self.name))
+        if path is None:
+            return self.arguments
+        found = wire.argument_at(self.arguments, path)
+        if found is not wire.ABSENT and found != self.key:
+            place = argument_place(path)
+            if not (self.adoptable and not self.records):
+                raise ValueError(f"{place} holds a key other than this call's ({self.key!r})")
+            problem = wire.key_problem(found)
+            if problem is not None:
+                raise ValueError(f"{place}: {problem}")
+            assert isinstance(found, str)
+            self.key = found
+        self.adoptable = False
+        placed = with_key_argument(self.arguments, path, self.key)
+        return self.arguments if placed is None else placed
 
     async def warm_catalog(self, session: SessionLike, generation: int) -> None:
         """List tools once per session if this tool is unknown (the SDK would list it anyway)."""

@@ -29,6 +29,11 @@ execution of the step (a recovery, and each retry attempt), so the re-run's N-th
 first run's N-th key. Calls made concurrently inside one step take ordinals in the order they ask
 for a key: start them in an order every run repeats.
 
+A tool keyed by an argument (the listing's `keyArgument`) whose arguments already hold a key (a
+model filled it) is called under that key: a key source is asked only for calls that bring none,
+so the step's key gives way to it and takes no ordinal; otherwise the step's key goes in that
+argument as well as in `_meta`.
+
 Outside a DBOS step (in workflow code, or outside any workflow) `step_key` raises `NotInStep`:
 workflow code is re-executed on every recovery, and a call from it is not a step whose position
 DBOS records, so there is no identity to key it by; a fresh random key there would silently charge

@@ -22,6 +22,12 @@ lost runs twice. Here:
   logical call on every attempt, if the model re-issues it under the same id, and in another process
   of the same run (a worker that picks the run up after a crash): it holds nothing random of the
   server object's;
+- a key the model put in the tool's key argument (the listing's `keyArgument`, a server's
+  `key_argument=`) is the call's key: every key above (a resolver's, `temporal_tool_meta`'s, the
+  run's, the source's, the derived one) gives way to it, as the framework's and not the model's.
+  The listing tells the model to reuse its key when it retries an action, and that retry is a
+  new tool call with a new tool-call id: only the model's key carries its intent. Without one
+  from the model, the call's key goes in the argument as well as in `_meta`;
 - `client_session_timeout_seconds` is the per-attempt timeout unless the policy sets one;
 - a call that may have run but cannot be retried reaches the model as an `isError` tool result
   that says so ("may have run; do not repeat"), not as the SDK's default "Please try again".
@@ -56,7 +62,7 @@ from mcp_types import CallToolResult, TextContent, Tool
 from idempotency import wire
 
 from ._integration import PerConnection, attempt_timeout, tell_model
-from ._key import KeySource, derive_key, key_from_source
+from ._key import KeySource, adapter_key, derive_key, key_from_source
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
 from ._run import Run
@@ -256,7 +262,9 @@ class _RetryingServer(_MCPServerWithClientSession):
         read_timeout = attempt_timeout(None, retrying.policy, self.client_session_timeout_seconds)
 
         async def call() -> CallToolResult:
-            return await retrying.call_tool(tool_name, arguments, read_timeout, meta=meta)
+            # Whatever key the SDK's resolvers put in `_meta` gives way to the model's own.
+            with adapter_key((meta or {}).get(wire.KEY_META)):
+                return await retrying.call_tool(tool_name, arguments, read_timeout, meta=meta)
 
         try:
             return await self._maybe_serialize_request(call)

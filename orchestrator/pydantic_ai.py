@@ -17,6 +17,15 @@ hook, which `MCPToolset` calls with it, fills that gap and the other one:
   that says "do not repeat". `NotExecuted` (nothing ran) becomes `ModelRetry`: calling again is
   safe. Without this hook, `OutcomeUnknown` propagates out of the agent run.
 
+A key the model fills: a tool whose listing names a key argument (`keyArgument`, a server's
+`key_argument=`) asks the model for a key, to reuse when it retries the same action. That retry
+is a new tool call with a new tool-call id, so only the model's key can say "the same action":
+the model's key is the call's key, and the hook's (tool-call id, key source) gives way to it
+instead of being refused as a disagreeing key. Without one from the model, the hook's key goes in
+the argument as well as in `_meta` (`RetryingClient` does both). The hook marks its key as its
+own for the client (`adapter_key`, nothing on the wire), so this needs the `RetryingClient`; over
+a plain `fastmcp.Client` the server sees two keys and refuses the call (-32602).
+
 To take keys from where the call runs instead (a durable engine's step, see `KeySource`), use
 `process_tool_call=keyed_tool_calls_with(key_source)`: the source is asked first, and the
 tool-call-id key is the fallback when it answers None. (`RetryingClient(key_source=...)` alone
@@ -53,7 +62,7 @@ from pydantic_ai.messages import ModelResponse, ToolCallPart
 from idempotency import wire
 
 from ._integration import tell_model
-from ._key import KeySource, derive_key, key_from_source
+from ._key import KeySource, adapter_key, derive_key, key_from_source
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._run import Run, Turn
 
@@ -156,7 +165,8 @@ async def _keyed_call(
     key: str | None,
 ) -> ToolResult:
     try:
-        return await call_tool(name, args, metadata={wire.KEY_META: key} if key else None)
+        with adapter_key(key):  # gives way to a key the model put in the key argument
+            return await call_tool(name, args, metadata={wire.KEY_META: key} if key else None)
     except OutcomeUnknown as unknown:
         raise ToolFailed(tell_model(unknown)) from unknown
     except NotExecuted as not_run:

@@ -15,7 +15,10 @@ key comes from the activity itself:
 - `KeyedMCPClient`: an `mcp.Client` (same arguments, plus `policy=`) for `temporalio-mcp`'s
   `MCPPlugin({"shop": lambda: KeyedMCPClient(url)})`. Its `call_tool` goes through
   `RetryingSession` with `activity_key`, checks retention, and raises the `ApplicationError`s below.
-  A key already in the call's `_meta` (a workflow-side resolver's) is kept.
+  A key already in the call's `_meta` (a workflow-side resolver's) is kept, unless the model put
+  one in the tool's key argument (the listing's `keyArgument`): the model's key is the call's
+  (its own retry of an action is a new tool call, so only its key says "the same action"); the
+  activity's or the resolver's key goes in that argument when the model left it out.
 - `McpOnceInterceptor`: a worker interceptor mapping mcp-once's exceptions raised by any activity
   to those same `ApplicationError`s (for `RetryingSession` users; `KeyedMCPClient` maps its own).
 - `activity_session(session)`: the session as `RetryingSession` should drive it inside an
@@ -72,7 +75,7 @@ from idempotency import wire
 
 from ._catalog import advertised_retention, list_all_tools
 from ._integration import PerConnection, attempt_timeout
-from ._key import KeyRequest, Ordinals, step_key_from
+from ._key import KeyRequest, Ordinals, adapter_key, step_key_from
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._policy import RetryPolicy
 from ._sessions import _SDK, SessionLike, ToolSession, tool_session
@@ -393,8 +396,10 @@ class KeyedMCPClient(Client):
             read_timeout_seconds, retrying.policy, self.read_timeout_seconds
         )
         try:
-            return await retrying.call_tool(
-                name, arguments, read_timeout, progress_callback, meta=meta
-            )
+            # A workflow-side resolver's key gives way to one the model put in the key argument.
+            with adapter_key((meta or {}).get(wire.KEY_META)):
+                return await retrying.call_tool(
+                    name, arguments, read_timeout, progress_callback, meta=meta
+                )
         except Exception as exc:
             _raise_for_temporal(exc)

@@ -16,6 +16,7 @@ from typing import Any, Protocol, Self, TypeVar
 from mcp_types import ToolAnnotations
 
 from .. import wire
+from .keyplaces import schema_with_key
 from .policy import Policy
 
 
@@ -38,7 +39,7 @@ def derivable(policy: Policy, annotations: ToolAnnotations | None, opted_out: bo
 def advertise_annotations(
     annotations: ToolAnnotations | None, policy: Policy, caller_known: bool
 ) -> ToolAnnotations | None:
-    if not policy.keyless_protected(caller_known):
+    if not policy.retry_safe(caller_known):
         return annotations
     if annotations is None:
         return ToolAnnotations(idempotent_hint=True)
@@ -51,6 +52,14 @@ def advertise_meta(
     meta: dict[str, Any] | None, policy: Policy, caller_known: bool
 ) -> dict[str, Any]:
     return {**(meta or {}), wire.IDEMPOTENCY_META: policy.advertised(caller_known)}
+
+
+def advertise_schema(schema: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """The tool's input schema with the key argument in it; `schema` itself (untouched) when the
+    policy names none, so such a tool is listed byte for byte as its framework lists it."""
+    if policy.key_argument is None:
+        return schema
+    return schema_with_key(schema, policy.key_argument, required=policy.keys == "required")
 
 
 class ToolDefinition(Protocol):

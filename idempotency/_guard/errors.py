@@ -56,22 +56,38 @@ def store_unavailable(key: str | None) -> MCPError:
     )
 
 
-def key_missing() -> MCPError:
+def key_missing(elsewhere: tuple[str, ...] = ()) -> MCPError:
+    """`elsewhere`: the other places (an argument, a header) this tool takes a key from."""
+    places = " or ".join((f"params._meta[{wire.KEY_META!r}]", *elsewhere))
     return MCPError(
         wire.INVALID_PARAMS,
-        f"This tool requires an idempotency key in params._meta[{wire.KEY_META!r}].",
+        f"This tool requires an idempotency key in {places}.",
         {"reason": "missing"},
     )
 
 
-def key_malformed(key: object, problem: str) -> MCPError:
+def key_malformed(key: object, problem: str, place: str | None = None) -> MCPError:
+    """`place`: where the key came from, named in the message when it is not request `_meta`
+    (whose message stays as it always was)."""
     # Echo the key only when it is a string short enough to be useful in a log line.
     known = key if isinstance(key, str) and len(key) <= wire.MAX_KEY_LENGTH else None
     extra: dict[str, Any] = {"reason": problem}
     if isinstance(key, str) and known is None:
         extra["length"] = len(key)
+    where = "" if place is None else f" in {place}"
     return MCPError(
-        wire.INVALID_PARAMS, f"Invalid idempotency key: {problem}.", _data(known, **extra)
+        wire.INVALID_PARAMS, f"Invalid idempotency key{where}: {problem}.", _data(known, **extra)
+    )
+
+
+def keys_disagree(first: str, second: str) -> MCPError:
+    """Two places carried different keys: which logical call this is cannot be known (rule 16).
+    Neither key is echoed: the caller knows both, and a log line needs neither."""
+    return MCPError(
+        wire.INVALID_PARAMS,
+        f"The idempotency key in {first} differs from the one in {second}; send one key, or"
+        " the same key in both places. Nothing was run.",
+        {"reason": "conflicting keys", "places": [first, second]},
     )
 
 

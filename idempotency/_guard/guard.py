@@ -55,7 +55,8 @@ from . import errors
 from .caller import caller_of
 from .complete import store_result
 from .current_claim import Claim, holding
-from .fingerprint import UnfingerprintableArguments, fingerprint
+from .fingerprint import UnfingerprintableArguments, covered, fingerprint
+from .keyplaces import argument_place, found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from .policy import Policy
@@ -211,7 +212,7 @@ class Guard:
         """Settle the call's key, fingerprint and record name; None for an unkeyed call."""
         policy = self.policy
         try:
-            fp: str | None = fingerprint(call.tool, call.arguments)
+            fp: str | None = fingerprint(call.tool, self._covered(call.arguments))
             fp_problem = ""
         except UnfingerprintableArguments as exc:
             fp, fp_problem = None, str(exc)
@@ -243,7 +244,14 @@ class Guard:
                 scope(), call.tool, fp, caller=caller, round_fields=rounds, meta=call.meta
             )
 
-        resolved = resolve_key(call.meta, policy.keys, derive)
+        found = found_keys(
+            call.meta,
+            call.arguments,
+            call.request,
+            key_argument=policy.key_argument,
+            key_header=policy.key_header,
+        )
+        resolved = resolve_key(found, policy.keys, derive, elsewhere=self._elsewhere())
         if resolved is not None and fp is None:
             raise errors.unfingerprintable(resolved[0], fp_problem)
         if resolved is None:
@@ -258,6 +266,22 @@ class Guard:
             fingerprint=fp,
             retention=policy.retention_for(source is KeySource.DERIVED),
         )
+
+    def _covered(self, arguments: Mapping[str, Any] | None) -> Any:
+        """What the fingerprint covers (`fingerprint.covered`): never the key argument (the key
+        names the call, it is not what the call asks for), and what `fingerprint=` chose."""
+        policy = self.policy
+        return covered(arguments, key_argument=policy.key_argument, option=policy.fingerprint)
+
+    def _elsewhere(self) -> tuple[str, ...]:
+        """The places besides `_meta` this guard takes a key from, as errors name them."""
+        policy = self.policy
+        places: list[str] = []
+        if policy.key_argument is not None:
+            places.append(argument_place(policy.key_argument))
+        if policy.key_header is not None:
+            places.append(header_place(policy.key_header))
+        return tuple(places)
 
     async def _claim_loop(
         self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import wire
 from . import errors
 from .fingerprint import canonical_json
+from .keyplaces import META_PLACE, FoundKey
 
 DERIVED_PREFIX = "derived-"
 
@@ -76,27 +77,39 @@ def derive_key(
 
 
 def resolve_key(
-    meta: Mapping[str, Any] | None, mode: str, derive: Callable[[], str | None]
+    found: Sequence[FoundKey],
+    mode: str,
+    derive: Callable[[], str | None],
+    *,
+    elsewhere: tuple[str, ...] = (),
 ) -> tuple[str, KeySource] | None:
     """The key and its source, or None for a keyless call that runs unprotected: under
     "optional", or under "derived" when `derive` finds no caller to bind the key to.
 
-    Raises the contract's invalid-params error for a malformed key in every mode, and for a
-    missing one under "required".
+    `found` are the keys the call carries (`keyplaces.found_keys`), `elsewhere` the places
+    besides `_meta` the tool takes one from (named when a required key is missing). Raises the
+    contract's invalid-params error for a malformed key in every mode and every place, for keys
+    that disagree, and for a missing one under "required". Every key is checked before any is
+    compared, so a malformed one is reported as such wherever it sits.
     """
-    if meta is None or wire.KEY_META not in meta:
+    if not found:
         if mode == "required":
-            raise errors.key_missing()
+            raise errors.key_missing(elsewhere)
         if mode == "optional":
             return None
         derived = derive()
         return None if derived is None else (derived, KeySource.DERIVED)
-    key = meta[wire.KEY_META]
-    problem = wire.key_problem(key)
-    if problem is not None:
-        raise errors.key_malformed(key, problem)
-    assert isinstance(key, str)
-    return key, KeySource.CLIENT
+    for each in found:
+        problem = wire.key_problem(each.value)
+        if problem is not None:
+            place = None if each.place == META_PLACE else each.place
+            raise errors.key_malformed(each.value, problem, place)
+    first = found[0]
+    for each in found[1:]:
+        if each.value != first.value:
+            raise errors.keys_disagree(first.place, each.place)
+    assert isinstance(first.value, str)
+    return first.value, KeySource.CLIENT
 
 
 def attempt_of(meta: Mapping[str, Any] | None) -> int | None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from .. import wire
+from .fingerprint import FingerprintOption, check_option
+from .keyplaces import check_argument_path, check_header_name
 from .scope import ScopeFn, default_scope
 
 KeyMode = Literal["required", "optional", "derived"]
@@ -53,6 +55,9 @@ class PolicyOptions(TypedDict, total=False):
     wait: float
     max_result_bytes: int
     fail_open: bool
+    key_argument: str | None
+    key_header: str | None
+    fingerprint: FingerprintOption | None
 
 
 def _positive(name: str, value: object) -> float:
@@ -120,6 +125,22 @@ class Policy:
     #: Store unreachable: False (default) refuses with -32013 and does not run the tool;
     #: True runs it unprotected and logs a warning.
     fail_open: bool = False
+    #: Where a client that cannot write request `_meta` (a model filling tool arguments, the MCP
+    #: Inspector, most agents) puts its key: an argument path, top level (`"idempotency_key"`)
+    #: or nested with dots (`"meta.idempotency-key"`). The listed input schema gains it (required
+    #: under `keys="required"`), with a description telling the model what to send; the tool's
+    #: body gets it only if its own signature declares it; it never counts in the fingerprint.
+    #: None (default): keys come from `_meta` only, and the listing is unchanged.
+    key_argument: str | None = None
+    #: The HTTP request header a key may come in on streamable HTTP (`"Idempotency-Key"`, as
+    #: HTTP gateways and the IETF draft spell it). None (default): headers are ignored, so a
+    #: header set by something the server does not trust to name calls changes nothing.
+    key_header: str | None = None
+    #: Which arguments make "the same call" when a key comes back (see `fingerprint.py`):
+    #: `{"exclude": ["sent_at", "trace.id"]}` so a retry that changed only those replays,
+    #: `{"include": ["order", "cents"]}` so only those count, or a function of the arguments.
+    #: None (default): every argument counts. The key argument never does.
+    fingerprint: FingerprintOption | None = None
 
     def __post_init__(self) -> None:
         if self.keys not in KEY_MODES:
@@ -140,6 +161,12 @@ class Policy:
         object.__setattr__(self, "effect_free", _exception_types(self.effect_free))
         if not callable(self.scope):
             raise TypeError("scope must be a callable taking a CallScope and returning a str")
+        if self.key_argument is not None:
+            check_argument_path(self.key_argument)
+        if self.key_header is not None:
+            check_header_name(self.key_header)
+        if self.fingerprint is not None:
+            check_option(self.fingerprint)
         size = self.max_result_bytes
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"max_result_bytes must be a positive int, not {size!r}")
@@ -161,10 +188,22 @@ class Policy:
         """
         return self.keys == "required" or (self.keys == "derived" and caller_known)
 
+    def retry_safe(self, caller_known: bool) -> bool:
+        """Whether the listing may say `idempotentHint: true` on the guard's behalf: keyless
+        calls cannot run twice, or any caller can send a key (an argument is in every client's
+        reach, unlike request `_meta`), so a retry that repeats its key never runs twice."""
+        return self.key_argument is not None or self.keyless_protected(caller_known)
+
     def advertised(self, caller_known: bool) -> dict[str, object]:
         """The tool definition's `_meta` entry: what the caller who lists may rely on."""
         keys = "optional" if self.keys == "derived" and not caller_known else self.keys
-        return {"keys": keys, "retentionSeconds": int(self.retention)}
+        entry: dict[str, object] = {"keys": keys, "retentionSeconds": int(self.retention)}
+        # Added only when set, so a tool without these options is listed as it always was.
+        if self.key_argument is not None:
+            entry[wire.DEFINITION_KEY_ARGUMENT] = self.key_argument
+        if self.key_header is not None:
+            entry[wire.DEFINITION_KEY_HEADER] = self.key_header
+        return entry
 
 
 def make_policy(options: PolicyOptions) -> Policy:

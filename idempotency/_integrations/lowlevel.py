@@ -4,7 +4,9 @@ The low-level server has one `on_call_tool` handler for every tool and lists too
 guarded handler also offers `advertise(on_list_tools)`, which merges the same policy into the
 listed definitions. A handler exception (other than `MCPError` or a declared effect-free type) is
 stored as an `isError` result whose text names the tool but not the exception, as `MCPServer`
-does for unexpected errors.
+does for unexpected errors. With `key_argument`, the handler still gets the arguments exactly as
+sent, the key among them: it is the protocol-level handler (it sees `_meta` too), and it lists
+its own schemas, to which `advertise` adds the key argument.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from mcp_types import (
     ListToolsResult,
     PaginatedRequestParams,
     TextContent,
+    Tool,
 )
 from typing_extensions import Unpack
 
-from .._guard.advertise import advertise_tool, derivable
+from .._guard.advertise import advertise_schema, advertise_tool, derivable
 from .._guard.caller import caller_of
 from .._guard.guard import Guard, ToolCall, ToolResult, as_is
 from .._guard.policy import PolicyOptions, make_policy
@@ -104,6 +107,13 @@ class GuardedCallTool:
         annotations are not known to the guard: name read-only tools in `underived`."""
         return derivable(self.guard.policy, None, tool in self._underived)
 
+    def _advertised(self, tool: Tool, caller_known: bool) -> Tool:
+        listed = advertise_tool(tool, self.guard.policy, caller_known)
+        schema = advertise_schema(listed.input_schema, self.guard.policy)
+        if schema is listed.input_schema:
+            return listed
+        return listed.model_copy(update={"input_schema": schema})
+
     def advertise(self, handler: ListToolsHandler) -> ListToolsHandler:
         """Wrap `on_list_tools` so guarded tools are listed with the guard's annotations/_meta,
         as they hold for the caller who lists (see `mcpserver/listing.py`)."""
@@ -112,12 +122,9 @@ class GuardedCallTool:
             ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams | None
         ) -> ListToolsResult:
             listed = await handler(ctx, params)
-            policy = self.guard.policy
             known = caller_of(ctx) is not None
             tools = [
-                advertise_tool(t, policy, known and self.derivable(t.name))
-                if self.guards(t.name)
-                else t
+                self._advertised(t, known and self.derivable(t.name)) if self.guards(t.name) else t
                 for t in listed.tools
             ]
             return listed.model_copy(update={"tools": tools})

@@ -16,10 +16,13 @@ behaviours its server scenarios expect, after the suite's reference server), on 
 
 Guarded mode (the default) calls `idempotency.install(server, store)` with the DEFAULT options, so
 every tool is guarded exactly as a server author who writes that one line gets it; `--unguarded`
-serves the same server bare. The store is `SQLiteKeyStore` (the embedded default) in a temporary
-directory, so results take the on-disk encode/decode path. `tests/conformance/run_conformance.py`
-runs the suites against both modes and requires the guarded server to pass everything the
-unguarded one passes.
+serves the same server bare. One tool no scenario calls, `mcp_once_keyed_record`, carries its own
+`@idempotent(store, key_argument="idempotency_key")` in guarded mode (issue 24: a key from a tool
+argument), so the suites also list, and run their generic checks over, a tool whose input schema
+gained the key argument; `install()` leaves it its own policy. The store is `SQLiteKeyStore` (the
+embedded default) in a temporary directory, so results take the on-disk encode/decode path.
+`tests/conformance/run_conformance.py` runs the suites against both modes and requires the
+guarded server to pass everything the unguarded one passes.
 
     uv run python tests/conformance/fixture_server.py --port 0 [--unguarded] [--store URL]
 
@@ -87,9 +90,12 @@ from mcp_types import (
 from mcp_types.jsonrpc import JSONRPCMessage
 from pydantic import Field
 
-from idempotency import KeyStore, install, open_store, wire
+from idempotency import KeyStore, idempotent, install, open_store, wire
 
 SERVER_NAME = "mcp-once-conformance-fixture"
+#: The argument-keyed tool (guarded mode), and the argument its key travels in.
+KEYED_TOOL = "mcp_once_keyed_record"
+KEY_ARGUMENT = "idempotency_key"
 
 #: A 1x1 red PNG and a minimal WAV file, as the suite's reference server sends them.
 PNG_BASE64 = (
@@ -280,12 +286,32 @@ def _json_schema_tool() -> Tool:
     return tool.model_copy(update={"parameters": JSON_SCHEMA_2020_12})
 
 
-def build_server() -> MCPServer:
-    """The fixture server, unguarded (`main` guards it with `install`)."""
+def _add_keyed_tool(server: MCPServer, store: KeyStore | None) -> None:
+    """`mcp_once_keyed_record`: one effect per execution, numbered, so a replay shows. With a
+    store it is guarded by its own `@idempotent(store, key_argument="idempotency_key")`: listed
+    `idempotentHint: true` with the key argument in its schema and its place in `_meta`."""
+    executions: list[str] = []
+
+    async def mcp_once_keyed_record(note: str) -> CallToolResult:
+        executions.append(note)
+        return _text(f"recorded {note} (execution {len(executions)})")
+
+    tool = mcp_once_keyed_record
+    if store is not None:
+        tool = idempotent(store, key_argument=KEY_ARGUMENT)(tool)
+    described = "Records a note (mcp-once: keyed by a tool argument)"
+    server.tool(name=KEYED_TOOL, description=described)(tool)
+
+
+def build_server(store: KeyStore | None = None) -> MCPServer:
+    """The fixture server, unguarded but for the argument-keyed tool, which `store` guards when
+    given (`main` guards the rest with `install`)."""
     server = MCPServer(SERVER_NAME, version="1.0.0", tools=[_json_schema_tool()])
     subscriptions: set[str] = set()
 
     # ----- tools -----
+
+    _add_keyed_tool(server, store)
 
     @server.tool(description="Tests simple text content response")
     async def test_simple_text() -> CallToolResult:
@@ -743,11 +769,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then re-raises it: end with SystemExit instead of
     # the default action, so that the temporary store directory is removed.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    server = build_server()
     with contextlib.ExitStack() as cleanup:
         store: KeyStore | None = None
         if args.unguarded:
             label = "unguarded"
+            server = build_server()
         else:
             if args.store:
                 url, shown = args.store, args.store
@@ -755,7 +781,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="mcp-once-conf-"))
                 url, shown = str(Path(tmp) / "keys.sqlite3"), "SQLite (temporary)"
             store = open_store(url)
-            install(server, store)  # default options: every tool, keys="derived"
+            server = build_server(store)  # the argument-keyed tool brings its own policy
+            install(server, store)  # default options: every other tool, keys="derived"
             label = f"guarded by install(), store {shown}"
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
             anyio.run(serve, server, store, args.port, label, args.stop_on_stdin_eof)

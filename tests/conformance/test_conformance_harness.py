@@ -1,5 +1,6 @@
-"""The conformance harness itself, without Node: the fixture is fully guarded by `install()`, and
-the runner reads the suite's results and compares the two servers as `.ci/conformance` relies on.
+"""The conformance harness itself, without Node: the fixture is fully guarded by `install()` (its
+argument-keyed tool by its own policy), and the runner reads the suite's results and compares the
+two servers as `.ci/conformance` relies on.
 
 The suites themselves run in `.ci/conformance` (Node and npm), not here.
 """
@@ -8,22 +9,69 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from fixture_server import build_server, guarded_tools
+from fixture_server import KEY_ARGUMENT, KEYED_TOOL, build_server, guarded_tools
+from mcp.client import Client
+from mcp_types import TextContent
 from run_conformance import PassResult, Scenario, compare, read_results
 
-from idempotency import MemoryKeyStore, install
+from idempotency import MemoryKeyStore, install, wire
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_install_guards_every_fixture_tool() -> None:
     bare = build_server()
-    assert await guarded_tools(bare) == (0, 28)
-    guarded = build_server()
-    install(guarded, MemoryKeyStore())
-    assert await guarded_tools(guarded) == (28, 28)
+    assert await guarded_tools(bare) == (0, 29)
+    store = MemoryKeyStore()
+    guarded = build_server(store)
+    assert await guarded_tools(guarded) == (1, 29)  # the argument-keyed tool, by its own policy
+    install(guarded, store)
+    assert await guarded_tools(guarded) == (29, 29)
+
+
+async def test_the_argument_keyed_tool_is_listed_retry_safe_with_its_key_place() -> None:
+    """What the suites list in guarded mode: `idempotentHint: true`, the key's place in `_meta`,
+    the key argument in the schema (optional: keys="derived"); and the key works."""
+    store = MemoryKeyStore()
+    server = build_server(store)
+    install(server, store)
+    async with Client(server, mode="legacy") as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        sent: dict[str, Any] = {"note": "n", KEY_ARGUMENT: "k-1"}
+        first = await client.call_tool(KEYED_TOOL, sent)
+        again = await client.call_tool(KEYED_TOOL, sent)
+    tool = listed[KEYED_TOOL].model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert tool["annotations"]["idempotentHint"] is True
+    entry = tool["_meta"][wire.IDEMPOTENCY_META]
+    assert entry[wire.DEFINITION_KEY_ARGUMENT] == KEY_ARGUMENT and entry["keys"] == "derived"
+    assert tool["inputSchema"]["properties"][KEY_ARGUMENT]["type"] == "string"
+    assert tool["inputSchema"]["required"] == ["note"]
+    others = [t for name, t in listed.items() if name != KEYED_TOOL]
+    assert all(  # install()'s default options: no other tool gained a key place
+        wire.DEFINITION_KEY_ARGUMENT not in (t.meta or {})[wire.IDEMPOTENCY_META] for t in others
+    )
+    texts = []
+    for result in (first, again):
+        block = result.content[0]
+        assert isinstance(block, TextContent)
+        texts.append(block.text)
+    assert texts == ["recorded n (execution 1)"] * 2
+    assert (again.meta or {})[wire.IDEMPOTENCY_META]["status"] == "replayed"
+
+
+async def test_unguarded_the_keyed_tool_is_a_plain_tool() -> None:
+    server = build_server()
+    async with Client(server, mode="legacy") as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        sent = {"note": "n"}
+        results = [await client.call_tool(KEYED_TOOL, sent) for _ in range(2)]
+    tool = listed[KEYED_TOOL]
+    assert KEY_ARGUMENT not in tool.input_schema["properties"] and tool.meta is None
+    block = results[1].content[0]
+    assert isinstance(block, TextContent) and block.text == "recorded n (execution 2)"
 
 
 def _write(root: Path, scenario: str, checks: object) -> None:

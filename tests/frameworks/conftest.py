@@ -12,6 +12,7 @@ import pytest
 import orchestrator
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))  # server_kit.serve_http
 
 from _kit import Shop, TransportName, open_shop
 

@@ -33,6 +33,7 @@ from idempotency import (
     StoreUnavailable,
     wire,
 )
+from idempotency._guard.keyplaces import META_PLACE, FoundKey
 from idempotency._guard.mint import resolve_key
 
 pytestmark = pytest.mark.anyio
@@ -97,7 +98,7 @@ def test_null_key_is_malformed_not_missing() -> None:
     """A JSON null never leaves the SDK's client (it drops None values from `_meta`), so this
     shape is checked where the server reads the key."""
     with pytest.raises(MCPError) as caught:
-        resolve_key({wire.KEY_META: None}, "derived", lambda: "unused")
+        resolve_key([FoundKey(META_PLACE, None)], "derived", lambda: "unused")
     assert caught.value.code == wire.INVALID_PARAMS
     assert "not NoneType" in caught.value.error.data["reason"]
 

@@ -44,7 +44,12 @@ from mcp.server.mcpserver.exceptions import (
 from mcp.server.mcpserver.tools import Tool, ToolManager
 from mcp_types import CallToolResult, TextContent
 
-from ..._guard.advertise import advertise_annotations, advertise_meta, declares_idempotent
+from ..._guard.advertise import (
+    advertise_annotations,
+    advertise_meta,
+    advertise_schema,
+    declares_idempotent,
+)
 from ..._guard.telemetry import crash_report, logger
 from .listing import ListingMiddleware
 from .stamp import stamp_of
@@ -170,6 +175,9 @@ def ensure_registration_hook() -> None:
                 bound.arguments["annotations"] = advertise_annotations(annotations, policy, False)
                 bound.arguments["meta"] = advertise_meta(bound.arguments.get("meta"), policy, False)
                 tool = original(cls, *bound.args, **bound.kwargs)
+                # The SDK's argument model ignores undeclared arguments, so the key argument
+                # reaches the body only when its signature declares it; only the listing grows.
+                tool.parameters = advertise_schema(tool.parameters, policy)
             _remember(fn, MCPSERVER)
             return tool
 
@@ -269,4 +277,5 @@ def adopt(tool: Tool, wrap: Callable[[Callable[..., Any], str | None], Callable[
     policy = stamp.guard.policy
     tool.annotations = advertise_annotations(tool.annotations, policy, False)
     tool.meta = advertise_meta(tool.meta, policy, False)
+    tool.parameters = advertise_schema(tool.parameters, policy)
     _remember(wrapper, MCPSERVER)
