@@ -13,12 +13,19 @@ import sys
 from collections.abc import Sequence
 
 from . import _bench, _demo, _keys, _runs, _serve
+from ._common import DEFAULT_STORE_URL
+from ._runs import DEFAULT_JOURNAL_URL
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcp-once",
         description="Safe retries for MCP tool calls: demo, operator commands and benchmarks.",
+        epilog=f"Files: the key store defaults to {DEFAULT_STORE_URL} (or $MCP_ONCE_STORE),"
+        " a SQLite file with its -wal and -shm side files in ./.mcp-once/, which"
+        f" serve-example creates; the Run journal to {DEFAULT_JOURNAL_URL}. demo writes to a"
+        " temporary directory it removes, or under a prefix of its own in a Redis given with"
+        " --store, deleted when it ends.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (_demo, _keys, _runs, _serve, _bench):

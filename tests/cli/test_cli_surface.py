@@ -122,3 +122,33 @@ def test_without_the_handling_the_pipe_would_show_a_traceback(many_records: str)
     )
     ran = into_a_closed_pipe([sys.executable, "-c", code], many_records)
     assert "BrokenPipeError" in ran.stderr.decode()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_default_files_and_sqlite_side_files_are_ignored_by_git() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = [
+        ".mcp-once/keys.sqlite3",
+        ".mcp-once/keys.sqlite3-wal",
+        ".mcp-once/keys.sqlite3-shm",
+        ".mcp-once/journal.db-wal",
+        "elsewhere/keys.db-wal",
+        "elsewhere/keys.db-shm",
+    ]
+    ran = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert sorted(ran.stdout.split()) == sorted(paths)
+
+
+def test_the_help_names_the_default_paths() -> None:
+    text = build_parser().epilog or ""
+    assert "sqlite:///.mcp-once/keys.sqlite3" in text and "-wal and -shm" in text
+    assert "sqlite:///.mcp-once/journal.db" in text

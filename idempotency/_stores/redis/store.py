@@ -569,6 +569,19 @@ class RedisKeyStore:
             purged += sum(int(n) for n in await self._script_many(lua.PURGE, rkeys))
         return purged
 
+    async def delete_all(self) -> int:
+        """Deletes every key under this store's prefix, whatever it holds (records in progress,
+        UNKNOWN, unreadable), and returns how many went. Keys outside the prefix are never
+        touched.
+
+        For a prefix one owner has to itself (a demo run, a test): on a prefix live servers
+        share, it forgets the claims they hold and the results they would replay, so a retry
+        runs the tool again. `mcp-once demo` uses it to leave a user's Redis as it found it."""
+        deleted = 0
+        async for rkeys in self._scan():
+            deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
+        return deleted
+
     async def aclose(self) -> None:
         """Close this store's connections (on every event loop it used)."""
         loops, self._loops = self._loops, {}
