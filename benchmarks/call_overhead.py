@@ -40,7 +40,7 @@ from idempotency import open_store
 from orchestrator import RetryingSession
 
 from ._redis import REPO, RedisServer, free_port
-from ._scale import FULL, QUICK, Scale
+from ._scale import Scale
 from ._servers import bench_server, key_meta
 from ._stats import percentile, spread
 from ._timing import async_rate
@@ -327,6 +327,6 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
 
 
 if __name__ == "__main__":
-    import json
+    from ._standalone import standalone
 
-    print(json.dumps(measure(QUICK if "--quick" in sys.argv else FULL), indent=2))
+    standalone(__doc__, measure)

@@ -15,14 +15,12 @@ server CPU, more processes). On 2 cores the six cluster nodes and the client sha
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import anyio
 
 from ._redis import LocalCluster, RedisServer
-from ._scale import FULL, QUICK, Scale
+from ._scale import Scale
 from ._stats import spread
 from .store_throughput import CONCURRENCY, _mcp_once
 
@@ -69,4 +67,6 @@ def measure(scale: Scale) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(QUICK if "--quick" in sys.argv else FULL), indent=2))
+    from ._standalone import standalone
+
+    standalone(__doc__, measure)

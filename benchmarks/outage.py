@@ -37,7 +37,7 @@ from mcp.client import Client
 from idempotency import MemoryKeyStore
 from orchestrator import RetryBudget, RetryingSession, RetryPolicy, streamable_http_transport
 
-from ._scale import FULL, Scale
+from ._scale import Scale
 from ._servers import bench_server, serve_http
 from ._stats import spread
 
@@ -268,4 +268,6 @@ def measure(scale: Scale) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(FULL), indent=2))
+    from ._standalone import standalone
+
+    standalone(__doc__, measure)

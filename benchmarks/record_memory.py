@@ -17,7 +17,6 @@ AWS Powertools' record for the same N-byte result is measured alongside.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
@@ -30,7 +29,7 @@ from idempotency import RedisKeyStore
 
 from . import _powertools, _workload
 from ._redis import RedisServer
-from ._scale import FULL, Scale
+from ._scale import Scale
 
 SIZES = (16, 200, 1_000, 10_000, 100_000)
 TARGET_OVERHEAD = 300
@@ -128,4 +127,6 @@ def measure(scale: Scale) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(FULL), indent=2))
+    from ._standalone import standalone
+
+    standalone(__doc__, measure)

@@ -12,7 +12,6 @@ benchmark talks to, with the per-command breakdown from `INFO commandstats`. Mea
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
@@ -127,4 +126,6 @@ def measure(scale: Scale | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(), indent=2))
+    from ._standalone import standalone
+
+    standalone(__doc__, measure)

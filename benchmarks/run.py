@@ -11,10 +11,12 @@ measurement in interleaved rounds and writes `results/results.json` and the plot
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -50,6 +52,7 @@ REPRODUCE = {
     "full": "uv run --group bench python -m benchmarks.run",
     "quick": "uv run --group bench python -m benchmarks.run --quick --json",
     "cli": "uv run --group bench mcp-once bench --quick --json",
+    "with_group": "uv run --group bench mcp-once bench",
 }
 
 
@@ -283,6 +286,20 @@ def _table(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def missing_dependencies() -> list[str]:
+    """What the benchmarks need and this environment lacks, each with how to get it. Checked
+    before anything runs: a missing baseline found after minutes of measuring wastes them."""
+    missing = []
+    reason = _powertools.unavailable_reason()
+    if reason is not None:
+        missing.append(f"AWS Powertools, the baseline ({reason.split(';')[0]})")
+    if importlib.util.find_spec("matplotlib") is None:
+        missing.append("matplotlib, for the plot")
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server on PATH (Debian/Ubuntu: apt-get install redis-server)")
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mcp-once bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short rounds, under a minute")
@@ -293,8 +310,24 @@ def main(argv: list[str] | None = None) -> int:
         help="write the JSON here (default for a full run: benchmarks/results/results.json)",
     )
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(SECTIONS)}")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a measured figure misses its target (for CI)",
+    )
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # The smoke scale (tests only) runs without the bench group and reports Powertools missing.
+    missing = [] if args.smoke else missing_dependencies()
+    if missing:
+        print(
+            "mcp-once bench: nothing was run; missing: "
+            + "; ".join(missing)
+            + f"\nThe Python ones are the bench dependency group: {REPRODUCE['with_group']}"
+            + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+            file=sys.stderr,
+        )
+        return 2
     only = tuple(s.strip() for s in args.only.split(",")) if args.only else None
     out = run(args.quick, only=only, smoke=args.smoke)
     target = args.out or (None if args.quick or args.smoke or only else RESULTS / "results.json")
@@ -316,10 +349,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"results: {target}")
         if out.get("plot"):
             print(f"plot: {out['plot']}")
+    missed = [row["metric"] for row in out["targets"] if row["met"] is False]
+    if args.check and missed:
+        print(f"targets missed: {'; '.join(missed)}", file=sys.stderr)
     if out.get("errors"):
         print(f"errors: {json.dumps(out['errors'])}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if args.check and missed else 0
 
 
 if __name__ == "__main__":

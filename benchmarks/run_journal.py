@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
@@ -39,7 +38,7 @@ from orchestrator import Journal, MemoryJournal, RetryingSession, Run, SQLiteJou
 from orchestrator._journal.redis import RedisJournal
 
 from ._redis import RedisServer
-from ._scale import FULL, QUICK, Scale
+from ._scale import Scale
 from .call_overhead import Call, _http_servers, _latencies, latency_summary, open_client
 
 TRANSPORTS = ("in_process", "http")
@@ -208,6 +207,6 @@ def measure(scale: Scale) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    import json
+    from ._standalone import standalone
 
-    print(json.dumps(measure(QUICK if "--quick" in sys.argv else FULL), indent=2))
+    standalone(__doc__, measure)

@@ -299,3 +299,9 @@ def _report(
     if have_powertools:
         out["powertools_version"] = _powertools.version()
     return out
+
+
+if __name__ == "__main__":
+    from ._standalone import standalone
+
+    standalone(__doc__, measure)

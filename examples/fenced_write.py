@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 from mcp.client import Client
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, RequestParamsMeta, TextContent
 
 from idempotency import MemoryKeyStore, current_claim, idempotent, wire
@@ -47,8 +48,11 @@ CREATE TABLE IF NOT EXISTS refused (
 """
 
 
-class StaleWrite(Exception):
-    """The table already holds a write from a later execution of the same call."""
+class StaleWrite(ToolError):
+    """The table already holds a write from a later execution of the same call.
+
+    A `ToolError`: an expected refusal, which the SDK reports as a tool error (logged at INFO,
+    no traceback), not a crash of the tool."""
 
 
 class FencedTable:

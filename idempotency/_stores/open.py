@@ -22,6 +22,11 @@ def open_store(url: str) -> KeyStore:
     `unix://` or `redis+sentinel://host:port[,host:port...]/service_name[/db]` (shared by many
     hosts; `rediss+sentinel://` over TLS), `redis+cluster://host:port[,host:port...]` (a Redis
     Cluster, `rediss+cluster://` over TLS).
+
+    The query may carry the store's own options, parsed with their types
+    (`redis://host/0?wait_replicas=1&wait_aof=true&prefix=app:`, `sqlite:///keys.db?busy_timeout=10`:
+    the keyword options of `RedisKeyStore.from_url` / `SQLiteKeyStore.from_url`); a Redis URL's
+    other options are redis-py's. An option neither knows raises `ValueError` naming it.
     """
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"a key store URL must be a non-empty string, not {url!r}")

@@ -42,12 +42,20 @@ from .store import (
     check_list_limit,
     pass_over,
 )
+from .url_options import integer, number, take_options
 
 T = TypeVar("T")
 
 
 #: Seconds a writer waits for another process's write lock before the store counts as unavailable.
 DEFAULT_BUSY_TIMEOUT = 5.0
+#: The options of `from_url` a URL's query may carry, each with its parser.
+URL_OPTIONS = {
+    "max_key_bytes": integer,
+    "max_result_bytes": integer,
+    "orphan_retention": number,
+    "busy_timeout": number,
+}
 
 #: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
 APPLICATION_ID = 0x4D434F31
@@ -148,15 +156,13 @@ class SQLiteKeyStore:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> SQLiteKeyStore:
         """`sqlite:///relative/file.db` or `sqlite:////absolute/file.db` (the SQLAlchemy and
-        dj-database-url convention: three slashes, then the path as written)."""
-        return cls(
-            sqlite_path_from_url(url),
-            clock=clock,
-            max_key_bytes=max_key_bytes,
-            max_result_bytes=max_result_bytes,
-            orphan_retention=orphan_retention,
-            busy_timeout=busy_timeout,
-        )
+        dj-database-url convention: three slashes, then the path as written).
+
+        The keyword options but `clock` may be written in the query instead
+        (`sqlite:///keys.db?busy_timeout=10`), so one configuration string carries them; a URL
+        option wins over the keyword, and any other query option is a `ValueError` naming it."""
+        url, settings = take_options(url, URL_OPTIONS, locals())
+        return cls(sqlite_path_from_url(url), clock=clock, **settings)
 
     def __repr__(self) -> str:
         return f"SQLiteKeyStore({str(self.path)!r})"
@@ -445,9 +451,12 @@ def sqlite_path_from_url(url: str) -> str:
     if not path:
         raise ValueError(f"the SQLite URL {url!r} names no file")
     if "?" in path or "#" in path:
+        option = path.partition("?")[2].partition("=")[0]
         raise ValueError(
-            f"the SQLite URL {url!r} has a query or fragment; this store takes no URL options"
-            " (pass them as keyword arguments)"
+            f"unknown key store URL option {option!r} in {url!r}: the SQLite store's are"
+            f" {', '.join(URL_OPTIONS)}"
+            if option
+            else f"the SQLite URL {url!r} has an empty query or a fragment"
         )
     return path
 

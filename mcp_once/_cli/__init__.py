@@ -1,22 +1,31 @@
 """`mcp-once`: the command line. One module per command; this file only dispatches.
 
 Exit codes: 0 success, 1 the command ran and found a problem (a duplicate effect in the demo, a
-record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached.
+record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached, 141 the
+reader of its output went away (`mcp-once keys list --json | head`), quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from . import _bench, _demo, _keys, _runs, _serve
+from ._common import DEFAULT_STORE_URL
+from ._runs import DEFAULT_JOURNAL_URL
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcp-once",
         description="Safe retries for MCP tool calls: demo, operator commands and benchmarks.",
+        epilog=f"Files: the key store defaults to {DEFAULT_STORE_URL} (or $MCP_ONCE_STORE),"
+        " a SQLite file with its -wal and -shm side files in ./.mcp-once/, which"
+        f" serve-example creates; the Run journal to {DEFAULT_JOURNAL_URL}. demo writes to a"
+        " temporary directory it removes, or under a prefix of its own in a Redis given with"
+        " --store, deleted when it ends.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (_demo, _keys, _runs, _serve, _bench):
@@ -35,5 +44,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+#: What a shell shows for a command killed by SIGPIPE (128 + 13): the reader of our output left
+#: before it was all written. Not 0 (the output was cut short) and not 1 (that says "problem").
+EXIT_BROKEN_PIPE = 141
+
+
 def entry() -> None:
-    sys.exit(main())
+    """The console script: `main`, then stdout flushed while we can still say what happened.
+
+    A reader that stops early (`| head`) is normal use, not an error: as the Python docs advise
+    (signal module, "Note on SIGPIPE"), the rest of the output goes to /dev/null, so that the
+    interpreter's own flush at exit cannot fail again, and the exit is quiet."""
+    try:
+        try:
+            status = main()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(EXIT_BROKEN_PIPE)
+    sys.exit(status)

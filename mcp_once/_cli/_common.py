@@ -26,7 +26,8 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MCP_ONCE_STORE", DEFAULT_STORE_URL),
         help="key store URL: memory://, sqlite:///path.db, redis://host:port/db,"
         " redis+sentinel://host:port[,host:port...]/service_name[/db] or"
-        " redis+cluster://host:port[,host:port...] (rediss+... for TLS)"
+        " redis+cluster://host:port[,host:port...] (rediss+... for TLS); the query carries"
+        " the store's options, e.g. redis://host:6379/0?prefix=app:&wait_replicas=1&wait_aof=true"
         " (default: $MCP_ONCE_STORE or %(default)s)",
     )
 

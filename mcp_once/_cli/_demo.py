@@ -8,6 +8,12 @@ pipeline against the same shop over HTTP, SIGKILLed at seeded points and restart
 run id until it finishes, once with fresh keys per process and once under `orchestrator.Run`. The
 engine is the chaos suite's and the run tests' (`mcp_once.scenarios`), so the demo shows exactly
 what the tests assert.
+
+Leftovers: by default the records go to a SQLite file in a temporary directory, removed at the
+end. A Redis given with `--store` is someone's: the demo writes under a prefix of its own, new
+for each run (`mcp-once-demo:<12 hex>:`, or `<your prefix>demo-<12 hex>:` when the URL sets
+`prefix=`), and deletes every key under it when it ends, also after a failure or Ctrl-C
+(`RedisKeyStore.delete_all`, scoped to that prefix). No other key is read or written.
 """
 
 from __future__ import annotations
@@ -19,10 +25,14 @@ import logging
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import quote, unquote_plus
 
 import anyio
+
+from idempotency import RedisKeyStore
 
 from ._common import (
     EXIT_OK,
@@ -31,12 +41,15 @@ from ._common import (
     EXIT_USAGE,
     fail,
     open_or_fail,
+    redacted,
     store_problem,
 )
 
 if TYPE_CHECKING:
     from mcp_once.scenarios import CallRecord, Mode, PipelineTotals, Report, Scenario
 
+#: A shell's status for a command ended by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 DEFAULT_CALLS = 100
 DEFAULT_SEED = 7
 MAX_CALLS = 100_000
@@ -105,7 +118,8 @@ def add_parser(commands: Any) -> None:
         "--store",
         default=None,
         help="key store URL for the mcp-once server (default: a SQLite file in a temporary"
-        " directory; redis://host:port/db works too)",
+        " directory, removed at the end; redis://host:port/db works too: the demo writes under"
+        " a prefix of its own and deletes what it wrote when it ends, even on Ctrl-C)",
     )
     demo.add_argument("--seed", type=int, default=DEFAULT_SEED, help="default: %(default)s")
     demo.add_argument(
@@ -138,7 +152,26 @@ def _check_args(args: argparse.Namespace) -> None:
         )
 
 
-async def _probe_store(url: str) -> None:
+def _own_prefix(url: str) -> str:
+    """`url` with a prefix of this run's own, so that the demo never touches a key it did not
+    write: `mcp-once-demo:<12 hex>:`, or the URL's own `prefix=` followed by `demo-<12 hex>:`."""
+    run = uuid.uuid4().hex[:12]
+    rest, _, query = url.partition("?")
+    kept: list[str] = []
+    theirs = None
+    for piece in query.split("&") if query else []:
+        if unquote_plus(piece.partition("=")[0]) == "prefix":
+            theirs = unquote_plus(piece.partition("=")[2])
+        else:
+            kept.append(piece)
+    prefix = f"mcp-once-demo:{run}:" if theirs is None else f"{theirs}demo-{run}:"
+    kept.append("prefix=" + quote(prefix, safe=":"))
+    return f"{rest}?{'&'.join(kept)}"
+
+
+async def _demo_store(url: str) -> str:
+    """The store URL the demo writes to: `url` once it answers, under a prefix of its own if
+    it is a Redis. Exits 3 if it does not answer: then nothing was written."""
     store = open_or_fail(url)
     try:
         problem = await store_problem(store, url)
@@ -146,6 +179,35 @@ async def _probe_store(url: str) -> None:
         await store.aclose()
     if problem is not None:
         fail(problem, EXIT_UNREACHABLE)
+    return _own_prefix(url) if isinstance(store, RedisKeyStore) else url
+
+
+async def _remove_demo_records(url: str) -> int:
+    store = open_or_fail(url)
+    assert isinstance(store, RedisKeyStore)
+    removed = 0
+    try:
+        with anyio.CancelScope(shield=True):
+            removed = await store.delete_all()
+    finally:
+        await store.aclose()
+    return removed
+
+
+def _clean_up(url: str, *, json_output: bool) -> int | None:
+    """Delete what the demo wrote under its prefix; how many keys, or None if it could not."""
+    try:
+        removed = anyio.run(_remove_demo_records, url)
+    except Exception as exc:  # the store went away: say what is left, and where
+        print(
+            f"mcp-once: could not remove the demo's records ({exc}); they are the keys under"
+            f" the prefix in {redacted(url)!r} and expire on their own (completed ones in 24 h)",
+            file=sys.stderr,
+        )
+        return None
+    if not json_output:
+        print(f"removed the demo's {removed} record(s) from the store", file=sys.stderr)
+    return removed
 
 
 class _Live:
@@ -298,8 +360,6 @@ async def _run(
     store = args.store
     if store is None:
         store = f"sqlite:///{(workdir / 'keys.sqlite3').resolve()}"
-    else:
-        await _probe_store(store)
     timeout = 0.2 if args.transport == "memory" else 0.5
     scenario: Scenario = Scenario(
         transport=args.transport,
@@ -344,14 +404,24 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:
         logging.disable(logging.CRITICAL)
     started = time.monotonic()
+    given = args.store
+    if given is not None:
+        args.store = anyio.run(_demo_store, given)
+    removed = None
     try:
         with tempfile.TemporaryDirectory(prefix="mcp-once-demo-") as tmp:
             baseline, once, pipelines, store = anyio.run(_run, args, Path(tmp))
+    except KeyboardInterrupt:
+        print("\nmcp-once: demo interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         logging.disable(logging.NOTSET)
+        if args.store != given:  # even after Ctrl-C (KeyboardInterrupt) or a failure
+            removed = _clean_up(args.store, json_output=args.json)
     seconds = time.monotonic() - started
-    shown_store = store if args.store is not None else "a temporary SQLite file"
+    shown_store = redacted(store) if args.store is not None else "a temporary SQLite file"
     summary = _summary(args, shown_store, baseline, once, pipelines, seconds)
+    summary["demo_records_removed"] = removed
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -68,8 +68,14 @@ def add_parser(commands: Any) -> None:
     actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     listing = actions.add_parser("list", help="list records, optionally of one state")
-    listing.add_argument("--state", choices=[*_LISTED_STATES, CORRUPT])
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument(
+        "--state",
+        choices=[*_LISTED_STATES, CORRUPT],
+        help="only records in this state (corrupt: the ones the server cannot read)",
+    )
+    listing.add_argument(
+        "--limit", type=int, default=100, help="list at most N records (default: %(default)s)"
+    )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_run(_list, _check_limit))
 
@@ -94,7 +100,14 @@ def add_parser(commands: Any) -> None:
         help="completed, replaying this CallToolResult JSON file (its structuredContent must"
         " match the tool's output schema, or the SDK turns the replay into an error)",
     )
-    settle.add_argument("--retention", type=float, default=DEFAULT_SETTLE_RETENTION)
+    settle.add_argument(
+        "--retention",
+        type=float,
+        default=DEFAULT_SETTLE_RETENTION,
+        metavar="SECONDS",
+        help="how long a record settled as completed keeps replaying its result before it"
+        " expires (default: %(default)s, 24 h, as a completed record)",
+    )
     _grace.add_arguments(settle)
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 

@@ -55,8 +55,10 @@ def add_parser(commands: Any) -> None:
     actions = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     listing = actions.add_parser("list", help="list runs: state, calls, dangling intents, age")
-    listing.add_argument("--state", choices=["running", "finished"])
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--state", choices=["running", "finished"], help="only runs in this state")
+    listing.add_argument(
+        "--limit", type=int, default=100, help="list at most N runs (default: %(default)s)"
+    )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_run(_list, _check_limit))
 

@@ -79,7 +79,7 @@ def test_over_a_real_wire(transport: str) -> None:
 def test_with_redis_over_http(redis_url: str) -> None:
     data = summary(demo("--json", "--transport", "http", "--store", redis_url, "--calls", "30"))
     assert_shows_the_difference(data, 30)
-    assert data["store"] == redis_url
+    assert data["store"].startswith(f"{redis_url}?prefix=mcp-once-demo:")
 
 
 def test_human_output_explains_and_compares() -> None:

@@ -679,7 +679,7 @@ async def test_purge_removes_only_expired_records(
         ("foo://somewhere", "unknown key store scheme 'foo'"),
         ("memory://elsewhere", "the memory store takes no location"),
         ("sqlite:///", "names no file"),
-        ("sqlite:///keys.db?mode=ro", "takes no URL options"),
+        ("sqlite:///keys.db?mode=ro", "unknown key store URL option 'mode'"),
         ("", "must be a non-empty string"),
     ],
 )

@@ -246,7 +246,19 @@ def test_stdio_pair_with_a_store_url(tmp_path: Path) -> None:
 def test_fenced_write_refuses_the_paused_workers_write_as_the_readme_shows(tmp_path: Path) -> None:
     """The README's `current_claim()` example: its output is the block the README quotes."""
     db = tmp_path / "table.sqlite3"
-    lines = run_example(str(EXAMPLES / "fenced_write.py"), "--db", str(db))
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "fenced_write.py"), "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=SOON,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},  # one log record per line
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # The refusal is expected: reported as a tool error, no traceback (no stack frame at all).
+    assert "File " not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "raised an unexpected" not in done.stderr
     readme = (ROOT / "README.md").read_text()
     quoted = readme.split("execution 2 took the record over", 1)[1].split("```", 1)[0]
     assert lines == ("execution 2 took the record over" + quoted).strip().splitlines()

@@ -955,3 +955,26 @@ async def test_memory_per_completed_record(
         assert overhead <= 300
     else:  # past 8 kB the allocator rounds to 1 kB steps, as for any Redis string
         assert overhead <= 300 + (bare - size)
+
+
+async def test_delete_all_removes_every_key_under_the_prefix_and_nothing_else(
+    redis_url: str, prefix: str, raw: aioredis.Redis
+) -> None:
+    store = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    nested = RedisKeyStore.from_url(redis_url, prefix=f"{prefix}inner:")
+    try:
+        await store.claim("a", FP, lease=LEASE, takeover=False)
+        done = await store.claim("b", FP, lease=LEASE, takeover=False)
+        assert done.token
+        await store.complete("b", done.token, b"r", retention=60)
+        await raw.set(rkey(prefix, "garbled"), b"not a record")  # unreadable: still ours
+        await nested.claim("a", FP, lease=LEASE, takeover=False)  # another prefix's record
+        await raw.set(f"{prefix}outside", b"x")  # no {hash tag}: not a key the store writes
+        assert await store.delete_all() == 3
+        assert await raw.keys(f"{prefix}{{*}}") == []
+        assert await nested.get("a") is not None
+        assert await raw.get(f"{prefix}outside") == b"x"
+    finally:
+        await raw.delete(f"{prefix}outside")
+        await nested.aclose()
+        await store.aclose()

@@ -297,7 +297,7 @@ def test_sqlite_urls_follow_the_sqlalchemy_convention() -> None:
         ("sqlite://", "expected sqlite:///"),
         ("sqlite://host/keys.db", "expected sqlite:///"),
         ("sqlite:///", "names no file"),
-        ("sqlite:///keys.db?mode=ro", "takes no URL options"),
+        ("sqlite:///keys.db?mode=ro", "unknown key store URL option 'mode'"),
         ("postgres:///keys", "not an SQLite URL"),
     ],
 )

@@ -94,6 +94,15 @@ from ..store import (
     check_list_limit,
     pass_over,
 )
+from ..url_options import (
+    boolean,
+    integer,
+    number,
+    number_or_none,
+    refused_option,
+    string,
+    take_options,
+)
 from . import lua
 from .cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
 from .cluster import redirect as _redirect
@@ -130,6 +139,17 @@ _STATES: Final = {
     2: RecordState.COMPLETED,
     3: RecordState.UNKNOWN,
     4: RecordState.RELEASED,
+}
+#: The options of `from_url` a URL's query may carry, each with its parser.
+URL_OPTIONS: Final = {
+    "prefix": string,
+    "max_key_bytes": integer,
+    "max_result_bytes": integer,
+    "orphan_retention": number,
+    "wait_replicas": integer,
+    "wait_timeout": number,
+    "wait_aof": boolean,
+    "socket_timeout": number_or_none,
 }
 _LOWER_HEX: Final = re.compile(r"[0-9a-f]{64}")
 #: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
@@ -325,7 +345,35 @@ class RedisKeyStore:
         connection up and the call fails with `StoreUnavailable`. `socket_connect_timeout`
         defaults to `socket_timeout`. Other `redis_kwargs` are redis-py's connection options
         (`password`, `username`, `ssl_*`, `client_name`, `socket_keepalive_options`, ...).
+
+        Every keyword option above may be written in the URL's query instead
+        (`redis://host:6379/0?wait_replicas=1&wait_aof=true&socket_timeout=none`), so that a
+        single configuration string (`open_store`, `mcp-once --store`) carries them; a URL option
+        wins over the keyword, as redis-py's own URL options do. They are parsed strictly
+        (`url_options.py`); the rest of the query is redis-py's, and an option that is neither
+        ours nor one redis-py accepts is a `ValueError` naming it.
         """
+        url, settings = take_options(url, URL_OPTIONS, locals())
+        socket_timeout = settings.pop("socket_timeout")
+        try:
+            return cls._from_url(url, settings, socket_timeout, redis_kwargs)
+        except TypeError as exc:
+            refused = refused_option(exc, url)
+            if refused is None:
+                raise
+            raise ValueError(
+                f"unknown key store URL option {refused!r}: neither a RedisKeyStore option"
+                f" ({', '.join(URL_OPTIONS)}) nor one redis-py accepts in this kind of URL"
+            ) from None
+
+    @classmethod
+    def _from_url(
+        cls,
+        url: str,
+        settings: dict[str, Any],
+        socket_timeout: float | None,
+        redis_kwargs: dict[str, Any],
+    ) -> RedisKeyStore:
         if redis_kwargs.get("decode_responses"):
             raise ValueError("RedisKeyStore needs decode_responses=False: results are binary")
         redis_kwargs.setdefault("socket_connect_timeout", socket_timeout)
@@ -344,16 +392,7 @@ class RedisKeyStore:
             client = sentinel_client(url, socket_timeout=socket_timeout, **redis_kwargs)
         else:
             client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
-        return cls(
-            client,
-            prefix=prefix,
-            max_key_bytes=max_key_bytes,
-            max_result_bytes=max_result_bytes,
-            orphan_retention=orphan_retention,
-            wait_replicas=wait_replicas,
-            wait_timeout=wait_timeout,
-            wait_aof=wait_aof,
-        )
+        return cls(client, **settings)
 
     def advance_clock_for_testing(self, seconds: float) -> None:
         """Move this store's view of the Redis clock forward, so tests need not sleep.
@@ -529,6 +568,19 @@ class RedisKeyStore:
         async for rkeys in self._scan():
             purged += sum(int(n) for n in await self._script_many(lua.PURGE, rkeys))
         return purged
+
+    async def delete_all(self) -> int:
+        """Deletes every key under this store's prefix, whatever it holds (records in progress,
+        UNKNOWN, unreadable), and returns how many went. Keys outside the prefix are never
+        touched.
+
+        For a prefix one owner has to itself (a demo run, a test): on a prefix live servers
+        share, it forgets the claims they hold and the results they would replay, so a retry
+        runs the tool again. `mcp-once demo` uses it to leave a user's Redis as it found it."""
+        deleted = 0
+        async for rkeys in self._scan():
+            deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
+        return deleted
 
     async def aclose(self) -> None:
         """Close this store's connections (on every event loop it used)."""

@@ -1,0 +1,3 @@
+-- forget(KEYS[1]; ARGV: offset_us) -> 1 when the key was deleted, else 0, whatever it held
+-- (a record in any state, or one that cannot be read): `RedisKeyStore.delete_all`.
+return redis.call('UNLINK', KEYS[1])
