@@ -39,11 +39,10 @@ from idempotency import (
 )
 from idempotency._stores import _sqlite_writer
 
-pytestmark = pytest.mark.anyio
-
-BACKENDS = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 #: Bounds every wait on the writer thread, so a broken writer fails the test instead of hanging.
 BOUND = 30.0
+BACKENDS = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+pytestmark = pytest.mark.anyio
 
 
 class HeldClock(FakeClock):
@@ -79,6 +78,15 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "keys.db"
 
 
+async def held_store(db: Path, **options: float) -> tuple[SQLiteKeyStore, HeldClock]:
+    """A store on `db` whose clock can hold the writer, its connection open and schema made."""
+    clock = HeldClock()
+    store = SQLiteKeyStore(db, clock=clock, **options)
+    await store.get("warm")
+    clock.callers.clear()
+    return store, clock
+
+
 def counters(store: SQLiteKeyStore) -> tuple[int, int]:
     return store._writer.commits, store._writer.transitions
 
@@ -100,9 +108,7 @@ async def release_after_queued(clock: HeldClock) -> None:
 
 @BACKENDS
 async def test_queued_transitions_commit_in_one_batch(db: Path, anyio_backend: str) -> None:
-    clock = HeldClock()
-    store = SQLiteKeyStore(db, clock=clock)
-    await store.get("warm")  # the connection is open, the schema made
+    store, clock = await held_store(db)
     claims: dict[str, ClaimOutcome] = {}
     contested: list[ClaimOutcome] = []
 
@@ -195,8 +201,7 @@ def _add_trigger(db: Path, resolution: str) -> None:
 async def test_a_failing_member_is_answered_alone_and_the_others_commit(
     db: Path, anyio_backend: str, fault: str
 ) -> None:
-    clock = HeldClock()
-    store = SQLiteKeyStore(db, clock=clock)
+    store, clock = await held_store(db)
     victim = "refused"
     if fault == "corrupt-record":
         owner = await store.claim(victim, "fp", lease=10, takeover=False)
@@ -205,7 +210,6 @@ async def test_a_failing_member_is_answered_alone_and_the_others_commit(
             conn.execute("UPDATE records SET state = 'banana' WHERE key = ?", (victim,))
         conn.close()
     else:
-        await store.get("warm")
         _add_trigger(db, "ABORT" if fault == "statement" else "ROLLBACK")
     outcomes: dict[str, ClaimOutcome | BaseException] = {}
 
@@ -252,11 +256,9 @@ async def test_a_failing_member_is_answered_alone_and_the_others_commit(
 async def test_a_batch_that_cannot_begin_fails_each_member_once(db: Path) -> None:
     """Another process holds the write lock past busy_timeout: every queued member gets the
     lone transition's error after ONE wait, not one wait per member; nothing is written."""
-    clock = HeldClock()
     timeout = 0.5
     members = 5
-    store = SQLiteKeyStore(db, clock=clock, busy_timeout=timeout)
-    await store.get("warm")
+    store, clock = await held_store(db, busy_timeout=timeout)
     blocker = sqlite3.connect(db, isolation_level=None)
     failures: list[BaseException] = []
 
@@ -288,10 +290,7 @@ async def test_a_batch_that_cannot_begin_fails_each_member_once(db: Path) -> Non
 
 @BACKENDS
 async def test_each_member_runs_in_its_callers_context(db: Path, anyio_backend: str) -> None:
-    clock = HeldClock()
-    store = SQLiteKeyStore(db, clock=clock)
-    await store.get("warm")
-    clock.callers.clear()
+    store, clock = await held_store(db)
 
     async def claim(key: str) -> None:
         CALLER.set(key)
@@ -315,9 +314,7 @@ async def test_each_member_runs_in_its_callers_context(db: Path, anyio_backend: 
 async def test_a_cancelled_waiting_caller_still_gets_its_write_and_its_answer(
     db: Path, anyio_backend: str
 ) -> None:
-    clock = HeldClock()
-    store = SQLiteKeyStore(db, clock=clock)
-    await store.get("warm")
+    store, clock = await held_store(db)
     answers: list[ClaimOutcome] = []
     reached_next_checkpoint = []
 
@@ -352,9 +349,7 @@ async def test_a_cancelled_waiting_caller_still_gets_its_write_and_its_answer(
 
 @BACKENDS
 async def test_closing_drains_the_queue(db: Path, anyio_backend: str) -> None:
-    clock = HeldClock()
-    store = SQLiteKeyStore(db, clock=clock)
-    await store.get("warm")
+    store, clock = await held_store(db)
     claimed: list[str] = []
 
     async def claim(key: str) -> None:
