@@ -128,9 +128,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round of short windows")
     parser.add_argument("--baseline", type=Path, help="another checkout's tree to compare with")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default: 3, quick: 1)")
     args = parser.parse_args()
     scale = QUICK if args.quick else FULL
-    rounds = scale.throughput_rounds if args.quick else 3
+    rounds = args.rounds or (scale.throughput_rounds if args.quick else 3)
     duration = scale.throughput_window if args.quick else 1.5
     print(json.dumps(measure(rounds, duration, args.baseline), indent=2))
 
