@@ -142,7 +142,7 @@ class SQLiteKeyStore:
             raise ValueError("the SQLite key store needs a file path")
         if busy_timeout < 0:
             raise ValueError(f"busy_timeout must be >= 0, not {busy_timeout}")
-        if synchronous not in _SYNCHRONOUS:
+        if synchronous not in tuple(_SYNCHRONOUS):  # a tuple: no hashing, so any value is refused
             raise ValueError(
                 f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
             )

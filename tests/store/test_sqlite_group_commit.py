@@ -403,7 +403,7 @@ async def test_synchronous_is_full_unless_normal_is_asked_for(tmp_path: Path) ->
     await normal.aclose()
 
 
-@pytest.mark.parametrize("value", ["off", "FULL", "", None, 2])
+@pytest.mark.parametrize("value", ["off", "FULL", "", None, 2, ["full"]])
 def test_a_bad_synchronous_value_is_refused(tmp_path: Path, value: object) -> None:
     with pytest.raises(ValueError, match="synchronous must be one of \\['full', 'normal'\\]"):
         SQLiteKeyStore(tmp_path / "keys.db", synchronous=value)  # type: ignore[arg-type]
