@@ -26,7 +26,8 @@ The rules:
 - Other work (reads, purge batches) runs on the same thread, alone, after the batch.
 - Closing drains: everything queued before `aclose()` is done and answered, then the connection
   is closed. The thread exits after `_LINGER` idle seconds and starts again with the next job,
-  so an idle or forgotten store holds no thread.
+  so an idle or forgotten store holds no thread. An unexpected error in the writer itself is
+  the answer of every caller it left unanswered; the writer goes on serving.
 """
 
 from __future__ import annotations
@@ -156,14 +157,15 @@ class Writer:
                 jobs, self._queue = self._queue, []
             try:
                 self._handle(jobs)
-            except BaseException as exc:  # a bug here must not leave callers waiting forever
+            except Exception as exc:
+                # A bug here must neither leave callers waiting forever nor stop the writer:
+                # every caller not yet answered gets the error, and the writer goes on.
                 for job in jobs:
                     if not job.answered:
                         job.error = exc
                 self._answer(jobs)
-                with self._cond:
-                    self._thread = None
-                raise
+                if self._conn is not None:
+                    self._rollback(self._conn)
 
     def _handle(self, jobs: list[_Job[Any]]) -> None:
         members = [job for job in jobs if job.kind == "transition"]

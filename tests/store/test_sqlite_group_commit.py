@@ -388,6 +388,26 @@ async def test_an_idle_writer_thread_exits_and_comes_back(
     await store.aclose()
 
 
+async def test_a_fault_in_the_writer_answers_its_callers_and_the_writer_goes_on(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SQLiteKeyStore(db)
+    writer = store._writer
+    commit = writer._commit
+
+    def broken(members: list[_sqlite_writer._Job[object]]) -> None:
+        monkeypatch.setattr(writer, "_commit", commit)  # once only
+        raise RuntimeError("a bug in the writer")
+
+    monkeypatch.setattr(writer, "_commit", broken)
+    with anyio.fail_after(BOUND), pytest.raises(RuntimeError, match="a bug in the writer"):
+        await store.claim("a", "fp", lease=10, takeover=False)
+    with anyio.fail_after(BOUND):
+        outcome = await store.claim("a", "fp", lease=10, takeover=False)
+    assert outcome.status is ClaimStatus.CLAIMED
+    await store.aclose()
+
+
 def _synchronous_pragma(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA synchronous").fetchone()[0])
 
