@@ -1,13 +1,15 @@
 """`SQLiteKeyStore`: the embedded durable default for one host.
 
 Records live in one SQLite file, so they survive a restart and are shared by every process on the
-machine that opens the same path. Each transition is one `BEGIN IMMEDIATE` transaction that reads
-the row, applies the pure rule from `transitions.py` and writes the answer back: SQLite's write lock
-is what makes claim atomic across processes, and the rule is the same one every backend obeys.
+machine that opens the same path. Each transition reads the row, applies the pure rule from
+`transitions.py` and writes the answer back inside a `BEGIN IMMEDIATE` transaction: SQLite's write
+lock is what makes claim atomic across processes, and the rule is the same one every backend obeys.
 
-The stdlib driver blocks, so every statement runs in a worker thread; one connection per store,
-guarded by a lock, keeps the threads from sharing a cursor. Not for network filesystems: WAL needs
-shared memory between the processes, which means one host.
+The stdlib driver blocks, so every statement runs on the store's own writer thread
+(`_sqlite_writer.py`), which owns the one connection and commits transitions that queue up
+concurrently in one transaction (group commit): one fsync for the batch, every caller answered
+after it. Not for network filesystems: WAL needs shared memory between the processes, which means
+one host.
 """
 
 from __future__ import annotations
@@ -17,17 +19,16 @@ import math
 import os
 import secrets
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import anyio
-import anyio.to_thread
 
 from . import transitions as rules
+from ._sqlite_writer import Writer
 from .memory import DEFAULT_ORPHAN_RETENTION
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -112,9 +113,27 @@ _UPSERT = f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,
 Row = tuple[object, ...]
 
 
+#: `synchronous=` values: the SQLite pragma each one sets.
+Synchronous = Literal["full", "normal"]
+_SYNCHRONOUS: dict[str, str] = {"full": "FULL", "normal": "NORMAL"}
+
+
 class SQLiteKeyStore:
-    """Records in one SQLite file (WAL, synchronous=FULL). Safe across tasks and processes on
-    one host; every transition is a single `BEGIN IMMEDIATE` transaction."""
+    """Records in one SQLite file (WAL). Safe across tasks and processes on one host.
+
+    Every transition runs in a `BEGIN IMMEDIATE` transaction on the store's writer thread.
+    A transition that finds the writer idle commits alone, at once; transitions that queue up
+    while a commit runs are committed together in one transaction (group commit), and each
+    caller is answered only after that commit returned. A member of a batch that fails is
+    answered with its own error and the others commit; a batch that fails as a whole is rerun
+    member by member.
+
+    `synchronous`: `"full"` (the default) syncs every commit to disk before any caller is
+    answered, so an acknowledged claim or completion survives a power loss. `"normal"` skips
+    that sync: it survives process crashes, not power loss: a power loss can roll back a claim
+    whose tool already ran, and the retry then runs the effect twice. Opt in only where that is
+    acceptable.
+    """
 
     def __init__(
         self,
@@ -125,23 +144,25 @@ class SQLiteKeyStore:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        synchronous: Synchronous = "full",
     ) -> None:
         if not os.fspath(path):
             raise ValueError("the SQLite key store needs a file path")
         if busy_timeout < 0:
             raise ValueError(f"busy_timeout must be >= 0, not {busy_timeout}")
+        if synchronous not in tuple(_SYNCHRONOUS):  # a tuple: no hashing, so any value is refused
+            raise ValueError(
+                f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
+            )
         self.path = Path(path)
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
         self._busy_timeout = busy_timeout
-        self._lock = threading.Lock()
-        #: One worker thread at a time per store: the connection serves one statement at a
-        #: time anyway, and queued callers then wait in the event loop instead of each holding
-        #: a thread of anyio's shared pool (which the application needs too).
-        self._limiter: anyio.CapacityLimiter | None = None
-        self._connection: sqlite3.Connection | None = None
-        self._closed = False
+        self._synchronous = _SYNCHRONOUS[synchronous]
+        #: Queued callers wait in the event loop, not each on a thread of anyio's shared pool
+        #: (which the application needs too); the writer thread serves them all.
+        self._writer = Writer(str(self.path), self._open, self._unavailable)
         self._wakeups = _Wakeups()
 
     @classmethod
@@ -246,7 +267,7 @@ class SQLiteKeyStore:
             now = self._clock()
             return rules.visible(_load(conn, key), now)
 
-        return await self._run(read)
+        return await self._writer.run(read)
 
     async def list_records(
         self, *, state: RecordState | None = None, limit: int = 100
@@ -278,7 +299,7 @@ class SQLiteKeyStore:
                     found.append(record)
             return found
 
-        return await self._run(read)
+        return await self._writer.run(read)
 
     async def purge_expired(self) -> int:
         """Deletes expired records in batches, one short write transaction each, so a large
@@ -308,22 +329,17 @@ class SQLiteKeyStore:
         purged = 0
         after: tuple[object, str] = (float("-inf"), "")
         while True:
-            count, last = await self._run(functools.partial(purge_batch, after=after), shield=True)
+            count, last = await self._writer.run(
+                functools.partial(purge_batch, after=after), shield=True
+            )
             purged += count
             if not last:
                 return purged
             after = (last[_EXPIRES_AT], str(last[0]))
 
     async def aclose(self) -> None:
-        def close() -> None:
-            with self._lock:
-                self._closed = True
-                if self._connection is not None:
-                    self._connection.close()
-                    self._connection = None
-
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(close)
+        """Finishes and answers everything already queued, then closes the connection."""
+        await self._writer.aclose()
 
     # -- machinery ---------------------------------------------------------------------------
 
@@ -334,48 +350,22 @@ class SQLiteKeyStore:
         *,
         wake: bool = True,
     ) -> T:
-        def transact(conn: sqlite3.Connection) -> tuple[bool, T]:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                # Read the clock inside the write lock, so time order matches commit order
-                # across processes.
-                now = self._clock()
-                new, answer = decide(_load(conn, key), now)
-                if new is not None:
-                    conn.execute(_UPSERT, _encode(new))
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        def step(conn: sqlite3.Connection) -> tuple[bool, T]:
+            # Read the clock inside the write lock, so time order matches commit order
+            # across processes.
+            now = self._clock()
+            new, answer = decide(_load(conn, key), now)
+            if new is not None:
+                conn.execute(_UPSERT, _encode(new))
             return new is not None, answer
 
-        # Shielded: once the transaction starts, its answer (a claim's token above all) must
-        # reach the caller; a cancelled claim whose token is lost would block the key until
-        # its lease expires and then turn it UNKNOWN.
-        changed, answer = await self._run(transact, shield=True)
+        # Shielded by the writer: once queued, the transition commits and its answer (a
+        # claim's token above all) reaches the caller; a cancelled claim whose token is lost
+        # would block the key until its lease expires and then turn it UNKNOWN.
+        changed, answer = await self._writer.transition(step)
         if changed and wake:
             self._wakeups.notify(key)
         return answer
-
-    async def _run(self, work: Callable[[sqlite3.Connection], T], *, shield: bool = False) -> T:
-        if self._limiter is None:  # made here: a limiter needs a running event loop
-            self._limiter = anyio.CapacityLimiter(1)
-        with anyio.CancelScope(shield=shield):
-            answer = await anyio.to_thread.run_sync(self._locked, work, limiter=self._limiter)
-        return answer
-
-    def _locked(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        with self._lock:
-            if self._closed:
-                raise StoreUnavailable(f"the SQLite key store at {self.path} is closed")
-            conn = self._connection
-            if conn is None:
-                conn = self._connection = self._open()
-            try:
-                return work(conn)
-            except sqlite3.Error as exc:
-                raise self._unavailable(exc) from exc
 
     def _open(self) -> sqlite3.Connection:
         where = str(self.path)
@@ -416,10 +406,11 @@ class SQLiteKeyStore:
             _ensure_schema(conn, where)
             # WAL: readers never block the writer, and commits append instead of rewriting.
             conn.execute("PRAGMA journal_mode = WAL")
-            # FULL: every acknowledged transition is on disk before we answer. With NORMAL a
-            # power loss may roll back the last commits, forgetting a claim or a completion
-            # whose effect already happened: the next retry would run the tool a second time.
-            conn.execute("PRAGMA synchronous = FULL")
+            # FULL (the default): every acknowledged transition is on disk before we answer.
+            # With NORMAL (opt-in) a power loss may roll back the last commits, forgetting a
+            # claim or a completion whose effect already happened: the next retry would run
+            # the tool a second time.
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         except BaseException as exc:
             conn.close()
             if isinstance(exc, sqlite3.DatabaseError):

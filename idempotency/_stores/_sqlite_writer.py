@@ -1,0 +1,287 @@
+"""The SQLite key store's writer: one thread per store that owns its connection and commits
+concurrent transitions together (group commit).
+
+Why: with `synchronous=FULL` every commit waits for an fsync, and every call through anyio's
+shared thread pool pays a thread hop each way. One thread that takes everything queued while it
+was busy and commits it in ONE transaction pays one fsync for the whole batch, and still answers
+each caller only after that fsync returned: the durability of one commit per transition at the
+throughput of one commit per batch.
+
+The rules:
+
+- No waiting to fill a batch. A transition that finds the writer idle is committed at once in a
+  transaction of its own (the direct path, the same statements as before group commit); batches
+  form only from what queued up while the previous commit ran.
+- Each member runs in its caller's context (the context variables copied when it was queued)
+  and inside a SAVEPOINT of its own: a member that fails (a corrupt record, a failed statement)
+  is rolled back alone and answered with its own error, the others commit.
+- A batch that fails as a whole after BEGIN (SQLite rolled the transaction back, or COMMIT
+  failed) left nothing on disk: every member is then run again alone, in a transaction of its
+  own, and answered exactly as a lone transition is. If BEGIN itself fails (another process held
+  the write lock past the busy timeout), nothing ran, and each member gets the error it would
+  have got alone, without waiting out the timeout once per member.
+- Answers reach each caller's event loop (asyncio or trio, posted thread-safely) only after the
+  COMMIT returned; a caller waiting for a transition is shielded from cancellation, so a queued
+  write is always committed and its answer (a claim's token) always delivered.
+- Other work (reads, purge batches) runs on the same thread, alone, after the batch.
+- Closing drains: everything queued before `aclose()` is done and answered, then the connection
+  is closed. The thread exits after `_LINGER` idle seconds and starts again with the next job,
+  so an idle or forgotten store holds no thread. An unexpected error in the writer itself is
+  the answer of every caller it left unanswered; the writer goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
+
+import anyio
+
+from .._system_task import current_loop
+from .store import StoreUnavailable
+
+T = TypeVar("T")
+
+#: Seconds an idle writer thread waits for work before it exits.
+_LINGER = 5.0
+
+Work = Callable[[sqlite3.Connection], T]
+Post = Callable[..., object]
+
+
+class _Job(Generic[T]):
+    """One queued piece of work and where its answer goes."""
+
+    __slots__ = ("answered", "context", "done", "error", "kind", "loop", "post", "value", "work")
+
+    def __init__(self, work: Work[T] | None, kind: str) -> None:
+        self.work = work
+        self.kind = kind
+        self.context = contextvars.copy_context()
+        self.loop = current_loop()
+        self.post: Post = (
+            self.loop.call_soon_threadsafe
+            if isinstance(self.loop, asyncio.AbstractEventLoop)
+            else cast(Any, self.loop).run_sync_soon
+        )
+        self.done = anyio.Event()
+        self.value: T | None = None
+        self.error: BaseException | None = None
+        self.answered = False
+
+    def run(self, conn: sqlite3.Connection) -> None:
+        assert self.work is not None
+        self.value = self.context.run(self.work, conn)
+
+
+class Writer:
+    """The thread that runs a store's statements; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        connect: Callable[[], sqlite3.Connection],
+        failure: Callable[[sqlite3.Error], BaseException],
+    ) -> None:
+        self._name = name
+        self._connect = connect
+        self._failure_of = failure
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[_Job[Any]] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        #: Touched by the writer thread only (and by `aclose` once no thread runs).
+        self._conn: sqlite3.Connection | None = None
+        #: For tests and benchmarks: transitions committed, and the COMMITs that carried them.
+        self.transitions = 0
+        self.commits = 0
+
+    async def transition(self, step: Work[T]) -> T:
+        """`step` inside a write transaction shared with whatever else is queued; answered
+        after that transaction's COMMIT returned. Shielded: see the module docstring."""
+        return await self._submit(_Job(step, "transition"), shield=True)
+
+    async def run(self, work: Work[T], *, shield: bool = False) -> T:
+        """`work` alone on the writer thread, outside any transaction it does not open itself."""
+        return await self._submit(_Job(work, "alone"), shield=shield)
+
+    async def aclose(self) -> None:
+        """Drain the queue, then close the connection; later calls find the store closed."""
+        job: _Job[None] = _Job(None, "close")
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            if self._thread is None and self._conn is None:
+                return
+            self._enqueue(job)
+        with anyio.CancelScope(shield=True):
+            await job.done.wait()
+
+    async def _submit(self, job: _Job[T], *, shield: bool) -> T:
+        with self._cond:
+            if self._closed:
+                raise StoreUnavailable(f"the SQLite key store at {self._name} is closed")
+            self._enqueue(job)
+        with anyio.CancelScope(shield=shield):
+            await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return cast(T, job.value)
+
+    def _enqueue(self, job: _Job[Any]) -> None:
+        """Under `_cond`: queue the job and make sure a thread will take it."""
+        self._queue.append(job)
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._serve, name=f"mcp-once SQLite writer {self._name}", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._cond.notify()
+
+    # -- the writer thread -------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self._closed or (not self._cond.wait(_LINGER) and not self._queue):
+                        self._thread = None
+                        return
+                jobs, self._queue = self._queue, []
+            try:
+                self._handle(jobs)
+            except Exception as exc:
+                # A bug here must neither leave callers waiting forever nor stop the writer:
+                # every caller not yet answered gets the error, and the writer goes on.
+                for job in jobs:
+                    if not job.answered:
+                        job.error = exc
+                self._answer(jobs)
+                if self._conn is not None:
+                    self._rollback(self._conn)
+
+    def _handle(self, jobs: list[_Job[Any]]) -> None:
+        members = [job for job in jobs if job.kind == "transition"]
+        if members:
+            self._commit(members)
+            self._answer(members)
+        for job in jobs:
+            if job.kind == "alone":
+                conn = self._connection(job)
+                if conn is not None:
+                    self._guarded(job, job.run, conn)
+            elif job.kind == "close" and self._conn is not None:
+                conn, self._conn = self._conn, None
+                self._guarded(job, lambda c: c.close(), conn)
+            if job.kind != "transition":
+                self._answer([job])
+
+    def _commit(self, members: list[_Job[Any]]) -> None:
+        conn: sqlite3.Connection | None = None
+        while conn is None and members:
+            conn = self._connection(members[0])
+            if conn is None:
+                members = members[1:]
+        if conn is None:
+            return
+        if len(members) == 1:
+            self._alone(members[0], conn)
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            for job in members:
+                job.error = self._failure(exc)
+            return
+        try:
+            for job in members:
+                conn.execute("SAVEPOINT member")
+                try:
+                    job.run(conn)
+                except Exception as exc:
+                    if not conn.in_transaction:
+                        raise  # SQLite rolled the whole batch back
+                    conn.execute("ROLLBACK TO member")
+                    job.value, job.error = None, self._failure(exc)
+                conn.execute("RELEASE member")
+            conn.execute("COMMIT")
+        except Exception:
+            self._rollback(conn)
+            for job in members:
+                job.value = job.error = None
+                self._alone(job, conn)
+            return
+        self.commits += 1
+        self.transitions += sum(job.error is None for job in members)
+
+    def _alone(self, job: _Job[Any], conn: sqlite3.Connection) -> None:
+        """One transition in a transaction of its own: what every transition was before group
+        commit, and what each member of a batch that failed as a whole gets."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            job.run(conn)
+            conn.execute("COMMIT")
+        except Exception as exc:
+            self._rollback(conn)
+            job.value, job.error = None, self._failure(exc)
+            return
+        self.commits += 1
+        self.transitions += 1
+
+    def _connection(self, job: _Job[Any]) -> sqlite3.Connection | None:
+        """The open connection, opening it if needed; None with `job` failed if it cannot be
+        opened (the next job tries again: the directory may appear, the lock go away)."""
+        if self._conn is None:
+            try:
+                self._conn = self._connect()
+            except Exception as exc:
+                job.error = self._failure(exc)
+                self._answer([job])
+        return self._conn
+
+    def _guarded(
+        self, job: _Job[Any], work: Callable[[sqlite3.Connection], object], conn: sqlite3.Connection
+    ) -> None:
+        try:
+            work(conn)
+        except Exception as exc:
+            job.value, job.error = None, self._failure(exc)
+
+    def _failure(self, exc: Exception) -> BaseException:
+        """What the caller sees: SQLite's errors as the store's, anything else as raised."""
+        if not isinstance(exc, sqlite3.Error):
+            return exc
+        failure = self._failure_of(exc)
+        failure.__cause__ = exc
+        return failure
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+
+    @staticmethod
+    def _answer(jobs: list[_Job[Any]]) -> None:
+        """Wake each waiting caller: one thread-safe call per event loop, not per job."""
+        by_loop: dict[int, list[_Job[Any]]] = {}
+        for job in jobs:
+            if not job.answered:
+                job.answered = True
+                by_loop.setdefault(id(job.loop), []).append(job)
+        for group in by_loop.values():
+            # A finished event loop has nobody left waiting.
+            with contextlib.suppress(RuntimeError):
+                group[0].post(_set_all, [job.done for job in group])
+
+
+def _set_all(events: list[anyio.Event]) -> None:
+    for event in events:
+        event.set()
