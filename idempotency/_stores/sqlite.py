@@ -56,6 +56,7 @@ URL_OPTIONS = {
     "max_result_bytes": integer,
     "orphan_retention": number,
     "busy_timeout": number,
+    "synchronous": str,  # checked by the constructor: "full" or "normal"
 }
 
 #: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
@@ -175,6 +176,7 @@ class SQLiteKeyStore:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        synchronous: Synchronous = "full",
     ) -> SQLiteKeyStore:
         """`sqlite:///relative/file.db` or `sqlite:////absolute/file.db` (the SQLAlchemy and
         dj-database-url convention: three slashes, then the path as written).

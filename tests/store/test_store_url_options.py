@@ -146,6 +146,11 @@ def test_sqlite_urls_take_their_options(tmp_path: Path) -> None:
         open_store(f"sqlite:///{tmp_path}/k.db?busy_timeout=1&mode=ro")
     with pytest.raises(ValueError, match="busy_timeout='x': expected a number"):
         open_store(f"sqlite:///{tmp_path}/k.db?busy_timeout=x")
+    assert store._synchronous == "FULL"
+    relaxed = open_store(f"sqlite:///{tmp_path}/n.db?synchronous=normal")
+    assert isinstance(relaxed, SQLiteKeyStore) and relaxed._synchronous == "NORMAL"
+    with pytest.raises(ValueError, match="synchronous must be one of"):
+        open_store(f"sqlite:///{tmp_path}/k.db?synchronous=off")
 
 
 @pytest.mark.parametrize(
