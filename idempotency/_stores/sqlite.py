@@ -43,7 +43,7 @@ from .store import (
     check_list_limit,
     pass_over,
 )
-from .url_options import integer, number, take_options
+from .url_options import Parser, integer, number, take_options
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ T = TypeVar("T")
 #: Seconds a writer waits for another process's write lock before the store counts as unavailable.
 DEFAULT_BUSY_TIMEOUT = 5.0
 #: The options of `from_url` a URL's query may carry, each with its parser.
-URL_OPTIONS = {
+URL_OPTIONS: dict[str, Parser] = {
     "max_key_bytes": integer,
     "max_result_bytes": integer,
     "orphan_retention": number,
