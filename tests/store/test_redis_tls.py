@@ -221,7 +221,12 @@ async def test_after_a_failover_the_store_follows_over_tls(
 ) -> None:
     """The new primary, named by the Sentinels, is dialled and verified over TLS too; a record
     acknowledged by a replica (`wait_replicas=1`, replication over TLS) survives the crash."""
-    store = RedisKeyStore.from_url(fresh_tls_sentinel.url, prefix=prefix, wait_replicas=1)
+    # wait_timeout: after the failover the surviving replica resyncs with the new primary over
+    # TLS before it can confirm "after"; on a loaded machine that took longer than the default
+    # 1 s. The bound only matters when slow: a confirmation ends the wait at once.
+    store = RedisKeyStore.from_url(
+        fresh_tls_sentinel.url, prefix=prefix, wait_replicas=1, wait_timeout=4.0
+    )
     store._poll_first = store._poll_cap = 3600.0
     try:
         with anyio.fail_after(60):
