@@ -22,8 +22,34 @@ from redis_cluster import LocalCluster, missing_binaries
 from redis_sentinel import RedisSentinel
 from redis_server import RedisServer, redis_server_binary
 from redis_tls import TLSFiles, make_certificates, openssl_binary
+from tiers import DESELECTED, FULL_FLAG, split
 
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+# -- tiers (tests/tiers.py) --------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        FULL_FLAG,
+        action="store_true",
+        dest="full",
+        help="run the slow tier too (Cluster, Sentinel, TLS, nginx, failover, soak, engines,"
+        " examples): what .ci/run runs",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    split(config, items)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    deselected = terminalreporter.config.stash.get(DESELECTED, 0)
+    if deselected:
+        terminalreporter.write_line(
+            f"fast tier: {deselected} slow tests not run; `uv run pytest {FULL_FLAG}` runs all"
+        )
 
 
 def _no_redis(reason: str) -> NoReturn:

@@ -68,6 +68,7 @@ def test_default_run_over_memory_and_the_killed_pipelines() -> None:
     assert pipeline["baseline_duplicate_effects"] == fresh["duplicate_effects"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_over_a_real_wire(transport: str) -> None:
     data = summary(demo("--json", "--transport", transport, "--calls", "30", "--seed", "7"))
@@ -75,6 +76,7 @@ def test_over_a_real_wire(transport: str) -> None:
     assert data["transport"] == transport
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_with_redis_over_http(redis_url: str) -> None:
     data = summary(demo("--json", "--transport", "http", "--store", redis_url, "--calls", "30"))
@@ -82,6 +84,7 @@ def test_with_redis_over_http(redis_url: str) -> None:
     assert data["store"].startswith(f"{redis_url}?prefix=mcp-once-demo:")
 
 
+@pytest.mark.slow
 def test_human_output_explains_and_compares() -> None:
     completed = demo("--calls", "30", "--seed", "3")
     assert completed.returncode == 0, completed.stderr[-2000:]

@@ -1,0 +1,85 @@
+"""The two test tiers: `uv run pytest` runs the fast tier (minutes on a 2-core machine), and
+`uv run pytest --full` runs everything, as `.ci/run` always does.
+
+Why tiers: the whole suite takes ~14 minutes on a 2-core machine, most of it in tests that start
+real deployments (a Redis Cluster, Sentinels, TLS, nginx, a Temporal dev server), kill processes,
+or soak. A newcomer's first `uv run pytest` should answer in minutes, and CI must still run all.
+
+A test is in the slow tier when it is marked `slow` by hand, or when what it needs says so, so that
+a new test of the same kind lands in the right tier without anyone remembering to mark it:
+- it uses a fixture that starts a multi-process deployment (`SLOW_FIXTURES`);
+- it lives in a module or folder of process-killing, engine or soak tests (`SLOW_PLACES`);
+- its name says it starts and races or kills processes, or drives the console script
+  (`SLOW_NAMES`);
+- its parameters name such a deployment, or a subprocess transport (`SLOW_PARAMETERS`): the
+  in-memory and HTTP variants of the same test stay in the fast tier.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+#: Fixtures that start a deployment of several processes (or a whole load balancer).
+SLOW_FIXTURES = frozenset(
+    {
+        "redis_cluster",
+        "redis_cluster_url",
+        "redis_sentinel",
+        "redis_sentinel_url",
+        "fresh_sentinel",
+        "redis_tls_files",
+        "redis_tls_cluster",
+        "redis_tls_sentinel",
+        "fresh_tls_sentinel",
+        "nginx_binary",
+    }
+)
+
+#: Paths (relative to the repository, `/`-separated) of folders or modules that are slow as a whole.
+SLOW_PLACES = (
+    "tests/durable/",  # the durable engines: Temporal dev server, DBOS, LangGraph, killed workers
+    "tests/chaos/",  # fault search, random plans, killed replicas, nginx
+    "tests/run/test_run_kill_resume.py",  # agents killed mid-run and resumed
+    "tests/fastmcp/test_fastmcp_chaos.py",
+    "tests/examples/",  # every example as a real process
+    "tests/test_bench_quick.py",
+    "tests/clients_real/",  # npm clients (Inspector CLI, TypeScript SDK)
+)
+
+#: Test names that say they start and race or kill processes, or drive the console script.
+SLOW_NAMES = re.compile(r"::test_\w*(?:processes|process_killed|console_script|stdio_clients)")
+
+#: Parameter ids naming a deployment or a subprocess transport.
+SLOW_PARAMETERS = re.compile(r"\[(?:[^\]]*[-_])?(?:stdio|cluster|sentinel|tls|nginx|processes)\b")
+
+FULL_FLAG = "--full"
+
+
+def is_slow(item: pytest.Item) -> bool:
+    if item.get_closest_marker("slow") is not None:
+        return True
+    if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    path = item.nodeid.split("::", 1)[0]
+    if any(path.startswith(place) for place in SLOW_PLACES):
+        return True
+    return bool(SLOW_NAMES.search(item.nodeid) or SLOW_PARAMETERS.search(item.nodeid))
+
+
+def split(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every slow item `slow`; without `--full` (or `-m` chosen by the caller), deselect
+    them and say so in the header of the run."""
+    slow = [item for item in items if is_slow(item)]
+    for item in slow:
+        item.add_marker(pytest.mark.slow)
+    if config.getoption("full") or config.getoption("markexpr"):
+        return
+    chosen = {id(item) for item in slow}
+    config.hook.pytest_deselected(items=slow)
+    items[:] = [item for item in items if id(item) not in chosen]
+    config.stash[DESELECTED] = len(slow)
+
+
+DESELECTED = pytest.StashKey[int]()
