@@ -1,0 +1,131 @@
+"""The MCP Inspector's CLI (npm `@modelcontextprotocol/inspector` 2.12.0, `--cli --method
+tools/call`) against both servers, over stdio and streamable HTTP.
+
+Each call is one `mcp-inspector --cli` process, as a person or a script runs it: over stdio that
+process starts a new server process every time, so the replay below crosses server processes
+(one SQLite store, one ledger).
+
+What the Inspector CLI can do, and so which legs run:
+- arguments: `--tool-arg k=v` (values that parse as JSON become JSON: `idempotency_key=7` is the
+  number 7, refused as "must be a string"; a nested key is `--tool-arg 'meta={"...": "k"}'`) or
+  `--tool-args-json` (verbatim; used for the empty-string key, which `--tool-arg` will not send);
+- request `_meta`: `--tool-metadata k=v` puts `k` in `params._meta`, so the `_meta`-vs-argument
+  legs run;
+- headers: `--header "Idempotency-Key: v"` over HTTP. It trims the value and refuses an empty
+  one itself (nothing is sent; shown below), so the empty-header case cannot reach the server
+  from the Inspector; an over-long value and a tab inside the value do;
+- errors: the CLI prints `{"error": {"code": "error", "message": ...}}` and exits non-zero; the
+  JSON-RPC code (-32602) is not shown, so refusals are recognised by the server's message (which
+  names the places and says nothing was run) and by the ledger and store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from real_clients_kit import (
+    ARGUMENT_LEGS,
+    HEADER_LEGS,
+    META_LEGS,
+    LegFailures,
+    NodeClients,
+    Outcome,
+    Served,
+    charge,
+    fresh,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def _as_tool_arg(value: object) -> str | None:
+    """`value` as the Inspector's `--tool-arg` writes it, or None when `--tool-arg` cannot send
+    it (it JSON-parses each value, and refuses an empty one)."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value or None
+        return None  # would arrive as another JSON type
+    return json.dumps(value)
+
+
+@dataclass
+class InspectorCaller:
+    clients: NodeClients
+    served: Served
+    http: bool
+    shows_codes = False
+
+    def command(
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None, header: str | None
+    ) -> list[str]:
+        command = [*self.clients.inspector, "--cli", "--method", "tools/call", "--tool-name", tool]
+        as_args = {name: _as_tool_arg(value) for name, value in arguments.items()}
+        if all(value is not None for value in as_args.values()):
+            command += ["--tool-arg", *(f"{name}={value}" for name, value in as_args.items())]
+        else:
+            command += ["--tool-args-json", json.dumps(arguments)]
+        for name, value in (meta or {}).items():
+            command += ["--tool-metadata", f"{name}={value}"]
+        if header is not None:
+            command += ["--header", f"Idempotency-Key: {header}"]
+        if self.http:
+            assert self.served.url is not None
+            return [*command, "--transport", "http", self.served.url]
+        return [*command, "--", *self.served.stdio_command()]
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        meta: dict[str, Any] | None = None,
+        header: str | None = None,
+    ) -> Outcome:
+        done = await anyio.run_process(self.command(tool, arguments, meta, header), check=False)
+        if done.returncode == 0:
+            return Outcome(result=json.loads(done.stdout))
+        lines = done.stderr.decode().strip().splitlines()
+        envelope = json.loads(lines[-1]) if lines else {}
+        assert "error" in envelope, (done.returncode, done.stdout, done.stderr)
+        return Outcome(message=str(envelope["error"]["message"]))
+
+
+@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
+async def test_inspector_cli_over_stdio(
+    flavor: str, node_clients: NodeClients, served_files: dict[str, Served]
+) -> None:
+    served = served_files[flavor]
+    legs = LegFailures()
+    await legs.run(ARGUMENT_LEGS + META_LEGS, InspectorCaller(node_clients, served, False), served)
+    legs.check()
+
+
+@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
+async def test_inspector_cli_over_streamable_http(
+    flavor: str, node_clients: NodeClients, http_servers: dict[str, Served]
+) -> None:
+    served = http_servers[flavor]
+    legs = LegFailures()
+    caller = InspectorCaller(node_clients, served, True)
+    await legs.run(ARGUMENT_LEGS + META_LEGS + HEADER_LEGS, caller, served)
+    legs.check()
+
+
+async def test_inspector_cli_refuses_an_empty_header_itself(
+    node_clients: NodeClients, http_servers: dict[str, Served]
+) -> None:
+    """`--header "Idempotency-Key: "` is the Inspector's own usage error: nothing reaches the
+    server (so the server's empty-header refusal is shown with the other HTTP clients)."""
+    served = http_servers["mcpserver"]
+    order = fresh("emptyheader")
+    refused = await InspectorCaller(node_clients, served, True).call(
+        "charge", charge(order), header=""
+    )
+    assert refused.result is None and "Invalid header format" in refused.message
+    assert served.effects(order) == 0
