@@ -28,18 +28,35 @@ from typing import Any
 import anyio
 import pytest
 from real_clients_kit import (
-    ARGUMENT_LEGS,
     HEADER_LEGS,
-    META_LEGS,
+    KEY_LEGS,
     LegFailures,
     NodeClients,
     Outcome,
     Served,
     charge,
+    bad_argument,
     fresh,
+    meta_and_argument_disagree,
+    nested_argument_key_twice,
 )
 
 pytestmark = pytest.mark.anyio
+
+#: Every Inspector call is a process (and over stdio a server process too), so the Inspector
+#: runs the legs that show what it can send; the server's checks of bad keys are the same
+#: whatever the client, and run in full with the clients that keep one session
+#: (`test_real_client_python.py`, `test_real_client_typescript.py`, `test_real_client_httpx.py`).
+#: Of those, the Inspector sends the two its own argument syntax leads to: `idempotency_key=7`
+#: (a number, by its JSON parsing) and the empty string.
+HTTP_LEGS = [
+    *KEY_LEGS,
+    nested_argument_key_twice,
+    bad_argument(7, "must be a string"),
+    bad_argument("", "must not be empty"),
+    meta_and_argument_disagree,
+    *HEADER_LEGS,
+]
 
 
 def _as_tool_arg(value: object) -> str | None:
@@ -102,7 +119,8 @@ async def test_inspector_cli_over_stdio(
 ) -> None:
     served = served_files[flavor]
     legs = LegFailures()
-    await legs.run(ARGUMENT_LEGS + META_LEGS, InspectorCaller(node_clients, served, False), served)
+    caller = InspectorCaller(node_clients, served, False)
+    await legs.run([*KEY_LEGS, meta_and_argument_disagree], caller, served, concurrency=3)
     legs.check()
 
 
@@ -113,7 +131,7 @@ async def test_inspector_cli_over_streamable_http(
     served = http_servers[flavor]
     legs = LegFailures()
     caller = InspectorCaller(node_clients, served, True)
-    await legs.run(ARGUMENT_LEGS + META_LEGS + HEADER_LEGS, caller, served)
+    await legs.run(HTTP_LEGS, caller, served, concurrency=3)
     legs.check()
 
 
