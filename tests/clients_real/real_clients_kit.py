@@ -16,13 +16,17 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 import anyio
+import httpx2
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult
 
 from idempotency import SQLiteKeyStore, wire
 
@@ -175,6 +179,48 @@ def _stop(process: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+#: How the Python clients reach a server: a stdio subprocess, or streamable HTTP in the
+#: 2025-11-25 era (`legacy`) or the newest the server speaks (`auto`: 2026-07-28 here).
+PYTHON_SETTINGS = ["stdio", "http-legacy", "http-modern"]
+
+
+@asynccontextmanager
+async def python_client(
+    served: Served, setting: str
+) -> AsyncIterator[tuple[Client, httpx2.AsyncClient | None]]:
+    """An `mcp.Client` connected to `served` in `setting`, and over HTTP its HTTP client, whose
+    headers a caller may change between calls."""
+    if setting == "stdio":
+        program, *args = served.stdio_command()
+        async with Client(StdioServerParameters(command=program, args=args)) as client:
+            yield client, None
+        return
+    assert served.url is not None
+    mode = "auto" if setting == "http-modern" else "legacy"
+    async with (
+        httpx2.AsyncClient(timeout=30) as http,
+        Client(streamable_http_client(served.url, http_client=http), mode=mode) as client,
+    ):
+        yield client, http
+
+
+def set_header(http: httpx2.AsyncClient | None, header: str | None) -> None:
+    """Send `header` as the `Idempotency-Key` of the calls that follow (None: no header)."""
+    if header is not None:
+        assert http is not None, "headers travel only over HTTP"
+        http.headers[HEADER] = header
+    elif http is not None:
+        http.headers.pop(HEADER, None)
+
+
+def outcome_of(result: CallToolResult) -> Outcome:
+    return Outcome(result=result.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+
+def refusal(error: MCPError) -> Outcome:
+    return Outcome(code=error.code, message=error.message)
 
 
 def fresh(label: str) -> str:
