@@ -31,7 +31,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from real_clients_kit import FLAVORS, INSPECTOR_ENTRY, NodeClients, Served, http_server
+from real_clients_kit import FLAVORS, NodeClients, Served, http_server
 
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -95,7 +95,9 @@ def node_clients(request: pytest.FixtureRequest) -> NodeClients:
         packages.append(f"{node_package}@{NODE_PIN}")
     prefix = request.config.cache.mkdir("mcp-once-real-clients") / "npm"
     _install(prefix, packages)
-    inspector_node = str(prefix / "node_modules" / node_package / "bin" / "node") if old_node else node
+    inspector_node = (
+        str(prefix / "node_modules" / node_package / "bin" / "node") if old_node else node
+    )
     return NodeClients(prefix=prefix, node=node, inspector_node=inspector_node)
 
 

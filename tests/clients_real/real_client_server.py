@@ -107,14 +107,13 @@ def fastmcp_app(store: SQLiteKeyStore, ledger: Ledger) -> Any:
     from idempotency.fastmcp import IdempotencyMiddleware
 
     server: FastMCP[Any] = FastMCP("real-clients")
-    for tools, options in [
+    places: list[tuple[list[str], dict[str, Any]]] = [
         (["charge"], {"key_argument": KEY_ARGUMENT, "key_header": KEY_HEADER}),
         (["charge_headerless"], {"key_argument": KEY_ARGUMENT}),
         (["charge_nested"], {"key_argument": NESTED_KEY_ARGUMENT}),
-    ]:
-        server.add_middleware(
-            IdempotencyMiddleware(store, tools=tools, keys="optional", **options)
-        )
+    ]
+    for tools, options in places:
+        server.add_middleware(IdempotencyMiddleware(store, tools=tools, keys="optional", **options))
 
     @server.tool
     def charge(order: str, cents: int) -> str:

@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,7 +272,7 @@ async def same_argument_key_twice(caller: Caller, served: Served) -> None:
     order, key = fresh("same"), fresh("k")
     first = await caller.call("charge", charge(order, key))
     again = await caller.call("charge", charge(order, key))
-    assert served.effects(order) == 1
+    assert (ran := served.effects(order)) == 1, f"{ran} effects, expected 1"
     assert first.status == "executed" and again.status == "replayed", (first, again)
     assert again.text == first.text
     assert again.marker is not None and again.marker["key"] == key
@@ -284,7 +284,7 @@ async def new_argument_key(caller: Caller, served: Served) -> None:
     order = fresh("new")
     first = await caller.call("charge", charge(order, fresh("k")))
     second = await caller.call("charge", charge(order, fresh("k")))
-    assert served.effects(order) == 2
+    assert (ran := served.effects(order)) == 2, f"{ran} effects, expected 2"
     assert first.status == second.status == "executed", (first, second)
 
 
@@ -294,7 +294,7 @@ async def no_key_runs_twice(caller: Caller, served: Served) -> None:
     order = fresh("nokey")
     first = await caller.call("charge", charge(order))
     second = await caller.call("charge", charge(order))
-    assert served.effects(order) == 2
+    assert (ran := served.effects(order)) == 2, f"{ran} effects, expected 2"
     assert first.marker is None and second.marker is None, (first, second)
     assert first.text != second.text
 
@@ -305,7 +305,7 @@ async def nested_argument_key_twice(caller: Caller, served: Served) -> None:
     arguments = {"order": order, "cents": 5, NESTED[0]: {NESTED[1]: key}}
     first = await caller.call("charge_nested", arguments)
     again = await caller.call("charge_nested", arguments)
-    assert served.effects(order) == 1
+    assert (ran := served.effects(order)) == 1, f"{ran} effects, expected 1"
     assert first.status == "executed" and again.status == "replayed", (first, again)
 
 
@@ -324,7 +324,7 @@ async def meta_and_argument_agree(caller: Caller, served: Served) -> None:
     order, key = fresh("agree"), fresh("k")
     first = await caller.call("charge", charge(order, key), meta=meta_key(key))
     again = await caller.call("charge", charge(order, key))
-    assert served.effects(order) == 1
+    assert (ran := served.effects(order)) == 1, f"{ran} effects, expected 1"
     assert first.status == "executed" and again.status == "replayed", (first, again)
 
 
@@ -335,7 +335,7 @@ async def header_dedupes_a_keyless_body(caller: Caller, served: Served) -> None:
     first = await caller.call("charge", charge(order), header=key)
     again = await caller.call("charge", charge(order), header=key)
     other = await caller.call("charge", charge(order), header=fresh("h"))
-    assert served.effects(order) == 2
+    assert (ran := served.effects(order)) == 2, f"{ran} effects, expected 2"
     assert (first.status, again.status, other.status) == ("executed", "replayed", "executed")
     assert again.marker is not None and again.marker["key"] == key
 
@@ -346,7 +346,7 @@ async def header_ignored_when_off(caller: Caller, served: Served) -> None:
     order, key = fresh("off"), fresh("h")
     first = await caller.call("charge_headerless", charge(order), header=key)
     second = await caller.call("charge_headerless", charge(order), header=key)
-    assert served.effects(order) == 2
+    assert (ran := served.effects(order)) == 2, f"{ran} effects, expected 2"
     assert first.marker is None and second.marker is None, (first, second)
 
 
@@ -422,14 +422,19 @@ class LegFailures:
     failures: list[str] = field(default_factory=list)
 
     async def run(
-        self, legs: list[Leg], caller: Caller, served: Served, *, concurrency: int = 1
+        self,
+        legs: Sequence[Callable[[Any, Served], Awaitable[None]]],
+        caller: Caller,
+        served: Served,
+        *,
+        concurrency: int = 1,
     ) -> None:
         """Run `legs`, up to `concurrency` at a time (legs share nothing but the server: a
         client that starts a process per call gains from overlapping them); then the
         store-wide legs, one at a time."""
         limiter = anyio.CapacityLimiter(concurrency)
 
-        async def one(leg: Leg) -> None:
+        async def one(leg: Callable[[Any, Served], Awaitable[None]]) -> None:
             async with limiter:
                 try:
                     with anyio.fail_after(LEG_TIMEOUT):

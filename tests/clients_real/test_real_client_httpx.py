@@ -63,7 +63,12 @@ class RawHttpCaller:
         self.next_id = 1
 
     async def post(
-        self, method: str, params: dict[str, Any], header: str | None = None, *, notify: bool = False
+        self,
+        method: str,
+        params: dict[str, Any],
+        header: str | None = None,
+        *,
+        notify: bool = False,
     ) -> httpx2.Response:
         body: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
         if not notify:

@@ -34,8 +34,8 @@ from real_clients_kit import (
     NodeClients,
     Outcome,
     Served,
-    charge,
     bad_argument,
+    charge,
     fresh,
     meta_and_argument_disagree,
     nested_argument_key_twice,
@@ -146,4 +146,4 @@ async def test_inspector_cli_refuses_an_empty_header_itself(
         "charge", charge(order), header=""
     )
     assert refused.result is None and "Invalid header format" in refused.message
-    assert served.effects(order) == 0
+    assert (ran := served.effects(order)) == 0, f"{ran} effects, expected 0"

@@ -11,11 +11,12 @@ that any application would meet.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import pytest
 from mcp import Client, MCPError
+from mcp_types import RequestParamsMeta
 from real_clients_kit import (
     ARGUMENT_LEGS,
     HEADER_LEGS,
@@ -50,7 +51,8 @@ class PlainCaller:
     ) -> Outcome:
         set_header(self.http, header)
         try:
-            return outcome_of(await self.client.call_tool(tool, arguments, meta=meta))
+            sent = await self.client.call_tool(tool, arguments, meta=cast(RequestParamsMeta, meta))
+            return outcome_of(sent)
         except MCPError as error:
             return refusal(error)
 

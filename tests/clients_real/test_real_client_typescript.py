@@ -62,6 +62,7 @@ class TypeScriptCaller:
         return answer
 
     async def connect(self, header: str | None) -> None:
+        command: dict[str, Any]
         if self.http:
             headers = {} if header is None else {"Idempotency-Key": header}
             command = {"op": "connect", "url": self.served.url, "headers": headers}
