@@ -14,9 +14,10 @@ time, which is what the control legs count):
 - `charge_nested(order, cents)`: key in the nested argument `meta.idempotency-key`, the shape of
   the commerce protocols' MCP bindings.
 
-Every tool body appends a row to the ledger (a SQLite file the test reads) and answers with the
-execution count of its order. Stores and ledger are files, so a client that starts a new server
-process per call (the Inspector CLI over stdio) still hits one store and one ledger.
+Every tool body appends a row to the ledger (`tests/server/effect_server.py`'s SQLite ledger,
+a file the test reads) and answers with the execution count of its order. Store and ledger are
+files, so a client that starts a new server process per call (the Inspector CLI over stdio)
+still hits one store and one ledger.
 
 With `--http` the server listens on a free 127.0.0.1 port and prints `listening on URL` once the
 socket accepts connections (the kernel queues them until uvicorn takes them); it stops when its
@@ -26,11 +27,10 @@ stdin closes, so a test runner that dies takes it along.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
-import sqlite3
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,96 +39,64 @@ import uvicorn
 
 from idempotency import SQLiteKeyStore, idempotent
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+from effect_server import Ledger  # rows (order_id, pid, phase); here the phase is the tool
+
 KEY_ARGUMENT = "idempotency_key"
 NESTED_KEY_ARGUMENT = "meta.idempotency-key"
 KEY_HEADER = "Idempotency-Key"
 
 
-class Ledger:
-    """Effects as rows in a SQLite file: what ran, whatever the server answered."""
+#: Each tool's key places (all tools: `keys="optional"`).
+KEY_PLACES: dict[str, dict[str, Any]] = {
+    "charge": {"key_argument": KEY_ARGUMENT, "key_header": KEY_HEADER},
+    "charge_headerless": {"key_argument": KEY_ARGUMENT},
+    "charge_nested": {"key_argument": NESTED_KEY_ARGUMENT},
+}
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        with self._connect() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS effects"
-                " (id INTEGER PRIMARY KEY, tool TEXT, order_id TEXT, cents INTEGER, pid INTEGER)"
-            )
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30, isolation_level=None)
+def tool_bodies(ledger: Ledger) -> list[Callable[[str, int], str]]:
+    """The tools' bodies, the same on both servers: one effect each, counted in the ledger."""
 
-    def write(self, tool: str, order: str, cents: int) -> int:
-        """Append an effect; returns how many effects this order has had now."""
-        db = self._connect()
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute(
-                "INSERT INTO effects (tool, order_id, cents, pid) VALUES (?, ?, ?, ?)",
-                (tool, order, cents, os.getpid()),
-            )
-            (count,) = db.execute(
-                "SELECT COUNT(*) FROM effects WHERE order_id = ?", (order,)
-            ).fetchone()
-            db.execute("COMMIT")
-            return int(count)
-        finally:
-            db.close()
+    def charged(tool: str, order: str, cents: int) -> str:
+        return f"charged {cents} for {order} (execution {ledger.write(order, tool)})"
+
+    def charge(order: str, cents: int) -> str:
+        return charged("charge", order, cents)
+
+    def charge_headerless(order: str, cents: int) -> str:
+        return charged("charge_headerless", order, cents)
+
+    def charge_nested(order: str, cents: int) -> str:
+        return charged("charge_nested", order, cents)
+
+    return [charge, charge_headerless, charge_nested]
 
 
 def mcpserver_app(store: SQLiteKeyStore, ledger: Ledger) -> Any:
+    """`MCPServer`, each tool under `@idempotent(store, ...)` with its key places."""
     from mcp.server.mcpserver import MCPServer
 
     server = MCPServer("real-clients")
-
-    @server.tool()
-    @idempotent(store, keys="optional", key_argument=KEY_ARGUMENT, key_header=KEY_HEADER)
-    def charge(order: str, cents: int) -> str:
-        return f"charged {cents} for {order} (execution {ledger.write('charge', order, cents)})"
-
-    @server.tool()
-    @idempotent(store, keys="optional", key_argument=KEY_ARGUMENT)
-    def charge_headerless(order: str, cents: int) -> str:
-        done = ledger.write("charge_headerless", order, cents)
-        return f"charged {cents} for {order} (execution {done})"
-
-    @server.tool()
-    @idempotent(store, keys="optional", key_argument=NESTED_KEY_ARGUMENT)
-    def charge_nested(order: str, cents: int) -> str:
-        done = ledger.write("charge_nested", order, cents)
-        return f"charged {cents} for {order} (execution {done})"
-
+    for body in tool_bodies(ledger):
+        guarded = idempotent(store, keys="optional", **KEY_PLACES[body.__name__])(body)
+        server.tool()(guarded)
     return server
 
 
 def fastmcp_app(store: SQLiteKeyStore, ledger: Ledger) -> Any:
+    """FastMCP with one `IdempotencyMiddleware` per tool (`tools=`), for its key places."""
     from fastmcp import FastMCP
 
     from idempotency.fastmcp import IdempotencyMiddleware
 
     server: FastMCP[Any] = FastMCP("real-clients")
-    places: list[tuple[list[str], dict[str, Any]]] = [
-        (["charge"], {"key_argument": KEY_ARGUMENT, "key_header": KEY_HEADER}),
-        (["charge_headerless"], {"key_argument": KEY_ARGUMENT}),
-        (["charge_nested"], {"key_argument": NESTED_KEY_ARGUMENT}),
-    ]
-    for tools, options in places:
-        server.add_middleware(IdempotencyMiddleware(store, tools=tools, keys="optional", **options))
-
-    @server.tool
-    def charge(order: str, cents: int) -> str:
-        return f"charged {cents} for {order} (execution {ledger.write('charge', order, cents)})"
-
-    @server.tool
-    def charge_headerless(order: str, cents: int) -> str:
-        done = ledger.write("charge_headerless", order, cents)
-        return f"charged {cents} for {order} (execution {done})"
-
-    @server.tool
-    def charge_nested(order: str, cents: int) -> str:
-        done = ledger.write("charge_nested", order, cents)
-        return f"charged {cents} for {order} (execution {done})"
-
+    for body in tool_bodies(ledger):
+        places = KEY_PLACES[body.__name__]
+        server.add_middleware(
+            IdempotencyMiddleware(store, tools=[body.__name__], keys="optional", **places)
+        )
+        server.tool(body)
     return server
 
 

@@ -16,14 +16,16 @@ import sqlite3
 import subprocess
 import sys
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import anyio
 import httpx2
+import pytest
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
@@ -84,11 +86,23 @@ class Outcome:
         return str(first["text"])
 
 
-class Caller(Protocol):
-    """One client, connected to one server, as the legs use it."""
+@dataclass(frozen=True)
+class Call:
+    """One tools/call as a leg asks for it; `header` is the `Idempotency-Key` header's value
+    (HTTP only), None for no header."""
+
+    tool: str
+    arguments: dict[str, Any]
+    meta: dict[str, Any] | None = None
+    header: str | None = None
+
+
+class Caller(ABC):
+    """One client, connected to one server, as the legs use it: each client module says how
+    its client sends a `Call` (`send`)."""
 
     #: Whether the client shows an error's JSON-RPC code (else only its message).
-    shows_codes: bool
+    shows_codes = True
 
     async def call(
         self,
@@ -98,8 +112,10 @@ class Caller(Protocol):
         meta: dict[str, Any] | None = None,
         header: str | None = None,
     ) -> Outcome:
-        """One tools/call; `header` is the `Idempotency-Key` header's value (HTTP only)."""
-        ...
+        return await self.send(Call(tool, arguments, meta, header))
+
+    @abstractmethod
+    async def send(self, call: Call) -> Outcome: ...
 
 
 @dataclass
@@ -143,6 +159,13 @@ class Served:
             return len(await store.list_records())
         finally:
             await store.aclose()
+
+
+def served_in(request: pytest.FixtureRequest, flavor: str, *, http: bool) -> Served:
+    """The session's `flavor` server: its files (for stdio clients, which start it themselves)
+    or, with `http`, its running HTTP server (started on first use)."""
+    servers: dict[str, Served] = request.getfixturevalue("http_servers" if http else "served_files")
+    return servers[flavor]
 
 
 @contextmanager
@@ -453,3 +476,16 @@ class LegFailures:
 
     def check(self) -> None:
         assert not self.failures, "failing legs:\n" + "\n".join(self.failures)
+
+
+async def check_legs(
+    legs: Sequence[Callable[[Any, Served], Awaitable[None]]],
+    caller: Caller,
+    served: Served,
+    *,
+    concurrency: int = 1,
+) -> None:
+    """Run `legs` (see `LegFailures.run`) and fail naming every leg that failed."""
+    failures = LegFailures()
+    await failures.run(legs, caller, served, concurrency=concurrency)
+    failures.check()

@@ -22,12 +22,15 @@ import pytest
 from real_clients_kit import (
     ARGUMENT_LEGS,
     EMPTY_HEADER_LEG,
+    FLAVORS,
     HEADER_LEGS,
     META_LEGS,
-    LegFailures,
+    Call,
+    Caller,
     Outcome,
     Served,
     bad_header,
+    check_legs,
 )
 
 pytestmark = pytest.mark.anyio
@@ -53,9 +56,7 @@ def _message(response: httpx2.Response, request_id: int) -> dict[str, Any]:
     raise AssertionError(f"no answer to request {request_id} in {response.text!r}")
 
 
-class RawHttpCaller:
-    shows_codes = True
-
+class RawHttpCaller(Caller):
     def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
         self.http = http
         self.url = url
@@ -97,19 +98,12 @@ class RawHttpCaller:
         initialized = await self.post("notifications/initialized", {}, notify=True)
         assert initialized.status_code == 202, initialized.text
 
-    async def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        meta: dict[str, Any] | None = None,
-        header: str | None = None,
-    ) -> Outcome:
-        params: dict[str, Any] = {"name": tool, "arguments": arguments}
-        if meta is not None:
-            params["_meta"] = meta
+    async def send(self, call: Call) -> Outcome:
+        params: dict[str, Any] = {"name": call.tool, "arguments": call.arguments}
+        if call.meta is not None:
+            params["_meta"] = call.meta
         request_id = self.next_id
-        answer = _message(await self.post("tools/call", params, header), request_id)
+        answer = _message(await self.post("tools/call", params, call.header), request_id)
         if "result" in answer:
             return Outcome(result=answer["result"])
         return Outcome(code=answer["error"]["code"], message=answer["error"]["message"])
@@ -124,13 +118,11 @@ async def raw_client(served: Served) -> AsyncIterator[RawHttpCaller]:
         yield caller
 
 
-@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
+@pytest.mark.parametrize("flavor", FLAVORS)
 async def test_raw_http_by_hand(flavor: str, http_servers: dict[str, Served]) -> None:
     served = http_servers[flavor]
-    legs = LegFailures()
     async with raw_client(served) as caller:
-        await legs.run(ARGUMENT_LEGS + META_LEGS + HEADER_LEGS + RAW_HEADER_LEGS, caller, served)
-    legs.check()
+        await check_legs(ARGUMENT_LEGS + META_LEGS + HEADER_LEGS + RAW_HEADER_LEGS, caller, served)
 
 
 @pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b"])

@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import pytest
 from real_clients_kit import (
     HEADER_LEGS,
     KEY_LEGS,
-    LegFailures,
+    Call,
+    Caller,
     NodeClients,
     Outcome,
     Served,
     bad_argument,
     charge,
+    check_legs,
     fresh,
     meta_and_argument_disagree,
     nested_argument_key_twice,
@@ -49,6 +50,7 @@ pytestmark = pytest.mark.anyio
 #: (`test_real_client_python.py`, `test_real_client_typescript.py`, `test_real_client_httpx.py`).
 #: Of those, the Inspector sends the two its own argument syntax leads to: `idempotency_key=7`
 #: (a number, by its JSON parsing) and the empty string.
+STDIO_LEGS = [*KEY_LEGS, meta_and_argument_disagree]
 HTTP_LEGS = [
     *KEY_LEGS,
     nested_argument_key_twice,
@@ -72,39 +74,31 @@ def _as_tool_arg(value: object) -> str | None:
 
 
 @dataclass
-class InspectorCaller:
+class InspectorCaller(Caller):
     clients: NodeClients
     served: Served
     http: bool
     shows_codes = False
 
-    def command(
-        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None, header: str | None
-    ) -> list[str]:
-        command = [*self.clients.inspector, "--cli", "--method", "tools/call", "--tool-name", tool]
-        as_args = {name: _as_tool_arg(value) for name, value in arguments.items()}
+    def command(self, call: Call) -> list[str]:
+        command = [*self.clients.inspector, "--cli", "--method", "tools/call"]
+        command += ["--tool-name", call.tool]
+        as_args = {name: _as_tool_arg(value) for name, value in call.arguments.items()}
         if all(value is not None for value in as_args.values()):
             command += ["--tool-arg", *(f"{name}={value}" for name, value in as_args.items())]
         else:
-            command += ["--tool-args-json", json.dumps(arguments)]
-        for name, value in (meta or {}).items():
+            command += ["--tool-args-json", json.dumps(call.arguments)]
+        for name, value in (call.meta or {}).items():
             command += ["--tool-metadata", f"{name}={value}"]
-        if header is not None:
-            command += ["--header", f"Idempotency-Key: {header}"]
+        if call.header is not None:
+            command += ["--header", f"Idempotency-Key: {call.header}"]
         if self.http:
             assert self.served.url is not None
             return [*command, "--transport", "http", self.served.url]
         return [*command, "--", *self.served.stdio_command()]
 
-    async def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        meta: dict[str, Any] | None = None,
-        header: str | None = None,
-    ) -> Outcome:
-        done = await anyio.run_process(self.command(tool, arguments, meta, header), check=False)
+    async def send(self, call: Call) -> Outcome:
+        done = await anyio.run_process(self.command(call), check=False)
         if done.returncode == 0:
             return Outcome(result=json.loads(done.stdout))
         lines = done.stderr.decode().strip().splitlines()
@@ -113,26 +107,12 @@ class InspectorCaller:
         return Outcome(message=str(envelope["error"]["message"]))
 
 
-@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
-async def test_inspector_cli_over_stdio(
-    flavor: str, node_clients: NodeClients, served_files: dict[str, Served]
+async def test_inspector_cli(
+    served_setting: tuple[Served, bool], node_clients: NodeClients
 ) -> None:
-    served = served_files[flavor]
-    legs = LegFailures()
-    caller = InspectorCaller(node_clients, served, False)
-    await legs.run([*KEY_LEGS, meta_and_argument_disagree], caller, served, concurrency=3)
-    legs.check()
-
-
-@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
-async def test_inspector_cli_over_streamable_http(
-    flavor: str, node_clients: NodeClients, http_servers: dict[str, Served]
-) -> None:
-    served = http_servers[flavor]
-    legs = LegFailures()
-    caller = InspectorCaller(node_clients, served, True)
-    await legs.run(HTTP_LEGS, caller, served, concurrency=3)
-    legs.check()
+    served, http = served_setting
+    legs = HTTP_LEGS if http else STDIO_LEGS
+    await check_legs(legs, InspectorCaller(node_clients, served, http), served, concurrency=3)
 
 
 async def test_inspector_cli_refuses_an_empty_header_itself(

@@ -11,7 +11,7 @@ that any application would meet.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import httpx2
 import pytest
@@ -19,60 +19,52 @@ from mcp import Client, MCPError
 from mcp_types import RequestParamsMeta
 from real_clients_kit import (
     ARGUMENT_LEGS,
+    FLAVORS,
     HEADER_LEGS,
     META_LEGS,
     PYTHON_SETTINGS,
-    LegFailures,
+    Call,
+    Caller,
     Outcome,
-    Served,
+    check_legs,
     outcome_of,
     python_client,
     refusal,
+    served_in,
     set_header,
 )
 
 pytestmark = pytest.mark.anyio
 
 
-class PlainCaller:
-    shows_codes = True
-
+class PlainCaller(Caller):
     def __init__(self, client: Client, http: httpx2.AsyncClient | None) -> None:
         self.client = client
         self.http = http
 
-    async def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        meta: dict[str, Any] | None = None,
-        header: str | None = None,
-    ) -> Outcome:
-        set_header(self.http, header)
+    async def send(self, call: Call) -> Outcome:
+        set_header(self.http, call.header)
+        meta = cast(RequestParamsMeta | None, call.meta)
         try:
-            sent = await self.client.call_tool(tool, arguments, meta=cast(RequestParamsMeta, meta))
+            sent = await self.client.call_tool(call.tool, call.arguments, meta=meta)
             return outcome_of(sent)
         except MCPError as error:
             return refusal(error)
 
 
 @pytest.mark.parametrize("setting", PYTHON_SETTINGS)
-@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
+@pytest.mark.parametrize("flavor", FLAVORS)
 async def test_plain_mcp_client(
     flavor: str,
     setting: str,
-    served_files: dict[str, Served],
     request: pytest.FixtureRequest,
 ) -> None:
     http = setting != "stdio"
-    served = request.getfixturevalue("http_servers")[flavor] if http else served_files[flavor]
+    served = served_in(request, flavor, http=http)
     legs = ARGUMENT_LEGS + META_LEGS + (HEADER_LEGS if http else [])
-    failures = LegFailures()
     async with python_client(served, setting) as (client, http_client):
-        await failures.run(legs, PlainCaller(client, http_client), served)
+        await check_legs(legs, PlainCaller(client, http_client), served)
         era = client.protocol_version
-    failures.check()
     assert era == ERAS.get(setting, era)
 
 

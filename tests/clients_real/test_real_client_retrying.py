@@ -19,8 +19,6 @@ key. So what it can do differs from the plain clients, and the legs are:
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx2
 import pytest
 from mcp import Client, MCPError
@@ -28,6 +26,8 @@ from real_clients_kit import (
     HEADER,
     KEY_ARGUMENT,
     PYTHON_SETTINGS,
+    Call,
+    Caller,
     LegFailures,
     Outcome,
     Served,
@@ -42,6 +42,7 @@ from real_clients_kit import (
     python_client,
     refusal,
     same_argument_key_twice,
+    served_in,
     set_header,
 )
 
@@ -53,38 +54,24 @@ pytestmark = pytest.mark.anyio
 POLICY = RetryPolicy(max_attempts=3, attempt_timeout=30.0, deadline=60.0)
 
 
-class RetryingCaller:
-    shows_codes = True
-
+class RetryingCaller(Caller):
     def __init__(self, client: Client, http: httpx2.AsyncClient | None) -> None:
         self.session = RetryingSession(client, policy=POLICY)
         self.http = http
 
-    async def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        meta: dict[str, Any] | None = None,
-        header: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Outcome:
-        set_header(self.http, header)
+    async def send(self, call: Call) -> Outcome:
+        return await self.keyed(call, None)
+
+    async def keyed(self, call: Call, idempotency_key: str | None) -> Outcome:
+        """`call` with `idempotency_key=` (None: the session's own choice)."""
+        set_header(self.http, call.header)
         try:
             result = await self.session.call_tool(
-                tool, arguments, meta=meta, idempotency_key=idempotency_key
+                call.tool, call.arguments, meta=call.meta, idempotency_key=idempotency_key
             )
         except MCPError as error:
             return refusal(error)
         return outcome_of(result)
-
-
-def served_in(setting: str, flavor: str, request: pytest.FixtureRequest) -> Served:
-    if setting == "stdio":
-        files: dict[str, Served] = request.getfixturevalue("served_files")
-        return files[flavor]
-    servers: dict[str, Served] = request.getfixturevalue("http_servers")
-    return servers[flavor]
 
 
 async def keys_every_call(caller: RetryingCaller, served: Served) -> None:
@@ -115,8 +102,8 @@ async def refuses_before_sending(caller: RetryingCaller, served: Served) -> None
 async def header_with_its_key(caller: RetryingCaller, served: Served) -> None:
     """The header's value passed as `idempotency_key=`: one key in every place, deduplicated."""
     order, key = fresh("hkey"), fresh("h")
-    first = await caller.call("charge", charge(order), header=key, idempotency_key=key)
-    again = await caller.call("charge", charge(order), header=key, idempotency_key=key)
+    first = await caller.keyed(Call("charge", charge(order), header=key), key)
+    again = await caller.keyed(Call("charge", charge(order), header=key), key)
     assert (ran := served.effects(order)) == 1, f"{ran} effects, expected 1"
     assert first.status == "executed" and again.status == "replayed", (first, again)
 
@@ -146,7 +133,7 @@ async def header_ignored_when_off(caller: RetryingCaller, served: Served) -> Non
 @pytest.mark.parametrize("setting", PYTHON_SETTINGS)
 @pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
 async def test_retrying_session(flavor: str, setting: str, request: pytest.FixtureRequest) -> None:
-    served = served_in(setting, flavor, request)
+    served = served_in(request, flavor, http=setting != "stdio")
     legs = [
         same_argument_key_twice,
         new_argument_key,

@@ -31,10 +31,12 @@ from real_clients_kit import (
     HEADER_LEGS,
     HERE,
     META_LEGS,
-    LegFailures,
+    Call,
+    Caller,
     NodeClients,
     Outcome,
     Served,
+    check_legs,
 )
 
 pytestmark = pytest.mark.anyio
@@ -42,10 +44,8 @@ pytestmark = pytest.mark.anyio
 DRIVER = HERE / "ts_sdk_client.mjs"
 
 
-class TypeScriptCaller:
+class TypeScriptCaller(Caller):
     """The driver process, and the connection it holds (which server, which header)."""
-
-    shows_codes = True
 
     def __init__(self, process: Process, served: Served, http: bool) -> None:
         assert process.stdin is not None and process.stdout is not None
@@ -55,7 +55,7 @@ class TypeScriptCaller:
         self.http = http
         self.header: str | None = None
 
-    async def send(self, command: dict[str, Any]) -> dict[str, Any]:
+    async def command(self, command: dict[str, Any]) -> dict[str, Any]:
         assert self.process.stdin is not None
         await self.process.stdin.send(json.dumps(command).encode() + b"\n")
         answer: dict[str, Any] = json.loads(await self.lines.receive_until(b"\n", 1 << 22))
@@ -69,22 +69,16 @@ class TypeScriptCaller:
         else:
             program, *args = self.served.stdio_command()
             command = {"op": "connect", "command": program, "args": args}
-        answer = await self.send(command)
+        answer = await self.command(command)
         assert "result" in answer, answer
         self.header = header
 
-    async def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        meta: dict[str, Any] | None = None,
-        header: str | None = None,
-    ) -> Outcome:
-        if header != self.header:
+    async def send(self, call: Call) -> Outcome:
+        if call.header != self.header:
             assert self.http, "headers travel only over HTTP"
-            await self.connect(header)
-        answer = await self.send({"op": "call", "name": tool, "arguments": arguments, "meta": meta})
+            await self.connect(call.header)
+        command = {"op": "call", "name": call.tool, "arguments": call.arguments}
+        answer = await self.command({**command, "meta": call.meta})
         if "result" in answer:
             return Outcome(result=answer["result"])
         return Outcome(code=answer["error"]["code"], message=answer["error"]["message"])
@@ -107,23 +101,10 @@ async def typescript_client(
                 await process.wait()
 
 
-@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
-async def test_typescript_sdk_over_stdio(
-    flavor: str, node_clients: NodeClients, served_files: dict[str, Served]
+async def test_typescript_sdk(
+    served_setting: tuple[Served, bool], node_clients: NodeClients
 ) -> None:
-    served = served_files[flavor]
-    legs = LegFailures()
-    async with typescript_client(node_clients, served, http=False) as caller:
-        await legs.run(ARGUMENT_LEGS + META_LEGS, caller, served)
-    legs.check()
-
-
-@pytest.mark.parametrize("flavor", ["mcpserver", "fastmcp"])
-async def test_typescript_sdk_over_streamable_http(
-    flavor: str, node_clients: NodeClients, http_servers: dict[str, Served]
-) -> None:
-    served = http_servers[flavor]
-    legs = LegFailures()
-    async with typescript_client(node_clients, served, http=True) as caller:
-        await legs.run(ARGUMENT_LEGS + META_LEGS + HEADER_LEGS + [EMPTY_HEADER_LEG], caller, served)
-    legs.check()
+    served, http = served_setting
+    legs = ARGUMENT_LEGS + META_LEGS + ([*HEADER_LEGS, EMPTY_HEADER_LEG] if http else [])
+    async with typescript_client(node_clients, served, http=http) as caller:
+        await check_legs(legs, caller, served)
