@@ -39,7 +39,9 @@ NODE_PIN = "22.23.5"
 
 
 def _unavailable(reason: str) -> NoReturn:
-    unavailable(f"NODE CLIENTS NOT AVAILABLE — npm-client tests cannot run: {reason}", "client")
+    unavailable(
+        f"NODE CLIENTS NOT AVAILABLE — npm-client tests cannot run: {reason}", "Node.js client"
+    )
 
 
 def _node_version(node: str) -> tuple[int, ...]:
