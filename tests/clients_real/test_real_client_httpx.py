@@ -13,7 +13,7 @@ before sending, so those never reach a server); the JSON-RPC error as the server
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +23,7 @@ from real_clients_kit import (
     ARGUMENT_LEGS,
     EMPTY_HEADER_LEG,
     FLAVORS,
+    HEADER,
     HEADER_LEGS,
     META_LEGS,
     Call,
@@ -30,7 +31,11 @@ from real_clients_kit import (
     Outcome,
     Served,
     bad_header,
+    charge,
     check_legs,
+    fresh,
+    invalid_params,
+    nothing_written,
 )
 
 pytestmark = pytest.mark.anyio
@@ -67,17 +72,18 @@ class RawHttpCaller(Caller):
         self,
         method: str,
         params: dict[str, Any],
-        header: str | None = None,
+        header_fields: Sequence[str] = (),
         *,
         notify: bool = False,
     ) -> httpx2.Response:
+        """POST one JSON-RPC message; each of `header_fields` is sent as an `Idempotency-Key`
+        field of its own (a raw client can send the field twice)."""
         body: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
         if not notify:
             body["id"] = self.next_id
             self.next_id += 1
-        headers = {"Accept": "application/json, text/event-stream", **self.session}
-        if header is not None:
-            headers["Idempotency-Key"] = header
+        headers = [("Accept", "application/json, text/event-stream"), *self.session.items()]
+        headers += [(HEADER, value) for value in header_fields]
         return await self.http.post(self.url, json=body, headers=headers)
 
     async def initialize(self) -> None:
@@ -99,11 +105,14 @@ class RawHttpCaller(Caller):
         assert initialized.status_code == 202, initialized.text
 
     async def send(self, call: Call) -> Outcome:
+        return await self.send_fields(call, [] if call.header is None else [call.header])
+
+    async def send_fields(self, call: Call, header_fields: Sequence[str]) -> Outcome:
         params: dict[str, Any] = {"name": call.tool, "arguments": call.arguments}
         if call.meta is not None:
             params["_meta"] = call.meta
         request_id = self.next_id
-        answer = _message(await self.post("tools/call", params, call.header), request_id)
+        answer = _message(await self.post("tools/call", params, header_fields), request_id)
         if "result" in answer:
             return Outcome(result=answer["result"])
         return Outcome(code=answer["error"]["code"], message=answer["error"]["message"])
@@ -122,7 +131,28 @@ async def raw_client(served: Served) -> AsyncIterator[RawHttpCaller]:
 async def test_raw_http_by_hand(flavor: str, http_servers: dict[str, Served]) -> None:
     served = http_servers[flavor]
     async with raw_client(served) as caller:
-        await check_legs(ARGUMENT_LEGS + META_LEGS + HEADER_LEGS + RAW_HEADER_LEGS, caller, served)
+        legs = [*ARGUMENT_LEGS, *META_LEGS, *HEADER_LEGS, *RAW_HEADER_LEGS]
+        await check_legs([*legs, header_field_twice_with_one_value], caller, served)
+        await check_legs([header_fields_that_disagree], caller, served)
+
+
+async def header_field_twice_with_one_value(caller: RawHttpCaller, served: Served) -> None:
+    """The header field sent twice with the same value is one key: deduplicated."""
+    order, key = fresh("twice"), fresh("h")
+    first = await caller.send_fields(Call("charge", charge(order)), [key, key])
+    again = await caller.send_fields(Call("charge", charge(order)), [key])
+    assert (ran := served.effects(order)) == 1, f"{ran} effects, expected 1"
+    assert first.status == "executed" and again.status == "replayed", (first, again)
+
+
+async def header_fields_that_disagree(caller: RawHttpCaller, served: Served) -> None:
+    """The header field sent twice with two values (a gateway adding its own, say): two keys,
+    -32602, nothing run."""
+    order = fresh("fields")
+    before = await served.records()
+    refused = await caller.send_fields(Call("charge", charge(order)), [fresh("a"), fresh("b")])
+    invalid_params(caller, refused, f"HTTP header '{HEADER}'", "differs")
+    await nothing_written(served, before, order)
 
 
 @pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b"])
@@ -132,4 +162,4 @@ async def test_httpx_refuses_line_breaks_and_nul_before_sending(
     """The control characters no HTTP/1.1 header can carry never reach a server."""
     async with raw_client(http_servers["mcpserver"]) as caller:
         with pytest.raises((httpx2.LocalProtocolError, ValueError)):
-            await caller.post("tools/call", {"name": "charge", "arguments": {}}, value)
+            await caller.post("tools/call", {"name": "charge", "arguments": {}}, [value])
