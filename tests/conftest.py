@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -23,9 +22,7 @@ from redis_sentinel import RedisSentinel
 from redis_server import RedisServer, redis_server_binary
 from redis_tls import TLSFiles, make_certificates, openssl_binary
 from tiers import DESELECTED, FULL_FLAG, split
-
-UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
+from unavailable import unavailable
 
 # -- tiers (tests/tiers.py) --------------------------------------------------------------------
 
@@ -53,11 +50,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def _no_redis(reason: str) -> NoReturn:
-    message = f"REDIS NOT AVAILABLE — Redis tests cannot run: {reason}"
-    if UNDER_CI:
-        pytest.fail(message + " (under CI a missing Redis is a failure)", pytrace=False)
-    warnings.warn(message, stacklevel=2)
-    pytest.skip(message)
+    unavailable(f"REDIS NOT AVAILABLE — Redis tests cannot run: {reason}", "Redis")
 
 
 @pytest.fixture(scope="session")
@@ -206,9 +199,7 @@ def nginx_binary() -> str:
 
     found = find_nginx()
     if found is None:
-        message = "NGINX NOT AVAILABLE — load-balancer tests cannot run: nginx is not installed"
-        if UNDER_CI:
-            pytest.fail(message + " (under CI a missing nginx is a failure)", pytrace=False)
-        warnings.warn(message, stacklevel=2)
-        pytest.skip(message)
+        unavailable(
+            "NGINX NOT AVAILABLE — load-balancer tests cannot run: nginx is not installed", "nginx"
+        )
     return found

@@ -1,0 +1,122 @@
+"""Fixtures of the real-client tier: the servers (one HTTP process per flavor for the session;
+stdio servers are started by the clients themselves) and the npm clients, installed once.
+
+npm pins (installed at test time into a folder under the pytest cache, never globally):
+- `@modelcontextprotocol/inspector` 2.12.0, the current Inspector (`npx
+  @modelcontextprotocol/inspector` gets it; v1 is deprecated). It needs Node >= 22.19: where the
+  machine's Node is older (Debian's machines here have 20), Node 22.23.5 is installed from the
+  npm package `node-linux-<arch>` (a binary shipped inside a registry package) and runs only the
+  Inspector.
+- `@modelcontextprotocol/sdk` 1.32.2, the TypeScript SDK, run with the machine's Node.
+
+Without node or npm, or when the install fails, the npm tests skip with a loud reason; under CI
+(CI=true) that is a failure, as for Redis and nginx.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from real_clients_kit import FLAVORS, NodeClients, Served, http_server, served_in
+from unavailable import unavailable
+
+PINS = {"@modelcontextprotocol/inspector": "2.12.0", "@modelcontextprotocol/sdk": "1.32.2"}
+#: The Inspector's `engines.node`, and the Node it gets where the machine's is older.
+INSPECTOR_NODE = (22, 19)
+NODE_PIN = "22.23.5"
+
+
+def _unavailable(reason: str) -> NoReturn:
+    unavailable(
+        f"NODE CLIENTS NOT AVAILABLE — npm-client tests cannot run: {reason}", "Node.js client"
+    )
+
+
+def _node_version(node: str) -> tuple[int, ...]:
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30)
+    found = re.match(r"v(\d+)\.(\d+)", out.stdout.strip())
+    if found is None:
+        _unavailable(f"{node} --version printed {out.stdout!r}")
+    return tuple(int(part) for part in found.groups())
+
+
+def _install(prefix: Path, packages: list[str]) -> None:
+    """`npm install` the pinned packages into `prefix`, once: a stamp naming them marks a
+    finished install, so a later session (or a broken earlier one) is recognised."""
+    stamp = prefix / "installed.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == packages:
+        return
+    shutil.rmtree(prefix, ignore_errors=True)
+    prefix.mkdir(parents=True)
+    npm = shutil.which("npm")
+    if npm is None:
+        _unavailable("npm is not on PATH")
+    command = [npm, "install", "--prefix", str(prefix), "--no-save", "--no-audit", "--no-fund"]
+    try:
+        done = subprocess.run(
+            [*command, "--loglevel=error", *packages], capture_output=True, text=True, timeout=600
+        )
+    except subprocess.TimeoutExpired:
+        _unavailable(f"npm install {' '.join(packages)} did not finish within 600 s")
+    if done.returncode != 0:
+        _unavailable(f"npm install {' '.join(packages)} failed: {done.stderr[-2000:]}")
+    stamp.write_text(json.dumps(packages))
+
+
+@pytest.fixture(scope="session")
+def node_clients(request: pytest.FixtureRequest) -> NodeClients:
+    node = shutil.which("node")
+    if node is None:
+        _unavailable("node is not on PATH")
+    packages = [f"{name}@{version}" for name, version in PINS.items()]
+    old_node = _node_version(node) < INSPECTOR_NODE
+    arch = {"x86_64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine())
+    node_package = f"node-linux-{arch}"
+    if old_node:
+        if arch is None or sys.platform != "linux":
+            _unavailable(f"node {node} is older than the Inspector needs, and no Node package fits")
+        packages.append(f"{node_package}@{NODE_PIN}")
+    prefix = request.config.cache.mkdir("mcp-once-real-clients") / "npm"
+    _install(prefix, packages)
+    inspector_node = (
+        str(prefix / "node_modules" / node_package / "bin" / "node") if old_node else node
+    )
+    return NodeClients(prefix=prefix, node=node, inspector_node=inspector_node)
+
+
+@pytest.fixture(scope="session")
+def served_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Served]:
+    """One key store per flavor and one ledger, for the session."""
+    root = tmp_path_factory.mktemp("real-clients")
+    ledger = root / "ledger.sqlite3"
+    return {f: Served(f, root / f"{f}-keys.sqlite3", ledger) for f in FLAVORS}
+
+
+@pytest.fixture(scope="session")
+def http_servers(served_files: dict[str, Served]) -> Iterator[dict[str, Served]]:
+    """Both flavors served over streamable HTTP, each in a process of its own."""
+    with http_server(served_files["mcpserver"]) as a, http_server(served_files["fastmcp"]) as b:
+        yield {"mcpserver": a, "fastmcp": b}
+
+
+@pytest.fixture(
+    params=[(flavor, transport) for flavor in FLAVORS for transport in ("stdio", "http")],
+    ids=lambda setting: "-".join(setting),
+)
+def served_setting(request: pytest.FixtureRequest) -> tuple[Served, bool]:
+    """Each flavor over stdio and over HTTP: (the server, whether the client speaks HTTP)."""
+    flavor, transport = request.param
+    http = transport == "http"
+    return served_in(request, flavor, http=http), http
