@@ -91,3 +91,27 @@ def argument_at(arguments: Mapping[str, Any] | None, segments: tuple[str, ...]) 
             return ABSENT
         node = node[segment]
     return node
+
+
+def argument_place(path: str) -> str:
+    """How errors name the key argument at dotted `path`."""
+    return f"argument {path!r}"
+
+
+def malformed_key(
+    key: object, problem: str, place: str | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The message and data of the -32602 answering a malformed key (`problem`, from
+    `key_problem`) found at `place` (named when it is not request `_meta`, whose message stays
+    as it always was). Here so that a client refusing a key before sending it, on behalf of a
+    server that would refuse it, says exactly what the server says.
+
+    The key is echoed only when it is a string short enough to be useful in a log line."""
+    data: dict[str, Any] = {}
+    if isinstance(key, str) and len(key) <= MAX_KEY_LENGTH:
+        data["key"] = key
+    data["reason"] = problem
+    if isinstance(key, str) and len(key) > MAX_KEY_LENGTH:
+        data["length"] = len(key)
+    where = "" if place is None else f" in {place}"
+    return f"Invalid idempotency key{where}: {problem}.", data

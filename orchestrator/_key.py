@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcp import MCPError
+
 from idempotency import wire
 
 
@@ -245,6 +247,21 @@ def split_adapter_key(
 def argument_place(segments: tuple[str, ...]) -> str:
     """How the key argument is named in errors: its dotted path, as the listing gives it."""
     return f"arguments[{'.'.join(segments)!r}]"
+
+
+def model_key_refusal(
+    arguments: Mapping[str, Any] | None, key_argument: tuple[str, ...] | None
+) -> MCPError | None:
+    """The -32602 the server answers a malformed key in the key argument with (message and data
+    as the server's, from `wire.malformed_key`), or None when that argument holds no such key."""
+    if key_argument is None:
+        return None
+    value = wire.argument_at(arguments, key_argument)
+    problem = None if value is wire.ABSENT else wire.key_problem(value)
+    if problem is None:
+        return None
+    message, data = wire.malformed_key(value, problem, wire.argument_place(".".join(key_argument)))
+    return MCPError(wire.INVALID_PARAMS, message, data)
 
 
 def caller_key(

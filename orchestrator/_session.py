@@ -33,6 +33,7 @@ from ._key import (
     KeySource,
     argument_place,
     caller_key,
+    model_key_refusal,
     resolve_key,
     split_adapter_key,
     with_key_argument,
@@ -280,7 +281,16 @@ class RetryingSession:
             )
         key_argument = await self._key_argument(name, arguments)
         meta, adapters = split_adapter_key(meta)
-        brought = caller_key(idempotency_key, meta, arguments, key_argument)
+        try:
+            brought = caller_key(idempotency_key, meta, arguments, key_argument)
+        except ValueError:
+            refusal = None if adapters is None else model_key_refusal(arguments, key_argument)
+            if refusal is None:
+                raise
+            # A framework adapter's call whose arguments (the model's) carry a malformed key:
+            # the server's own answer to it, raised before sending, so the framework shows the
+            # model what it shows without mcp-once, instead of the agent run failing.
+            raise refusal from None
         run = self._run_for(brought if brought is not None else adapters)
         if run is not None:
             return await self._journaled(

@@ -67,17 +67,9 @@ def key_missing(elsewhere: tuple[str, ...] = ()) -> MCPError:
 
 
 def key_malformed(key: object, problem: str, place: str | None = None) -> MCPError:
-    """`place`: where the key came from, named in the message when it is not request `_meta`
-    (whose message stays as it always was)."""
-    # Echo the key only when it is a string short enough to be useful in a log line.
-    known = key if isinstance(key, str) and len(key) <= wire.MAX_KEY_LENGTH else None
-    extra: dict[str, Any] = {"reason": problem}
-    if isinstance(key, str) and known is None:
-        extra["length"] = len(key)
-    where = "" if place is None else f" in {place}"
-    return MCPError(
-        wire.INVALID_PARAMS, f"Invalid idempotency key{where}: {problem}.", _data(known, **extra)
-    )
+    """`place`: where the key came from (`wire.malformed_key` says how it is named)."""
+    message, data = wire.malformed_key(key, problem, place)
+    return MCPError(wire.INVALID_PARAMS, message, data)
 
 
 def keys_disagree(first: str, second: str) -> MCPError:

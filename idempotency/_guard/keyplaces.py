@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
+from ..wire import argument_place as argument_place  # the guard names places through here
 
 #: What the listed schema tells a model about the key argument: the whole protocol in a sentence.
 KEY_ARGUMENT_DESCRIPTION = (
@@ -48,10 +49,6 @@ def check_header_name(name: object) -> str:
     if not _HEADER_NAME.match(name):
         raise ValueError(f"key_header must be an HTTP header name; got {name!r}")
     return name
-
-
-def argument_place(path: str) -> str:
-    return f"argument {path!r}"
 
 
 def header_place(name: str) -> str:

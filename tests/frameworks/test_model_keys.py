@@ -131,6 +131,31 @@ async def test_pydantic_ai_without_a_model_key_the_adapters_goes_in_the_argument
     assert seen == ["charged o-1 (execution 1)", "charged o-1 (execution 2)"]
 
 
+async def pai_outcome(toolset: MCPToolset, calls: list[dict[str, Any]]) -> object:
+    """What the run came to: the tool outputs the model saw, or the error the run raised."""
+    model = PaiModel(calls)
+    try:
+        await PydanticAgent(FunctionModel(model), toolsets=[toolset]).run("go")
+    except Exception as exc:
+        return (type(exc).__name__, str(exc))
+    return model.seen
+
+
+async def test_pydantic_ai_a_malformed_model_key_ends_as_it_would_without_mcp_once() -> None:
+    """The model fills the key argument with "" (malformed): with the adapter nothing is sent
+    and the run ends exactly as it does with a plain client, where the server refuses it
+    (-32602), instead of with a `ValueError` of ours out of the agent run."""
+    calls = [{"order": "o-1", KEY: ""}]
+    async with keyed_shop() as (shop, url):
+        plain = await pai_outcome(MCPToolset(url), calls)
+        ours = await pai_outcome(
+            MCPToolset(RetryingClient(url, policy=POLICY), process_tool_call=keyed_tool_calls),
+            calls,
+        )
+    assert shop.ledger == []
+    assert ours == plain, (ours, plain)
+
+
 # --- OpenAI Agents SDK ------------------------------------------------------------------------
 
 
