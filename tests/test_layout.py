@@ -402,7 +402,7 @@ def test_a_private_reach_of_the_application_is_reported(tmp_path: Path) -> None:
     ]
 
 
-#: The Python code blocks of the README and the docs, and the names they import from the two libraries.
+#: The Python code blocks of the README and the docs, and the names they import from the libraries.
 README_IMPORT = re.compile(
     r"^\s*from ((?:idempotency|orchestrator)(?:\.\w+)*) import \(?([\w, \n]+?)\)?\s*$",
     re.MULTILINE,

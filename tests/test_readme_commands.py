@@ -13,7 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The README and the docs site it links to (docs/chaos.md, docs/benchmarks.md hold these commands).
-README = "\n".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+README = "\n".join(
+    page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+)
 
 
 def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:

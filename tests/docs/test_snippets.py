@@ -99,17 +99,30 @@ def test_every_python_block_is_a_program_or_an_excerpt() -> None:
     assert len(PYTHON) - len(SNIPPETS) >= 10
 
 
+def is_excerpt(code: str, source: str) -> bool:
+    """Whether `code`'s lines, indentation removed as a whole, are a contiguous run of `source`."""
+    wanted = textwrap.dedent(code).strip("\n").splitlines()
+    lines = source.splitlines()
+    return bool(wanted) and any(
+        textwrap.dedent("\n".join(lines[start : start + len(wanted)])).splitlines() == wanted
+        for start in range(len(lines) - len(wanted) + 1)
+    )
+
+
 @pytest.mark.parametrize("block", SNIPPETS, ids=[b.where for b in SNIPPETS])
 def test_excerpt_appears_verbatim_in_its_example(block: Block) -> None:
     assert block.name is not None and block.name.startswith("examples/"), block.where
-    source = (ROOT / block.name).read_text().splitlines()
-    wanted = textwrap.dedent(block.code).strip("\n").splitlines()
-    assert wanted, f"{block.where}: empty excerpt"
-    for start in range(len(source) - len(wanted) + 1):
-        window = textwrap.dedent("\n".join(source[start : start + len(wanted)])).splitlines()
-        if window == wanted:
-            return
-    pytest.fail(f"{block.where}: not a verbatim excerpt of {block.name}")
+    source = (ROOT / block.name).read_text()
+    assert is_excerpt(block.code, source), f"{block.where}: not a verbatim excerpt of {block.name}"
+
+
+def test_the_excerpt_check_sees_a_changed_line() -> None:
+    [block, *_] = SNIPPETS
+    source = (ROOT / str(block.name)).read_text()
+    assert is_excerpt(block.code, source)
+    first, *rest = block.code.splitlines()
+    assert not is_excerpt("\n".join([first + "  # changed", *rest]), source)
+    assert not is_excerpt("\n".join(rest[::-1]), source) or len(rest) < 2
 
 
 def run_program(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -132,7 +145,9 @@ async def drive(server: Path) -> None:
         answers = []
         for _ in range(2):
             result, report = await session.call_tool_with_report(
-                "charge", {"order_id": "o-docs", "cents": 100}, idempotency_key=f"docs-drive-{server.stem}"
+                "charge",
+                {"order_id": "o-docs", "cents": 100},
+                idempotency_key=f"docs-drive-{server.stem}",
             )
             assert not result.is_error, result
             answers.append((report.replayed, result.structured_content))
@@ -141,7 +156,9 @@ async def drive(server: Path) -> None:
     assert first == second
 
 
-@pytest.mark.parametrize("page", PROGRAM_PAGES, ids=[str(p.relative_to(ROOT)) for p in PROGRAM_PAGES])
+@pytest.mark.parametrize(
+    "page", PROGRAM_PAGES, ids=[str(p.relative_to(ROOT)) for p in PROGRAM_PAGES]
+)
 def test_programs_on_the_page_run_as_shown(page: Path, tmp_path: Path) -> None:
     page_blocks = blocks(page)
     (tmp_path / "server.py").write_text(quickstart_server())
@@ -167,3 +184,13 @@ def test_programs_on_the_page_run_as_shown(page: Path, tmp_path: Path) -> None:
             assert done.stdout == shown.code, f"{block.where}: the page shows other output"
         if path.name.endswith("server.py"):
             anyio.run(drive, path)
+
+
+def test_driving_a_server_that_never_serves_fails(tmp_path: Path) -> None:
+    """The drive can fail: the quickstart server without its `server.run()` line."""
+    silent = tmp_path / "silent_server.py"
+    silent.write_text(quickstart_server().replace("server.run()", "pass"))
+    assert "server.run()" in quickstart_server()
+    assert run_program(silent, tmp_path).returncode == 0  # exits 0 silently, as the issue saw
+    with pytest.raises(BaseException):  # noqa: B017 - whatever the failed connection raises
+        anyio.run(drive, silent)
