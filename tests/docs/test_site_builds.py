@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,14 @@ def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     for page in (ROOT / "docs").rglob("*.md"):
         name = page.relative_to(ROOT / "docs").with_suffix("").as_posix()
         assert ("index.html" if name == "index" else f"{name}/index.html") in built, name
+    # The README is not part of the site, so mkdocs does not check its links into it: here.
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(docs/([\w-]+)\.md(?:#([\w-]+))?\)", readme)
+    assert len(links) >= 10, links
+    for page, anchor in links:
+        html = tmp_path / "site" / ("index.html" if page == "index" else f"{page}/index.html")
+        assert html.is_file(), page
+        assert not anchor or f'id="{anchor}"' in html.read_text(), f"docs/{page}.md#{anchor}"
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
