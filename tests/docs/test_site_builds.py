@@ -19,21 +19,26 @@ ROOT = Path(__file__).resolve().parents[2]
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def test_docs_site_builds_strictly(tmp_path: Path) -> None:
-    if importlib.util.find_spec("mkdocs") is None:
-        reason = "MKDOCS NOT INSTALLED: run `uv sync --group docs` (or .ci/run) to build the docs"
-        if UNDER_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT,
+def mkdocs_build(cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`mkdocs build --strict` in `cwd`, with this environment's Python."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", *extra],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
+
+
+def test_docs_site_builds_strictly(tmp_path: Path) -> None:
+    if importlib.util.find_spec("mkdocs") is None:
+        reason = "MKDOCS NOT INSTALLED: run `uv sync --group docs` (or .ci/run) to build the docs"
+        if UNDER_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    done = mkdocs_build(ROOT, "--site-dir", str(tmp_path / "site"))
     assert done.returncode == 0, done.stderr[-4000:]
     built = {
         p.relative_to(tmp_path / "site").as_posix() for p in (tmp_path / "site").rglob("*.html")
@@ -60,14 +65,6 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     config = (ROOT / "mkdocs.yml").read_text().split("\nnav:", 1)[0]
     (tmp_path / "mkdocs.yml").write_text(config + "\nnav:\n  - Home: index.md\n")
     (docs / "index.md").write_text("# Home\n\nSee [nowhere](#no-such-heading).\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
-    )
+    done = mkdocs_build(tmp_path)
     assert done.returncode != 0
     assert "no-such-heading" in done.stderr
