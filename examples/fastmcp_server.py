@@ -1,8 +1,8 @@
 """The example server, written with FastMCP: `uv run python examples/fastmcp_server.py [--stdio]`.
 
 The same three tools as `examples/server.py` (a payment, an upsert, a read), on a `fastmcp.FastMCP`
-server (`pip install 'mcp-once[fastmcp]'`). FastMCP runs tools its own way, so the guard is a
-middleware rather than `@idempotent` (which refuses FastMCP tools):
+server (the `fastmcp` extra; see the README's Install section). FastMCP runs tools its own way, so
+the guard is a middleware rather than `@idempotent` (which refuses FastMCP tools):
 
     mcp = FastMCP("shop")
     mcp.add_middleware(IdempotencyMiddleware(store, tags={"effect"}))   # before any cache

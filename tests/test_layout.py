@@ -402,7 +402,7 @@ def test_a_private_reach_of_the_application_is_reported(tmp_path: Path) -> None:
     ]
 
 
-#: The README's Python code blocks, and the names they import from the two libraries.
+#: The Python code blocks of the README and the docs, and the names they import from the libraries.
 README_IMPORT = re.compile(
     r"^\s*from ((?:idempotency|orchestrator)(?:\.\w+)*) import \(?([\w, \n]+?)\)?\s*$",
     re.MULTILINE,
@@ -410,8 +410,12 @@ README_IMPORT = re.compile(
 
 
 def readme_names() -> list[tuple[str, str]]:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.DOTALL)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    blocks = [
+        block
+        for page in pages
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)
+    ]
     names = []
     for block in blocks:
         for module, listed in README_IMPORT.findall(block):

@@ -244,7 +244,7 @@ def test_stdio_pair_with_a_store_url(tmp_path: Path) -> None:
 
 
 def test_fenced_write_refuses_the_paused_workers_write_as_the_readme_shows(tmp_path: Path) -> None:
-    """The README's `current_claim()` example: its output is the block the README quotes."""
+    """The `current_claim()` example: its output is the block docs/server.md quotes."""
     db = tmp_path / "table.sqlite3"
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / "fenced_write.py"), "--db", str(db)],
@@ -259,8 +259,8 @@ def test_fenced_write_refuses_the_paused_workers_write_as_the_readme_shows(tmp_p
     # The refusal is expected: reported as a tool error, no traceback (no stack frame at all).
     assert "File " not in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "raised an unexpected" not in done.stderr
-    readme = (ROOT / "README.md").read_text()
-    quoted = readme.split("execution 2 took the record over", 1)[1].split("```", 1)[0]
+    page = (ROOT / "docs" / "server.md").read_text()
+    quoted = page.split("execution 2 took the record over", 1)[1].split("```", 1)[0]
     assert lines == ("execution 2 took the record over" + quoted).strip().splitlines()
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT fence, value FROM writes").fetchall() == [(2, "2 Side St")]
