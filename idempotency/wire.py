@@ -6,6 +6,7 @@ the contract (`semantics.md`) is the single source, and this file is its only tr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -91,3 +92,15 @@ def argument_at(arguments: Mapping[str, Any] | None, segments: tuple[str, ...]) 
             return ABSENT
         node = node[segment]
     return node
+
+
+def check_hook(name: str, hook: object) -> None:
+    """Refuse, where it is configured, a hook that cannot be one (`on_retry`, `on_give_up` on the
+    client, `on_replay` on the server): both sides call their hooks the same way, inline and
+    never awaited, so both refuse the same things with the same words."""
+    if hook is None:
+        return
+    if not callable(hook):
+        raise TypeError(f"{name} must be a callable taking one argument, or None")
+    if inspect.iscoroutinefunction(hook):
+        raise TypeError(f"{name} must be a plain function: hooks run inline, never awaited")

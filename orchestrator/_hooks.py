@@ -14,7 +14,6 @@ hook cannot hold a retry. Keep them quick; hand slow work to a queue.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,16 +44,6 @@ class RetryEvent:
 
 RetryHook = Callable[[RetryEvent], object]
 GiveUpHook = Callable[[OutcomeUnknown | NotExecuted], object]
-
-
-def check_hook(name: str, hook: object) -> None:
-    """Refuse, where the policy is made, a hook that cannot be called as one."""
-    if hook is None:
-        return
-    if not callable(hook):
-        raise TypeError(f"{name} must be a callable taking one argument, or None")
-    if inspect.iscoroutinefunction(hook):
-        raise TypeError(f"{name} must be a plain function: hooks run inline, never awaited")
 
 
 def fire(name: str, hook: Callable[[E], object] | None, event: E) -> None:

@@ -16,8 +16,10 @@ from typing import Literal
 
 import tenacity
 
+from idempotency import wire
+
 from ._budget import RetryBudget
-from ._hooks import GiveUpHook, RetryHook, check_hook
+from ._hooks import GiveUpHook, RetryHook
 
 #: Local correction of a server's annotations for one tool name.
 #: "idempotent": retry after a maybe-executed failure even if the server does not say so.
@@ -114,8 +116,8 @@ class RetryPolicy:
             raise TypeError(f"budget must be a RetryBudget, 'per-session' or None, not {kind}")
         if not isinstance(self.trust_annotations, bool):
             raise TypeError("trust_annotations must be a bool")
-        check_hook("on_retry", self.on_retry)
-        check_hook("on_give_up", self.on_give_up)
+        wire.check_hook("on_retry", self.on_retry)
+        wire.check_hook("on_give_up", self.on_give_up)
         object.__setattr__(self, "overrides", MappingProxyType(check_overrides(self.overrides)))
         object.__setattr__(
             self,

@@ -11,7 +11,6 @@ it runs on the request's path; hand slow work to a queue.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,16 +33,6 @@ class Replay:
 
 
 ReplayHook = Callable[[Replay], object]
-
-
-def check_hook(name: str, hook: object) -> None:
-    """Refuse a hook that cannot be called as one, where it is configured."""
-    if hook is None:
-        return
-    if not callable(hook):
-        raise TypeError(f"{name} must be a callable taking one argument, or None")
-    if inspect.iscoroutinefunction(hook):
-        raise TypeError(f"{name} must be a plain function: it is called inline, never awaited")
 
 
 def replayed(hook: ReplayHook | None, event: Replay) -> None:

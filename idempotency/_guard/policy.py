@@ -14,7 +14,7 @@ from typing import Any, Literal, TypedDict
 
 from .. import wire
 from .fingerprint import FingerprintOption, check_option
-from .hooks import ReplayHook, check_hook
+from .hooks import ReplayHook
 from .keyplaces import check_argument_path, check_header_name
 from .scope import ScopeFn, default_scope
 
@@ -173,7 +173,7 @@ class Policy:
             check_header_name(self.key_header)
         if self.fingerprint is not None:
             check_option(self.fingerprint)
-        check_hook("on_replay", self.on_replay)
+        wire.check_hook("on_replay", self.on_replay)
         size = self.max_result_bytes
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"max_result_bytes must be a positive int, not {size!r}")
