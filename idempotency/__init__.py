@@ -3,7 +3,9 @@
 Guarding tools: `idempotent` (one `MCPServer` tool), `install` (every tool of an `MCPServer`)
 and `idempotent_call_tool` (a low-level `Server`), each with the options of `Policy`; a FastMCP
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
-`current_claim()` is the claim it runs under, for fencing its own downstream writes.
+`current_claim()` is the claim it runs under, for fencing its own downstream writes. The
+`on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
+source) each time a call is answered from its record (docs/observability.md).
 
 Key stores: `open_store(url)`, or `MemoryKeyStore`, `SQLiteKeyStore`, `RedisKeyStore` directly;
 anything implementing `KeyStore` will do. Records (`Record`, `RecordState`) and the store errors
@@ -25,6 +27,7 @@ re-exported here.
 
 from ._guard.current_claim import Claim, current_claim
 from ._guard.fingerprint import fingerprint
+from ._guard.hooks import Replay, ReplayHook
 from ._guard.mint import KeySource
 from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
 from ._guard.replay import (
@@ -75,6 +78,8 @@ __all__ = [
     "Record",
     "RecordState",
     "RedisKeyStore",
+    "Replay",
+    "ReplayHook",
     "ReplicationUnconfirmed",
     "SQLiteKeyStore",
     "ScopeFn",

@@ -6,6 +6,7 @@ the contract (`semantics.md`) is the single source, and this file is its only tr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -115,3 +116,15 @@ def malformed_key(
         data["length"] = len(key)
     where = "" if place is None else f" in {place}"
     return f"Invalid idempotency key{where}: {problem}.", data
+
+
+def check_hook(name: str, hook: object) -> None:
+    """Refuse, where it is configured, a hook that cannot be one (`on_retry`, `on_give_up` on the
+    client, `on_replay` on the server): both sides call their hooks the same way, inline and
+    never awaited, so both refuse the same things with the same words."""
+    if hook is None:
+        return
+    if not callable(hook):
+        raise TypeError(f"{name} must be a callable taking one argument, or None")
+    if inspect.iscoroutinefunction(hook):
+        raise TypeError(f"{name} must be a plain function: hooks run inline, never awaited")

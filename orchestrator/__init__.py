@@ -1,9 +1,11 @@
 """mcp-once, client side: annotation-gated, keyed retries for MCP tool calls.
 
 `RetryingSession` is the client; `RetryPolicy` configures it; `OutcomeUnknown`, `NotExecuted` and
-`ToolCallError` are how a call ends without a result; `CallReport` says what each call did. For
-tooling of your own (a baseline retry loop, an invariant checker; the `mcp-once` command's
-scenario engine uses these):
+`ToolCallError` are how a call ends without a result; `CallReport` says what each call did.
+`RetryPolicy(on_retry=, on_give_up=)` takes hooks (`RetryHook` gets a `RetryEvent`, `GiveUpHook`
+the `OutcomeUnknown` or `NotExecuted` about to be raised); `KeyKind` names where a call's key came
+from, as telemetry records it (docs/observability.md). For tooling of your own (a baseline retry
+loop, an invariant checker; the `mcp-once` command's scenario engine uses these):
 
 - `tool_session(session)`: any session `RetryingSession` accepts, as the `ToolSession` it drives
   (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook).
@@ -26,6 +28,7 @@ scenario engine uses these):
 
 from ._budget import RetryBudget
 from ._gate import GATED
+from ._hooks import GiveUpHook, RetryEvent, RetryHook
 from ._http import (
     RetryAwareTransport,
     http_client_factory,
@@ -43,7 +46,16 @@ from ._journal import (
     SQLiteJournal,
     open_journal,
 )
-from ._key import KeyRequest, KeySource, derive_key, key_step, mint_key, step_key_from, step_keys
+from ._key import (
+    KeyKind,
+    KeyRequest,
+    KeySource,
+    derive_key,
+    key_step,
+    mint_key,
+    step_key_from,
+    step_keys,
+)
 from ._outcome import (
     InvalidParams,
     KeyReused,
@@ -69,11 +81,13 @@ __all__ = [
     "Connect",
     "Entry",
     "FailureKind",
+    "GiveUpHook",
     "GiveUpReason",
     "InvalidParams",
     "Journal",
     "JournalError",
     "JournalUnavailable",
+    "KeyKind",
     "KeyRequest",
     "KeyReused",
     "KeySource",
@@ -84,6 +98,8 @@ __all__ = [
     "ReconnectFailed",
     "RetryAwareTransport",
     "RetryBudget",
+    "RetryEvent",
+    "RetryHook",
     "RetryPolicy",
     "RetryingSession",
     "Run",

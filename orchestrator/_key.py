@@ -25,7 +25,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from mcp import MCPError
 
@@ -316,11 +316,24 @@ def resolve_key(
     brought = caller_key(idempotency_key, meta, arguments, key_argument)
     if brought is not None:
         return brought
+    return sourced_or_minted(key_source, tool, arguments)[0]
+
+
+#: Where a call's key came from, as telemetry names it (`mcp_once.key_source`): the caller
+#: (`idempotency_key=` or request `_meta`), the tool's key argument, a framework adapter, a run's
+#: journal, the session's `key_source`, or minted afresh. Never the key itself.
+KeyKind = Literal["caller", "argument", "adapter", "run", "key_source", "minted"]
+
+
+def sourced_or_minted(
+    key_source: KeySource | None, tool: str, arguments: Mapping[str, Any] | None
+) -> tuple[str, KeyKind]:
+    """The key of a call the caller brings none for: the key source's, else a fresh one."""
     if key_source is not None:
         sourced = key_from_source(key_source, tool, arguments)
         if sourced is not None:
-            return sourced
-    return mint_key()
+            return sourced, "key_source"
+    return mint_key(), "minted"
 
 
 def with_key_argument(

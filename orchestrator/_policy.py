@@ -16,7 +16,10 @@ from typing import Literal
 
 import tenacity
 
+from idempotency import wire
+
 from ._budget import RetryBudget
+from ._hooks import GiveUpHook, RetryHook
 
 #: Local correction of a server's annotations for one tool name.
 #: "idempotent": retry after a maybe-executed failure even if the server does not say so.
@@ -75,6 +78,14 @@ class RetryPolicy:
     #: False: ignore the server's idempotentHint/readOnlyHint (an untrusted server could claim
     #: anything); then only `overrides` can open the gate for maybe-executed failures.
     trust_annotations: bool = True
+    #: Called with a `RetryEvent` (tool, failed attempt, failure kind, error, delay) when an
+    #: attempt failed and another follows, before the wait. See `orchestrator._hooks`: inline,
+    #: never awaited; an exception from it is logged by type and swallowed.
+    on_retry: RetryHook | None = None
+    #: Called with the `OutcomeUnknown` or `NotExecuted` about to be raised when retrying ends
+    #: without a result (it carries the tool, the key, the attempts and the report), to count,
+    #: alert or start a reconciliation. Same rules as `on_retry`.
+    on_give_up: GiveUpHook | None = None
 
     _wait: tenacity.wait_random_exponential = field(
         init=False, repr=False, compare=False, hash=False
@@ -105,6 +116,8 @@ class RetryPolicy:
             raise TypeError(f"budget must be a RetryBudget, 'per-session' or None, not {kind}")
         if not isinstance(self.trust_annotations, bool):
             raise TypeError("trust_annotations must be a bool")
+        wire.check_hook("on_retry", self.on_retry)
+        wire.check_hook("on_give_up", self.on_give_up)
         object.__setattr__(self, "overrides", MappingProxyType(check_overrides(self.overrides)))
         object.__setattr__(
             self,

@@ -19,6 +19,7 @@ import anyio
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import CallToolResult, RequestParamsMeta, Tool
+from opentelemetry import trace
 
 from idempotency import wire
 
@@ -27,14 +28,16 @@ from ._budget import RetryBudget
 from ._catalog import ToolCatalog, advertised_key_argument, watch_list_changed
 from ._classify import Failure, classify
 from ._gate import GATED, retry_gate
+from ._hooks import RetryEvent, fire
 from ._http import AttemptProbe, current_probe
 from ._journal import fingerprint_arguments
 from ._key import (
+    KeyKind,
     KeySource,
     argument_place,
     caller_key,
     model_key_refusal,
-    resolve_key,
+    sourced_or_minted,
     split_adapter_key,
     with_key_argument,
 )
@@ -50,6 +53,7 @@ from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailabl
 from ._report import AttemptReport, CallOutcome, CallReport, GiveUpReason
 from ._run import Run, placed_run
 from ._sessions import OverClientSession, SessionLike, tool_session
+from ._telemetry import error_type
 from ._testing import pause
 
 
@@ -296,12 +300,17 @@ class RetryingSession:
             return await self._journaled(
                 run, name, arguments, read_timeout_seconds, progress_callback, meta
             )
-        key = brought if brought is not None else adapters
-        if key is None:
-            key = resolve_key(
-                None, None, key_source=self._key_source, tool=name, arguments=arguments
-            )
-        call = _Call(self, name, arguments, read_timeout_seconds, progress_callback, meta, key)
+        kind: KeyKind
+        if brought is not None:
+            given = idempotency_key is not None or (meta is not None and wire.KEY_META in meta)
+            key, kind = brought, "caller" if given else "argument"
+        elif adapters is not None:
+            key, kind = adapters, "adapter"
+        else:
+            key, kind = sourced_or_minted(self._key_source, name, arguments)
+        call = _Call(
+            self, name, arguments, read_timeout_seconds, progress_callback, meta, key, kind
+        )
         call.adoptable = brought is None
         return await call.run()
 
@@ -387,7 +396,7 @@ class RetryingSession:
             overrides=self._overrides,
             trust_annotations=policy.trust_annotations,
         )
-        call = _Call(self, name, arguments, read_timeout, progress_callback, meta, claim.key)
+        call = _Call(self, name, arguments, read_timeout, progress_callback, meta, claim.key, "run")
         try:
             answer = await call.run()
         except ToolCallError:
@@ -409,6 +418,7 @@ class _Call:
         progress_callback: ProgressFnT | None,
         meta: Mapping[str, Any] | None,
         key: str,
+        key_kind: KeyKind,
     ) -> None:
         self.owner = owner
         self.policy = owner._policy
@@ -421,6 +431,10 @@ class _Call:
         self.progress_callback = progress_callback
         self.user_meta = dict(meta) if meta is not None else {}
         self.key = key
+        #: Where the key came from, for telemetry (`mcp_once.key_source`).
+        self.key_kind: KeyKind = key_kind
+        #: The call's span (`telemetry.call_span`), once the call runs.
+        self.span: trace.Span = trace.INVALID_SPAN
         #: Whether the key is this session's choice (minted or from its key source) or a framework
         #: adapter's (`adapter_key`), not the caller's nor a run's: only such a key gives way to
         #: one found in the arguments.
@@ -451,9 +465,15 @@ class _Call:
             give_up=give_up,
         )
         self.owner.last_report = report
+        telemetry.ended(self.span, report, self.key_kind)
         return report
 
     async def run(self) -> tuple[CallToolResult, CallReport]:
+        """The call, under its span (current, so the attempts' spans nest under it)."""
+        with telemetry.call_span(self.name, self.key_kind) as self.span:
+            return await self.attempts()
+
+    async def attempts(self) -> tuple[CallToolResult, CallReport]:
         self.start = anyio.current_time()
         self.deadline = self.start + self.policy.deadline
         budget = self.owner._budget
@@ -461,7 +481,12 @@ class _Call:
         finished = False
         try:
             for attempt in range(1, self.policy.max_attempts + 1):
-                result, failure, generation = await self.attempt(attempt)
+                with telemetry.attempt_span(self.name, attempt, wait_before) as span:
+                    result, failure, generation = await self.attempt(attempt)
+                    if failure is not None:
+                        telemetry.attempt_failed(
+                            span, self.name, attempt, failure.kind, failure.error, failure.code
+                        )
                 if result is not None:
                     if budget is not None:
                         budget.record_success()
@@ -485,9 +510,6 @@ class _Call:
                         retry_after=failure.retry_after,
                     )
                 )
-                telemetry.attempt_failed(
-                    self.name, self.key, attempt, failure.kind, failure.error, failure.code
-                )
                 if failure.kind == "permanent":
                     finished = True
                     self.permanent(failure)
@@ -501,7 +523,9 @@ class _Call:
                 if isinstance(wait, str):
                     finished = True
                     self.give_up(wait, failure.error)
-                telemetry.retrying(self.name, self.key, attempt + 1, wait)
+                telemetry.retrying(self.name, attempt + 1, wait)
+                event = RetryEvent(self.name, attempt, failure.kind, failure.error, wait)
+                fire("on_retry", self.policy.on_retry, event)
                 await pause(wait)
                 self.total_wait += wait
                 wait_before = wait
@@ -544,6 +568,7 @@ class _Call:
         probe = AttemptProbe(self.key, attempt)
         token = current_probe.set(probe)
         telemetry.attempt_sent(self.name, attempt)
+        sent = anyio.current_time()
         try:
             with anyio.CancelScope(deadline=self.deadline) as scope:
                 result = await tool_session(session).call_tool(
@@ -554,16 +579,20 @@ class _Call:
                     meta=cast(RequestParamsMeta, meta),
                 )
         except Exception as exc:
+            telemetry.request_done(self.name, anyio.current_time() - sent, error_type(exc))
             return None, classify(exc, probe, session_closed=transport_closed(session)), generation
         finally:
             current_probe.reset(token)
         if scope.cancelled_caught:
+            telemetry.request_done(self.name, anyio.current_time() - sent, "timeout")
             cut = TimeoutError("the call's deadline passed during the attempt")
             return (
                 None,
                 Failure("maybe_executed", cut, session_dead=transport_closed(session)),
                 generation,
             )
+        failed = "tool_error" if result.is_error else None
+        telemetry.request_done(self.name, anyio.current_time() - sent, failed)
         return result, None, generation
 
     def with_key(self) -> dict[str, Any] | None:
@@ -588,7 +617,7 @@ class _Call:
             if problem is not None:
                 raise ValueError(f"{place}: {problem}")
             assert isinstance(found, str)
-            self.key = found
+            self.key, self.key_kind = found, "argument"
         self.adoptable = False
         placed = with_key_argument(self.arguments, path, self.key)
         return self.arguments if placed is None else placed
@@ -651,28 +680,32 @@ class _Call:
 
     def give_up(self, reason: GiveUpReason, last_error: Exception) -> NoReturn:
         attempts = len(self.records)
-        telemetry.gave_up(self.name, self.key, attempts, reason, self.maybe_ran)
+        telemetry.gave_up(self.name, attempts, reason, self.maybe_ran)
         outcome: CallOutcome = "outcome_unknown" if self.maybe_ran else "not_executed"
         report = self.report(outcome, give_up=reason)
         cls = OutcomeUnknown if self.maybe_ran else NotExecuted
-        raise cls(
+        error = cls(
             tool=self.name,
             key=self.key,
             attempts=attempts,
             last_error=last_error,
             reason=reason,
             report=report,
-        ) from last_error
+        )
+        fire("on_give_up", self.policy.on_give_up, error)
+        raise error from last_error
 
     def permanent(self, failure: Failure) -> NoReturn:
         error = failure.error
         attempts = len(self.records)
         if isinstance(error, MCPError) and error.code == wire.OUTCOME_UNKNOWN:
-            telemetry.gave_up(self.name, self.key, attempts, "server", True)
+            telemetry.gave_up(self.name, attempts, "server", True)
             report = self.report("outcome_unknown", give_up="server")
-            raise ServerOutcomeUnknown(
+            unknown = ServerOutcomeUnknown(
                 tool=self.name, key=self.key, attempts=attempts, last_error=error, report=report
-            ) from error
+            )
+            fire("on_give_up", self.policy.on_give_up, unknown)
+            raise unknown from error
         report = self.report("error")
         if isinstance(error, MCPError):
             raise tool_call_error(

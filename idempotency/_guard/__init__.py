@@ -14,6 +14,6 @@ store only through the `KeyStore` protocol (`_stores/store.py`). A key's life, b
 - `current_claim.py`: the running call's claim, for a tool that fences its own writes.
 
 Around them: `policy.py` (every knob, one frozen value), `errors.py` (the contract's JSON-RPC
-errors), `telemetry.py` (logs, spans, counters), `advertise.py` (what a guarded tool's
-definition tells clients). Public names are re-exported from `idempotency`.
+errors), `telemetry.py` (logs, spans, metrics), `hooks.py` (`on_replay`), `advertise.py` (what
+a guarded tool's definition tells clients). Public names are re-exported from `idempotency`.
 """

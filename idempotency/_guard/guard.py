@@ -56,6 +56,7 @@ from .caller import caller_of
 from .complete import store_result
 from .current_claim import Claim, holding
 from .fingerprint import UnfingerprintableArguments, covered, fingerprint
+from .hooks import Replay, replayed
 from .keyplaces import argument_place, found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
@@ -413,6 +414,7 @@ class Guard:
                 outcome.attempts,
             )
         assert outcome.fence is not None
+        t.trace.set(fence=outcome.fence)
         claim = Claim(
             key=t.key,
             fence=outcome.fence,
@@ -594,6 +596,8 @@ class Guard:
         if executed_at is None:
             executed_at = completed_at if completed_at is not None else time.time()
         t.trace.outcome(Outcome.REPLAYED)
+        event = Replay(t.tool, max(0.0, time.time() - executed_at), attempts, t.source.value)
+        replayed(self.policy.on_replay, event)
         return stamped(
             stored.result,
             key=t.key,

@@ -14,6 +14,7 @@ from typing import Any, Literal, TypedDict
 
 from .. import wire
 from .fingerprint import FingerprintOption, check_option
+from .hooks import ReplayHook
 from .keyplaces import check_argument_path, check_header_name
 from .scope import ScopeFn, default_scope
 
@@ -58,6 +59,7 @@ class PolicyOptions(TypedDict, total=False):
     key_argument: str | None
     key_header: str | None
     fingerprint: FingerprintOption | None
+    on_replay: ReplayHook | None
 
 
 def _positive(name: str, value: object) -> float:
@@ -141,6 +143,10 @@ class Policy:
     #: `{"include": ["order", "cents"]}` so only those count, or a function of the arguments.
     #: None (default): every argument counts. The key argument never does.
     fingerprint: FingerprintOption | None = None
+    #: Called with a `Replay` (tool, age, executions, key source: never the key, the arguments
+    #: or the result) each time a call is answered from its record. Runs inline; an exception
+    #: from it is logged by type and swallowed, so a hook never breaks a call.
+    on_replay: ReplayHook | None = None
 
     def __post_init__(self) -> None:
         if self.keys not in KEY_MODES:
@@ -167,6 +173,7 @@ class Policy:
             check_header_name(self.key_header)
         if self.fingerprint is not None:
             check_option(self.fingerprint)
+        wire.check_hook("on_replay", self.on_replay)
         size = self.max_result_bytes
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"max_result_bytes must be a positive int, not {size!r}")

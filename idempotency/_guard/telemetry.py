@@ -1,18 +1,33 @@
-"""Logs, spans and counters of the guard. Never tool arguments, results or raw keys: they are the
-caller's data. Records are named by a short prefix of their hashed store key instead."""
+"""Logs, spans and metrics of the guard. Never tool arguments, results or raw keys: they are the
+caller's data. Records are named by a short prefix of their hashed store key instead.
+
+Names follow OpenTelemetry's semantic conventions for MCP where they define one
+(`gen_ai.tool.name`, `mcp.method.name`, `error.type`, `mcp.server.operation.duration`); what is
+ours lives under `mcp_once.*`, the same names the client library uses (docs/observability.md
+lists them all).
+"""
 
 from __future__ import annotations
 
 import enum
 import logging
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from mcp import MCPError
 from opentelemetry import metrics, trace
 
 logger = logging.getLogger("idempotency")
+
+#: The semantic conventions' names this module writes.
+TOOL = "gen_ai.tool.name"
+METHOD = "mcp.method.name"
+ERROR_TYPE = "error.type"
+#: The conventions' bucket boundaries for `mcp.*.operation.duration`, in seconds.
+DURATION_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 _tracer = trace.get_tracer("mcp-once.idempotency")
 _meter = metrics.get_meter("mcp-once.idempotency")
@@ -30,6 +45,12 @@ _store_errors = _meter.create_counter(
     "mcp_once.server.store_errors",
     unit="{error}",
     description="Key store operations that failed",
+)
+_duration = _meter.create_histogram(
+    "mcp.server.operation.duration",
+    unit="s",
+    description="Duration of the tools/call requests the guard protected, claim to answer",
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
 )
 
 
@@ -59,6 +80,11 @@ def record_name(store_key: str) -> str:
     return store_key[:12]
 
 
+def error_type(exc: BaseException) -> str:
+    """`error.type` as the conventions spell it: a JSON-RPC error's code, else the class."""
+    return str(exc.code) if isinstance(exc, MCPError) else type(exc).__qualname__
+
+
 class Trace:
     """One guarded call's span and its outcome counter."""
 
@@ -66,6 +92,7 @@ class Trace:
         self._span = span
         self._tool = tool
         self._done = False
+        self.outcome_seen: Outcome | None = None
 
     def set(self, **attributes: Any) -> None:
         for name, value in attributes.items():
@@ -76,16 +103,21 @@ class Trace:
         if self._done:
             return
         self._done = True
+        self.outcome_seen = outcome
         self._span.set_attribute("mcp_once.outcome", outcome.value)
+        self._span.set_attribute("mcp_once.replayed", outcome is Outcome.REPLAYED)
         count_outcome(self._tool, outcome)
 
     def waited(self) -> None:
         self._span.set_attribute("mcp_once.waited", True)
-        _waits.add(1, {"mcp_once.tool": self._tool})
+        _waits.add(1, {TOOL: self._tool})
 
     def store_error(self, operation: str, exc: BaseException) -> None:
-        _store_errors.add(1, {"mcp_once.operation": operation, "error.type": type(exc).__name__})
-        self._span.add_event("store_error", {"operation": operation, "type": type(exc).__name__})
+        kind = type(exc).__qualname__
+        _store_errors.add(1, {"mcp_once.store.operation": operation, ERROR_TYPE: kind})
+        self._span.add_event(
+            "mcp_once.store_error", {"mcp_once.store.operation": operation, ERROR_TYPE: kind}
+        )
 
 
 #: The trace of a ticket not yet protected: records nothing (replaced once the span opens).
@@ -95,7 +127,7 @@ NO_TRACE = Trace(trace.INVALID_SPAN, "")
 def count_outcome(tool: str, outcome: Outcome) -> None:
     """Count one guarded call's outcome. A call the guard passed through is counted this way
     alone (`Outcome.UNPROTECTED`): no span, no log line."""
-    _outcomes.add(1, {"mcp_once.tool": tool, "mcp_once.outcome": outcome.value})
+    _outcomes.add(1, {TOOL: tool, "mcp_once.outcome": outcome.value})
 
 
 @contextmanager
@@ -103,13 +135,29 @@ def traced(tool: str) -> Iterator[Trace]:
     """The guard's span for one protected call: a child of the framework's request span that is
     never made current. The framework's own spans (FastMCP enriches its request span only while
     that span is current) and the tool's spans keep the parent they have without the guard, so
-    a guarded call has exactly one SERVER span, the framework's, with this one under it."""
-    span = _tracer.start_span("mcp-once guard", attributes={"mcp_once.tool": tool})
+    a guarded call has exactly one SERVER span, the framework's, with this one under it.
+
+    Also records the call's `mcp.server.operation.duration` (the guarded part: claim, run or
+    replay, answer), with its outcome."""
+    started = time.perf_counter()
+    span = _tracer.start_span(
+        f"mcp-once guard {tool}", attributes={TOOL: tool, METHOD: "tools/call"}
+    )
+    one = Trace(span, tool)
+    failed: str | None = None
     try:
-        yield Trace(span, tool)
+        yield one
     except BaseException as exc:
         # As `start_as_current_span` would, without the exception's message (the arguments).
-        span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+        failed = error_type(exc)
+        span.set_attribute(ERROR_TYPE, failed)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, failed))
         raise
     finally:
         span.end()
+        labels = {TOOL: tool, METHOD: "tools/call"}
+        if one.outcome_seen is not None:
+            labels["mcp_once.outcome"] = one.outcome_seen.value
+        if failed is not None:
+            labels[ERROR_TYPE] = failed
+        _duration.record(time.perf_counter() - started, labels)

@@ -56,13 +56,15 @@ async def test_counters(counters: dict[str, FakeCounter]) -> None:
                 await rs.call_tool("reader", {"x": 1})
             reasons.append(caught.value.reason)
     assert reasons == ["attempts", "budget"]
-    assert counters["attempts"].adds[(("mcp.tool.name", "idem"),)] == 2
-    assert counters["retries"].adds[(("mcp.tool.name", "idem"),)] == 1
+    assert counters["attempts"].adds[(("gen_ai.tool.name", "idem"),)] == 2
+    assert counters["retries"].adds[(("gen_ai.tool.name", "idem"),)] == 1
     assert (
-        counters["outcome_unknown"].adds[(("mcp.tool.name", "plain"), ("reason", "not_idempotent"))]
+        counters["outcome_unknown"].adds[
+            (("gen_ai.tool.name", "plain"), ("mcp_once.give_up_reason", "not_idempotent"))
+        ]
         == 1
     )
     assert counters["reconnects"].total == 2
-    assert counters["budget_exhausted"].adds == {(("mcp.tool.name", "reader"),): 1}
+    assert counters["budget_exhausted"].adds == {(("gen_ai.tool.name", "reader"),): 1}
     assert counters["attempts"].total == 2 + 1 + 3 + 1
     assert counters["retries"].total == 1 + 2
