@@ -57,7 +57,9 @@ def test_default_run_over_memory_and_the_killed_pipelines() -> None:
     assert_shows_the_difference(data, 100)
     assert data["transport"] == "memory" and data["store"] == "a temporary SQLite file"
     assert data["faults"].get("server_restart") == 1
-    assert data["seconds"] < 30, "the default demo must stay quick"
+    # ~12 s on an idle 2-core machine; the bound only catches a hang or an order-of-magnitude
+    # regression (a loaded machine took 35 s), since timing belongs in benchmarks.
+    assert data["seconds"] < 120, "the default demo must stay quick"
     pipeline = data["pipeline"]
     run, fresh = pipeline["run"], pipeline["fresh_keys"]
     assert pipeline["pipelines"] == 2 and pipeline["seeds"] == [7, 8] and pipeline["ok"] is True
