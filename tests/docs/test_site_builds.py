@@ -1,7 +1,7 @@
 """The docs site builds strictly: a broken link, a missing anchor or a page out of the nav fails.
 
-.ci/run builds it too (`uv run --group docs mkdocs build --strict`), which also installs the
-`docs` group this test needs; outside CI, without that group, the test skips with the command.
+.ci/run builds it too (`uv run mkdocs build --strict`). mkdocs comes with `uv sync` (`docs` is a
+default group); where it is missing the test skips with the command, and fails under CI.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def mkdocs_build(cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     if importlib.util.find_spec("mkdocs") is None:
-        reason = "MKDOCS NOT INSTALLED: run `uv sync --group docs` (or .ci/run) to build the docs"
+        reason = "MKDOCS NOT INSTALLED: run `uv sync` (docs is a default group) to build the docs"
         if UNDER_CI:
             pytest.fail(reason)
         pytest.skip(reason)
