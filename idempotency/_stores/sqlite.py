@@ -305,7 +305,7 @@ class SQLiteKeyStore:
                 sql += " AND state = ?"
                 args.append(state.value)
             if tool is not None:
-                sql += " AND tool = ?"
+                sql += " AND tool IS ?"
                 args.append(tool_label(tool))
             sql += " ORDER BY created_at, key"
             found: list[Record] = []

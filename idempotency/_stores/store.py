@@ -234,7 +234,8 @@ class KeyStore(Protocol):
         self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
     ) -> list[Record]:
         """Live records, oldest first (by `created_at`), optionally only those of one state
-        and of one tool (compared as `tool_label` keeps it), at most `limit` of them."""
+        and of one tool (compared as `tool_label` keeps it; `""` picks the records that name
+        no tool), at most `limit` of them."""
         ...
 
     async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
