@@ -10,9 +10,10 @@ Why it is built this way:
   PEXPIRE is only garbage collection, set at or after the logical expiry (at least 1 s), and
   never on UNKNOWN records, which wait for an operator.
 * A record is one Redis string (binary header, fingerprint, token, tool name, result; see
-  `scripts/lib.lua`: a record of the previous release, without a tool name, still reads) in key `{prefix}{key}`: the key is its own hash tag, so every key a
-  record touches lives in one Redis Cluster slot. One string costs ~250 bytes beyond the result;
-  a hash would turn into a hashtable past 64-byte values and cost ~900.
+  `scripts/lib.lua`: a record of the previous release, without a tool name, still reads) in
+  key `{prefix}{key}`: the key is its own hash tag, so every key a record touches lives in one
+  Redis Cluster slot. One string costs ~250 bytes beyond the result; a hash would turn into a
+  hashtable past 64-byte values and cost ~900.
 * One multiplexed connection per event loop carries every call (`wire.py`): concurrent
   calls share it, commands issued in one loop turn leave in one write, and replies are matched
   in order. There is no pool to run out of. Waiting duplicates share one subscriber connection
