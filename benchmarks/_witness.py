@@ -84,13 +84,7 @@ class Witness(KeyStore):
     # -- KeyStore ----------------------------------------------------------------------------
 
     async def claim(
-        self,
-        key: str,
-        fingerprint: str,
-        *,
-        lease: float,
-        takeover: bool,
-        tool: str | None = None,
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         sent = time.monotonic()
         with self._noting(key, "claim") as told:

@@ -49,13 +49,7 @@ class MemoryKeyStore:
             event.set()
 
     async def claim(
-        self,
-        key: str,
-        fingerprint: str,
-        *,
-        lease: float,
-        takeover: bool,
-        tool: str | None = None,
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         new, outcome = rules.claim(

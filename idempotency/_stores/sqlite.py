@@ -203,13 +203,7 @@ class SQLiteKeyStore:
     # -- transitions -------------------------------------------------------------------------
 
     async def claim(
-        self,
-        key: str,
-        fingerprint: str,
-        *,
-        lease: float,
-        takeover: bool,
-        tool: str | None = None,
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         token = secrets.token_hex(16)

@@ -193,13 +193,7 @@ class KeyStore(Protocol):
     """One record per key; every transition after `claim` is a compare-and-set on the token."""
 
     async def claim(
-        self,
-        key: str,
-        fingerprint: str,
-        *,
-        lease: float,
-        takeover: bool,
-        tool: str | None = None,
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         """Claim `key` for one execution, or report why not (replay, busy, mismatch, unknown).
 

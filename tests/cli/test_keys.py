@@ -291,19 +291,9 @@ async def test_list_all_by_state_and_as_json(
     assert len(limited.json()) == 1
 
 
-#: The table's columns, in order.
-COLUMNS = (
-    "key",
-    "tool",
-    "state",
-    "age",
-    "fence",
-    "attempts",
-    "leaseDeadline",
-    "leaseRanOutAt",
-    "expiresAt",
-    "resultBytes",
-)
+#: The table's header: its columns, in order.
+HEADER = "key tool state age fence attempts leaseDeadline leaseRanOutAt expiresAt resultBytes"
+COLUMNS = HEADER.split()
 HOURS = 3600.0
 
 

@@ -11,9 +11,10 @@ and Redis records of header format 1.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,14 @@ import redis.asyncio as aioredis
 from fake_clock import EPOCH, FakeClock
 from store_backends import Backend
 
-from idempotency import ClaimStatus, CorruptRecord, RecordState, RedisKeyStore, SQLiteKeyStore
+from idempotency import (
+    ClaimStatus,
+    CorruptRecord,
+    KeyStore,
+    RecordState,
+    RedisKeyStore,
+    SQLiteKeyStore,
+)
 from idempotency._stores.sqlite import APPLICATION_ID
 from idempotency._stores.store import MAX_TOOL_BYTES, tool_label
 
@@ -137,27 +145,12 @@ def test_tool_label_keeps_conforming_names_whole() -> None:
 
 # -- an SQLite file of the previous release (schema 1, no `tool` column) --------------------------
 
-#: The schema the previous release created, verbatim.
-PREVIOUS_SCHEMA = f"""
-CREATE TABLE records (
-    key TEXT PRIMARY KEY NOT NULL,
-    state TEXT,
-    fingerprint TEXT,
-    fence INTEGER,
-    attempts INTEGER,
-    token TEXT,
-    created_at REAL,
-    updated_at REAL,
-    lease_deadline REAL,
-    completed_at REAL,
-    expires_at REAL,
-    result BLOB
-) WITHOUT ROWID;
-CREATE INDEX records_by_expiry ON records (expires_at);
-CREATE INDEX records_by_state ON records (state, created_at);
-PRAGMA application_id = {APPLICATION_ID};
-PRAGMA user_version = 1;
-"""
+#: A key store file written by the previous release's own `SQLiteKeyStore` (commit e0633a1,
+#: clock at EPOCH): "done" completed with result b"r" (retention 600 s), and "running" claimed
+#: with a 10 s lease. Made by running that commit's code (`git archive e0633a1 idempotency`)
+#: with `SQLiteKeyStore(path, clock=...)`: claim, complete, claim, close. Copied before use:
+#: opening it upgrades it.
+PREVIOUS_FILE = Path(__file__).parent / "fixtures" / "previous_release.sqlite"
 #: The previous release's write statement, verbatim: it names its twelve columns.
 PREVIOUS_UPSERT = (
     "INSERT OR REPLACE INTO records (key, state, fingerprint, fence, attempts, token, created_at,"
@@ -165,17 +158,30 @@ PREVIOUS_UPSERT = (
     " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 COMPLETED_ROW = ("done", "completed", FP, 1, 1, None, EPOCH, EPOCH, None, EPOCH, EPOCH + 600, b"r")
-RUNNING_ROW = (
-    "running", "in_progress", FP, 1, 1, "t" * 32, EPOCH, EPOCH, EPOCH + 10, None, EPOCH + 9e4, None
-)  # fmt: skip
+
+
+async def reads_the_previous_release(store: KeyStore, lease_runs_out: Callable[[], None]) -> None:
+    """What the previous release left, a completed record "done" and a record "running" whose
+    worker holds its lease, read by this release: no tool name, the result replayed; once the
+    lease runs out, the next claim turns "running" UNKNOWN and names its tool."""
+    done = await store.get("done")
+    assert done is not None and (done.state, done.tool, done.result) == (
+        RecordState.COMPLETED,
+        None,
+        b"r",
+    )
+    replay = await store.claim("done", FP, lease=LEASE, takeover=False, tool="charge")
+    assert (replay.status, replay.result) == (ClaimStatus.REPLAY, b"r")
+    listed = [(r.key, r.tool) for r in await store.list_records()]
+    assert listed == [("done", None), ("running", None)]
+    lease_runs_out()
+    lost = await store.claim("running", FP, lease=LEASE, takeover=False, tool="charge")
+    assert lost.status is ClaimStatus.UNKNOWN
+    assert (await store.get("running")).tool == "charge"  # type: ignore[union-attr]
 
 
 def previous_release_file(path: Path) -> None:
-    with sqlite3.connect(path) as conn:
-        conn.executescript(PREVIOUS_SCHEMA)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.executemany(PREVIOUS_UPSERT, [COMPLETED_ROW, RUNNING_ROW])
-    conn.close()
+    shutil.copyfile(PREVIOUS_FILE, path)
 
 
 def columns(path: Path) -> list[str]:
@@ -192,23 +198,7 @@ async def test_a_schema_1_file_is_upgraded_in_place_and_its_records_read(tmp_pat
     clock = FakeClock(EPOCH + 1)
     store = SQLiteKeyStore(path, clock=clock)
     try:
-        done = await store.get("done")
-        assert done is not None and (done.state, done.tool, done.result) == (
-            RecordState.COMPLETED,
-            None,
-            b"r",
-        )
-        replay = await store.claim("done", FP, lease=LEASE, takeover=False, tool="charge")
-        assert (replay.status, replay.result) == (ClaimStatus.REPLAY, b"r")
-        assert [(r.key, r.tool) for r in await store.list_records()] == [
-            ("done", None),
-            ("running", None),
-        ]
-        # The worker of the previous release is gone: its record turns UNKNOWN and is named.
-        clock.advance(LEASE)
-        lost = await store.claim("running", FP, lease=LEASE, takeover=False, tool="charge")
-        assert lost.status is ClaimStatus.UNKNOWN
-        assert (await store.get("running")).tool == "charge"  # type: ignore[union-attr]
+        await reads_the_previous_release(store, lambda: clock.advance(LEASE))
         fresh = await store.claim("new", FP, lease=LEASE, takeover=False, tool="charge")
         assert fresh.status is ClaimStatus.CLAIMED
     finally:
@@ -307,23 +297,8 @@ async def test_redis_records_of_the_previous_format_still_read(
     running = previous_record(IN_PROGRESS, now_us, lease_us=now_us + 1_000_000, token=b"t" * 32)
     await raw.set(rkey(prefix, "running"), running, px=600_000)
 
-    done = await store.get("done")
-    assert done is not None and (done.state, done.tool, done.result) == (
-        RecordState.COMPLETED,
-        None,
-        b"r",
-    )
-    replay = await store.claim("done", FP, lease=LEASE, takeover=False, tool="charge")
-    assert (replay.status, replay.result) == (ClaimStatus.REPLAY, b"r")
-    assert [(r.key, r.tool) for r in await store.list_records()] == [
-        ("done", None),
-        ("running", None),
-    ]
-    # Its worker is gone: the record turns UNKNOWN, now in the format that names the tool.
-    store.advance_clock_for_testing(2.0)
-    lost = await store.claim("running", FP, lease=LEASE, takeover=False, tool="charge")
-    assert lost.status is ClaimStatus.UNKNOWN
-    assert (await store.get("running")).tool == "charge"  # type: ignore[union-attr]
+    await reads_the_previous_release(store, lambda: store.advance_clock_for_testing(2.0))
+    # Named now, so in the format that carries the name.
     stored = await raw.get(rkey(prefix, "running"))
     assert stored[0] == 2 and b"\x06charge" in stored
     # A record nobody named stays in the previous format, byte for byte readable by it.

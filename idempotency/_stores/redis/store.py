@@ -408,13 +408,7 @@ class RedisKeyStore:
     # -- transitions -------------------------------------------------------------------------
 
     async def claim(
-        self,
-        key: str,
-        fingerprint: str,
-        *,
-        lease: float,
-        takeover: bool,
-        tool: str | None = None,
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         fingerprint_bytes = _pack_fingerprint(fingerprint)
