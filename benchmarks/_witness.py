@@ -84,11 +84,13 @@ class Witness(KeyStore):
     # -- KeyStore ----------------------------------------------------------------------------
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         sent = time.monotonic()
         with self._noting(key, "claim") as told:
-            outcome = await self.store.claim(key, fingerprint, lease=lease, takeover=takeover)
+            outcome = await self.store.claim(
+                key, fingerprint, lease=lease, takeover=takeover, tool=tool
+            )
             told += [outcome.status.name, f"fence {outcome.fence}"]
         self.writes.append((sent, time.monotonic()))
         seen = self.keys.setdefault(key, _Key())
@@ -132,9 +134,9 @@ class Witness(KeyStore):
         return await self.store.get(key)
 
     async def list_records(
-        self, *, state: RecordState | None = None, limit: int = 100
+        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
     ) -> list[Record]:
-        return await self.store.list_records(state=state, limit=limit)
+        return await self.store.list_records(state=state, tool=tool, limit=limit)
 
     async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
         return await self.store.settle(key, result=result, retention=retention)

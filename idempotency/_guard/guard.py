@@ -338,7 +338,11 @@ class Guard:
             # leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
             with anyio.CancelScope(shield=True):
                 outcome = await self.store.claim(
-                    t.store_key, t.fingerprint, lease=self.policy.lease, takeover=takeover
+                    t.store_key,
+                    t.fingerprint,
+                    lease=self.policy.lease,
+                    takeover=takeover,
+                    tool=t.tool,
                 )
             return outcome
         except CorruptRecord:

@@ -18,6 +18,7 @@ from .store import (
     Record,
     RecordState,
     check_list_limit,
+    tool_label,
 )
 
 #: How long an abandoned IN_PROGRESS record and a release tombstone are kept.
@@ -48,7 +49,7 @@ class MemoryKeyStore:
             event.set()
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         new, outcome = rules.claim(
@@ -60,6 +61,7 @@ class MemoryKeyStore:
             takeover=takeover,
             retention=self._orphan_retention,
             token=secrets.token_hex(16),
+            tool=tool_label(tool),
         )
         if new is not None:
             self._write(key, new)
@@ -111,14 +113,14 @@ class MemoryKeyStore:
         return rules.visible(self._records.get(key), self._clock())
 
     async def list_records(
-        self, *, state: RecordState | None = None, limit: int = 100
+        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
     ) -> list[Record]:
         check_list_limit(limit)
         now = self._clock()
         found = []
         for stored in self._records.values():
             record = rules.visible(stored, now)
-            if record is not None and (state is None or record.state is state):
+            if record is not None and rules.listed(record, state, tool):
                 found.append(record)
         found.sort(key=lambda r: (r.created_at, r.key))
         return found[:limit]

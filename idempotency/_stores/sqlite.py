@@ -42,6 +42,7 @@ from .store import (
     StoreUnavailable,
     check_list_limit,
     pass_over,
+    tool_label,
 )
 from .url_options import Parser, integer, number, take_options
 
@@ -62,7 +63,15 @@ URL_OPTIONS: dict[str, Parser] = {
 #: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
 APPLICATION_ID = 0x4D434F31
 #: Bumped on any incompatible schema change; a file from a newer release is refused, not guessed at.
+#: Additions an older release does not notice stay version 1 and are made in place when a file
+#: is opened (`_ADDED_COLUMNS`): every statement names its columns, so a process of the previous
+#: release sharing the file keeps working beside this one (a row it rewrites loses the column's
+#: value, which is why an added column may only hold what a listing shows).
 SCHEMA_VERSION = 1
+#: Columns added to schema version 1 after its first release, with their declarations: a file
+#: written before is given them in place (`ALTER TABLE ... ADD COLUMN`: no row is rewritten).
+#: `tool`: the tool's name, for `mcp-once keys list` (NULL in rows the previous release wrote).
+_ADDED_COLUMNS = {"tool": "TEXT"}
 
 #: `wait()` polls because other processes cannot signal us; the delay doubles up to the cap, which
 #: bounds how late a cross-process completion is noticed. Same-process completions wake at once.
@@ -71,7 +80,7 @@ _POLL_MAX = 0.1
 
 _COLUMNS = (
     "key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
-    " lease_deadline, completed_at, expires_at, result"
+    " lease_deadline, completed_at, expires_at, result, tool"
 )
 
 # Columns are deliberately unconstrained beyond the key: every row is validated in one place when
@@ -90,7 +99,8 @@ CREATE TABLE records (
     lease_deadline REAL,
     completed_at REAL,
     expires_at REAL,
-    result BLOB
+    result BLOB,
+    tool TEXT
 ) WITHOUT ROWID;
 CREATE INDEX records_by_expiry ON records (expires_at);
 CREATE INDEX records_by_state ON records (state, created_at);
@@ -103,13 +113,13 @@ _SELECT_ONE = f"SELECT {_COLUMNS} FROM records WHERE key = ?"
 _PURGE_CANDIDATES = (
     "SELECT key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
     " lease_deadline, completed_at, expires_at,"
-    " CASE typeof(result) WHEN 'null' THEN NULL WHEN 'blob' THEN x'' ELSE 0 END"
+    " CASE typeof(result) WHEN 'null' THEN NULL WHEN 'blob' THEN x'' ELSE 0 END, tool"
     " FROM records WHERE expires_at <= ? AND (expires_at, key) > (?, ?)"
     " ORDER BY expires_at, key LIMIT ?"
 )
 _PURGE_BATCH = 500
 _EXPIRES_AT = 10
-_UPSERT = f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+_UPSERT = f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 Row = tuple[object, ...]
 
@@ -193,10 +203,11 @@ class SQLiteKeyStore:
     # -- transitions -------------------------------------------------------------------------
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         token = secrets.token_hex(16)
+        label = tool_label(tool)
 
         def decide(record: Record | None, now: float) -> tuple[Record | None, ClaimOutcome]:
             return rules.claim(
@@ -208,6 +219,7 @@ class SQLiteKeyStore:
                 takeover=takeover,
                 retention=self._orphan_retention,
                 token=token,
+                tool=label,
             )
 
         return await self._transition(key, decide)
@@ -272,7 +284,7 @@ class SQLiteKeyStore:
         return await self._writer.run(read)
 
     async def list_records(
-        self, *, state: RecordState | None = None, limit: int = 100
+        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
     ) -> list[Record]:
         check_list_limit(limit)
 
@@ -286,6 +298,9 @@ class SQLiteKeyStore:
             if state is not None:
                 sql += " AND state = ?"
                 args.append(state.value)
+            if tool is not None:
+                sql += " AND tool IS ?"
+                args.append(tool_label(tool))
             sql += " ORDER BY created_at, key"
             found: list[Record] = []
             for row in conn.execute(sql, args):
@@ -455,21 +470,29 @@ def sqlite_path_from_url(url: str) -> str:
 
 
 def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
-    if _schema_state(conn, where) == "ours":
+    if _schema_state(conn, where) == "ours" and not _missing_columns(conn):
         return
-    # Empty file: create the schema under the write lock, re-checking in case another process
-    # got there first.
+    # An empty file gets the schema, a file of an earlier release the columns added since: under
+    # the write lock, re-checking in case another process got there first.
     conn.execute("BEGIN IMMEDIATE")
     try:
         if _schema_state(conn, where) == "empty":
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+        for column in _missing_columns(conn):
+            conn.execute(f"ALTER TABLE records ADD COLUMN {column} {_ADDED_COLUMNS[column]}")
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _missing_columns(conn: sqlite3.Connection) -> list[str]:
+    """The added columns a file of ours does not have yet (it was written by an earlier release)."""
+    present = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
+    return [column for column in _ADDED_COLUMNS if column not in present]
 
 
 def _schema_state(conn: sqlite3.Connection, where: str) -> str:
@@ -514,6 +537,7 @@ def _encode(record: Record) -> Row:
         record.completed_at,
         record.expires_at,
         record.result,
+        record.tool,
     )
 
 
@@ -531,6 +555,7 @@ def _decode(key: str, row: Row) -> Record:
         completed_at,
         expires_at,
         result,
+        tool,
     ) = row
 
     def corrupt(why: str) -> CorruptRecord:
@@ -548,6 +573,8 @@ def _decode(key: str, row: Row) -> Record:
         raise corrupt(f"token is a {type(token).__name__}, not a string")
     if result is not None and not isinstance(result, bytes):
         raise corrupt(f"result is a {type(result).__name__}, not bytes")
+    if tool is not None and not isinstance(tool, str):
+        raise corrupt(f"tool is a {type(tool).__name__}, not a string")
     times = {
         name: _time(value, name, key)
         for name, value in (
@@ -586,6 +613,7 @@ def _decode(key: str, row: Row) -> Record:
         completed_at=times["completed_at"],
         expires_at=times["expires_at"],
         result=result,
+        tool=tool or None,
     )
 
 

@@ -25,6 +25,9 @@ Clock = Callable[[], float]
 DEFAULT_MAX_KEY_BYTES = 1024
 #: A stored result larger than this is refused rather than silently truncated.
 DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
+#: Longest tool name a record keeps, in UTF-8 bytes (see `tool_label`). MCP asks for names of at
+#: most 128 characters from [A-Za-z0-9_.-], so every conforming name is kept whole.
+MAX_TOOL_BYTES = 255
 
 
 class RecordState(enum.StrEnum):
@@ -82,6 +85,10 @@ class Record:
     #: When the store forgets the record; None for UNKNOWN (kept until settled).
     expires_at: float | None
     result: bytes | None
+    #: The tool the record is for (see `tool_label`), so that an operator listing records sees
+    #: more than hashes. None for a record written by a release that did not store it, or by a
+    #: caller that gave none. A label for people: the store key, not this, decides identity.
+    tool: str | None = None
 
 
 class StoreError(Exception):
@@ -165,6 +172,16 @@ def unreadable_records() -> Iterator[list[CorruptRecord]]:
         _passed_over.reset(token)
 
 
+def tool_label(tool: str | None) -> str | None:
+    """The tool name as every store keeps it: None for none (or empty), else the name cut to
+    `MAX_TOOL_BYTES` at a character boundary, so that a longer (non-conforming) name costs a
+    record a bounded number of bytes and reads back the same from every backend (a character
+    UTF-8 cannot hold, a lone surrogate, becomes "?")."""
+    if not tool:
+        return None
+    return tool.encode(errors="replace")[:MAX_TOOL_BYTES].decode(errors="ignore")
+
+
 def check_list_limit(limit: int) -> None:
     """Every backend refuses a negative limit the same way, instead of slicing `[:-1]`."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
@@ -176,12 +193,14 @@ class KeyStore(Protocol):
     """One record per key; every transition after `claim` is a compare-and-set on the token."""
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         """Claim `key` for one execution, or report why not (replay, busy, mismatch, unknown).
 
         `takeover` says what an expired IN_PROGRESS lease means: True takes it over (new token,
-        higher fence); False turns the record UNKNOWN for good.
+        higher fence); False turns the record UNKNOWN for good. `tool` names the tool in the
+        record, for operators (`Record.tool`); a record that has none yet (an older release
+        wrote it) takes it from the next claim that writes the record.
         """
         ...
 
@@ -206,9 +225,11 @@ class KeyStore(Protocol):
         ...
 
     async def list_records(
-        self, *, state: RecordState | None = None, limit: int = 100
+        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
     ) -> list[Record]:
-        """Live records, optionally of one state, at most `limit` of them."""
+        """Live records, oldest first (by `created_at`), optionally only those of one state
+        and of one tool (compared as `tool_label` keeps it; `""` picks the records that name
+        no tool), at most `limit` of them."""
         ...
 
     async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:

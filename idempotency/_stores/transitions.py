@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .store import ClaimOutcome, ClaimStatus, Record, RecordState
+from .store import ClaimOutcome, ClaimStatus, Record, RecordState, tool_label
 
 
 def live(record: Record | None, now: float) -> Record | None:
@@ -29,6 +29,13 @@ def visible(record: Record | None, now: float) -> Record | None:
     return record
 
 
+def listed(record: Record, state: RecordState | None, tool: str | None) -> bool:
+    """Whether a visible record passes a listing's filters (`KeyStore.list_records`)."""
+    if state is not None and record.state is not state:
+        return False
+    return tool is None or record.tool == tool_label(tool)
+
+
 def claim(
     record: Record | None,
     key: str,
@@ -39,8 +46,12 @@ def claim(
     takeover: bool,
     retention: float,
     token: str,
+    tool: str | None = None,
 ) -> tuple[Record | None, ClaimOutcome]:
-    """Decide a claim. Returns the record to write (None: leave it as it is) and the outcome."""
+    """Decide a claim. Returns the record to write (None: leave it as it is) and the outcome.
+
+    `tool` (already a `tool_label`) goes into a new record, and into a record this claim writes
+    that has none (an older release wrote it); a tool name already stored stays."""
     record = live(record, now)
     if record is None or record.state is RecordState.RELEASED:
         fence = (record.fence if record else 0) + 1
@@ -58,6 +69,7 @@ def claim(
             completed_at=None,
             expires_at=now + lease + retention,
             result=None,
+            tool=tool,
         )
         return fresh, ClaimOutcome(ClaimStatus.CLAIMED, token=token, fence=fence, attempts=attempts)
     if record.fingerprint != fingerprint:
@@ -86,6 +98,7 @@ def claim(
             updated_at=now,
             lease_deadline=now + lease,
             expires_at=now + lease + retention,
+            tool=record.tool or tool,
         )
         return taken, ClaimOutcome(
             ClaimStatus.CLAIMED,
@@ -95,7 +108,12 @@ def claim(
             took_over=True,
         )
     lost = dataclasses.replace(
-        record, state=RecordState.UNKNOWN, token=None, updated_at=now, expires_at=None
+        record,
+        state=RecordState.UNKNOWN,
+        token=None,
+        updated_at=now,
+        expires_at=None,
+        tool=record.tool or tool,
     )
     return lost, ClaimOutcome(ClaimStatus.UNKNOWN, fence=record.fence, attempts=record.attempts)
 

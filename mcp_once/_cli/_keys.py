@@ -1,10 +1,13 @@
 """`mcp-once keys`: see and settle records, for the operator who must reconcile an unknown outcome.
 
-Stored results are not printed unless asked (`--reveal-result`): they are user data, and an
-operator listing records should not see them by accident. Records that cannot be read are listed
-as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014), so an operator
-must be able to find them. Settling a record as failed is refused for a grace period after its
-last lease ran out (see `_grace`).
+`keys list` shows per record its tool, state, age, lease and fence, and filters by state, tool
+and age. Records are stored under a hash, so the tool's name is what tells an operator which
+record is which; records written by a release that did not store it show "-" (and never match
+`--tool`). Stored results are not printed unless asked (`--reveal-result`): they are user data,
+and an operator listing records should not see them by accident. Records that cannot be read
+are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
+so an operator must be able to find them. Settling a record as failed is refused for a grace
+period after its last lease ran out (see `_grace`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from idempotency import (
     wire,
 )
 
-from . import _grace
+from . import _durations, _grace
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -62,22 +65,61 @@ DEFAULT_SETTLE_RETENTION = 24 * 3600.0
 CORRUPT = "corrupt"
 _LISTED_STATES = [s.value for s in RecordState if s is not RecordState.RELEASED]
 
+#: The names of the servers this project ships, as `--server` needs them (a record's scope holds
+#: the server's name: `MCPServer(name)`, `FastMCP(name)`). Kept in step with the servers by a test.
+EXAMPLE_SERVERS = {
+    "mcp-once-example": "mcp-once serve-example, examples/server.py",
+    "mcp-once-fastmcp-example": "examples/fastmcp_server.py",
+}
+
+_EPILOG = (
+    "Records are stored under a SHA-256 hash of (scope, tool, key); `keys list` shows each"
+    " one's tool (- for a record an earlier release wrote), state, age, lease and fence. To"
+    " find the record of a call from what the client saw, give --client-key, --tool and"
+    " --server, where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
+    + "; ".join(f"{name} for {where}" for name, where in EXAMPLE_SERVERS.items())
+    + ". What to do about -32010, -32012, -32013, -32014 and UNKNOWN records: docs/runbook.md."
+)
+
 
 def add_parser(commands: Any) -> None:
-    keys = commands.add_parser("keys", help="list, show, settle and purge idempotency records")
+    keys = commands.add_parser(
+        "keys",
+        help="list, show, settle and purge idempotency records",
+        description="See and settle the records of guarded tool calls.",
+        epilog=_EPILOG,
+    )
     actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    listing = actions.add_parser("list", help="list records, optionally of one state")
+    listing = actions.add_parser(
+        "list",
+        help="list records (tool, state, age, lease, fence), optionally filtered",
+        description="List records, oldest first. Filters combine; --limit counts the records"
+        " that pass them.",
+        epilog=_EPILOG,
+    )
     listing.add_argument(
         "--state",
         choices=[*_LISTED_STATES, CORRUPT],
         help="only records in this state (corrupt: the ones the server cannot read)",
     )
     listing.add_argument(
+        "--tool",
+        metavar="NAME",
+        help="only records of this tool (records written before tool names were stored have"
+        " none and never match)",
+    )
+    listing.add_argument(
+        "--older-than",
+        type=_durations.duration,
+        metavar="DURATION",
+        help="only records first claimed longer ago than this: seconds (90) or 10m, 2h, 3d",
+    )
+    listing.add_argument(
         "--limit", type=int, default=100, help="list at most N records (default: %(default)s)"
     )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(run=_run(_list, _check_limit))
+    listing.set_defaults(run=_run(_list, _check_list))
 
     show = actions.add_parser("show", help="show one record (its result only if asked)")
     _add_key_arguments(show)
@@ -129,7 +171,11 @@ def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
     )
     derive.add_argument("--client-key", help="the idempotency key the client sent")
     derive.add_argument("--tool", help="the tool name")
-    derive.add_argument("--server", help="the server's name (MCPServer name)")
+    derive.add_argument(
+        "--server",
+        help="the MCP server's own name, MCPServer(name) or FastMCP(name) (the example"
+        f" servers: {', '.join(EXAMPLE_SERVERS)})",
+    )
 
 
 def _store_key(args: argparse.Namespace) -> str:
@@ -194,13 +240,18 @@ def _when(timestamp: float | None) -> str | None:
 
 
 def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
-    """One record for an operator. `fence` is the fence of its last lease, `leaseRanOutAt` when
-    that lease ran out (on this machine's clock; None while it runs, or when it ended with a
-    stored result): what to weigh before settling an UNKNOWN record as failed."""
-    ran_out = record.lease_deadline is not None and record.lease_deadline <= _grace.clock()
+    """One record for an operator. `tool` is None for a record an earlier release wrote;
+    `ageSeconds` counts from its first claim (the store's clock) to now (this machine's);
+    `fence` is the fence of its last lease, `leaseRanOutAt` when that lease ran out (on this
+    machine's clock; None while it runs, or when it ended with a stored result): what to weigh
+    before settling an UNKNOWN record as failed."""
+    now = _grace.clock()
+    ran_out = record.lease_deadline is not None and record.lease_deadline <= now
     described: dict[str, Any] = {
         "key": record.key,
+        "tool": record.tool,
         "state": record.state.value,
+        "ageSeconds": round(max(0.0, now - record.created_at), 3),
         "fence": record.fence,
         "attempts": record.attempts,
         "createdAt": _when(record.created_at),
@@ -230,8 +281,8 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
 
 def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
     """A record the store could not read at all: its key and why, nothing else is known."""
-    fields = ("fence", "attempts", "createdAt", "updatedAt", "leaseDeadline", "leaseRanOutAt")
-    more = ("completedAt", "expiresAt", "resultBytes")
+    fields = ("tool", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
+    more = ("leaseDeadline", "leaseRanOutAt", "completedAt", "expiresAt", "resultBytes")
     return {
         "key": found.key,
         "state": CORRUPT,
@@ -240,39 +291,70 @@ def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
     }
 
 
+#: The table's columns: the JSON fields of the same names, but `age` (from `ageSeconds`).
 _COLUMNS = (
     "key",
+    "tool",
     "state",
+    "age",
     "fence",
     "attempts",
+    "leaseDeadline",
     "leaseRanOutAt",
-    "updatedAt",
     "expiresAt",
     "resultBytes",
 )
 
 
+def _cell(row: dict[str, Any], column: str) -> str:
+    if column == "age":
+        seconds = row["ageSeconds"]
+        return "-" if seconds is None else _durations.age(seconds)
+    value = row[column]
+    return "-" if value is None else str(value)
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    print("  ".join(_COLUMNS))
-    for row in rows:
-        print("  ".join("-" if row[c] is None else str(row[c]) for c in _COLUMNS))
+    """Aligned columns, one record a line, "-" for nothing: `awk '{print $1}'` gets the keys."""
+    lines = [list(_COLUMNS), *([_cell(row, c) for c in _COLUMNS] for row in rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS))]
+    for line in lines:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )
     print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
 
 
-def _check_limit(args: argparse.Namespace) -> None:
+def _check_list(args: argparse.Namespace) -> None:
     if args.limit < 1:
         fail("--limit must be at least 1", EXIT_USAGE)
+    if args.tool is not None and not args.tool.strip():
+        fail("--tool needs a tool name", EXIT_USAGE)
 
 
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
-    """Exit 1 when a corrupt record was found: something an operator must look at."""
+    """Exit 1 when a corrupt record was listed: something an operator must look at.
+
+    The store filters by state and tool before counting `--limit`; `--older-than` is applied
+    here, and still sees every match: the store lists oldest first, so the records older than
+    any age are the first ones of its answer."""
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
     with unreadable_records() as unreadable:
-        records = await store.list_records(state=state, limit=args.limit)
+        records = await store.list_records(state=state, tool=args.tool, limit=args.limit)
+    if args.older_than is not None:
+        cutoff = _grace.clock() - args.older_than
+        records = [r for r in records if r.created_at <= cutoff]
     rows = [_describe(r, reveal=False) for r in records]
-    if state is None:
-        # An unreadable record has no state to filter on: shown when every state is asked for.
+    if state is None and args.tool is None and args.older_than is None:
+        # An unreadable record has no state, tool or age to filter on: shown when nothing is
+        # filtered on, else counted on stderr, so that a filtered view never hides it silently.
         rows += [_describe_unreadable(found) for found in unreadable]
+    elif unreadable:
+        print(
+            f"mcp-once: {len(unreadable)} unreadable record(s) not shown: their state, tool and"
+            " age cannot be read (`mcp-once keys list --state corrupt` lists them)",
+            file=sys.stderr,
+        )
     if args.state == CORRUPT:
         rows = [row for row in rows if row["state"] == CORRUPT]
     if args.json:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -77,6 +78,12 @@ def shop(store: KeyStore, effects: Effects) -> MCPServer:
         await effects.gate.wait()
         effects.count += 1
         return f"charged {cents} for {order} (execution {effects.count})"
+
+    @server.tool()
+    @idempotent(store, lease=LEASE)
+    async def refund(order: str, cents: int) -> str:
+        effects.count += 1
+        return f"refunded {cents} for {order}"
 
     return server
 
@@ -245,23 +252,18 @@ async def test_list_all_by_state_and_as_json(
     table = await cli(capsys, "keys", "list", "--store", backend.url)
     assert table.code == 0, table.err
     lines = table.out.splitlines()
-    assert lines[0].split() == [
-        "key",
-        "state",
-        "fence",
-        "attempts",
-        "leaseRanOutAt",
-        "updatedAt",
-        "expiresAt",
-        "resultBytes",
-    ]
-    rows = {line.split()[0]: line.split() for line in lines[1:-1]}
+    assert lines[0].split() == list(COLUMNS)
+    rows = {line.split()[0]: dict(zip(COLUMNS, line.split(), strict=True)) for line in lines[1:-1]}
     assert set(rows) == {record_key("k-done"), record_key("k-lost")}
-    assert rows[record_key("k-done")][1] == "completed"
-    assert rows[record_key("k-done")][4] == "-"  # its lease ended with a stored result
-    assert rows[record_key("k-lost")][1] == "unknown"
-    assert rows[record_key("k-lost")][4].endswith("Z")  # when the lost worker's lease ran out
-    assert rows[record_key("k-lost")][6:] == ["-", "-"]  # kept until settled; no result
+    done, lost = rows[record_key("k-done")], rows[record_key("k-lost")]
+    assert (done["tool"], done["state"], done["fence"]) == ("charge", "completed", "1")
+    assert done["leaseRanOutAt"] == "-"  # its lease ended with a stored result
+    assert (lost["tool"], lost["state"], lost["fence"]) == ("charge", "unknown", "1")
+    assert lost["leaseRanOutAt"].endswith("Z")  # when the lost worker's lease ran out
+    assert lost["leaseDeadline"] == lost["leaseRanOutAt"]
+    assert (lost["expiresAt"], lost["resultBytes"]) == ("-", "-")  # kept until settled
+    assert re.fullmatch(r"3\ds", lost["age"])  # the store moved LEASE + 1, the operator + 2
+    assert len({line.index(" charge ") for line in lines[1:-1]}) == 1  # aligned columns
     assert lines[-1] == "(2 records)"
 
     unknown = await cli(
@@ -269,7 +271,8 @@ async def test_list_all_by_state_and_as_json(
     )
     assert unknown.code == 0
     [row] = unknown.json()
-    assert row["key"] == record_key("k-lost")
+    assert row["key"] == record_key("k-lost") and row["tool"] == "charge"
+    assert JUST_AFTER <= row["ageSeconds"] < JUST_AFTER + 30  # plus the real time gone by
     assert (row["state"], row["fence"], row["attempts"]) == ("unknown", 1, 1)
     assert row["leaseRanOutAt"] == row["leaseDeadline"] is not None and row["corrupt"] is None
     assert row["expiresAt"] is None and row["resultBytes"] is None and "result" not in row
@@ -288,7 +291,109 @@ async def test_list_all_by_state_and_as_json(
     assert len(limited.json()) == 1
 
 
+#: The table's header: its columns, in order.
+HEADER = "key tool state age fence attempts leaseDeadline leaseRanOutAt expiresAt resultBytes"
+COLUMNS = HEADER.split()
+HOURS = 3600.0
+
+
+def listed_keys(ran: Any) -> list[str]:
+    assert ran.code == 0, ran.err
+    return [line.split()[0] for line in ran.out.splitlines()[1:-1]]
+
+
+async def test_list_filters_by_tool_and_age_before_the_limit(
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two records of each tool three hours old, then one of each just made. The store filters
+    by tool before counting --limit, so `--tool refund --limit 1` finds the oldest refund, not
+    the oldest record (a charge) filtered away."""
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        for key in ("c-old", "r-old", "c-new", "r-new"):
+            await client.call_tool("charge" if key[0] == "c" else "refund", ARGS, meta=meta(key))
+            backend.advance(3 * HOURS if key == "r-old" else 1)  # a strict order, then a gap
+    operator_clock(monkeypatch, 3 * HOURS + 60)
+    c_old, c_new = record_key("c-old"), record_key("c-new")
+    r_old, r_new = record_key("r-old", "refund"), record_key("r-new", "refund")
+
+    def listing(*argv: str) -> Any:
+        return cli(capsys, "keys", "list", *argv, "--store", backend.url)
+
+    assert listed_keys(await listing("--tool", "charge")) == [c_old, c_new]
+    assert listed_keys(await listing("--tool", "refund", "--limit", "1")) == [r_old]
+    assert listed_keys(await listing("--older-than", "2h")) == [c_old, r_old]
+    assert listed_keys(await listing("--older-than", "7200")) == [c_old, r_old]
+    assert listed_keys(await listing("--older-than", "2h", "--tool", "refund")) == [r_old]
+    assert listed_keys(await listing("--older-than", "1d")) == []
+    assert listed_keys(await listing("--older-than", "0")) == [c_old, r_old, c_new, r_new]
+    assert listed_keys(await listing("--tool", "charge", "--state", "unknown")) == []
+    assert listed_keys(await listing("--tool", "no-such-tool")) == []
+
+    old = await listing("--older-than", "10m", "--tool", "charge", "--json")
+    [row] = old.json()
+    assert (row["key"], row["tool"], row["state"]) == (c_old, "charge", "completed")
+    assert 3 * HOURS + 60 <= row["ageSeconds"] < 3 * HOURS + 90  # plus the real time gone by
+    table = await listing("--tool", "refund")
+    ages = [
+        dict(zip(COLUMNS, line.split(), strict=True))["age"]
+        for line in table.out.splitlines()[1:-1]
+    ]
+    assert ages[0].startswith("3h0") and re.fullmatch(r"\d+s|\dm\d\ds", ages[1])
+
+
+async def test_a_record_without_a_tool_name_is_listed_with_a_dash(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the previous release wrote them (it stored no tool name), or a direct store user."""
+    nameless = record_key("k-nameless")
+    claim = await backend.store.claim(nameless, "f" * 64, lease=LEASE, takeover=False)
+    assert claim.status.value == "claimed"
+    table = await cli(capsys, "keys", "list", "--store", backend.url)
+    [line] = table.out.splitlines()[1:-1]
+    row = dict(zip(COLUMNS, line.split(), strict=True))
+    assert (row["key"], row["tool"], row["state"]) == (nameless, "-", "in_progress")
+    assert row["leaseDeadline"].endswith("Z") and row["leaseRanOutAt"] == "-"
+    [as_json] = (await cli(capsys, "keys", "list", "--json", "--store", backend.url)).json()
+    assert as_json["tool"] is None
+    assert (
+        listed_keys(await cli(capsys, "keys", "list", "--tool", "charge", "--store", backend.url))
+        == []
+    )
+    shown = await cli(capsys, "keys", "show", nameless, "--store", backend.url)
+    assert "tool: -" in shown.out.splitlines()
+
+
+@pytest.mark.parametrize(
+    "value", ["abc", "10M", "-5", "1h30m", "", "2 h", "inf", "nan", "1e3", "9" * 400]
+)
+def test_a_bad_older_than_is_a_clear_usage_error(
+    value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "never-opened.sqlite3"
+    ran = sync_cli(capsys, "keys", "list", "--older-than", value, "--store", f"sqlite:///{path}")
+    assert ran.code == 2 and ran.out == "" and "Traceback" not in ran.err
+    assert "argument --older-than:" in ran.err
+    assert "duration" in ran.err and repr(value) in ran.err
+    assert not path.exists()  # refused before the store was opened
+
+
+def test_an_empty_tool_filter_is_a_clear_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "never-opened.sqlite3"
+    for value in ("", "  "):
+        ran = sync_cli(capsys, "keys", "list", "--tool", value, "--store", f"sqlite:///{path}")
+        assert (ran.code, ran.out) == (2, "") and "--tool needs a tool name" in ran.err
+    assert not path.exists()
+
+
 # -- show --------------------------------------------------------------------------------------
+
+
+def steady(shown: str) -> list[str]:
+    """`keys show` output without the line that changes as time goes by (the age)."""
+    return [line for line in shown.splitlines() if not line.startswith("ageSeconds: ")]
 
 
 async def test_show_hides_the_result_unless_revealed_and_derives_the_store_key(
@@ -311,9 +416,9 @@ async def test_show_hides_the_result_unless_revealed_and_derives_the_store_key(
     assert int(fields["resultBytes"]) > 0
 
     by_store_key = await cli(capsys, "keys", "show", record_key("k-show"), "--store", backend.url)
-    assert by_store_key.out == shown.out
+    assert steady(by_store_key.out) == steady(shown.out)
     upper = await cli(capsys, "keys", "show", record_key("k-show").upper(), "--store", backend.url)
-    assert upper.out == shown.out
+    assert steady(upper.out) == steady(shown.out)
 
     revealed = await cli(
         capsys,
@@ -626,10 +731,16 @@ async def test_list_shows_corrupt_records_and_exits_1(
 
     table = await cli(capsys, "keys", "list", "--state", "corrupt", "--store", backend.url)
     assert table.code == 1
-    rows = {line.split()[0]: line.split()[1] for line in table.out.splitlines()[1:-1]}
-    assert rows == {record_key("k-damaged"): "corrupt", bad: "corrupt"}
+    rows = {line.split()[0]: line.split()[1:3] for line in table.out.splitlines()[1:-1]}
+    # The damaged record's tool cannot be read; the one with a foreign result named none.
+    assert rows == {record_key("k-damaged"): ["-", "corrupt"], bad: ["-", "corrupt"]}
     healthy = await cli(capsys, "keys", "list", "--state", "unknown", "--store", backend.url)
     assert healthy.out.splitlines()[-1] == "(0 records)"
+    # A filtered view cannot place an unreadable record it meets, and says so instead of hiding
+    # it (SQLite filters rows before reading them: it meets only rows of that tool, Redis all).
+    by_tool = await cli(capsys, "keys", "list", "--tool", "charge", "--store", backend.url)
+    assert by_tool.code == 0 and listed_keys(by_tool) == [record_key("k-fine")]
+    assert "1 unreadable record(s) not shown" in by_tool.err and "--state corrupt" in by_tool.err
 
     shown = await cli(capsys, "keys", "show", record_key("k-damaged"), "--store", backend.url)
     assert shown.code == 1 and "corrupted or foreign" in shown.err

@@ -204,7 +204,9 @@ def effect_server(
 class DownStore(MemoryKeyStore):
     """Every claim fails as an unreachable store's does."""
 
-    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+    ) -> Any:
         raise StoreUnavailable("connection refused")
 
 
@@ -238,8 +240,10 @@ class Watched:
         self.renewed_enough = anyio.Event()
         self.fail_renewals = False
 
-    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
-        return await self.inner.claim(key, fingerprint, lease=lease, takeover=takeover)
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+    ) -> Any:
+        return await self.inner.claim(key, fingerprint, lease=lease, takeover=takeover, tool=tool)
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
         if self.fail_renewals:
@@ -262,8 +266,10 @@ class Watched:
     async def get(self, key: str) -> Any:
         return await self.inner.get(key)
 
-    async def list_records(self, *, state: Any = None, limit: int = 100) -> Any:
-        return await self.inner.list_records(state=state, limit=limit)
+    async def list_records(
+        self, *, state: Any = None, tool: str | None = None, limit: int = 100
+    ) -> Any:
+        return await self.inner.list_records(state=state, tool=tool, limit=limit)
 
     async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
         return bool(await self.inner.settle(key, result=result, retention=retention))
@@ -333,8 +339,10 @@ class Outage(Watched):
             if inspect.iscoroutine(call):
                 call.close()  # not awaited when refused
 
-    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
-        call = super().claim(key, fingerprint, lease=lease, takeover=takeover)
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+    ) -> Any:
+        call = super().claim(key, fingerprint, lease=lease, takeover=takeover, tool=tool)
         return await self._through("claim", call)
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:

@@ -129,8 +129,10 @@ class HeldClaim(MemoryKeyStore):
         self.claimed = anyio.Event()
         self.proceed = anyio.Event()
 
-    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
-        outcome = await super().claim(key, fingerprint, lease=lease, takeover=takeover)
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+    ) -> Any:
+        outcome = await super().claim(key, fingerprint, lease=lease, takeover=takeover, tool=tool)
         self.claimed.set()
         await self.proceed.wait()
         return outcome

@@ -248,10 +248,12 @@ class FailsOnceBusy(MemoryKeyStore):
         self.fail = fail
         self.gone = False
 
-    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+    ) -> Any:
         if self.gone:
             raise StoreUnavailable("connection refused")
-        outcome = await super().claim(key, fingerprint, lease=lease, takeover=takeover)
+        outcome = await super().claim(key, fingerprint, lease=lease, takeover=takeover, tool=tool)
         self.gone = outcome.status.value == "busy"
         return outcome
 
@@ -309,7 +311,9 @@ async def test_corrupted_record_is_a_clear_error_and_left_untouched() -> None:
 
 
 class CorruptStore(MemoryKeyStore):
-    async def claim(self, key: str, fingerprint: str, *, lease: float, takeover: bool) -> Any:
+    async def claim(
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+    ) -> Any:
         raise CorruptRecord(key, "unexpected field")
 
 

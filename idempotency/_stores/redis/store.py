@@ -9,10 +9,11 @@ Why it is built this way:
   workers' clocks agreeing. Liveness is the logical `expires_at` stored in the record; the key's
   PEXPIRE is only garbage collection, set at or after the logical expiry (at least 1 s), and
   never on UNKNOWN records, which wait for an operator.
-* A record is one Redis string (binary header, fingerprint, token, result; see
-  `scripts/lib.lua`) in key `{prefix}{key}`: the key is its own hash tag, so every key a
-  record touches lives in one Redis Cluster slot. One string costs ~250 bytes beyond the result;
-  a hash would turn into a hashtable past 64-byte values and cost ~900.
+* A record is one Redis string (binary header, fingerprint, token, tool name, result; see
+  `scripts/lib.lua`: a record of the previous release, without a tool name, still reads) in
+  key `{prefix}{key}`: the key is its own hash tag, so every key a record touches lives in one
+  Redis Cluster slot. One string costs ~250 bytes beyond the result; a hash would turn into a
+  hashtable past 64-byte values and cost ~900.
 * One multiplexed connection per event loop carries every call (`wire.py`): concurrent
   calls share it, commands issued in one loop turn leave in one write, and replies are matched
   in order. There is no pool to run out of. Waiting duplicates share one subscriber connection
@@ -93,6 +94,7 @@ from ..store import (
     StoreUnavailable,
     check_list_limit,
     pass_over,
+    tool_label,
 )
 from ..url_options import (
     boolean,
@@ -406,7 +408,7 @@ class RedisKeyStore:
     # -- transitions -------------------------------------------------------------------------
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool
+        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         fingerprint_bytes = _pack_fingerprint(fingerprint)
@@ -424,6 +426,7 @@ class RedisKeyStore:
             1 if takeover else 0,
             self._orphan_retention_us,
             token,
+            (tool_label(tool) or "").encode(),
         )
         try:
             if not self._durable:
@@ -533,7 +536,7 @@ class RedisKeyStore:
                     delay = min(delay * 2, self._poll_cap)
 
     async def list_records(
-        self, *, state: RecordState | None = None, limit: int = 100
+        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
     ) -> list[Record]:
         """Scans every key under the prefix (SCAN plus one pipelined read per 500 keys): an
         operator's tool whose cost grows with the number of records, not a request path.
@@ -553,7 +556,7 @@ class RedisKeyStore:
                 except CorruptRecord as exc:
                     pass_over(exc)
                     continue
-                if record is not None and (state is None or record.state is state):
+                if record is not None and rules.listed(record, state, tool):
                     found.append(record)
             if limit >= 0 and len(found) > 2 * limit + SCAN_BATCH:
                 found = heapq.nsmallest(limit, found, key=order)
@@ -1013,7 +1016,7 @@ def _visible(key: str, reply: Any) -> Record | None:
     if kind != b"record":
         raise _failed(key, reply)
     (_, now, state, fence, attempts, created, updated, lease, completed, expires) = reply[:10]
-    fingerprint, token, result = reply[10:13]
+    fingerprint, token, result, tool = reply[10:14]
     record_state = _STATES[int(state)]
     record = Record(
         key=key,
@@ -1028,6 +1031,7 @@ def _visible(key: str, reply: Any) -> Record | None:
         completed_at=_optional_seconds(completed),
         expires_at=_optional_seconds(expires),
         result=bytes(result) if record_state is RecordState.COMPLETED else None,
+        tool=bytes(tool).decode(errors="replace") or None,
     )
     return rules.visible(record, _seconds(now))
 

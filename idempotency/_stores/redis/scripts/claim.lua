@@ -1,4 +1,5 @@
--- claim(KEYS[1]; ARGV: offset_us, fingerprint, lease_us, takeover 1|0, orphan_retention_us, token)
+-- claim(KEYS[1]; ARGV: offset_us, fingerprint, lease_us, takeover 1|0, orphan_retention_us, token,
+--       tool name ('' for none; at most 255 bytes))
 -- Mirrors idempotency._stores.transitions.claim. Replies:
 --   {'claimed', token, fence, attempts, took_over 1|0}
 --   {'replay', fence, attempts, completed_us, result}
@@ -11,6 +12,7 @@
 -- created = updated, a takeover keeps the first claim's created (and this path keeps updated).
 local key, fp, token = KEYS[1], ARGV[2], ARGV[6]
 local lease, takeover, retention = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local tool = ARGV[7]
 local now = clock()
 local stored, why = load(key)
 if why then
@@ -29,7 +31,7 @@ if r == nil or r.state == RELEASED then
     save(key, {
         state = IN_PROGRESS, fence = fence, attempts = attempts, created = now, updated = now,
         lease = now + lease, completed = 0, expires = now + lease + retention,
-        fp = fp, token = token, result = '',
+        fp = fp, token = token, tool = tool, result = '',
     }, now)
     return {'claimed', token, fence, attempts, 0}
 end
@@ -44,6 +46,11 @@ if r.state == UNKNOWN then
 end
 if now < r.lease then
     return {'busy', r.fence, r.lease - now}
+end
+-- A record written without a tool name (the previous release) takes it from the claim that
+-- writes it now; a stored name stays.
+if r.tool == '' then
+    r.tool = tool
 end
 if takeover then
     r.token = token

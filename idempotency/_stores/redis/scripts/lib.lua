@@ -4,19 +4,25 @@
 -- then the result bytes. One string rather than a hash keeps a completed record's overhead near
 -- 200 bytes; a hash turns into a hashtable as soon as the result passes 64 bytes (~900 bytes).
 --
---   >B  format (1)          >B  state (1 in progress, 2 completed, 3 unknown, 4 released)
+--   >B  format (1 or 2)     >B  state (1 in progress, 2 completed, 3 unknown, 4 released)
 --   >i8 fence               >i8 attempts
 --   >i8 created_us          >i8 updated_us
 --   >i8 lease_deadline_us   >i8 completed_us       >i8 expires_us     (0 = none)
 --   >H  fingerprint length, fingerprint bytes (as the client packed them: a SHA-256 hex
 --       digest arrives as 0xFF + 32 raw bytes; scripts only compare them)
 --   B   token length (32 or 0), token bytes
+--   format 2 only: B tool name length (1..255), tool name bytes (UTF-8, for operators)
 --   result bytes (the rest)
+--
+-- Format 1 is a record without a tool name (the previous release wrote only those): it is read
+-- as a record whose tool is unknown, and written again as format 1 until a claim names its tool.
+-- A record with a tool name is format 2, which the previous release refuses as unknown, so a
+-- record never says "format 2" unless it carries a tool name.
 --
 -- All times are microseconds of the Redis clock (TIME) plus ARGV[1], a test-only offset.
 -- expires_us decides liveness; the key's PEXPIRE is only garbage collection, never earlier.
 
-local FORMAT = 1
+local FORMAT, FORMAT_WITH_TOOL = 1, 2
 local IN_PROGRESS, COMPLETED, UNKNOWN, RELEASED = 1, 2, 3, 4
 local HEAD = '>BBi8i8i8i8i8i8i8'
 local HEAD_BYTES = 58
@@ -41,7 +47,7 @@ local function decode(raw)
     if not ok then
         return nil, 'unreadable header'
     end
-    if v ~= FORMAT then
+    if v ~= FORMAT and v ~= FORMAT_WITH_TOOL then
         return nil, 'unknown record format ' .. int(v)
     end
     local fplen = struct.unpack('>H', raw, pos)
@@ -57,10 +63,20 @@ local function decode(raw)
         return nil, 'truncated token'
     end
     local token = string.sub(raw, pos, pos + tlen - 1)
+    pos = pos + tlen
+    local tool = ''
+    if v == FORMAT_WITH_TOOL then
+        local nlen = string.byte(raw, pos)
+        if nlen == nil or nlen == 0 or pos + nlen > #raw then
+            return nil, 'truncated tool name'
+        end
+        tool = string.sub(raw, pos + 1, pos + nlen)
+        pos = pos + 1 + nlen
+    end
     local rec = {
         state = st, fence = fence, attempts = att, created = cr, updated = up, lease = ls,
-        completed = cp, expires = ex, fp = fp, token = token,
-        result = string.sub(raw, pos + tlen),
+        completed = cp, expires = ex, fp = fp, token = token, tool = tool,
+        result = string.sub(raw, pos),
     }
     if st < IN_PROGRESS or st > RELEASED then
         return nil, 'unknown state ' .. int(st)
@@ -96,9 +112,14 @@ local function load(key)
 end
 
 local function encode(r)
-    return struct.pack(HEAD, FORMAT, r.state, r.fence, r.attempts, r.created, r.updated,
+    local format, tool = FORMAT, ''
+    if #r.tool > 0 then
+        format, tool = FORMAT_WITH_TOOL, string.char(#r.tool) .. r.tool
+    end
+    return struct.pack(HEAD, format, r.state, r.fence, r.attempts, r.created, r.updated,
             r.lease, r.completed, r.expires)
-        .. struct.pack('>H', #r.fp) .. r.fp .. string.char(#r.token) .. r.token .. r.result
+        .. struct.pack('>H', #r.fp) .. r.fp .. string.char(#r.token) .. r.token .. tool
+        .. r.result
 end
 
 local function save(key, r, now)
