@@ -188,7 +188,8 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     rows.append(
         row(
             "guard CPU µs per keyed call (keyed − unwrapped, process_time), in-process, memory"
-            f" store (wall p50: +{wall} µs); ceiling: the floor guard's",
+            f" store{'' if wall is None else f' (wall p50: +{wall} µs)'}; ceiling: the floor"
+            " guard's",
             cpu,
             f"<= {GUARD_CPU_US} µs",
             None if cpu is None else cpu <= GUARD_CPU_US,
