@@ -1,8 +1,16 @@
-"""How long each benchmark runs: one object, so `--quick` means the same thing everywhere."""
+"""How each benchmark runs (its length and its event loop): one object, so `--quick` and
+`--uvloop` mean the same thing everywhere."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar, TypeVarTuple
+
+import anyio
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +39,10 @@ class Scale:
     journal_rounds: int
     journal_calls: int
     journal_warmup: int
+    #: The event loop of the measuring process and of the HTTP server processes: asyncio unless
+    #: `--uvloop`. Pinned either way: uvicorn's default (`loop="auto"`) silently switches to
+    #: uvloop whenever it is installed, which changes absolute figures without saying so.
+    uvloop: bool = False
 
 
 FULL = Scale(
@@ -93,3 +105,8 @@ SMOKE = Scale(
     journal_calls=10,
     journal_warmup=3,
 )
+
+
+def run_async(scale: Scale, func: Callable[[*Ts], Awaitable[T]], *args: *Ts) -> T:
+    """`anyio.run` on the event loop `scale` names (asyncio, or uvloop under `--uvloop`)."""
+    return anyio.run(func, *args, backend_options={"use_uvloop": scale.uvloop})

@@ -1,31 +1,52 @@
 """The MCP servers the call-level benchmarks talk to: one guarded tool and its unwrapped twin.
 
 Both tools do the same work (return the text they are given, optionally after a pause), so the
-difference between calling `keyed` and `plain` is exactly what `@idempotent` adds.
+difference between calling `keyed` and `plain` is exactly what `@idempotent` adds. A third twin,
+`floor`, is the guard's floor: the same store work by hand (see `bench_server`).
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
 import anyio
 import uvicorn
-from mcp.server.mcpserver import MCPServer
-from mcp_types import RequestParamsMeta, ToolAnnotations
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, RequestParamsMeta, TextContent, ToolAnnotations
 
-from idempotency import KeyStore, idempotent, wire
+from idempotency import (
+    DEFAULT_LEASE,
+    CallScope,
+    KeyStore,
+    default_scope,
+    encode_result,
+    fingerprint,
+    idempotent,
+    rfc3339,
+    store_key,
+    wire,
+)
 
 SERVER_NAME = "bench"
 
 
 def bench_server(store: KeyStore, **options: Any) -> MCPServer:
-    """Tools: `plain` (unwrapped), `keyed` (guarded), `slow` (guarded, sleeps `seconds`).
+    """Tools: `plain` (unwrapped), `keyed` (guarded), `floor` (hand-guarded), `slow` (guarded,
+    sleeps `seconds`).
 
-    `plain` and `keyed` return `text` followed by `size` filler characters, so the result size
-    is chosen by the caller without a large argument."""
+    `plain`, `keyed` and `floor` return `text` followed by `size` filler characters, so the
+    result size is chosen by the caller without a large argument.
+
+    `floor` is the least a guard can do for a first execution with the same store: read the key,
+    fingerprint the call, name its record, claim it, run the body, store the encoded result,
+    answer with the result marker. No policy, no lease renewal, no cancellation shield, no
+    telemetry, no error handling (any other answer than "claimed" fails the benchmark): the gap
+    between `floor` and `plain` is the store work and the marker, the gap between `keyed` and
+    `floor` is the guard's own machinery."""
     server = MCPServer(SERVER_NAME, log_level="WARNING")
     hint = ToolAnnotations(idempotent_hint=True)
 
@@ -37,6 +58,36 @@ def bench_server(store: KeyStore, **options: Any) -> MCPServer:
     @idempotent(store, **options)
     async def keyed(text: str, size: int = 0) -> str:
         return text + "x" * size
+
+    scope = default_scope(CallScope(server.name, "floor", None, None, None))
+    retention = float(options.get("retention", 24 * 3600.0))
+
+    @server.tool(annotations=hint)
+    async def floor(text: str, ctx: Context, size: int = 0) -> CallToolResult:
+        key = ctx.request_context.meta[wire.KEY_META]  # type: ignore[index,literal-required]
+        record = store_key(scope, "floor", key)
+        claimed = await store.claim(
+            record, fingerprint("floor", {"text": text, "size": size}), lease=DEFAULT_LEASE,
+            takeover=False,
+        )  # fmt: skip
+        if claimed.token is None:
+            raise RuntimeError(f"the floor guard expects first executions only: {claimed}")
+        out = text + "x" * size  # as `keyed` answers: text content and structured content
+        result = CallToolResult(
+            content=[TextContent(type="text", text=out)], structured_content={"result": out}
+        )
+        executed_at = time.time()
+        stored = encode_result(result, executed_at)
+        if not await store.complete(record, claimed.token, stored, retention=retention):
+            raise RuntimeError("the floor guard lost its claim")
+        marker = {
+            "key": key,
+            "keySource": "client",
+            "status": "executed",
+            "executedAt": rfc3339(executed_at),
+            "attempts": 1,
+        }
+        return result.model_copy(update={"meta": {wire.IDEMPOTENCY_META: marker}})
 
     @server.tool(annotations=hint)
     @idempotent(store, **options)

@@ -52,7 +52,8 @@ def pair_script_source() -> str:
     at the network cost of one request, for `redis-benchmark` (which cannot chain two commands).
 
     ARGV: offset, fingerprint, lease_us, takeover, orphan_retention_us, token, retention_us,
-    result — the claim's six, then the complete's retention and result.
+    result — the claim's first six (its seventh, the tool name, is '': none, as `store.claim`
+    without `tool=` sends), then the complete's retention and result.
     """
     prelude = lua.CLAIM.source.split("\n-- claim(KEYS[1]", 1)[0]
     claim_body = lua.CLAIM.source[len(prelude) :]
@@ -63,7 +64,7 @@ def pair_script_source() -> str:
         f"{prelude}\n"
         f"local function claim_step(KEYS, ARGV)\n{claim_body}\nend\n"
         f"local function complete_step(KEYS, ARGV)\n{complete_body}\nend\n"
-        "local c = claim_step(KEYS, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})\n"
+        "local c = claim_step(KEYS, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ''})\n"
         "if c[1] ~= 'claimed' then return c end\n"
         "return complete_step(KEYS, {ARGV[1], ARGV[6], ARGV[7], ARGV[8]})\n"
     )

@@ -8,12 +8,19 @@ their difference is what the guard costs. Measured for every combination of
 * store: `memory` (in-process `MemoryKeyStore`), `sqlite` (embedded file, full runs only) and
   `redis` (a private redis-server on loopback);
 * variant: `plain`, `keyed` (a plain `Client` attaching a fresh key: every call is a first
-  execution) and `retrying` (`RetryingSession` end to end: it mints the key).
+  execution), `retrying` (`RetryingSession` end to end: it mints the key) and `floor` (the same
+  store work by a hand-minimal guard, `_servers.bench_server`: the floor any guard can reach).
 
 Latency is one caller issuing calls back to back, the variants interleaved call by call;
 throughput is 16 concurrent callers. Each round runs every combination; ratios are taken per
 round (keyed p50 / plain p50 of the same round) and reported as median with min/max, next to
-the absolute difference in milliseconds.
+the absolute difference in milliseconds. `floor / plain` is the ceiling beside each ratio: what
+keyed / plain would read if the guard cost nothing beyond its store work.
+
+In process, client and server share one process, so `time.process_time` around each call is
+all the CPU the call cost; keyed − plain is the guard's CPU per keyed call (floor − plain: the
+floor's), reported next to the wall-time difference. Per round the mean (garbage collection is
+a real cost), then the median of rounds. HTTP servers run on the asyncio loop unless `--uvloop`.
 
 The result-size sweep (full runs) repeats the latency measurement for results of 100 B to
 100 KB and draws `results/latency_vs_result_size.png`.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import statistics
 import sys
 import tempfile
 import time
@@ -40,13 +48,17 @@ from idempotency import open_store
 from orchestrator import RetryingSession
 
 from ._redis import REPO, RedisServer, free_port
-from ._scale import Scale
+from ._scale import Scale, run_async
 from ._servers import bench_server, key_meta
 from ._stats import percentile, spread
 from ._timing import async_rate
 
 TRANSPORTS = ("in_process", "http")
-VARIANTS = ("plain", "keyed", "retrying")
+VARIANTS = ("plain", "keyed", "retrying", "floor")
+#: Throughput (16 callers) is measured for these; the floor's latency is enough for its ceiling.
+THROUGHPUT_VARIANTS = ("plain", "keyed", "retrying")
+#: `_latencies` keys holding CPU microseconds per call (in process only), by variant.
+CPU = "cpu_us:"
 RESULT_SIZE = 200
 SIZES = (100, 1_000, 10_000, 100_000)
 THROUGHPUT_CALLERS = 16
@@ -63,15 +75,15 @@ def _store_url(store: str, redis_url: str, tmp: Path) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _http_servers(store_urls: list[str]) -> AsyncIterator[list[str]]:
-    """One server process per store URL, all started at once; yields their endpoint URLs."""
+async def _http_servers(store_urls: list[str], *, uvloop: bool) -> AsyncIterator[list[str]]:
+    """One server process per store URL, all started at once, on the asyncio loop (uvloop if
+    `uvloop`); yields their endpoint URLs."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     started: list[tuple[Process, int]] = []
     try:
         for store_url in store_urls:
             port = free_port()
-            command = [sys.executable, "-m", "benchmarks._http_server"]
-            command += ["--store", store_url, "--port", str(port)]
+            command = server_command(store_url, port, uvloop=uvloop)
             proc = await anyio.open_process(
                 command, cwd=REPO, env=env, stdin=DEVNULL, stdout=DEVNULL, stderr=None
             )
@@ -101,6 +113,13 @@ async def _http_servers(store_urls: list[str]) -> AsyncIterator[list[str]]:
                     await proc.wait()
 
 
+def server_command(store_url: str, port: int, *, uvloop: bool) -> list[str]:
+    """The command line of one benchmark HTTP server process (`benchmarks._http_server`)."""
+    command = [sys.executable, "-m", "benchmarks._http_server"]
+    command += ["--store", store_url, "--port", str(port)]
+    return [*command, "--uvloop"] if uvloop else command
+
+
 async def open_client(stack: contextlib.AsyncExitStack, transport: str, target: str) -> Client:
     """A client of the benchmark server, closed with `stack`: in process (`target` is its key
     store's URL) or over HTTP (`target` is its endpoint URL)."""
@@ -125,8 +144,8 @@ async def _endpoint(transport: str, target: str, warmup: int) -> AsyncIterator[C
             args = {"text": f"{n}", "size": size}
             if variant == "plain":
                 result = await client.call_tool("plain", args)
-            elif variant == "keyed":
-                result = await client.call_tool("keyed", args, meta=key_meta(f"{nonce}-{n}"))
+            elif variant in ("keyed", "floor"):
+                result = await client.call_tool(variant, args, meta=key_meta(f"{nonce}-{n}"))
             else:
                 result = await retrying.call_tool("keyed", args)
             if result.is_error:
@@ -146,20 +165,37 @@ async def _endpoint(transport: str, target: str, warmup: int) -> AsyncIterator[C
 async def _latencies(
     call: Call, variants: tuple[str, ...], calls: int, size: int
 ) -> dict[str, list[float]]:
-    """Milliseconds per call, the variants interleaved call by call (rotating which goes
-    first), so that a change in machine load hits every variant alike."""
+    """Milliseconds per call by variant, the variants interleaved call by call (rotating which
+    goes first), so that a change in machine load hits every variant alike; under `CPU +
+    variant`, the process's CPU microseconds per call."""
     found: dict[str, list[float]] = {v: [] for v in variants}
+    found.update({CPU + v: [] for v in variants})
     for n in range(calls):
         k = n % len(variants)
         for variant in variants[k:] + variants[:k]:
+            cpu = time.process_time()
             started = time.perf_counter()
             await call(variant, n, size)
             found[variant].append((time.perf_counter() - started) * 1000)
+            found[CPU + variant].append((time.process_time() - cpu) * 1e6)
     return found
 
 
-def _latency_summary(rounds: list[dict[str, list[float]]]) -> dict[str, Any]:
-    return latency_summary(rounds, VARIANTS, ("keyed", "retrying"))
+def _latency_summary(rounds: list[dict[str, list[float]]], *, cpu: bool) -> dict[str, Any]:
+    """`latency_summary` of every variant; with `cpu` (in process) also the CPU per call."""
+    out = latency_summary(rounds, VARIANTS, ("keyed", "retrying", "floor"))
+    if not cpu:
+        return out
+
+    def mean(r: dict[str, list[float]], variant: str) -> float:
+        return statistics.fmean(r[CPU + variant])
+
+    out["cpu_us_per_call"] = {v: spread([mean(r, v) for r in rounds], 1) for v in VARIANTS}
+    for variant in ("keyed", "floor"):
+        out[f"{variant}_minus_plain_cpu_us"] = spread(
+            [mean(r, variant) - mean(r, "plain") for r in rounds], 1
+        )
+    return out
 
 
 def latency_summary(
@@ -194,7 +230,7 @@ async def _measure(scale: Scale) -> dict[str, Any]:
     combos = [(t, s) for t in TRANSPORTS for s in stores]
     latency: dict[tuple[str, str], list[dict[str, list[float]]]] = {c: [] for c in combos}
     rates: dict[tuple[str, str], dict[str, list[float]]] = {
-        c: {v: [] for v in VARIANTS} for c in combos
+        c: {v: [] for v in THROUGHPUT_VARIANTS} for c in combos
     }
     sweep: dict[tuple[str, str], dict[int, list[dict[str, list[float]]]]] = {}
     with RedisServer() as redis_server, tempfile.TemporaryDirectory() as tmp:
@@ -206,7 +242,9 @@ async def _measure(scale: Scale) -> dict[str, Any]:
                 folder.mkdir()
                 targets[(transport, store)] = _store_url(store, redis_server.url, folder)
             http = [c for c in combos if c[0] == "http"]
-            urls = await stack.enter_async_context(_http_servers([targets[c] for c in http]))
+            urls = await stack.enter_async_context(
+                _http_servers([targets[c] for c in http], uvloop=scale.uvloop)
+            )
             targets.update(zip(http, urls, strict=True))
             for combo in combos:
                 endpoints[combo] = await stack.enter_async_context(
@@ -219,7 +257,7 @@ async def _measure(scale: Scale) -> dict[str, Any]:
                     latency[combo].append(await _latencies(call, order, calls, RESULT_SIZE))
                     if round_no >= scale.overhead_throughput_rounds:
                         continue
-                    for variant in order:
+                    for variant in (v for v in order if v in THROUGHPUT_VARIANTS):
 
                         async def op(n: int, variant: str = variant, call: Call = call) -> None:
                             await call(variant, n, RESULT_SIZE)
@@ -235,13 +273,15 @@ async def _measure(scale: Scale) -> dict[str, Any]:
         "rounds": rounds,
         "throughput_callers": THROUGHPUT_CALLERS,
         "throughput_window_seconds": window,
+        "event_loop": "uvloop" if scale.uvloop else "asyncio",
         "latency": {},
         "throughput": {},
     }
     for (transport, store), runs in latency.items():
-        out["latency"].setdefault(transport, {})[store] = _latency_summary(runs)
+        summary = _latency_summary(runs, cpu=transport == "in_process")
+        out["latency"].setdefault(transport, {})[store] = summary
         per_variant = rates[(transport, store)]
-        entry: dict[str, Any] = {v: spread(per_variant[v], 0) for v in VARIANTS}
+        entry: dict[str, Any] = {v: spread(per_variant[v], 0) for v in THROUGHPUT_VARIANTS}
         entry["keyed_vs_plain"] = spread(
             [k / p for k, p in zip(per_variant["keyed"], per_variant["plain"], strict=True)]
         )
@@ -270,6 +310,20 @@ async def _measure(scale: Scale) -> dict[str, Any]:
     out["overhead_ratio_in_process_by_store"] = {
         s: v["keyed_vs_plain_p50"]["median"] for s, v in out["latency"]["in_process"].items()
     }
+    for transport in TRANSPORTS:
+        out[f"floor_ratio_{transport}_by_store"] = {
+            s: v["floor_vs_plain_p50"]["median"] for s, v in out["latency"][transport].items()
+        }
+    in_process = out["latency"]["in_process"]
+    out["guard_cpu_us_by_store"] = {
+        s: v["keyed_minus_plain_cpu_us"]["median"] for s, v in in_process.items()
+    }
+    out["floor_cpu_us_by_store"] = {
+        s: v["floor_minus_plain_cpu_us"]["median"] for s, v in in_process.items()
+    }
+    out["guard_wall_us_by_store"] = {
+        s: round(v["keyed_minus_plain_p50_ms"]["median"] * 1000, 1) for s, v in in_process.items()
+    }
     return out
 
 
@@ -288,7 +342,7 @@ async def _sweep(
 
 
 def measure(scale: Scale) -> dict[str, Any]:
-    return anyio.run(_measure, scale)
+    return run_async(scale, _measure, scale)
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:

@@ -37,7 +37,7 @@ from mcp.client import Client
 from idempotency import MemoryKeyStore
 from orchestrator import RetryBudget, RetryingSession, RetryPolicy, streamable_http_transport
 
-from ._scale import Scale
+from ._scale import Scale, run_async
 from ._servers import bench_server, serve_http
 from ._stats import spread
 
@@ -264,7 +264,7 @@ async def _measure(scale: Scale) -> dict[str, Any]:
 
 
 def measure(scale: Scale) -> dict[str, Any]:
-    return anyio.run(_measure, scale)
+    return run_async(scale, _measure, scale)
 
 
 if __name__ == "__main__":

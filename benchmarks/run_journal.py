@@ -31,14 +31,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import redis
 
 from orchestrator import Journal, MemoryJournal, RetryingSession, Run, SQLiteJournal
 from orchestrator._journal.redis import RedisJournal
 
 from ._redis import RedisServer
-from ._scale import Scale
+from ._scale import Scale, run_async
 from .call_overhead import Call, _http_servers, _latencies, latency_summary, open_client
 
 TRANSPORTS = ("in_process", "http")
@@ -164,7 +163,9 @@ async def _measure(scale: Scale) -> dict[str, Any]:
             await journals.by_name["sqlite"].runs()  # the file and its tables
             empty_sqlite = _sqlite_size(journals.sqlite_path)
             async with contextlib.AsyncExitStack() as stack:
-                (url,) = await stack.enter_async_context(_http_servers(["memory://"]))
+                (url,) = await stack.enter_async_context(
+                    _http_servers(["memory://"], uvloop=scale.uvloop)
+                )
                 targets = {"in_process": "memory://", "http": url}
                 warmup = scale.journal_warmup
                 endpoints = {
@@ -203,7 +204,7 @@ async def _measure(scale: Scale) -> dict[str, Any]:
 
 
 def measure(scale: Scale) -> dict[str, Any]:
-    return anyio.run(_measure, scale)
+    return run_async(scale, _measure, scale)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis_server import redis_server_binary
@@ -111,3 +112,28 @@ def test_the_run_journal_benchmark_journals_every_call(quick_json: dict[str, obj
     assert 0 < sizes["redis"]["bytes_per_entry"] <= 300
     ratios = quick_json["journal_ratio_by_transport"]
     assert set(ratios) == {"in_process", "http"}  # type: ignore[arg-type]
+
+
+def test_every_ratio_has_its_ceiling_measured_in_the_same_run(
+    quick_json: dict[str, Any],
+) -> None:
+    """Shapes and signs, not timings: the two-round-trip ceiling, this disk's commit ceiling,
+    the floor guard beside every keyed / unwrapped ratio, and CPU per call in process."""
+    st = quick_json["results"]["store_throughput"]
+    for where in ("blocking", "event_loop"):
+        assert st["ceiling"][f"round_trip_us_{where}"]["median"] > 0
+    if _powertools_importable():
+        assert st["ceiling"]["vs_powertools_blocking"]["median"] > 0
+    assert st["sqlite_commit_ceiling"]["median"] > 0
+    assert set(st["contenders"]["sqlite"]) == {"1", "16"}
+    co = quick_json["results"]["call_overhead"]
+    for transport in ("in_process", "http"):
+        for store, summary in co["latency"][transport].items():
+            assert summary["floor_vs_plain_p50"]["median"] > 0, (transport, store)
+    cpu = co["latency"]["in_process"]["memory"]["cpu_us_per_call"]
+    assert all(cpu[variant]["median"] > 0 for variant in ("plain", "keyed", "floor"))
+    assert "cpu_us_per_call" not in co["latency"]["http"]["memory"]  # the server's CPU is elsewhere
+    assert co["event_loop"] == st["event_loop"] == quick_json["environment"]["event_loop"]
+    assert co["event_loop"] == "asyncio"
+    (guard,) = [row for row in quick_json["targets"] if row["metric"].startswith("guard CPU")]
+    assert guard["measured"] is not None and guard["ceiling"] is not None
