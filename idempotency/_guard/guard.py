@@ -30,7 +30,6 @@ decoded and stamped by `replay.py`. The tool reads its claim with `current_claim
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -422,19 +421,21 @@ class Guard:
         )
         with anyio.CancelScope(shield=True):
             run = _Run()
-            limit = math.inf if policy.max_run_time is None else policy.max_run_time
-            run_scope = anyio.CancelScope(deadline=anyio.current_time() + limit)
+            run_scope = anyio.CancelScope()
             # Renewed by the event loop's shared renewal service (no task per call), from the
-            # claim until the result is stored or given up (rule 11).
-            with keep_lease(
+            # claim until the result is stored or given up (rule 11); the same service cancels
+            # `run_scope` if the lease is lost or the tool outruns `max_run_time`.
+            keeper = keep_lease(
                 self.store,
                 t.store_key,
                 token,
                 lease=policy.lease,
                 held_until=claimed_at + policy.lease,
+                max_run_time=policy.max_run_time,
                 run_scope=run_scope,
                 trace=t.trace,
-            ) as keeper:
+            )
+            try:
                 with run_scope, holding(claim):
                     try:
                         run.result = await execute()
@@ -445,6 +446,8 @@ class Guard:
                 aborted = run.result is None and (run.raised is None or cut is not None)
                 if not aborted:
                     answer = await self._finish(t, outcome, token, run, error_result, keeper)
+            finally:
+                keeper.end()
             if aborted:
                 answer = await self._after_abort(
                     t, token, takeover, lease_lost=keeper.lost, interrupted=cut
