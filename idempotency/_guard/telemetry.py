@@ -88,6 +88,21 @@ class Trace:
         self._span.add_event("store_error", {"operation": operation, "type": type(exc).__name__})
 
 
+class _Untraced(Trace):
+    """The trace of a call made while no tracer provider is set: the counters as always, and
+    none of the no-op span calls (the API would hand out `INVALID_SPAN` anyway)."""
+
+    def set(self, **attributes: Any) -> None:
+        pass
+
+
+def _tracing_on() -> bool:
+    """Whether a tracer provider is set. The guard's tracer is the API's proxy, which asks
+    exactly this (the API's global provider) on every span and answers `INVALID_SPAN` while it is
+    unset; should the API ever drop that global, the answer is "on" and spans go the long way."""
+    return getattr(trace, "_TRACER_PROVIDER", True) is not None
+
+
 #: The trace of a ticket not yet protected: records nothing (replaced once the span opens).
 NO_TRACE = Trace(trace.INVALID_SPAN, "")
 
@@ -104,6 +119,9 @@ def traced(tool: str) -> Iterator[Trace]:
     never made current. The framework's own spans (FastMCP enriches its request span only while
     that span is current) and the tool's spans keep the parent they have without the guard, so
     a guarded call has exactly one SERVER span, the framework's, with this one under it."""
+    if not _tracing_on():
+        yield _Untraced(trace.INVALID_SPAN, tool)
+        return
     span = _tracer.start_span("mcp-once guard", attributes={"mcp_once.tool": tool})
     try:
         yield Trace(span, tool)
