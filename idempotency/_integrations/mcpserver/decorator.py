@@ -132,6 +132,8 @@ def wrap_tool_function(
         convert = tool.fn_metadata.convert_result
 
         async def execute() -> ToolResult:
+            if fn_is_async:  # one awaited frame fewer than through `call_original`
+                return convert(await fn(*args, **kwargs))
             return convert(await call_original(args, kwargs))
 
         policy = guard.policy
