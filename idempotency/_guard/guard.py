@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -111,6 +112,7 @@ class Interrupted(Exception):
         self.why = why
 
 
+@dataclass(slots=True)
 class ToolCall:
     """One tools/call as the guard needs it: names, the arguments as sent, the request `_meta`.
 
@@ -119,53 +121,30 @@ class ToolCall:
     tool (merging only makes a read stale) nor for one whose author opted out (every call meant
     to be new); such a keyless call passes through. A client key is honoured either way.
 
-    A plain slotted object (built once per call; never changed by the guard).
+    Not frozen: built once per call and never changed by the guard, so the frozen init's
+    `object.__setattr__` per field would be pure cost.
     """
 
-    __slots__ = ("arguments", "derivable", "meta", "request", "server", "tool")
-
-    def __init__(
-        self,
-        server: str,
-        tool: str,
-        arguments: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
-        request: ServerRequestContext[Any, Any] | None = None,
-        derivable: bool = True,
-    ) -> None:
-        self.server = server
-        self.tool = tool
-        self.arguments = arguments
-        self.meta = meta
-        self.request = request
-        self.derivable = derivable
-
-    def __repr__(self) -> str:
-        return f"ToolCall(server={self.server!r}, tool={self.tool!r})"
+    server: str
+    tool: str
+    arguments: Mapping[str, Any] | None
+    meta: Mapping[str, Any] | None
+    request: ServerRequestContext[Any, Any] | None = None
+    derivable: bool = True
 
 
+@dataclass(slots=True)
 class _Ticket:
     """Everything known about a keyed call once its key is settled (its span is opened only
     once the call is protected, so that a call passed through has none: `trace` is set then)."""
 
-    __slots__ = ("fingerprint", "key", "retention", "source", "store_key", "tool", "trace")
-
-    def __init__(
-        self,
-        tool: str,
-        key: str,
-        source: KeySource,
-        store_key: str,
-        fingerprint: str,
-        retention: float,
-    ) -> None:
-        self.tool = tool
-        self.key = key
-        self.source = source
-        self.store_key = store_key
-        self.fingerprint = fingerprint
-        self.retention = retention
-        self.trace: Trace = NO_TRACE
+    tool: str
+    key: str
+    source: KeySource
+    store_key: str
+    fingerprint: str
+    retention: float
+    trace: Trace = NO_TRACE
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,

@@ -31,6 +31,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
@@ -225,23 +226,15 @@ def _parts_of(ctx: Context[Any, Any]) -> tuple[ServerRequestContext[Any, Any] | 
         return None, None
 
 
+@dataclass(slots=True)
 class OwnCall:
     """A tools/call of the tool a wrapper guards, as the wrapper needs it (`own_call`)."""
 
-    __slots__ = ("arguments", "request", "server_name", "tool")
-
-    def __init__(
-        self,
-        tool: Tool,
-        request: ServerRequestContext[Any, Any],
-        server_name: str,
-        arguments: Mapping[str, Any] | None,
-    ) -> None:
-        self.tool = tool
-        self.request = request
-        self.server_name = server_name
-        #: The tool arguments exactly as the client sent them (before pre-parsing and validation).
-        self.arguments = arguments
+    tool: Tool
+    request: ServerRequestContext[Any, Any]
+    server_name: str
+    #: The tool arguments exactly as the client sent them (before pre-parsing and validation).
+    arguments: Mapping[str, Any] | None
 
 
 def own_call(ctx: object, wrapper: Callable[..., Any]) -> OwnCall | None:
