@@ -206,7 +206,11 @@ class _Renewals:
                     now = anyio.current_time()
                     if not self._claims:
                         if not joined:
-                            break  # a whole nap without a claim: stop
+                            # A whole nap without a claim: stop. A claim added from here on
+                            # starts a new service, not this one, which may still wait below
+                            # for renewals of claims already ended.
+                            self._retire()
+                            break
                         self._wake_at = now + self._idle_nap
                     else:
                         due = [c for c in self._claims if not c.renewing and c.due <= now]
@@ -222,12 +226,14 @@ class _Renewals:
                     with anyio.CancelScope(deadline=self._wake_at) as self._nap:
                         await anyio.sleep_forever()
                     self._nap = None
-                # Idle: from here on a new claim starts a new service.
-                _services.pop(self._loop, None)
         finally:
-            if _services.get(self._loop) is self:
-                del _services[self._loop]
+            self._retire()
             self.stopped.set()
+
+    def _retire(self) -> None:
+        """From now on a new claim on this event loop starts a new service."""
+        if _services.get(self._loop) is self:
+            del _services[self._loop]
 
     async def _renew(self, claim: LeaseKeeper) -> None:
         keep = await claim.renew()
