@@ -65,7 +65,9 @@ def key_problem(key: object) -> str | None:
             f"the idempotency key is {len(key)} characters long;"
             f" at most {MAX_KEY_LENGTH} are allowed"
         )
-    if not all(" " <= ch <= "~" for ch in key):
+    # ASCII and printable is exactly 0x20..0x7E (space is printable, DEL and controls are not),
+    # checked in C rather than per character.
+    if not (key.isascii() and key.isprintable()):
         return "the idempotency key must be printable ASCII (0x20 to 0x7E)"
     return None
 

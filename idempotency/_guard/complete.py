@@ -63,34 +63,35 @@ async def store_result(
     give_up_at = started + WITHIN_LEASES * lease
     pause = BACKOFF
     tries = 0
-    with anyio.CancelScope(shield=True):
+    why = ""
+    # One shielded scope whose deadline is the give-up time: it bounds every write and every pause.
+    with anyio.CancelScope(shield=True, deadline=give_up_at):
         while True:
-            now = anyio.current_time()
-            if now >= give_up_at:
-                why = f"the store did not take it within {WITHIN_LEASES} leases"
-                if keeper.lost or now >= keeper.held_until:
-                    why += " (the claim's lease ran out meanwhile: another worker may take over)"
-                break
+            if tries and anyio.current_time() >= give_up_at:
+                break  # no try after the deadline, even against a store that never yields
             tries += 1
-            with anyio.move_on_after(give_up_at - now):
-                try:
-                    return await store.complete(store_key, token, data, retention=retention)
-                except LimitExceeded as exc:
-                    if exc.what != "result" or len(data) <= exc.limit // 2:
-                        why = "even a placeholder for it is over the store's size limit"
-                        break
-                    data = _too_large(store_key, len(data), exc.limit, executed_at, trace)
-                    continue
-                except Exception as exc:
-                    trace.store_error("complete", exc)
-                    logger.warning(
-                        "could not store the result of record %s (try %d): %r",
-                        record_name(store_key),
-                        tries,
-                        exc,
-                    )
-                await anyio.sleep(pause)
+            try:
+                return await store.complete(store_key, token, data, retention=retention)
+            except LimitExceeded as exc:
+                if exc.what != "result" or len(data) <= exc.limit // 2:
+                    why = "even a placeholder for it is over the store's size limit"
+                    break
+                data = _too_large(store_key, len(data), exc.limit, executed_at, trace)
+                continue
+            except Exception as exc:
+                trace.store_error("complete", exc)
+                logger.warning(
+                    "could not store the result of record %s (try %d): %r",
+                    record_name(store_key),
+                    tries,
+                    exc,
+                )
+            await anyio.sleep(pause)
             pause = min(pause * 2, BACKOFF_CAP, lease / 6)
+    if not why:  # the deadline passed
+        why = f"the store did not take it within {WITHIN_LEASES} leases"
+        if keeper.lost or anyio.current_time() >= keeper.held_until:
+            why += " (the claim's lease ran out meanwhile: another worker may take over)"
     trace.set(result_stored=False)
     logger.error(
         "gave up storing the result of record %s after %d tries over %.2f s: %s. The caller got"

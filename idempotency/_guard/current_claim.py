@@ -16,8 +16,6 @@ input schema), and is copied into worker threads (`anyio.to_thread.run_sync`) an
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -54,11 +52,7 @@ def current_claim() -> Claim | None:
     return _current.get()
 
 
-@contextmanager
-def holding(claim: Claim) -> Iterator[None]:
-    """Publish `claim` to the tool for as long as it runs."""
-    token = _current.set(claim)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+#: Publish a claim to the tool for as long as it runs (`publish(claim)` answers the token that
+#: `withdraw(token)` takes back): the context variable's own methods, no frame of ours per call.
+publish = _current.set
+withdraw = _current.reset

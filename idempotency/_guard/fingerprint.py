@@ -29,11 +29,16 @@ class UnfingerprintableArguments(ValueError):
     """The arguments are not plain JSON (NaN, infinities, non-string keys, cycles)."""
 
 
+#: `json.dumps` with these options builds a new `JSONEncoder` per call; one, built once, writes
+#: the same bytes (an encoder keeps no state between `encode` calls, so it is shared freely).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: Any) -> bytes:
     """One byte string per JSON value, whoever serialises it."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def check_option(option: object) -> FingerprintOption:

@@ -29,8 +29,6 @@ decoded and stamped by `replay.py`. The tool reads its claim with `current_claim
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -54,7 +52,7 @@ from .._stores.store import (
 from . import errors
 from .caller import caller_of
 from .complete import store_result
-from .current_claim import Claim, holding
+from .current_claim import Claim, publish, withdraw
 from .fingerprint import UnfingerprintableArguments, covered, fingerprint
 from .hooks import Replay, replayed
 from .keyplaces import argument_place, found_keys, header_place
@@ -62,7 +60,7 @@ from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from .policy import Policy
 from .replay import UnreadableResult, decode_result, stamped
-from .scope import CallScope, principal_of, store_key
+from .scope import CallScope, default_scope, principal_of, store_key
 from .telemetry import (
     NO_TRACE,
     Outcome,
@@ -115,7 +113,7 @@ class Interrupted(Exception):
         self.why = why
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCall:
     """One tools/call as the guard needs it: names, the arguments as sent, the request `_meta`.
 
@@ -123,6 +121,9 @@ class ToolCall:
     says whether a keyless call may be merged under a derived key at all: not for a read-only
     tool (merging only makes a read stale) nor for one whose author opted out (every call meant
     to be new); such a keyless call passes through. A client key is honoured either way.
+
+    Not frozen: built once per call and never changed by the guard, so the frozen init's
+    `object.__setattr__` per field would be pure cost.
     """
 
     server: str
@@ -133,10 +134,10 @@ class ToolCall:
     derivable: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Ticket:
     """Everything known about a keyed call once its key is settled (its span is opened only
-    once the call is protected, so that a call passed through has none)."""
+    once the call is protected, so that a call passed through has none: `trace` is set then)."""
 
     tool: str
     key: str
@@ -147,10 +148,15 @@ class _Ticket:
     trace: Trace = NO_TRACE
 
 
-@dataclass(slots=True)
-class _Run:
-    result: ToolResult | None = None
-    raised: Exception | None = None
+#: The default scope of one (server, principal): `default_scope` is a pure function of the two,
+#: so it is computed once per pair rather than encoded per call (bounded: cleared when full).
+_default_scopes: dict[tuple[str, str | None], str] = {}
+_DEFAULT_SCOPES_KEPT = 1024
+
+
+def _underived() -> str | None:
+    """The `derive` of a call that carries a key or is not under "derived": never asked."""
+    return None
 
 
 def _hint(retry_after: float | None) -> float:
@@ -165,6 +171,7 @@ class Guard:
     def __init__(self, store: KeyStore, policy: Policy) -> None:
         self.store = store
         self.policy = policy
+        self._places_of: tuple[Policy, tuple[str, ...]] | None = None
 
     async def call(
         self,
@@ -203,7 +210,7 @@ class Guard:
                 key_source=ticket.source.value,
                 attempt=attempt_of(call.meta),
             )
-            ticket = dataclasses.replace(ticket, trace=trace)
+            ticket.trace = trace
             answer = await self._claim_loop(ticket, execute, error_result, takeover)
         if answer is None:  # the store is down and the author chose fail-open
             return await passthrough()
@@ -217,34 +224,6 @@ class Guard:
             fp_problem = ""
         except UnfingerprintableArguments as exc:
             fp, fp_problem = None, str(exc)
-        scopes: list[str] = []
-
-        def scope() -> str:
-            # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
-            if not scopes:
-                principal = principal_of(call.request)
-                found = policy.scope(
-                    CallScope(call.server, call.tool, principal, call.meta, call.request)
-                )
-                if not isinstance(found, str):
-                    raise TypeError(f"the scope function returned {type(found).__name__}, not str")
-                scopes.append(found)
-            return scopes[0]
-
-        def derive() -> str | None:
-            if not call.derivable:
-                return None  # read-only, or opted out: every keyless call runs as written
-            caller = caller_of(call.request)
-            if caller is None:
-                return None  # nobody to bind a derived key to: not merged, run as written
-            if fp is None:
-                raise errors.unfingerprintable(None, fp_problem)
-            params = call.request.params if call.request is not None else None
-            rounds = input_round(params)
-            return derive_key(
-                scope(), call.tool, fp, caller=caller, round_fields=rounds, meta=call.meta
-            )
-
         found = found_keys(
             call.meta,
             call.arguments,
@@ -252,21 +231,66 @@ class Guard:
             key_argument=policy.key_argument,
             key_header=policy.key_header,
         )
-        resolved = resolve_key(found, policy.keys, derive, elsewhere=self._elsewhere())
+        scopes: list[str] = []
+        if found or policy.keys != "derived":
+            resolved = resolve_key(found, policy.keys, _underived, elsewhere=self._elsewhere())
+        else:
+
+            def derive() -> str | None:
+                if not call.derivable:
+                    return None  # read-only, or opted out: every keyless call runs as written
+                caller = caller_of(call.request)
+                if caller is None:
+                    return None  # nobody to bind a derived key to: not merged, run as written
+                if fp is None:
+                    raise errors.unfingerprintable(None, fp_problem)
+                params = call.request.params if call.request is not None else None
+                scopes.append(self._scope(call))
+                return derive_key(
+                    scopes[0],
+                    call.tool,
+                    fp,
+                    caller=caller,
+                    round_fields=input_round(params),
+                    meta=call.meta,
+                )
+
+            resolved = resolve_key(found, policy.keys, derive, elsewhere=self._elsewhere())
         if resolved is not None and fp is None:
             raise errors.unfingerprintable(resolved[0], fp_problem)
         if resolved is None:
             return None
         assert fp is not None
         key, source = resolved
+        # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
+        scope = scopes[0] if scopes else self._scope(call)
         return _Ticket(
-            tool=call.tool,
-            key=key,
-            source=source,
-            store_key=store_key(scope(), call.tool, key),
-            fingerprint=fp,
-            retention=policy.retention_for(source is KeySource.DERIVED),
+            call.tool,
+            key,
+            source,
+            store_key(scope, call.tool, key),
+            fp,
+            policy.retention_for(source is KeySource.DERIVED),
         )
+
+    def _scope(self, call: ToolCall) -> str:
+        """The partition the call's key lives in (`Policy.scope`)."""
+        principal = principal_of(call.request)
+        scope_fn = self.policy.scope
+        if scope_fn is default_scope:
+            pair = (call.server, principal)
+            found = _default_scopes.get(pair)
+            if found is None:
+                if len(_default_scopes) >= _DEFAULT_SCOPES_KEPT:
+                    _default_scopes.clear()
+                found = _default_scopes[pair] = default_scope(
+                    CallScope(call.server, call.tool, principal, call.meta, call.request)
+                )
+            return found
+        found = scope_fn(CallScope(call.server, call.tool, principal, call.meta, call.request))
+        if not isinstance(found, str):
+            raise TypeError(f"the scope function returned {type(found).__name__}, not str")
+        return found
 
     def _covered(self, arguments: Mapping[str, Any] | None) -> Any:
         """What the fingerprint covers (`fingerprint.covered`): never the key argument (the key
@@ -275,29 +299,45 @@ class Guard:
         return covered(arguments, key_argument=policy.key_argument, option=policy.fingerprint)
 
     def _elsewhere(self) -> tuple[str, ...]:
-        """The places besides `_meta` this guard takes a key from, as errors name them."""
+        """The places besides `_meta` this guard takes a key from, as errors name them
+        (computed once per policy)."""
         policy = self.policy
+        if self._places_of is not None and self._places_of[0] is policy:
+            return self._places_of[1]
         places: list[str] = []
         if policy.key_argument is not None:
             places.append(argument_place(policy.key_argument))
         if policy.key_header is not None:
             places.append(header_place(policy.key_header))
-        return tuple(places)
+        self._places_of = (policy, tuple(places))
+        return self._places_of[1]
 
     async def _claim_loop(
         self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool
     ) -> ToolResult | None:
         """The key's answer; None when the store is down and `fail_open` lets the call pass."""
-        deadline = anyio.current_time() + self.policy.wait
+        started = anyio.current_time()
+        deadline = started + self.policy.wait
         held_elsewhere = False  # another attempt was found holding the claim
         while True:
-            started = anyio.current_time()
-            outcome = await self._claim(t, takeover, held_elsewhere=held_elsewhere)
-            if outcome is None:  # store down and the author chose fail-open
-                return None
+            try:
+                # Shielded: a claim won in the store but lost to a cancellation on the way back
+                # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
+                with anyio.CancelScope(shield=True):
+                    outcome = await self.store.claim(
+                        t.store_key,
+                        t.fingerprint,
+                        lease=self.policy.lease,
+                        takeover=takeover,
+                        tool=t.tool,
+                    )
+            except CorruptRecord:
+                raise self._corrupt(t, "the stored record is unreadable") from None
+            except Exception as exc:
+                self._claim_failed(t, exc, held_elsewhere=held_elsewhere)
+                return None  # store down and the author chose fail-open
             status = outcome.status
             if status is ClaimStatus.CLAIMED:
-                await self._give_back_if_cancelled(t, outcome)
                 return await self._run(t, outcome, execute, error_result, takeover, started)
             if status is ClaimStatus.REPLAY:
                 if outcome.result is None:
@@ -323,48 +363,33 @@ class Guard:
             # Look again no later than the running lease's end: a dead worker is noticed then.
             lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
             await self._wait(t, min(remaining, lease_left + 0.01))
+            started = anyio.current_time()
 
-    async def _claim(
-        self, t: _Ticket, takeover: bool, *, held_elsewhere: bool
-    ) -> ClaimOutcome | None:
-        """The claim's outcome; None to run unprotected (`fail_open`, the store down).
+    def _claim_failed(self, t: _Ticket, exc: Exception, *, held_elsewhere: bool) -> None:
+        """The claim could not be made: returns only to run unprotected (`fail_open`, the store
+        down); otherwise raises the caller's answer.
 
         Once another attempt was seen holding the claim (`held_elsewhere`), a store failure is
         answered IN_PROGRESS, never STORE_UNAVAILABLE ("the tool was not run" would be untrue:
         the other attempt may be running it) and never by running the tool unprotected.
         """
-        try:
-            # Shielded: a claim won in the store but lost to a cancellation on the way back would
-            # leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
-            with anyio.CancelScope(shield=True):
-                outcome = await self.store.claim(
-                    t.store_key,
-                    t.fingerprint,
-                    lease=self.policy.lease,
-                    takeover=takeover,
-                    tool=t.tool,
-                )
-            return outcome
-        except CorruptRecord:
-            raise self._corrupt(t, "the stored record is unreadable") from None
-        except Exception as exc:
-            t.trace.store_error("claim", exc)
-            if held_elsewhere:
-                raise self._held_elsewhere(t, "claiming", exc) from None
-            if isinstance(exc, StoreError) and self.policy.fail_open:
-                logger.warning(
-                    "key store unavailable (%r); running tool %r UNPROTECTED (fail_open=True)",
-                    exc,
-                    t.tool,
-                )
-                t.trace.outcome(Outcome.UNPROTECTED)
-                return None
-            if not isinstance(exc, StoreError):
-                logger.exception("the key store failed unexpectedly while claiming")
-            else:
-                logger.warning("key store unavailable while claiming: %r", exc)
-            t.trace.outcome(Outcome.STORE_UNAVAILABLE)
-            raise errors.store_unavailable(t.key) from None
+        t.trace.store_error("claim", exc)
+        if held_elsewhere:
+            raise self._held_elsewhere(t, "claiming", exc) from None
+        if isinstance(exc, StoreError) and self.policy.fail_open:
+            logger.warning(
+                "key store unavailable (%r); running tool %r UNPROTECTED (fail_open=True)",
+                exc,
+                t.tool,
+            )
+            t.trace.outcome(Outcome.UNPROTECTED)
+            return
+        if not isinstance(exc, StoreError):
+            logger.exception("the key store failed unexpectedly while claiming")
+        else:
+            logger.warning("key store unavailable while claiming: %r", exc)
+        t.trace.outcome(Outcome.STORE_UNAVAILABLE)
+        raise errors.store_unavailable(t.key) from None
 
     async def _wait(self, t: _Ticket, timeout: float) -> Record | None:
         """Wait for the attempt that holds the claim; a store failure meanwhile is IN_PROGRESS."""
@@ -389,15 +414,6 @@ class Guard:
         t.trace.outcome(Outcome.IN_PROGRESS)
         return errors.in_progress(t.key, RETRY_HINT_CAP)
 
-    async def _give_back_if_cancelled(self, t: _Ticket, outcome: ClaimOutcome) -> None:
-        """A request cancelled before its tool started gives its fresh claim back: nothing ran."""
-        try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-        except anyio.get_cancelled_exc_class():
-            assert outcome.token is not None
-            await self._release(t, outcome.token, "cancelled before the tool started")
-            raise
-
     async def _run(
         self,
         t: _Ticket,
@@ -409,6 +425,12 @@ class Guard:
     ) -> ToolResult:
         token = outcome.token
         assert token is not None
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            # Cancelled before its tool started: the fresh claim is given back, nothing ran.
+            await self._release(t, token, "cancelled before the tool started")
+            raise
         policy = self.policy
         if outcome.took_over:
             t.trace.set(took_over=True)
@@ -426,72 +448,50 @@ class Guard:
             record=t.store_key,
             tool=t.tool,
         )
-        with anyio.CancelScope(shield=True):
-            run = _Run()
-            limit = math.inf if policy.max_run_time is None else policy.max_run_time
-            run_scope = anyio.CancelScope(deadline=anyio.current_time() + limit)
-            # Renewed by the event loop's shared renewal service (no task per call), from the
-            # claim until the result is stored or given up (rule 11).
-            with keep_lease(
-                self.store,
-                t.store_key,
-                token,
-                lease=policy.lease,
-                held_until=claimed_at + policy.lease,
-                run_scope=run_scope,
-                trace=t.trace,
-            ) as keeper:
-                with run_scope, holding(claim):
-                    try:
-                        run.result = await execute()
-                    except Exception as exc:  # what the tool raised, judged below
-                        run.raised = exc
-                keeper.tool_returned()
-                cut = run.raised.why if isinstance(run.raised, Interrupted) else None
-                aborted = run.result is None and (run.raised is None or cut is not None)
-                if not aborted:
-                    answer = await self._finish(t, outcome, token, run, error_result, keeper)
-            if aborted:
-                answer = await self._after_abort(
+        # The run's one scope: shielded from the request's cancellation (rule 10), cancelled by
+        # the renewal service if the lease is lost or the tool outruns `max_run_time`. Every
+        # await after it (storing, releasing, looking the record up) has a shield of its own.
+        run_scope = anyio.CancelScope(shield=True)
+        # Renewed by the event loop's shared renewal service (no task per call), from the claim
+        # until the result is stored or given up (rule 11).
+        keeper = keep_lease(
+            self.store,
+            t.store_key,
+            token,
+            lease=policy.lease,
+            held_until=claimed_at + policy.lease,
+            max_run_time=policy.max_run_time,
+            run_scope=run_scope,
+            trace=t.trace,
+        )
+        try:
+            result: ToolResult | None = None
+            raised: Exception | None = None
+            with run_scope:
+                published = publish(claim)
+                try:
+                    result = await execute()
+                except Exception as exc:  # what the tool raised, judged below
+                    raised = exc
+                finally:
+                    withdraw(published)
+            keeper.tool_returned()
+            if result is None and (raised is None or isinstance(raised, Interrupted)):
+                keeper.end()
+                cut = raised.why if isinstance(raised, Interrupted) else None
+                return await self._after_abort(
                     t, token, takeover, lease_lost=keeper.lost, interrupted=cut
                 )
-        return answer
-
-    async def _finish(
-        self,
-        t: _Ticket,
-        outcome: ClaimOutcome,
-        token: str,
-        run: _Run,
-        error_result: ErrorResult,
-        keeper: LeaseKeeper,
-    ) -> ToolResult:
-        if isinstance(run.raised, NothingDone):
-            keeper.end()
-            await self._release(t, token, f"nothing was done ({run.raised})")
-            t.trace.outcome(Outcome.RELEASED)
-            raise run.raised.raised
-        if run.raised is not None:
-            exc = run.raised
-            # A JSON-RPC error from the tool is a refusal, and an effect-free exception was declared
-            # to happen before any effect: either way a retry must be free to run the tool again.
-            if isinstance(exc, (MCPError, *self.policy.effect_free)):
+            if raised is not None:
+                result = await self._judge(t, token, raised, error_result, keeper)
+            elif isinstance(result, InputRequiredResult):
+                # An input_required round is a question, not an outcome: never stored (rule 8).
                 keeper.end()
-                await self._release(t, token, f"the tool raised {type(exc).__name__}")
+                await self._release(t, token, "the tool asked for client input")
                 t.trace.outcome(Outcome.RELEASED)
-                raise exc
-            result: ToolResult = error_result(exc)
-        else:
-            assert run.result is not None
-            result = run.result
-        if isinstance(result, InputRequiredResult):
-            # An input_required round is a question, not an outcome: never stored (rule 8).
-            keeper.end()
-            await self._release(t, token, "the tool asked for client input")
-            t.trace.outcome(Outcome.RELEASED)
-            return result
-        executed_at = time.time()
-        try:
+                return result
+            assert isinstance(result, CallToolResult)
+            executed_at = time.time()
             stored = await store_result(
                 self.store,
                 t.store_key,
@@ -499,13 +499,13 @@ class Guard:
                 result,
                 executed_at=executed_at,
                 retention=t.retention,
-                max_bytes=self.policy.max_result_bytes,
-                lease=self.policy.lease,
+                max_bytes=policy.max_result_bytes,
+                lease=policy.lease,
                 keeper=keeper,
                 trace=t.trace,
             )
         finally:
-            keeper.end()  # stored, given up or gone: nothing left to renew
+            keeper.end()  # stored, given up, gone or released: nothing left to renew
         if stored is False:
             return await self._after_stale(t)
         t.trace.outcome(Outcome.EXECUTED)
@@ -518,6 +518,30 @@ class Guard:
             attempts=outcome.attempts,
             stored=stored is True,
         )
+
+    async def _judge(
+        self,
+        t: _Ticket,
+        token: str,
+        exc: Exception,
+        error_result: ErrorResult,
+        keeper: LeaseKeeper,
+    ) -> CallToolResult:
+        """The `isError` result to store for what the tool raised; or, when nothing a retry
+        must not repeat happened, the claim released and the exception raised in its place."""
+        if isinstance(exc, NothingDone):
+            keeper.end()
+            await self._release(t, token, f"nothing was done ({exc})")
+            t.trace.outcome(Outcome.RELEASED)
+            raise exc.raised
+        # A JSON-RPC error from the tool is a refusal, and an effect-free exception was declared
+        # to happen before any effect: either way a retry must be free to run the tool again.
+        if isinstance(exc, (MCPError, *self.policy.effect_free)):
+            keeper.end()
+            await self._release(t, token, f"the tool raised {type(exc).__name__}")
+            t.trace.outcome(Outcome.RELEASED)
+            raise exc
+        return error_result(exc)
 
     async def _release(self, t: _Ticket, token: str, why: str) -> None:
         with anyio.CancelScope(shield=True):

@@ -9,21 +9,24 @@ another worker may legitimately take over. Once the tool has returned, the claim
 while the guard stores the result (`complete.py`): a store outage shorter than the lease must not
 turn a finished result into an UNKNOWN record.
 
+The same service ends a run that exceeds `max_run_time`: it wakes at the run's deadline as it
+wakes for a renewal, and cancels the run as a lost lease does, so a run needs no timer of its own.
+
 Almost every tool finishes long before its first renewal, so a renewer task per call (started
 and cancelled around every run) would be pure overhead. Instead each event loop has one
-`_Renewals` service: a run registers its claim (a dictionary insert) and unregisters it when it
-ends; one background task sleeps until the earliest due renewal and renews the claims that are
-due, each in its own child task so that one slow store call does not delay the others. The
-service is a system task (not a child of any request), so it never holds up a request's task
-group; it exits by itself at its next wake-up once no claim is registered, at most `lease / 3`
-after the last run ended, and is cancelled with any other task when the event loop shuts down.
+`_Renewals` service: a run registers its claim (a set insert) and unregisters it when it ends;
+one background task sleeps until the earliest due renewal and renews the claims that are due,
+each in its own child task so that one slow store call does not delay the others. The service is
+a system task (not a child of any request), so it never holds up a request's task group. It
+lingers while claims keep coming: it exits at a wake-up that finds no claim registered and none
+added since the previous wake-up (so between one and two renewal intervals, `lease / 3`, after
+the last run ended), rather than being started again for every call that outlives the service's
+last nap. It is cancelled with any other task when the event loop shuts down.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import anyio
 
@@ -33,19 +36,40 @@ from .telemetry import Trace, logger, record_name
 
 
 class LeaseKeeper:
-    """One running claim as the renewal service sees it."""
+    """One running claim as the renewal service sees it (`keep_lease`); `end()` when settled."""
+
+    __slots__ = (
+        "_ended",
+        "_held_until",
+        "_inflight",
+        "_key",
+        "_lease",
+        "_run_scope",
+        "_running",
+        "_service",
+        "_store",
+        "_token",
+        "_trace",
+        "due",
+        "lost",
+        "renewing",
+        "stop_at",
+    )
 
     def __init__(
         self,
+        service: _Renewals,
         store: KeyStore,
         store_key: str,
         token: str,
         *,
         lease: float,
         held_until: float,
+        max_run_time: float | None,
         run_scope: anyio.CancelScope,
         trace: Trace,
     ) -> None:
+        self._service = service
         self._store = store
         self._key = store_key
         self._token = token
@@ -56,8 +80,11 @@ class LeaseKeeper:
         self._run_scope = run_scope
         self._trace = trace
         self._running = True
+        now = anyio.current_time()
         #: Event-loop time of the next renewal (each one `lease / 3` after the last ended).
-        self.due = anyio.current_time() + lease / 3
+        self.due = now + lease / 3
+        #: Event-loop time at which a still running tool is cancelled (`max_run_time`).
+        self.stop_at = math.inf if max_run_time is None else now + max_run_time
         #: True while a renewal of this claim is in flight.
         self.renewing = False
         #: The in-flight renewal, cancelled when the run ends (its answer no longer matters).
@@ -71,14 +98,28 @@ class LeaseKeeper:
         """Event-loop time until which the claim is proven ours."""
         return self._held_until
 
+    @property
+    def wake_at(self) -> float:
+        """When the service must next look at this claim: its renewal, or its run's deadline."""
+        return self.stop_at if self._running and self.stop_at < self.due else self.due
+
     def tool_returned(self) -> None:
         """The tool is over; the claim is now kept only while its result is stored, so a loss
         has nothing left to cancel."""
         self._running = False
 
+    def overran(self) -> None:
+        """Called by the service at `stop_at`: cancel the tool if it still runs (once)."""
+        self.stop_at = math.inf
+        if self._running and not self._ended:
+            self._run_scope.cancel()
+
     def end(self) -> None:
-        """Stop renewing: the claim is settled (stored, released, given up) or lost."""
+        """Stop renewing: the claim is settled (stored, released, given up) or lost. Idempotent."""
+        if self._ended:
+            return
         self._ended = True
+        self._service.discard(self)
         if self._inflight is not None:
             self._inflight.cancel()
 
@@ -130,6 +171,10 @@ class _Renewals:
         #: When the service task wakes up next; lowered (and the task woken) by an earlier claim.
         self._wake_at = math.inf
         self._nap: anyio.CancelScope | None = None
+        #: A claim was added since the last wake-up: an idle service naps once more.
+        self._joined = False
+        #: How long an idle service naps before it looks again: the latest claim's `lease / 3`.
+        self._idle_nap = 0.0
         self.stopped = anyio.Event()
         self._task: object = None
 
@@ -137,14 +182,15 @@ class _Renewals:
     def claims(self) -> int:
         return len(self._claims)
 
-    def add(self, claim: LeaseKeeper) -> None:
+    def add(self, claim: LeaseKeeper, interval: float) -> None:
         self._claims.add(claim)
-        self._wake_by(claim.due)
+        self._joined = True
+        self._idle_nap = interval
+        self._wake_by(claim.wake_at)
 
     def discard(self, claim: LeaseKeeper) -> None:
         # No wake-up: the service notices at its next one, so back-to-back calls reuse it.
         self._claims.discard(claim)
-        claim.end()
 
     def _wake_by(self, when: float) -> None:
         if when < self._wake_at:
@@ -155,30 +201,45 @@ class _Renewals:
     async def serve(self) -> None:
         try:
             async with anyio.create_task_group() as tg:
-                while self._claims:
+                while True:
+                    joined, self._joined = self._joined, False
                     now = anyio.current_time()
-                    due = [c for c in self._claims if not c.renewing and c.due <= now]
-                    for claim in due:
-                        claim.renewing = True
-                    waiting = (c.due for c in self._claims if not c.renewing)
-                    self._wake_at = min(waiting, default=math.inf)
-                    for claim in due:  # after the bookkeeping: a renewal may finish eagerly
-                        tg.start_soon(self._renew, claim)
+                    if not self._claims:
+                        if not joined:
+                            # A whole nap without a claim: stop. A claim added from here on
+                            # starts a new service, not this one, which may still wait below
+                            # for renewals of claims already ended.
+                            self._retire()
+                            break
+                        self._wake_at = now + self._idle_nap
+                    else:
+                        due = [c for c in self._claims if not c.renewing and c.due <= now]
+                        for claim in due:
+                            claim.renewing = True
+                        for claim in self._claims:
+                            if claim.stop_at <= now:
+                                claim.overran()
+                        waiting = (c.wake_at for c in self._claims if not c.renewing)
+                        self._wake_at = min(waiting, default=math.inf)
+                        for claim in due:  # after the bookkeeping: a renewal may finish eagerly
+                            tg.start_soon(self._renew, claim)
                     with anyio.CancelScope(deadline=self._wake_at) as self._nap:
                         await anyio.sleep_forever()
                     self._nap = None
-                # Idle: from here on a new claim starts a new service.
-                _services.pop(self._loop, None)
         finally:
-            if _services.get(self._loop) is self:
-                del _services[self._loop]
+            self._retire()
             self.stopped.set()
+
+    def _retire(self) -> None:
+        """From now on a new claim on this event loop starts a new service."""
+        if _services.get(self._loop) is self:
+            del _services[self._loop]
 
     async def _renew(self, claim: LeaseKeeper) -> None:
         keep = await claim.renew()
         claim.renewing = False
         if keep:
-            self._wake_by(claim.due)
+            self._wake_by(claim.wake_at)
         else:
             self._claims.discard(claim)
 
@@ -196,7 +257,6 @@ def _service() -> _Renewals:
     return service
 
 
-@contextmanager
 def keep_lease(
     store: KeyStore,
     store_key: str,
@@ -204,25 +264,26 @@ def keep_lease(
     *,
     lease: float,
     held_until: float,
+    max_run_time: float | None,
     run_scope: anyio.CancelScope,
     trace: Trace,
-) -> Iterator[LeaseKeeper]:
-    """Renew the claim for as long as the block runs; cancel `run_scope` if it is lost."""
+) -> LeaseKeeper:
+    """Renew the claim until `end()` is called on the answer; cancel `run_scope` if the claim is
+    lost, or if the tool still runs `max_run_time` from now. The caller must `end()` it."""
+    service = _service()
     claim = LeaseKeeper(
-        store,
-        store_key,
-        token,
+        service,
+        store_key=store_key,
+        store=store,
+        token=token,
         lease=lease,
         held_until=held_until,
+        max_run_time=max_run_time,
         run_scope=run_scope,
         trace=trace,
     )
-    service = _service()
-    service.add(claim)
-    try:
-        yield claim
-    finally:
-        service.discard(claim)
+    service.add(claim, lease / 3)
+    return claim
 
 
 def _renewal_service() -> _Renewals | None:

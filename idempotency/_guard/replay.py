@@ -22,6 +22,10 @@ from .. import wire
 FORMAT = "mcp-once/result@1"
 
 
+#: Writes stored payloads: built once rather than per `json.dumps` call (same bytes).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 class UnreadableResult(ValueError):
     """A stored payload is not one of ours (damaged, foreign, or a newer format): raised by
     `decode_result`, with the reason as its message. The server answers CORRUPT_RECORD for it."""
@@ -53,7 +57,7 @@ def encode_result(result: CallToolResult, executed_at: float) -> bytes:
     """Bytes for `KeyStore.complete` / `KeyStore.settle` (`executed_at`: seconds since the
     epoch, replayed as the marker's `executedAt`)."""
     payload = {"format": FORMAT, "executedAt": executed_at, "result": domain_form(result)}
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _ENCODER.encode(payload).encode("utf-8")
 
 
 def decode_result(data: bytes) -> StoredResult:

@@ -120,6 +120,21 @@ class Trace:
         )
 
 
+class _Untraced(Trace):
+    """The trace of a call made while no tracer provider is set: the counters as always, and
+    none of the no-op span calls (the API would hand out `INVALID_SPAN` anyway)."""
+
+    def set(self, **attributes: Any) -> None:
+        pass
+
+
+def _tracing_on() -> bool:
+    """Whether a tracer provider is set. The guard's tracer is the API's proxy, which asks
+    exactly this (the API's global provider) on every span and answers `INVALID_SPAN` while it is
+    unset; should the API ever drop that global, the answer is "on" and spans go the long way."""
+    return getattr(trace, "_TRACER_PROVIDER", True) is not None
+
+
 #: The trace of a ticket not yet protected: records nothing (replaced once the span opens).
 NO_TRACE = Trace(trace.INVALID_SPAN, "")
 
@@ -138,12 +153,18 @@ def traced(tool: str) -> Iterator[Trace]:
     a guarded call has exactly one SERVER span, the framework's, with this one under it.
 
     Also records the call's `mcp.server.operation.duration` (the guarded part: claim, run or
-    replay, answer), with its outcome."""
+    replay, answer), with its outcome. While no tracer provider is set, no span calls are made
+    (the API would hand out `INVALID_SPAN`), and the metrics are recorded as always."""
     started = time.perf_counter()
-    span = _tracer.start_span(
-        f"mcp-once guard {tool}", attributes={TOOL: tool, METHOD: "tools/call"}
-    )
-    one = Trace(span, tool)
+    span: trace.Span
+    if _tracing_on():
+        span = _tracer.start_span(
+            f"mcp-once guard {tool}", attributes={TOOL: tool, METHOD: "tools/call"}
+        )
+        one = Trace(span, tool)
+    else:
+        span = trace.INVALID_SPAN
+        one = _Untraced(span, tool)
     failed: str | None = None
     try:
         yield one

@@ -40,12 +40,10 @@ from ..._stores.store import KeyStore
 from .sdk import (
     FASTMCP,
     HIDDEN_CONTEXT,
-    arguments_of,
     ensure_registration_hook,
     fastmcp_refusal,
-    own_tool,
+    own_call,
     registered_by,
-    request_of,
     sdk_error_result,
     served_by_fastmcp,
 )
@@ -116,18 +114,17 @@ def wrap_tool_function(
         if ctx is None and served_by_fastmcp():
             # The backstop for a FastMCP registration the hook could not see: never unguarded.
             raise fastmcp_refusal(fn)
-        tool = own_tool(ctx, guarded)
-        if tool is None:
+        found = own_call(ctx, guarded)
+        if found is None:
             # Not a tools/call of this tool (a direct call, or one tool calling another inside
             # its own request, which the outer record already covers): run as written.
             return await call_original(args, kwargs)
-        assert isinstance(ctx, Context)
-        request = request_of(ctx)
-        assert request is not None
+        tool = found.tool
+        request = found.request
         call = ToolCall(
-            server=ctx.mcp_server.name,
+            server=found.server_name,
             tool=tool.name,
-            arguments=arguments_of(ctx),
+            arguments=found.arguments,
             meta=request.meta,
             request=request,
             derivable=stamp.derivable(tool),
@@ -135,6 +132,8 @@ def wrap_tool_function(
         convert = tool.fn_metadata.convert_result
 
         async def execute() -> ToolResult:
+            if fn_is_async:  # one awaited frame fewer than through `call_original`
+                return convert(await fn(*args, **kwargs))
             return convert(await call_original(args, kwargs))
 
         policy = guard.policy

@@ -31,6 +31,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
@@ -208,43 +209,61 @@ def tool_manager(server: MCPServer[Any]) -> ToolManager:
     return manager
 
 
-def request_of(ctx: object) -> ServerRequestContext[Any, Any] | None:
-    """The request context behind a tool's `Context`, or None outside a request."""
-    if not isinstance(ctx, Context):
-        return None
+def _parts_of(ctx: Context[Any, Any]) -> tuple[ServerRequestContext[Any, Any] | None, Any]:
+    """The Context's request context and server, read once.
+
+    `Context` keeps both as pydantic private attributes, and reading those through the public
+    properties costs a Python-level `BaseModel.__getattr__` each: read from pydantic's private
+    dict instead, with the public properties as the fallback should the SDK or pydantic ever keep
+    them elsewhere.
+    """
+    private = getattr(ctx, "__pydantic_private__", None)
+    if isinstance(private, dict) and "_request_context" in private and "_mcp_server" in private:
+        return private["_request_context"], private["_mcp_server"]
     try:
-        return ctx.request_context
-    except ValueError:
-        return None
+        return ctx.request_context, ctx.mcp_server
+    except ValueError:  # outside a request
+        return None, None
 
 
-def own_tool(ctx: object, wrapper: Callable[..., Any]) -> Tool | None:
-    """The registered tool this request called, if it is the one `wrapper` guards.
+@dataclass(slots=True)
+class OwnCall:
+    """A tools/call of the tool a wrapper guards, as the wrapper needs it (`own_call`)."""
+
+    tool: Tool
+    request: ServerRequestContext[Any, Any]
+    server_name: str
+    #: The tool arguments exactly as the client sent them (before pre-parsing and validation).
+    arguments: Mapping[str, Any] | None
+
+
+def own_call(ctx: object, wrapper: Callable[..., Any]) -> OwnCall | None:
+    """The tools/call this request makes of the tool `wrapper` guards, or None.
 
     None for anything else: a direct `MCPServer.call_tool`, or a tool invoked from inside another
     tool's request (which shares the outer request's context and is covered by its record).
     """
-    request = request_of(ctx)
-    if request is None or request.method != "tools/call" or not isinstance(ctx, Context):
+    if not isinstance(ctx, Context):
+        return None
+    request, server = _parts_of(ctx)
+    if request is None or server is None or request.method != "tools/call":
         return None
     params = request.params
-    name = params.get("name") if isinstance(params, Mapping) else None
+    if not isinstance(params, Mapping):
+        return None
+    name = params.get("name")
     if not isinstance(name, str):
         return None
     try:
-        tool = tool_manager(ctx.mcp_server).get_tool(name)
+        tool = tool_manager(server).get_tool(name)
     except (TypeError, ValueError):
         return None
     if tool is None or tool.fn is not wrapper:
         return None
-    return tool
-
-
-def arguments_of(ctx: Context[Any, Any]) -> Mapping[str, Any] | None:
-    """The tool arguments exactly as the client sent them (before pre-parsing and validation)."""
-    params = ctx.request_context.params
-    arguments = params.get("arguments") if isinstance(params, Mapping) else None
-    return arguments if isinstance(arguments, Mapping) else None
+    arguments = params.get("arguments")
+    return OwnCall(
+        tool, request, server.name, arguments if isinstance(arguments, Mapping) else None
+    )
 
 
 def sdk_error_result(tool: str, exc: Exception) -> CallToolResult:
