@@ -88,7 +88,13 @@ def node_clients(request: pytest.FixtureRequest) -> NodeClients:
         if arch is None or sys.platform != "linux":
             _unavailable(f"node {node} is older than the Inspector needs, and no Node package fits")
         packages.append(f"{node_package}@{NODE_PIN}")
-    prefix = request.config.cache.mkdir("mcp-once-real-clients") / "npm"
+    cache = getattr(request.config, "cache", None)  # None under `-p no:cacheprovider`
+    home = (
+        cache.mkdir("mcp-once-real-clients")
+        if cache is not None
+        else request.getfixturevalue("tmp_path_factory").mktemp("mcp-once-real-clients")
+    )
+    prefix = home / "npm"
     _install(prefix, packages)
     inspector_node = (
         str(prefix / "node_modules" / node_package / "bin" / "node") if old_node else node
