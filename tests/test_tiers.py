@@ -27,6 +27,8 @@ class Item:
         Item("tests/durable/test_temporal_durable.py::test_y"),
         Item("tests/examples/test_examples.py::test_y[a.py]"),
         Item("tests/frameworks/test_f.py::test_y[stdio]"),
+        Item("tests/frameworks/test_f.py::test_y[http]", ["redis_url"]),
+        Item("tests/store/test_model.py::test_backend_matches_the_reference_model[sqlite]"),
         Item("tests/store/test_contract.py::test_y[redis-cluster-trio]"),
         Item("tests/store/test_contract.py::test_exactly_one_of_four_processes_claims[sqlite]"),
         Item("tests/cli/test_keys.py::test_the_console_script_lists[redis]"),
@@ -40,8 +42,8 @@ def test_slow_kinds_are_in_the_slow_tier(item: Item) -> None:
 @pytest.mark.parametrize(
     "item",
     [
-        Item("tests/frameworks/test_f.py::test_y[http]", ["redis_url"]),
-        Item("tests/frameworks/test_f.py::test_y[memory]"),
+        Item("tests/frameworks/test_f.py::test_y[memory]", ["redis_url"]),
+        Item("tests/store/test_model.py::test_backend_matches_the_reference_model[memory]"),
         Item("tests/store/test_contract.py::test_y[redis-trio]"),
         Item("tests/cli/test_demo.py::test_default_run_over_memory_and_the_killed_pipelines"),
         Item("tests/server/test_x.py::test_a_stdio_like_name_is_not_a_parameter"),

@@ -11,8 +11,9 @@ a new test of the same kind lands in the right tier without anyone remembering t
 - it lives in a module or folder of process-killing, engine or soak tests (`SLOW_PLACES`);
 - its name says it starts and races or kills processes, or drives the console script
   (`SLOW_NAMES`);
-- its parameters name such a deployment, or a subprocess transport (`SLOW_PARAMETERS`): the
-  in-memory and HTTP variants of the same test stay in the fast tier.
+- its parameters name such a deployment, or a transport that needs a server process or socket
+  (`SLOW_PARAMETERS`: stdio, HTTP): the in-memory variants of the same tests stay in the fast
+  tier, which is what keeps it within ~4 minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -46,13 +47,21 @@ SLOW_PLACES = (
     "tests/examples/",  # every example as a real process
     "tests/test_bench_quick.py",
     "tests/clients_real/",  # npm clients (Inspector CLI, TypeScript SDK)
+    "tests/docs/test_snippets.py",  # every snippet of the docs as a program
+    "tests/cli/test_demo_leftovers.py",  # demo runs against a real Redis, interrupted
+    "tests/test_bench_cli.py",
 )
 
 #: Test names that say they start and race or kill processes, or drive the console script.
-SLOW_NAMES = re.compile(r"::test_\w*(?:processes|process_killed|console_script|stdio_clients)")
+SLOW_NAMES = re.compile(
+    r"::test_\w*(?:processes|process_killed|console_script|stdio_clients|outage_longer_than)"
+    r"|::test_backend_matches_the_reference_model\[(?!memory)"  # hypothesis, on real stores
+)
 
 #: Parameter ids naming a deployment or a subprocess transport.
-SLOW_PARAMETERS = re.compile(r"\[(?:[^\]]*[-_])?(?:stdio|cluster|sentinel|tls|nginx|processes)\b")
+SLOW_PARAMETERS = re.compile(
+    r"\[(?:[^\]]*[-_])?(?:stdio|http|cluster|sentinel|tls|nginx|processes)\b"
+)
 
 FULL_FLAG = "--full"
 
