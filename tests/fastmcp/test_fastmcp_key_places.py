@@ -172,49 +172,35 @@ async def test_an_argument_keyed_tool_is_listed_retry_safe_with_its_key_place(
     assert (nested.get("required") == ["idempotency-key"]) is required
 
 
-#: `charge` as the middleware listed it before issue 24 (captured from main's code).
+def _listing_before_issue_24(keys: str, **extra: Any) -> dict[str, Any]:
+    """`charge` as the middleware listed it before issue 24 (captured from main's code)."""
+    return {
+        "_meta": {
+            "fastmcp": {"tags": []},
+            "io.github.mcp-once/idempotency": {"keys": keys, "retentionSeconds": 86400},
+        },
+        **extra,
+        "inputSchema": {
+            "additionalProperties": False,
+            "properties": {"cents": {"type": "integer"}, "order": {"type": "string"}},
+            "required": ["order", "cents"],
+            "type": "object",
+        },
+        "name": "charge",
+        "outputSchema": {
+            "properties": {"result": {"type": "string"}},
+            "required": ["result"],
+            "type": "object",
+            "x-fastmcp-wrap-result": True,
+        },
+        "title": "Charge",
+    }
+
+
+#: Per transport: HTTP callers have no identity here (keys "optional"), in-memory ones do.
 UNCHANGED_LISTING: dict[str, Any] = {
-    "http": {
-        "_meta": {
-            "fastmcp": {"tags": []},
-            "io.github.mcp-once/idempotency": {"keys": "optional", "retentionSeconds": 86400},
-        },
-        "inputSchema": {
-            "additionalProperties": False,
-            "properties": {"cents": {"type": "integer"}, "order": {"type": "string"}},
-            "required": ["order", "cents"],
-            "type": "object",
-        },
-        "name": "charge",
-        "outputSchema": {
-            "properties": {"result": {"type": "string"}},
-            "required": ["result"],
-            "type": "object",
-            "x-fastmcp-wrap-result": True,
-        },
-        "title": "Charge",
-    },
-    "memory": {
-        "_meta": {
-            "fastmcp": {"tags": []},
-            "io.github.mcp-once/idempotency": {"keys": "derived", "retentionSeconds": 86400},
-        },
-        "annotations": {"idempotentHint": True},
-        "inputSchema": {
-            "additionalProperties": False,
-            "properties": {"cents": {"type": "integer"}, "order": {"type": "string"}},
-            "required": ["order", "cents"],
-            "type": "object",
-        },
-        "name": "charge",
-        "outputSchema": {
-            "properties": {"result": {"type": "string"}},
-            "required": ["result"],
-            "type": "object",
-            "x-fastmcp-wrap-result": True,
-        },
-        "title": "Charge",
-    },
+    "http": _listing_before_issue_24("optional"),
+    "memory": _listing_before_issue_24("derived", annotations={"idempotentHint": True}),
 }
 
 
