@@ -29,6 +29,7 @@ decoded and stamped by `replay.py`. The tool reads its claim with `current_claim
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -165,6 +166,18 @@ def _hint(retry_after: float | None) -> float:
     return max(0.001, min(retry_after, RETRY_HINT_CAP))
 
 
+def _claim_names_the_tool(store: KeyStore) -> bool:
+    """Whether `store.claim` takes `tool=` (every store of this release does). A `KeyStore` of
+    one's own, written before records named their tool, keeps working, its records naming no
+    tool (`keys list` shows `-`), instead of every call failing with -32013. Asked once per
+    guard, never per call."""
+    try:
+        parameters = inspect.signature(store.claim).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: assume this release's protocol
+        return True
+    return any(p.name == "tool" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 class Guard:
     """Runs tool calls at most once per (scope, tool, key) against one key store."""
 
@@ -172,6 +185,7 @@ class Guard:
         self.store = store
         self.policy = policy
         self._places_of: tuple[Policy, tuple[str, ...]] | None = None
+        self._names_tools = _claim_names_the_tool(store)
 
     async def call(
         self,
@@ -329,7 +343,7 @@ class Guard:
                         t.fingerprint,
                         lease=self.policy.lease,
                         takeover=takeover,
-                        tool=t.tool,
+                        **({"tool": t.tool} if self._names_tools else {}),
                     )
             except CorruptRecord:
                 raise self._corrupt(t, "the stored record is unreadable") from None
