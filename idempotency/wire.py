@@ -7,8 +7,11 @@ the contract (`semantics.md`) is the single source, and this file is its only tr
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import Any, Final
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar
+
+E = TypeVar("E")
 
 NAMESPACE: Final = "io.github.mcp-once/"
 
@@ -130,3 +133,17 @@ def check_hook(name: str, hook: object) -> None:
         raise TypeError(f"{name} must be a callable taking one argument, or None")
     if inspect.iscoroutinefunction(hook):
         raise TypeError(f"{name} must be a plain function: hooks run inline, never awaited")
+
+
+def run_hook(
+    logger: logging.Logger, name: str, hook: Callable[[E], object] | None, event: E
+) -> None:
+    """Call a hook `check_hook` admitted: inline, never awaited; an `Exception` from it is logged
+    on `logger` by its type only (its message may quote a caller's data) and dropped, so that a
+    hook never breaks a call. Cancellation is never caught. Both sides call theirs through here."""
+    if hook is None:
+        return
+    try:
+        hook(event)
+    except Exception as exc:
+        logger.warning("the %s hook raised %s; ignored", name, type(exc).__qualname__)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from idempotency import wire
+
 from ._outcome import NotExecuted, OutcomeUnknown
 from ._report import FailureKind
 
@@ -47,10 +49,5 @@ GiveUpHook = Callable[[OutcomeUnknown | NotExecuted], object]
 
 
 def fire(name: str, hook: Callable[[E], object] | None, event: E) -> None:
-    """Run `hook(event)`; an `Exception` from it is logged by type and dropped."""
-    if hook is None:
-        return
-    try:
-        hook(event)
-    except Exception as exc:
-        logger.warning("the %s hook raised %s; ignored", name, type(exc).__qualname__)
+    """Run `hook(event)` the way both sides run hooks (`wire.run_hook`)."""
+    wire.run_hook(logger, name, hook, event)

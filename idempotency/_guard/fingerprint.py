@@ -17,7 +17,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .keyplaces import check_argument_path, without_key
+from ..wire import argument_path
+from .keyplaces import without_key
 
 #: What `fingerprint=` takes: `{"include": [paths]}` (only those count), `{"exclude": [paths]}`
 #: (all but those count), paths dotted for nested objects; or a function of the arguments (the
@@ -54,7 +55,7 @@ def check_option(option: object) -> FingerprintOption:
     if isinstance(paths, str) or not isinstance(paths, list | tuple | set | frozenset):
         raise TypeError(f"fingerprint paths must be a list of argument paths, not {paths!r}")
     for path in paths:
-        check_argument_path(path)
+        argument_path(path)
     return option
 
 
@@ -62,7 +63,7 @@ def _included(arguments: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:
     """Only the values at `paths` (an absent path stays absent)."""
     kept: dict[str, Any] = {}
     for path in sorted(paths):
-        *parents, leaf = check_argument_path(path)
+        *parents, leaf = argument_path(path)
         source: Any = arguments
         target = kept
         for part in parents:

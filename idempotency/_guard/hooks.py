@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..wire import run_hook
 from .telemetry import logger
 
 
@@ -36,10 +37,5 @@ ReplayHook = Callable[[Replay], object]
 
 
 def replayed(hook: ReplayHook | None, event: Replay) -> None:
-    """Call `on_replay`; whatever it raises is logged by type and dropped."""
-    if hook is None:
-        return
-    try:
-        hook(event)
-    except Exception as exc:
-        logger.warning("the on_replay hook raised %s; ignored", type(exc).__qualname__)
+    """Call `on_replay` the way both sides run hooks (`wire.run_hook`)."""
+    run_hook(logger, "on_replay", hook, event)

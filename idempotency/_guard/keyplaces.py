@@ -38,11 +38,6 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 META_PLACE = f"params._meta[{wire.KEY_META!r}]"
 
 
-def check_argument_path(path: object) -> tuple[str, ...]:
-    """The path's segments; a `TypeError`/`ValueError` for a path that names no argument."""
-    return wire.argument_path(path)
-
-
 def check_header_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"key_header must be a string, not {type(name).__name__}")
@@ -59,7 +54,7 @@ def without_key(arguments: Mapping[str, Any], path: str) -> dict[str, Any]:
     """`arguments` without the key at `path` (a copy; the caller's mapping is untouched). An
     object on the way that only held the key is dropped too, so the rest reads as it would
     have without the key."""
-    segments = check_argument_path(path)
+    segments = wire.argument_path(path)
     if wire.argument_at(arguments, segments) is wire.ABSENT:
         return dict(arguments)
     copied: dict[str, Any] = dict(arguments)
@@ -114,7 +109,7 @@ def found_keys(
     if meta is not None and wire.KEY_META in meta:
         found.append(FoundKey(META_PLACE, meta[wire.KEY_META]))
     if key_argument is not None:
-        value = wire.argument_at(arguments, check_argument_path(key_argument))
+        value = wire.argument_at(arguments, wire.argument_path(key_argument))
         if value is not wire.ABSENT:
             found.append(FoundKey(argument_place(key_argument), value))
     if key_header is not None:
@@ -133,7 +128,7 @@ def schema_with_key(schema: Mapping[str, Any], key_argument: str, required: bool
     lists each level of the path as required.
     """
     result = copy.deepcopy(dict(schema))
-    segments = check_argument_path(key_argument)
+    segments = wire.argument_path(key_argument)
     node = result
     for depth, segment in enumerate(segments):
         properties = node.get("properties")
@@ -165,5 +160,5 @@ def declares_argument(schema: Mapping[str, Any] | None, key_argument: str) -> bo
     """Whether the author's own input schema declares the key argument's top-level name, i.e.
     whether the tool's signature takes it (and so receives it)."""
     properties = (schema or {}).get("properties")
-    top = check_argument_path(key_argument)[0]
+    top = wire.argument_path(key_argument)[0]
     return isinstance(properties, Mapping) and top in properties

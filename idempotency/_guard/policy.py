@@ -15,7 +15,7 @@ from typing import Any, Literal, TypedDict
 from .. import wire
 from .fingerprint import FingerprintOption, check_option
 from .hooks import ReplayHook
-from .keyplaces import check_argument_path, check_header_name
+from .keyplaces import check_header_name
 from .scope import ScopeFn, default_scope
 
 KeyMode = Literal["required", "optional", "derived"]
@@ -168,7 +168,7 @@ class Policy:
         if not callable(self.scope):
             raise TypeError("scope must be a callable taking a CallScope and returning a str")
         if self.key_argument is not None:
-            check_argument_path(self.key_argument)
+            wire.argument_path(self.key_argument)
         if self.key_header is not None:
             check_header_name(self.key_header)
         if self.fingerprint is not None:
