@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import logging
+import signal
 import sys
 import tempfile
 import time
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 
 #: A shell's status for a command ended by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
+#: The shell's status for a process ended by SIGTERM (128 + 15).
+EXIT_TERMINATED = 143
 DEFAULT_CALLS = 100
 DEFAULT_SEED = 7
 MAX_CALLS = 100_000
@@ -395,6 +398,27 @@ async def _run(
     return reports[0], reports[1], pipelines, store
 
 
+class _TerminateAsInterrupt:
+    """While entered, SIGTERM (a service manager's or `kill`'s polite stop) ends the demo the way
+    Ctrl-C does: the event loop winds down and the records the demo wrote to a store of the
+    user's are removed. Without it SIGTERM kills the process on the spot and leaves them behind.
+    `signalled` tells the two apart afterwards, for the message and the exit status."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._previous: Any = None
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.signalled = True
+        signal.raise_signal(signal.SIGINT)  # asyncio's own Ctrl-C path: cancel, then unwind
+
+    def __enter__(self) -> None:
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
     if not args.json:
@@ -408,10 +432,14 @@ def run(args: argparse.Namespace) -> int:
     if given is not None:
         args.store = anyio.run(_demo_store, given)
     removed = None
+    terminated = _TerminateAsInterrupt()
     try:
-        with tempfile.TemporaryDirectory(prefix="mcp-once-demo-") as tmp:
+        with terminated, tempfile.TemporaryDirectory(prefix="mcp-once-demo-") as tmp:
             baseline, once, pipelines, store = anyio.run(_run, args, Path(tmp))
     except KeyboardInterrupt:
+        if terminated.signalled:
+            print("\nmcp-once: demo terminated", file=sys.stderr)
+            return EXIT_TERMINATED
         print("\nmcp-once: demo interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:

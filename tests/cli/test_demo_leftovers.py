@@ -1,8 +1,8 @@
 """`mcp-once demo --store redis://…` leaves the user's Redis exactly as it found it: the demo
 writes under a prefix of its own and deletes every key under it when it ends, after a normal
-run and after Ctrl-C. The Redis holds unrelated keys before (one of them under the store's
-default prefix, as a real deployment's record would be): each must be there after, unchanged
-(type, value, TTL), and nothing else."""
+run and after Ctrl-C or SIGTERM. The Redis holds unrelated keys before (one of them under the
+store's default prefix, as a real deployment's record would be): each must be there after,
+unchanged (type, value, TTL), and nothing else."""
 
 from __future__ import annotations
 
@@ -75,8 +75,13 @@ def test_a_demo_run_leaves_the_target_as_it_found_it(
     assert snapshot(client) == before
 
 
-def test_ctrl_c_mid_run_still_removes_what_it_wrote(
-    users_redis: tuple[RedisServer, redis.Redis],
+@pytest.mark.parametrize(
+    ("stop", "status", "said"),
+    [(signal.SIGINT, 130, "demo interrupted"), (signal.SIGTERM, 143, "demo terminated")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_stopping_mid_run_still_removes_what_it_wrote(
+    users_redis: tuple[RedisServer, redis.Redis], stop: signal.Signals, status: int, said: str
 ) -> None:
     server, client = users_redis
     before = snapshot(client)
@@ -95,14 +100,14 @@ def test_ctrl_c_mid_run_still_removes_what_it_wrote(
         written = events.get_message(timeout=120)
         assert written is not None and written["type"] == "pmessage", "the demo never wrote"
         assert client.dbsize() > before[0]
-        demo.send_signal(signal.SIGINT)
+        demo.send_signal(stop)
         _, err = demo.communicate(timeout=120)
     finally:
         events.close()
         if demo.poll() is None:
             demo.kill()
             demo.wait()
-    assert demo.returncode == 130, err[-2000:]
-    assert "demo interrupted" in err and "Traceback" not in err
+    assert demo.returncode == status, err[-2000:]
+    assert said in err and "Traceback" not in err
     assert "removed the demo's" in err
     assert snapshot(client) == before
