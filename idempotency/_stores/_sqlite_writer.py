@@ -300,7 +300,7 @@ class Writer:
             post = (
                 loop.call_soon_threadsafe
                 if isinstance(loop, asyncio.AbstractEventLoop)
-                else loop.run_sync_soon
+                else cast(Any, loop).run_sync_soon
             )
             # A finished event loop has nobody left waiting.
             with contextlib.suppress(RuntimeError):
