@@ -108,6 +108,11 @@ class Writer:
         self._failure_of = failure
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Job[Any]] = []
+        #: Whether the queue may be taken: an event loop ended the round that queued its
+        #: transitions (`_flush`), or other work asked for the writer at once.
+        self._go = False
+        #: The event loops (by id) whose end-of-round `_flush` is scheduled.
+        self._flushing: set[int] = set()
         self._thread: threading.Thread | None = None
         self._closed = False
         #: Touched by the writer thread only (and by `aclose` once no thread runs).
@@ -137,9 +142,9 @@ class Writer:
             if self._closed:
                 return
             self._closed = True
-            if self._thread is None and self._conn is None:
+            if self._thread is None and self._conn is None and not self._queue:
                 return
-            self._enqueue(job)
+            self._enqueue(job, at_once=True)
         with anyio.CancelScope(shield=True):
             await job.wait()
 
@@ -147,16 +152,43 @@ class Writer:
         with self._cond:
             if self._closed:
                 raise StoreUnavailable(f"the SQLite key store at {self._name} is closed")
-            self._enqueue(job)
+            self._enqueue(job, at_once=job.kind != "transition")
         with anyio.CancelScope(shield=shield):
             await job.wait()
         if job.error is not None:
             raise job.error
         return cast(T, job.value)
 
-    def _enqueue(self, job: _Job[Any]) -> None:
-        """Under `_cond`: queue the job and make sure a thread will take it."""
+    def _enqueue(self, job: _Job[Any], *, at_once: bool) -> None:
+        """Under `_cond`: queue the job and make sure the writer will take it.
+
+        A transition wakes the writer only once its event loop has run every task that was
+        ready with it (`_flush`, scheduled once per loop and round), not at once: woken at
+        once, the writer would take the queue the first time the loop let go of the GIL (any
+        system call of any task) and commit a batch of one while the rest of the round queues
+        behind it, paying an fsync each. A lone transition waits one loop iteration more."""
         self._queue.append(job)
+        if at_once:
+            self._wake()
+            return
+        loop_id = id(job.loop)
+        if loop_id not in self._flushing:
+            self._flushing.add(loop_id)
+            loop = job.loop
+            if isinstance(loop, asyncio.AbstractEventLoop):
+                loop.call_soon(self._flush, loop_id)
+            else:
+                cast(Any, loop).run_sync_soon(self._flush, loop_id)
+
+    def _flush(self, loop_id: int) -> None:
+        """On an event loop, after the round that queued its transitions."""
+        with self._cond:
+            self._flushing.discard(loop_id)
+            self._wake()
+
+    def _wake(self) -> None:
+        """Under `_cond`: let the writer take the queue, starting its thread if none runs."""
+        self._go = True
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._serve, name=f"mcp-once SQLite writer {self._name}", daemon=True
@@ -170,11 +202,17 @@ class Writer:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
-                    if self._closed or (not self._cond.wait(_LINGER) and not self._queue):
+                while not (self._go and self._queue):
+                    if self._closed and not self._queue:
                         self._thread = None
                         return
-                jobs, self._queue = self._queue, []
+                    if not self._cond.wait(_LINGER):
+                        if not self._queue:
+                            self._thread = None
+                            return
+                        # Queued, but its loop never ended the round (it stopped): take it.
+                        self._go = True
+                jobs, self._queue, self._go = self._queue, [], False
             try:
                 self._handle(jobs)
             except Exception as exc:
