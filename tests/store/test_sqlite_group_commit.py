@@ -156,6 +156,38 @@ async def test_queued_transitions_commit_in_one_batch(db: Path, anyio_backend: s
 
 
 @BACKENDS
+async def test_one_round_of_callers_is_one_batch_even_if_they_let_go_of_the_gil(
+    db: Path, anyio_backend: str
+) -> None:
+    """Callers that start together queue in one round of the event loop and commit together,
+    although each releases the GIL before it queues (a blocking call, as any system call does:
+    the claim's own token comes from os.urandom). Woken at the first one's queueing, the writer
+    would take the queue at the next release and commit the first caller alone."""
+    store = SQLiteKeyStore(db)
+    await store.get("warm")  # connection open, schema made: the writer idle, waiting for work
+    callers = 8
+    go = anyio.Event()
+    outcomes: list[ClaimOutcome] = []
+
+    async def claim(key: str) -> None:
+        await go.wait()
+        # A blocking call: holds up the loop and releases the GIL, the writer's chance.
+        threading.Event().wait(0.005)
+        outcomes.append(await store.claim(key, "fp", lease=10, takeover=False))
+
+    before = counters(store)
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            for i in range(callers):
+                tg.start_soon(claim, f"k{i}")
+            await anyio.wait_all_tasks_blocked()
+            go.set()
+    assert [o.status for o in outcomes] == [ClaimStatus.CLAIMED] * callers
+    assert counters(store) == (before[0] + 1, before[1] + callers)
+    await store.aclose()
+
+
+@BACKENDS
 async def test_sixteen_callers_share_commits_and_every_answer_is_right(
     db: Path, anyio_backend: str
 ) -> None:
