@@ -130,8 +130,9 @@ class Writer:
         #: Whether the queue may be taken: an event loop ended the round that queued its
         #: transitions (`_flush`), or other work asked for the writer at once.
         self._go = False
-        #: The event loops (by id) whose end-of-round `_flush` is scheduled.
-        self._flushing: set[int] = set()
+        #: The event loops whose end-of-round `_flush` is scheduled (the loops themselves, not
+        #: their ids: a loop that died before its flush ran must not lend its id to a new one).
+        self._flushing: set[object] = set()
         self._thread: threading.Thread | None = None
         self._closed = False
         #: Touched by the writer thread only (and by `aclose` once no thread runs).
@@ -186,19 +187,18 @@ class Writer:
         if at_once:
             self._wake()
             return
-        loop_id = id(job.loop)
-        if loop_id not in self._flushing:
-            self._flushing.add(loop_id)
-            loop = job.loop
+        loop = job.loop
+        if loop not in self._flushing:
+            self._flushing.add(loop)
             if isinstance(loop, asyncio.AbstractEventLoop):
-                loop.call_soon(self._flush, loop_id)
+                loop.call_soon(self._flush, loop)
             else:
-                cast(Any, loop).run_sync_soon(self._flush, loop_id)
+                cast(Any, loop).run_sync_soon(self._flush, loop)
 
-    def _flush(self, loop_id: int) -> None:
+    def _flush(self, loop: object) -> None:
         """On an event loop, after the round that queued its transitions."""
         with self._cond:
-            self._flushing.discard(loop_id)
+            self._flushing.discard(loop)
             self._wake()
 
     def _wake(self) -> None:
