@@ -173,7 +173,14 @@ class SQLiteKeyStore:
         self._synchronous = _SYNCHRONOUS[synchronous]
         #: Queued callers wait in the event loop, not each on a thread of anyio's shared pool
         #: (which the application needs too); the writer thread serves them all.
-        self._writer = Writer(str(self.path), self._open, self._unavailable)
+        self._writer = Writer(
+            str(self.path),
+            self._open,
+            self._unavailable,
+            load=_load_many,
+            decode=_decode,
+            save=_save_many,
+        )
         self._wakeups = _Wakeups()
 
     @classmethod
@@ -367,19 +374,15 @@ class SQLiteKeyStore:
         *,
         wake: bool = True,
     ) -> T:
-        def step(conn: sqlite3.Connection) -> tuple[bool, T]:
+        def step(record: Record | None) -> tuple[Record | None, T]:
             # Read the clock inside the write lock, so time order matches commit order
             # across processes.
-            now = self._clock()
-            new, answer = decide(_load(conn, key), now)
-            if new is not None:
-                conn.execute(_UPSERT, _encode(new))
-            return new is not None, answer
+            return decide(record, self._clock())
 
         # Shielded by the writer: once queued, the transition commits and its answer (a
         # claim's token above all) reaches the caller; a cancelled claim whose token is lost
         # would block the key until its lease expires and then turn it UNKNOWN.
-        changed, answer = await self._writer.transition(step)
+        changed, answer = await self._writer.transition(key, step)
         if changed and wake:
             self._wakeups.notify(key)
         return answer
@@ -521,6 +524,26 @@ def _load(conn: sqlite3.Connection, key: str) -> Record | None:
     if row is None:
         return None
     return _decode(key, row[1:])
+
+
+#: Keys read per statement: under SQLite's oldest limit on bound parameters (999).
+_LOAD_CHUNK = 500
+
+
+def _load_many(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Row]:
+    """The rows of those of `keys` that have one, undecoded (a corrupt one fails only the
+    transitions on its key)."""
+    rows: dict[str, Row] = {}
+    for start in range(0, len(keys), _LOAD_CHUNK):
+        chunk = keys[start : start + _LOAD_CHUNK]
+        sql = f"SELECT {_COLUMNS} FROM records WHERE key IN ({','.join('?' * len(chunk))})"
+        for row in conn.execute(sql, chunk):
+            rows[str(row[0])] = row[1:]
+    return rows
+
+
+def _save_many(conn: sqlite3.Connection, records: list[Record]) -> None:
+    conn.executemany(_UPSERT, [_encode(record) for record in records])
 
 
 def _encode(record: Record) -> Row:
