@@ -29,7 +29,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from ... import _system_task
-from .wire import NO_DEADLINE, ConnectionLost, Replies, Unreachable, Wire, Wiring
+from .wire import DEADLINE, NO_DEADLINE, ConnectionLost, Replies, Unreachable, Wire, Wiring
 
 
 class AsyncioWire(Wire, asyncio.Protocol):
@@ -73,9 +73,12 @@ class AsyncioWire(Wire, asyncio.Protocol):
 
     def _send(self, chunk: bytes, count: int, waiter: asyncio.Future[Replies] | None) -> None:
         idle = not self._queue
-        self._enqueue(count, waiter, self._loop.time())
+        deadline = self._enqueue(count, waiter, self._loop.time())
         if self._timer is None and self._timeout is not None:
-            self._timer = self._loop.call_at(self._queue[0].deadline, self._watch)
+            # The head's deadline: this request's when it is alone.
+            self._timer = self._loop.call_at(
+                deadline if idle else self._queue[0][DEADLINE], self._watch
+            )
         if self._buffer:
             self._buffer.append(chunk)
         elif idle and self._answered <= 1:
@@ -166,10 +169,10 @@ class StreamWire(Wire):
 
     def _send(self, chunk: bytes, count: int, waiter: _Slot | None) -> None:
         idle = not self._queue
-        request = self._enqueue(count, waiter, anyio.current_time())
+        deadline = self._enqueue(count, waiter, anyio.current_time())
         self._buffer.append(chunk)
         if idle and self._wait_scope is not None:
-            self._wait_scope.deadline = request.deadline
+            self._wait_scope.deadline = deadline
 
     async def _flush(self) -> None:
         """Write everything pending, as one write per round; shielded, so that a cancelled
@@ -194,7 +197,7 @@ class StreamWire(Wire):
         try:
             with self._reader_scope:
                 while self.dead is None:
-                    deadline = self._queue[0].deadline if self._queue else NO_DEADLINE
+                    deadline = self._queue[0][DEADLINE] if self._queue else NO_DEADLINE
                     data = b""
                     with anyio.CancelScope(deadline=deadline) as self._wait_scope:
                         data = await self._stream.receive()
