@@ -165,6 +165,8 @@ _TRANSIENT_REPLIES: Final = (
     "CLUSTERDOWN",
 )
 _ASKING: Final = command(b"ASKING")
+#: A script's arguments after its offset.
+_Args = tuple[bytes | str | int, ...]
 
 
 class ReplicationUnconfirmed(StoreUnavailable):
@@ -691,19 +693,13 @@ class RedisKeyStore:
                         if doubt is not None and self._doubts.entries:
                             self._doubts.settle(rkey, *doubt)
                         return early
-                return await self._script_fully(script, rkey, args, resent, doubt, False, early)
-        return await self._script_fully(script, rkey, args, resent, doubt, durable, None)
+                return await self._script_fully(early, script, rkey, args, resent, doubt, False)
+        return await self._script_fully(None, script, rkey, args, resent, doubt, durable)
 
     async def _script_fully(
-        self,
-        script: lua.Script,
-        rkey: bytes,
-        args: tuple[bytes | str | int, ...],
-        resent: tuple[bytes | str | int, ...],
-        doubt: tuple[str, str] | None,
-        durable: bool,
-        early: object,
-    ) -> Any:
+        self, early: object, script: lua.Script, rkey: bytes, args: _Args, resent: _Args,
+        doubt: tuple[str, str] | None, durable: bool,
+    ) -> Any:  # fmt: skip
         """`_script`, every case; `early`: the outcome (a reply, or the `RedisError` the wait
         raised) of a first try already made on this loop's connection with `args`, or None."""
         here = self._here()
