@@ -1,8 +1,12 @@
-"""Moving a `Wire`'s bytes: an asyncio protocol on asyncio, an anyio byte stream elsewhere (trio).
+"""Moving a `Wire`'s bytes: on asyncio the socket itself or an asyncio protocol, an anyio byte
+stream elsewhere (trio).
 
-Why two: on asyncio the cheapest path is the loop's own protocol callbacks. Bytes arriving are
-parsed and handed to the waiting futures in `data_received`, with no reader task and no stream
-object in between, and `transport.write` never blocks. Trio has no callbacks, so there a reader
+Why these: on asyncio the cheapest path is the loop's own callbacks. A plain (no TLS) socket is
+read and written directly (`SocketWire`: `add_reader` wakes it, `send` writes, and what the
+kernel does not take waits for `add_writer`); over TLS, asyncio's protocol callbacks
+(`AsyncioWire`). Either way bytes arriving are parsed and handed to the waiting futures in the
+loop's callback, with no reader task and no stream object in between, and writing never
+blocks. Trio has no callbacks, so there a reader
 system task receives from an anyio byte stream, and the caller that finds no write in progress
 writes for everyone.
 
