@@ -36,6 +36,7 @@ from idempotency import (
 )
 from idempotency._stores.redis import lua
 from idempotency._stores.redis.store import MAX_FINGERPRINT_BYTES
+from idempotency._stores.redis.transport import SocketWire
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 
@@ -113,6 +114,35 @@ async def snapshot(raw: aioredis.Redis, name: bytes) -> tuple[Any, ...]:
 async def redis_seconds(raw: aioredis.Redis) -> float:
     seconds, micros = await raw.time()
     return seconds + micros / 1e6
+
+
+# -- the socket read and written directly -------------------------------------------------------
+
+
+async def test_writes_the_kernel_takes_in_parts_and_replies_over_many_reads_arrive_whole(
+    redis_url: str, prefix: str
+) -> None:
+    """On asyncio a plain connection is the socket itself (`SocketWire`): a write larger than
+    the socket buffer is sent in parts as the socket drains, a reply larger than one read is
+    assembled from many, and concurrent callers' bytes never interleave."""
+    store = RedisKeyStore.from_url(redis_url, prefix=prefix, max_result_bytes=64 << 20)
+    try:
+        big = os.urandom(16 << 20)
+
+        async def one(i: int) -> None:
+            claimed = await store.claim(f"big-{i}", FP, lease=LEASE, takeover=False)
+            assert claimed.token is not None
+            assert await store.complete(f"big-{i}", claimed.token, big + bytes([i]), retention=60)
+            record = await store.get(f"big-{i}")
+            assert record is not None and record.result == big + bytes([i])
+
+        async with anyio.create_task_group() as group:
+            for i in range(3):
+                group.start_soon(one, i)
+        wire = store._here().main.current
+        assert isinstance(wire, SocketWire) and wire.dead is None
+    finally:
+        await store.aclose()
 
 
 # -- one round trip per transition -------------------------------------------------------------

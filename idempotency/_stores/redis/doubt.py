@@ -20,14 +20,13 @@ class Doubts:
     """What this store sent and never learned the outcome of, oldest first."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[bytes, str], str] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        #: (record, what) -> token. Public so that the hot path can test it for emptiness
+        #: without a call (nearly always empty).
+        self.entries: dict[tuple[bytes, str], str] = {}
 
     def note(self, record: bytes, what: str, token: str) -> None:
         """`what` ("claim", "complete", "release") of `record` with `token` may have happened."""
-        entries = self._entries
+        entries = self.entries
         entries.pop((record, what), None)
         entries[(record, what)] = token
         if len(entries) > LIMIT:
@@ -35,12 +34,12 @@ class Doubts:
 
     def take(self, record: bytes, what: str) -> str | None:
         """The token of a doubtful `what` of `record`, forgotten as it is returned."""
-        return self._entries.pop((record, what), None)
+        return self.entries.pop((record, what), None)
 
     def holds(self, record: bytes, what: str, token: str) -> bool:
-        return self._entries.get((record, what)) == token
+        return self.entries.get((record, what)) == token
 
     def settle(self, record: bytes, what: str, token: str) -> None:
         """The write's outcome is known now."""
-        if self._entries.get((record, what)) == token:
-            del self._entries[(record, what)]
+        if self.entries.get((record, what)) == token:
+            del self.entries[(record, what)]

@@ -43,20 +43,21 @@ class Link:
         self._traffic = traffic
         self._push = push
         self._on_dead = on_dead
-        self._wire: Wire | None = None
+        #: The connection last opened, usable while its `dead` is None (`live`, `wire`).
+        self.current: Wire | None = None
         self._connecting: anyio.Event | None = None
         self._failure: BaseException | None = None
         self._closed = False
 
     def live(self) -> Wire | None:
         """The connection if it is usable now, without connecting."""
-        wire = self._wire
+        wire = self.current
         return wire if wire is not None and wire.dead is None else None
 
     async def wire(self) -> Wire:
         """A usable connection: the current one, or a new one. Raises `Unreachable`."""
         while True:
-            wire = self._wire
+            wire = self.current
             if wire is not None and wire.dead is None:
                 return wire
             if self._closed:
@@ -71,14 +72,14 @@ class Link:
 
     async def call(self, chunk: bytes, count: int = 1) -> object:
         """Send `chunk` (`count` commands) and return the reply (a list for several)."""
-        wire = self._wire
+        wire = self.current
         if wire is None or wire.dead is not None:
             wire = await self.wire()
         return await wire.request(chunk, count)
 
     def drop(self) -> None:
         """Give the current connection up (the next call opens a new one)."""
-        wire = self._wire
+        wire = self.current
         if wire is not None:
             wire.close()
 
@@ -95,7 +96,7 @@ class Link:
             self._failure = exc
             raise
         else:
-            self._wire = wire
+            self.current = wire
             return wire
         finally:
             self._connecting = None

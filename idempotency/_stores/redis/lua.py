@@ -18,6 +18,8 @@ class Script:
     source: str
     #: What EVALSHA is called with; Redis computes the same SHA-1 when it caches `source`.
     sha: str
+    #: `EVALSHA <sha> 1` as bytes, the head of every call on one key: encoded once, not per call.
+    evalsha: tuple[bytes, bytes, bytes]
 
 
 def _load(name: str) -> Script:
@@ -25,7 +27,8 @@ def _load(name: str) -> Script:
     prelude = folder.joinpath("lib.lua").read_text(encoding="utf-8")
     body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     source = f"{prelude}\n{body}"
-    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+    sha = hashlib.sha1(source.encode()).hexdigest()
+    return Script(name, source, sha, (b"EVALSHA", sha.encode(), b"1"))
 
 
 CLAIM = _load("claim")

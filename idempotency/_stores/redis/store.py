@@ -67,7 +67,6 @@ import heapq
 import logging
 import math
 import os
-import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Final
 
@@ -122,6 +121,7 @@ from .wire import (
     Traffic,
     Unreachable,
     command,
+    pack,
 )
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,6 @@ URL_OPTIONS: Final = {
     "wait_aof": boolean,
     "socket_timeout": number_or_none,
 }
-_LOWER_HEX: Final = re.compile(r"[0-9a-f]{64}")
 #: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
 _TRANSIENT_REPLIES: Final = (
     "BUSY",
@@ -166,6 +165,8 @@ _TRANSIENT_REPLIES: Final = (
     "CLUSTERDOWN",
 )
 _ASKING: Final = command(b"ASKING")
+#: A script's arguments after its offset.
+_Args = tuple[bytes | str | int, ...]
 
 
 class ReplicationUnconfirmed(StoreUnavailable):
@@ -410,15 +411,17 @@ class RedisKeyStore:
     async def claim(
         self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:
-        self._limits.check_key(key)
+        encoded = key.encode()
+        if not 0 < len(encoded) <= self._limits.max_key_bytes:
+            self._limits.check_key(key)  # raises, naming the limit
         fingerprint_bytes = _pack_fingerprint(fingerprint)
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
-        rkey = self._rkey(key)
+        rkey = self._prefix_bytes + b"{" + encoded + b"}"
         # A claim of ours that may have landed is claimed again under its own token: taken, so
         # that no concurrent claim re-sends it too, and given back if this try gets no answer
         # either (it may not even have been sent: the earlier one is still in doubt).
-        doubted = self._doubts.take(rkey, "claim") if self._doubts else None
+        doubted = self._doubts.take(rkey, "claim") if self._doubts.entries else None
         token = doubted or os.urandom(16).hex()
         args = (
             fingerprint_bytes,
@@ -426,7 +429,7 @@ class RedisKeyStore:
             1 if takeover else 0,
             self._orphan_retention_us,
             token,
-            (tool_label(tool) or "").encode(),
+            (tool_label(tool) or "").encode() if tool else b"",
         )
         try:
             if not self._durable:
@@ -461,11 +464,11 @@ class RedisKeyStore:
     async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
         self._limits.check_result(result)
         retention_us = _micros("retention", retention)
-        if not self._fits(key):
+        rkey = self._rkey_if_fits(key)
+        if rkey is None:
             return False
-        rkey = self._rkey(key)
         doubt = ("complete", token)
-        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
@@ -484,7 +487,7 @@ class RedisKeyStore:
             return False
         rkey = self._rkey(key)
         doubt = ("release", token)
-        doubtful = bool(self._doubts) and self._doubts.holds(rkey, *doubt)
+        doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, self._orphan_retention_us)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
 
@@ -596,11 +599,17 @@ class RedisKeyStore:
 
     def _fits(self, key: str) -> bool:
         """Whether a record could exist for `key`; one that could not is simply absent."""
+        return self._rkey_if_fits(key) is not None
+
+    def _rkey_if_fits(self, key: str) -> bytes | None:
+        """`key`'s Redis key if a record could exist for it, else None (encoded once)."""
         try:
-            size = len(key.encode())
+            encoded = key.encode()
         except UnicodeEncodeError:
-            return False
-        return 0 < size <= self._limits.max_key_bytes
+            return None
+        if not 0 < len(encoded) <= self._limits.max_key_bytes:
+            return None
+        return self._prefix_bytes + b"{" + encoded + b"}"
 
     def _rkey(self, key: str) -> bytes:
         return self._prefix_bytes + b"{" + key.encode() + b"}"
@@ -662,7 +671,37 @@ class RedisKeyStore:
         (`durable.py`), and the answer is (reply, acknowledgements).
 
         On a cluster: sent to the slot's owner, following MOVED and ASK, and once more to
-        the owner named by a fresh slot map when the node could not be reached."""
+        the owner named by a fresh slot map when the node could not be reached.
+
+        The common case (one Redis, no WAIT, a live connection) is tried first with nothing
+        but the send and the wait: at one caller the store's own Python between two round
+        trips is a visible share of a pair's time. Anything else it meets (an error reply,
+        a lost connection) is handed, as the outcome of that first try, to `_script_fully`,
+        which decides on it exactly as if it had sent the command itself."""
+        if self._cluster is None and not durable:
+            wire = self._here().main.current
+            if wire is not None and wire.dead is None:
+                early: object
+                try:
+                    early = await wire.request(
+                        pack((*script.evalsha, rkey, self._offset_us, *args))
+                    )
+                except rx.RedisError as exc:
+                    early = exc
+                else:
+                    if not isinstance(early, ReplyError):
+                        if doubt is not None and self._doubts.entries:
+                            self._doubts.settle(rkey, *doubt)
+                        return early
+                return await self._script_fully(early, script, rkey, args, resent, doubt, False)
+        return await self._script_fully(None, script, rkey, args, resent, doubt, durable)
+
+    async def _script_fully(
+        self, early: object, script: lua.Script, rkey: bytes, args: _Args, resent: _Args,
+        doubt: tuple[str, str] | None, durable: bool,
+    ) -> Any:  # fmt: skip
+        """`_script`, every case; `early`: the outcome (a reply, or the `RedisError` the wait
+        raised) of a first try already made on this loop's connection with `args`, or None."""
         here = self._here()
         cluster = self._cluster
         seen = 0
@@ -673,15 +712,23 @@ class RedisKeyStore:
             await self._check_durability()
         asking = b""  # ASKING, for the one command sent after an ASK redirect
         redirects = 0
-        body: tuple[bytes | str | int, ...] = (b"EVALSHA", script.sha, 1, rkey, self._offset_us)
+        body: tuple[bytes | str | int, ...] = (*script.evalsha, rkey, self._offset_us)
         again = False
         written = False  # whether the first try's bytes were handed to the socket
         while True:
             link = here.main
-            chunk = command(*body, *args)
+            chunk = pack((*body, *args))
             try:
-                if not durable:
-                    wire = link.live() or await link.wire()
+                if early is not None:
+                    outcome, early = early, None
+                    # An error reply is a value (`ReplyError`), judged below with the others.
+                    if isinstance(outcome, rx.RedisError) and not isinstance(outcome, ReplyError):
+                        raise outcome
+                    answer = reply = outcome
+                elif not durable:
+                    wire = link.current
+                    if wire is None or wire.dead is not None:
+                        wire = await link.wire()
                     if asking:
                         answer = reply = (await wire.request(asking + chunk, 2))[1]
                     else:
@@ -725,7 +772,7 @@ class RedisKeyStore:
                     here, asking = self._redirected(cluster, reply)
                     continue
                 raise self._refused(reply, link)
-            if doubt is not None and self._doubts:
+            if doubt is not None and self._doubts.entries:
                 self._doubts.settle(rkey, *doubt)
             return answer
 
@@ -1039,8 +1086,14 @@ def _visible(key: str, reply: Any) -> Record | None:
 def _pack_fingerprint(fingerprint: str) -> bytes:
     """A SHA-256 hex digest (what the server layer sends) is stored as its 32 raw bytes behind
     0xFF, a byte UTF-8 never contains; anything else as UTF-8. Saves 31 bytes per record."""
-    if len(fingerprint) == 64 and _LOWER_HEX.fullmatch(fingerprint):
-        return b"\xff" + bytes.fromhex(fingerprint)
+    if len(fingerprint) == 64:
+        try:
+            raw = bytes.fromhex(fingerprint)
+        except ValueError:
+            return fingerprint.encode()
+        # fromhex also reads upper case and skips spaces: only what hex() gives back is packed
+        if raw.hex() == fingerprint:
+            return b"\xff" + raw
     return fingerprint.encode()
 
 

@@ -69,10 +69,17 @@ class ReplyTimeout(rx.TimeoutError):
     """No reply within the reply timeout; the command may have run. The connection is dropped."""
 
 
+#: One command, given as a tuple of its words, in Redis's wire format (RESP), packed by
+#: hiredis; the hot path calls it directly (`command` costs a frame and a tuple more).
+pack: Final[Callable[[tuple[bytes | str | int | float, ...]], bytes]] = cast(
+    Any,
+    hiredis.pack_command,  # its stub types a 1-tuple
+)
+
+
 def command(*args: bytes | str | int | float) -> bytes:
     """One command in Redis's wire format (RESP), packed by hiredis."""
-    packed: bytes = hiredis.pack_command(cast(Any, args))  # its stub types a 1-tuple
-    return packed
+    return pack(args)
 
 
 class Traffic:
@@ -86,15 +93,15 @@ class Traffic:
         self.connects = 0
 
 
-class _Request:
-    __slots__ = ("count", "deadline", "replies", "seq", "waiter")
-
-    def __init__(self, count: int, waiter: Any, seq: int, deadline: float) -> None:
-        self.count = count
-        self.waiter = waiter
-        self.seq = seq
-        self.deadline = deadline
-        self.replies: list[Any] | None = [] if count > 1 else None
+#: One request waiting for its replies: (waiter, count, seq, deadline, replies). `waiter` is
+#: the transport's (None: nobody waits), `count` how many commands it holds, `seq` its place
+#: in sending order, `deadline` when its first reply is late, and `replies` collects the
+#: replies of a request of several commands (None for one). A plain tuple, not an object: one
+#: is made per command, and a tuple costs no call.
+_Request = tuple[Any, int, int, float, list[Any] | None]
+_WAITER: Final = 0
+_SEQ: Final = 2
+DEADLINE: Final = 3
 
 
 #: A reply that is not an answer to a request (a pub/sub message); True when it was consumed.
@@ -155,12 +162,13 @@ class Wire:
 
     # -- for transports ------------------------------------------------------------------------
 
-    def _enqueue(self, count: int, waiter: Any, now: float) -> _Request:
+    def _enqueue(self, count: int, waiter: Any, now: float) -> float:
+        """Queue a request; returns its deadline."""
         self._seq += 1
-        deadline = NO_DEADLINE if self._timeout is None else now + self._timeout
-        request = _Request(count, waiter, self._seq, deadline)
-        self._queue.append(request)
-        return request
+        timeout = self._timeout
+        deadline = NO_DEADLINE if timeout is None else now + timeout
+        self._queue.append((waiter, count, self._seq, deadline, [] if count > 1 else None))
+        return deadline
 
     def _mark_written(self) -> None:
         """Everything enqueued so far is being handed to the socket (it may now run)."""
@@ -171,6 +179,7 @@ class Wire:
         """Parse what arrived and hand each reply to the request it answers."""
         parser = self._parser
         queue = self._queue
+        push = self._push
         parser.feed(data)
         answered = 0
         while True:
@@ -182,33 +191,29 @@ class Wire:
             if reply is False:
                 self._answered = answered
                 return
-            if self._push is not None and self._push(reply):
+            if push is not None and push(reply):
                 continue
             if not queue:
                 self.die(ConnectionLost("Redis sent a reply nobody asked for", written=True))
                 return
-            head = queue[0]
-            replies = head.replies
-            if replies is None:
-                queue.popleft()
-                answered += 1
-                if head.waiter is not None:
-                    self._resolve(head.waiter, reply)
-                continue
-            replies.append(reply)
-            if len(replies) == head.count:
-                queue.popleft()
-                answered += 1
-                if head.waiter is not None:
-                    self._resolve(head.waiter, replies)
+            waiter, count, _, _, replies = queue[0]
+            if replies is not None:
+                replies.append(reply)
+                if len(replies) < count:
+                    continue
+                reply = replies
+            queue.popleft()
+            answered += 1
+            if waiter is not None:
+                self._resolve(waiter, reply)
 
     def _check_deadline(self, now: float) -> float:
         """Kill the connection if the oldest request is late; else when to look again."""
         if self.dead is not None or not self._queue:
             return NO_DEADLINE
         head = self._queue[0]
-        if head.deadline > now:
-            return head.deadline
+        if head[DEADLINE] > now:
+            return head[DEADLINE]
         late = ReplyTimeout(f"Redis did not answer within {self._timeout} s")
         self.die(late, late=head)
         return NO_DEADLINE
@@ -220,15 +225,16 @@ class Wire:
         self.dead = error
         queue, self._queue = self._queue, collections.deque()
         for request in queue:
-            if request.waiter is None:
+            waiter = request[_WAITER]
+            if waiter is None:
                 continue
             if request is late:
-                self._fail(request.waiter, error)
+                self._fail(waiter, error)
                 continue
-            written = request.seq <= self._written
+            written = request[_SEQ] <= self._written
             lost = ConnectionLost(f"the connection to Redis was lost: {error}", written=written)
             lost.__cause__ = error
-            self._fail(request.waiter, lost)
+            self._fail(waiter, lost)
         self._abort()
         if self._on_dead is not None:
             self._on_dead(self)
