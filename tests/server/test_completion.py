@@ -218,6 +218,37 @@ async def test_a_store_that_renews_but_never_stores_is_given_up_after_two_leases
     assert record is not None and record.state is RecordState.IN_PROGRESS
 
 
+@pytest.mark.parametrize("renewals_fail", [False, True], ids=["renewed", "lease-lost"])
+async def test_a_write_that_never_answers_is_given_up_after_two_leases(
+    renewals_fail: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bound on the first write itself, which runs inside the run's own shielded scope with
+    no timer of its own: a `complete` that never answers (a black-holed connection) is ended by
+    the renewal service two leases after the tool returned, whether the lease meanwhile holds or
+    is lost (renewals failing: the claim is no longer renewed, but its write is still watched).
+    """
+
+    class NeverAnswers(Watched):
+        async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+            await anyio.sleep_forever()
+            raise AssertionError("unreachable")
+
+    store = NeverAnswers(MemoryKeyStore(), renewals_wanted=1)
+    store.fail_renewals = renewals_fail
+    effects = Effects()
+    server = effect_server(store, effects, gated=False, lease=0.6)
+    with anyio.fail_after(SOON):
+        async with Client(server) as client:
+            first = await client.call_tool("charge", ARGS, meta=meta("black-holed"))
+    assert marker(first)["stored"] is False and effects.count == 1
+    gave_up = [r.getMessage() for r in caplog.records if "gave up storing" in r.getMessage()]
+    assert len(gave_up) == 1 and "after 1 tries" in gave_up[0], gave_up
+    assert "within 2 leases" in gave_up[0]
+    assert ("lease ran out" in gave_up[0]) is renewals_fail
+    if not renewals_fail:
+        assert store.renewals >= 1  # the claim was kept meanwhile
+
+
 class SlowWrite(Watched):
     """Completion stalls until the claim has been renewed `renewals_wanted` times."""
 
