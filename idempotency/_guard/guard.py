@@ -49,6 +49,7 @@ from .._stores.store import (
     Record,
     RecordState,
     StoreError,
+    suspends,
 )
 from . import errors
 from .caller import caller_of
@@ -186,6 +187,8 @@ class Guard:
         self.policy = policy
         self._places_of: tuple[Policy, tuple[str, ...]] | None = None
         self._names_tools = _claim_names_the_tool(store)
+        #: Whether a claim can be cut short by a cancellation (then it is shielded).
+        self._claim_suspends = suspends(store.claim)
 
     async def call(
         self,
@@ -338,14 +341,12 @@ class Guard:
             try:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
-                with anyio.CancelScope(shield=True):
-                    outcome = await self.store.claim(
-                        t.store_key,
-                        t.fingerprint,
-                        lease=self.policy.lease,
-                        takeover=takeover,
-                        **({"tool": t.tool} if self._names_tools else {}),
-                    )
+                # (A claim that never suspends cannot be cut short: it needs no scope.)
+                if self._claim_suspends:
+                    with anyio.CancelScope(shield=True):
+                        outcome = await self._claim(t, takeover)
+                else:
+                    outcome = await self._claim(t, takeover)
             except CorruptRecord:
                 raise self._corrupt(t, "the stored record is unreadable") from None
             except Exception as exc:
@@ -379,6 +380,15 @@ class Guard:
             lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
             await self._wait(t, min(remaining, lease_left + 0.01))
             started = anyio.current_time()
+
+    def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
+        """The store's claim of the ticket's record (naming the tool where the store can)."""
+        if self._names_tools:
+            return self.store.claim(
+                t.store_key, t.fingerprint, lease=self.policy.lease, takeover=takeover, tool=t.tool
+            )
+        lease = self.policy.lease
+        return self.store.claim(t.store_key, t.fingerprint, lease=lease, takeover=takeover)
 
     def _claim_failed(self, t: _Ticket, exc: Exception, *, held_elsewhere: bool) -> None:
         """The claim could not be made: returns only to run unprotected (`fail_open`, the store
