@@ -508,19 +508,7 @@ class Guard:
                     # the give-up time, so the first write needs no scope of its own.
                     storing = cut_off = True
                     executed_at = time.time()
-                    stored = await store_result(
-                        self.store,
-                        t.store_key,
-                        token,
-                        result,
-                        executed_at=executed_at,
-                        retention=t.retention,
-                        max_bytes=policy.max_result_bytes,
-                        lease=policy.lease,
-                        keeper=keeper,
-                        trace=trace,
-                        in_run_scope=True,
-                    )
+                    stored = await self._store(t, token, result, executed_at, keeper, True)
                     cut_off = False
             if storing:
                 if cut_off:  # the first write outlasted the give-up time
@@ -544,18 +532,7 @@ class Guard:
                     result = await self._judge(t, token, raised, error_result, keeper)
                 assert isinstance(result, CallToolResult)
                 executed_at = time.time()
-                stored = await store_result(
-                    self.store,
-                    t.store_key,
-                    token,
-                    result,
-                    executed_at=executed_at,
-                    retention=t.retention,
-                    max_bytes=policy.max_result_bytes,
-                    lease=policy.lease,
-                    keeper=keeper,
-                    trace=trace,
-                )
+                stored = await self._store(t, token, result, executed_at, keeper, False)
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
         assert isinstance(result, CallToolResult)
@@ -570,6 +547,31 @@ class Guard:
             executed_at=executed_at,
             attempts=outcome.attempts,
             stored=stored is True,
+        )
+
+    def _store(
+        self,
+        t: _Ticket,
+        token: str,
+        result: CallToolResult,
+        executed_at: float,
+        keeper: LeaseKeeper,
+        in_run_scope: bool,
+    ) -> Awaitable[bool | None]:
+        """`complete.store_result` of the ticket's result (awaited by the caller: no frame)."""
+        policy = self.policy
+        return store_result(
+            self.store,
+            t.store_key,
+            token,
+            result,
+            executed_at=executed_at,
+            retention=t.retention,
+            max_bytes=policy.max_result_bytes,
+            lease=policy.lease,
+            keeper=keeper,
+            trace=t.trace,
+            in_run_scope=in_run_scope,
         )
 
     async def _judge(
