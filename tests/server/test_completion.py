@@ -209,18 +209,20 @@ class NeverStores(Watched):
         raise StoreUnavailable("the write never lands")
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.parametrize(
     ("hangs", "renewals_fail"),
     [(False, False), (True, False), (True, True)],
     ids=["refused-renewed", "hangs-renewed", "hangs-lease-lost"],
 )
 async def test_a_store_that_never_stores_is_given_up_after_two_leases(
-    hangs: bool, renewals_fail: bool, caplog: pytest.LogCaptureFixture
+    hangs: bool, renewals_fail: bool, anyio_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The bound on storing a result: two leases after the tool returned, not forever. Also for
     a first write that never answers: it runs inside the run's own shielded scope with no timer
     of its own, and the renewal service ends it at the give-up time, whether the lease holds
-    meanwhile or is lost (renewals failing: no longer renewed, but its write still watched)."""
+    meanwhile or is lost (renewals failing: no longer renewed, but its write still watched);
+    on asyncio and trio alike."""
     store = NeverStores(MemoryKeyStore(), hangs=hangs, renewals_fail=renewals_fail)
     effects = Effects()
     server = effect_server(store, effects, gated=False, lease=0.6)
