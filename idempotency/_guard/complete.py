@@ -48,46 +48,71 @@ async def store_result(
     lease: float,
     keeper: LeaseKeeper,
     trace: Trace,
+    in_run_scope: bool = False,
 ) -> bool | None:
     """Store `result` under the claim `token`: True stored, False the claim was no longer ours
     (the guard then serves the answer of the attempt that has it), None given up (logged).
 
     Shielded from cancellation: a client giving up must not cost the record its result (rule 10).
-    `keeper` renews the claim meanwhile; it is read only to say, on giving up, whether the lease
-    had run out.
+    `keeper` renews the claim meanwhile, and says, on giving up, whether the lease had run out.
+
+    `in_run_scope`: called inside the run's own shielded scope, which nothing cancels once the
+    tool has returned but the renewal service at the give-up time (`LeaseKeeper.store_until`).
+    The first write then needs no scope of its own and schedules no timer: a store that takes
+    the result at once costs nothing more. If the service cuts that write off, the scope's
+    cancellation propagates and the caller reports the give-up (`gave_up`). Retries, on a
+    failed first write, are bounded by a shielded scope of their own, as when not in the run's.
     """
     data = encode_result(result, executed_at)
     if len(data) > max_bytes:
         data = _too_large(store_key, len(data), max_bytes, executed_at, trace)
     started = anyio.current_time()
     give_up_at = started + WITHIN_LEASES * lease
-    pause = BACKOFF
+    failed: Exception | None = None
     tries = 0
+    if in_run_scope:
+        keeper.store_until(started, give_up_at)
+        tries = 1
+        try:
+            return await store.complete(store_key, token, data, retention=retention)
+        except Exception as exc:  # judged below, as every failed try is
+            failed = exc
+    pause = BACKOFF
     why = ""
     # One shielded scope whose deadline is the give-up time: it bounds every write and every pause.
     with anyio.CancelScope(shield=True, deadline=give_up_at):
         while True:
+            if isinstance(failed, LimitExceeded):
+                if failed.what != "result" or len(data) <= failed.limit // 2:
+                    why = "even a placeholder for it is over the store's size limit"
+                    break
+                data = _too_large(store_key, len(data), failed.limit, executed_at, trace)
+            elif failed is not None:
+                trace.store_error("complete", failed)
+                logger.warning(
+                    "could not store the result of record %s (try %d): %r",
+                    record_name(store_key),
+                    tries,
+                    failed,
+                )
+                await anyio.sleep(pause)
+                pause = min(pause * 2, BACKOFF_CAP, lease / 6)
             if tries and anyio.current_time() >= give_up_at:
                 break  # no try after the deadline, even against a store that never yields
             tries += 1
             try:
                 return await store.complete(store_key, token, data, retention=retention)
-            except LimitExceeded as exc:
-                if exc.what != "result" or len(data) <= exc.limit // 2:
-                    why = "even a placeholder for it is over the store's size limit"
-                    break
-                data = _too_large(store_key, len(data), exc.limit, executed_at, trace)
-                continue
-            except Exception as exc:
-                trace.store_error("complete", exc)
-                logger.warning(
-                    "could not store the result of record %s (try %d): %r",
-                    record_name(store_key),
-                    tries,
-                    exc,
-                )
-            await anyio.sleep(pause)
-            pause = min(pause * 2, BACKOFF_CAP, lease / 6)
+            except Exception as exc:  # judged at the top of the loop
+                failed = exc
+    gave_up(store_key, tries, started, keeper, trace, why)
+    return None
+
+
+def gave_up(
+    store_key: str, tries: int, started: float, keeper: LeaseKeeper, trace: Trace, why: str = ""
+) -> None:
+    """Log (and mark on the span) that storing the result of record `store_key` was given up,
+    after `tries` writes since `started` (event-loop time); `why`, unless the deadline passed."""
     if not why:  # the deadline passed
         why = f"the store did not take it within {WITHIN_LEASES} leases"
         if keeper.lost or anyio.current_time() >= keeper.held_until:
@@ -102,7 +127,6 @@ async def store_result(
         anyio.current_time() - started,
         why,
     )
-    return None
 
 
 def _too_large(store_key: str, size: int, limit: int, executed_at: float, trace: Trace) -> bytes:

@@ -49,10 +49,11 @@ from .._stores.store import (
     Record,
     RecordState,
     StoreError,
+    suspends,
 )
 from . import errors
 from .caller import caller_of
-from .complete import store_result
+from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
 from .fingerprint import UnfingerprintableArguments, covered, fingerprint
 from .hooks import Replay, replayed
@@ -186,6 +187,8 @@ class Guard:
         self.policy = policy
         self._places_of: tuple[Policy, tuple[str, ...]] | None = None
         self._names_tools = _claim_names_the_tool(store)
+        #: Whether a claim can be cut short by a cancellation (then it is shielded).
+        self._claim_suspends = suspends(store.claim)
 
     async def call(
         self,
@@ -219,11 +222,12 @@ class Guard:
         if admit is not None:
             await admit()
         with traced(call.tool) as trace:
-            trace.set(
-                record=record_name(ticket.store_key),
-                key_source=ticket.source.value,
-                attempt=attempt_of(call.meta),
-            )
+            if trace.recording:
+                trace.set(
+                    record=record_name(ticket.store_key),
+                    key_source=ticket.source.value,
+                    attempt=attempt_of(call.meta),
+                )
             ticket.trace = trace
             answer = await self._claim_loop(ticket, execute, error_result, takeover)
         if answer is None:  # the store is down and the author chose fail-open
@@ -337,14 +341,12 @@ class Guard:
             try:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
-                with anyio.CancelScope(shield=True):
-                    outcome = await self.store.claim(
-                        t.store_key,
-                        t.fingerprint,
-                        lease=self.policy.lease,
-                        takeover=takeover,
-                        **({"tool": t.tool} if self._names_tools else {}),
-                    )
+                # (A claim that never suspends cannot be cut short: it needs no scope.)
+                if self._claim_suspends:
+                    with anyio.CancelScope(shield=True):
+                        outcome = await self._claim(t, takeover)
+                else:
+                    outcome = await self._claim(t, takeover)
             except CorruptRecord:
                 raise self._corrupt(t, "the stored record is unreadable") from None
             except Exception as exc:
@@ -378,6 +380,15 @@ class Guard:
             lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
             await self._wait(t, min(remaining, lease_left + 0.01))
             started = anyio.current_time()
+
+    def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
+        """The store's claim of the ticket's record (naming the tool where the store can)."""
+        if self._names_tools:
+            return self.store.claim(
+                t.store_key, t.fingerprint, lease=self.policy.lease, takeover=takeover, tool=t.tool
+            )
+        lease = self.policy.lease
+        return self.store.claim(t.store_key, t.fingerprint, lease=lease, takeover=takeover)
 
     def _claim_failed(self, t: _Ticket, exc: Exception, *, held_elsewhere: bool) -> None:
         """The claim could not be made: returns only to run unprotected (`fail_open`, the store
@@ -453,18 +464,17 @@ class Guard:
                 record_name(t.store_key),
                 outcome.attempts,
             )
-        assert outcome.fence is not None
-        t.trace.set(fence=outcome.fence)
-        claim = Claim(
-            key=t.key,
-            fence=outcome.fence,
-            attempt=outcome.attempts,
-            record=t.store_key,
-            tool=t.tool,
-        )
+        fence = outcome.fence
+        assert fence is not None
+        trace = t.trace
+        if trace.recording:
+            trace.set(fence=fence)
+        claim = Claim(t.key, fence, outcome.attempts, t.store_key, t.tool)
         # The run's one scope: shielded from the request's cancellation (rule 10), cancelled by
-        # the renewal service if the lease is lost or the tool outruns `max_run_time`. Every
-        # await after it (storing, releasing, looking the record up) has a shield of its own.
+        # the renewal service if the lease is lost or the tool outruns `max_run_time`, and, once
+        # the tool has returned, if its result's first write outlasts the give-up time. Every
+        # other await after it (retrying the write, releasing, looking the record up) has a
+        # shield of its own.
         run_scope = anyio.CancelScope(shield=True)
         # Renewed by the event loop's shared renewal service (no task per call), from the claim
         # until the result is stored or given up (rule 11).
@@ -476,11 +486,14 @@ class Guard:
             held_until=claimed_at + policy.lease,
             max_run_time=policy.max_run_time,
             run_scope=run_scope,
-            trace=t.trace,
+            trace=trace,
         )
         try:
             result: ToolResult | None = None
             raised: Exception | None = None
+            stored: bool | None = None
+            storing = False  # the result's write began inside the run's scope
+            cut_off = False  # ... and the renewal service ended it at its give-up time
             with run_scope:
                 published = publish(claim)
                 try:
@@ -489,40 +502,43 @@ class Guard:
                     raised = exc
                 finally:
                     withdraw(published)
-            keeper.tool_returned()
-            if result is None and (raised is None or isinstance(raised, Interrupted)):
+                    keeper.tool_returned()
+                if isinstance(result, CallToolResult) and not run_scope.cancel_called:
+                    # The common case, stored where it ran: nothing cancels this scope now but
+                    # the give-up time, so the first write needs no scope of its own.
+                    storing = cut_off = True
+                    executed_at = time.time()
+                    stored = await self._store(t, token, result, executed_at, keeper, True)
+                    cut_off = False
+            if storing:
+                if cut_off:  # the first write outlasted the give-up time
+                    gave_up(t.store_key, 1, keeper.storing_since, keeper, trace)
+            elif result is None and (raised is None or isinstance(raised, Interrupted)):
                 keeper.end()
                 cut = raised.why if isinstance(raised, Interrupted) else None
                 return await self._after_abort(
                     t, token, takeover, lease_lost=keeper.lost, interrupted=cut
                 )
-            if raised is not None:
-                result = await self._judge(t, token, raised, error_result, keeper)
             elif isinstance(result, InputRequiredResult):
                 # An input_required round is a question, not an outcome: never stored (rule 8).
                 keeper.end()
                 await self._release(t, token, "the tool asked for client input")
-                t.trace.outcome(Outcome.RELEASED)
+                trace.outcome(Outcome.RELEASED)
                 return result
-            assert isinstance(result, CallToolResult)
-            executed_at = time.time()
-            stored = await store_result(
-                self.store,
-                t.store_key,
-                token,
-                result,
-                executed_at=executed_at,
-                retention=t.retention,
-                max_bytes=policy.max_result_bytes,
-                lease=policy.lease,
-                keeper=keeper,
-                trace=t.trace,
-            )
+            else:
+                # What the tool raised, judged; or a result that came back despite the run's
+                # cancellation (stored all the same, under a shield of its own).
+                if raised is not None:
+                    result = await self._judge(t, token, raised, error_result, keeper)
+                assert isinstance(result, CallToolResult)
+                executed_at = time.time()
+                stored = await self._store(t, token, result, executed_at, keeper, False)
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
+        assert isinstance(result, CallToolResult)
         if stored is False:
             return await self._after_stale(t)
-        t.trace.outcome(Outcome.EXECUTED)
+        trace.outcome(Outcome.EXECUTED)
         return stamped(
             result,
             key=t.key,
@@ -531,6 +547,31 @@ class Guard:
             executed_at=executed_at,
             attempts=outcome.attempts,
             stored=stored is True,
+        )
+
+    def _store(
+        self,
+        t: _Ticket,
+        token: str,
+        result: CallToolResult,
+        executed_at: float,
+        keeper: LeaseKeeper,
+        in_run_scope: bool,
+    ) -> Awaitable[bool | None]:
+        """`complete.store_result` of the ticket's result (awaited by the caller: no frame)."""
+        policy = self.policy
+        return store_result(
+            self.store,
+            t.store_key,
+            token,
+            result,
+            executed_at=executed_at,
+            retention=t.retention,
+            max_bytes=policy.max_result_bytes,
+            lease=policy.lease,
+            keeper=keeper,
+            trace=t.trace,
+            in_run_scope=in_run_scope,
         )
 
     async def _judge(

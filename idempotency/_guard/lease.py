@@ -11,6 +11,9 @@ turn a finished result into an UNKNOWN record.
 
 The same service ends a run that exceeds `max_run_time`: it wakes at the run's deadline as it
 wakes for a renewal, and cancels the run as a lost lease does, so a run needs no timer of its own.
+Once the tool has returned, it bounds the write of its result the same way (`store_until`: the
+give-up time of `complete.py`), so the first write, made inside the run's own shielded scope,
+needs no scope and no timer either: a call that stores at once never schedules one.
 
 Almost every tool finishes long before its first renewal, so a renewer task per call (started
 and cancelled around every run) would be pure overhead. Instead each event loop has one
@@ -54,6 +57,7 @@ class LeaseKeeper:
         "lost",
         "renewing",
         "stop_at",
+        "storing_since",
     )
 
     def __init__(
@@ -83,7 +87,8 @@ class LeaseKeeper:
         now = anyio.current_time()
         #: Event-loop time of the next renewal (each one `lease / 3` after the last ended).
         self.due = now + lease / 3
-        #: Event-loop time at which a still running tool is cancelled (`max_run_time`).
+        #: Event-loop time at which the run is cancelled: the tool's (`max_run_time`) while it
+        #: runs, then the result's write (`store_until`); infinite when neither applies.
         self.stop_at = math.inf if max_run_time is None else now + max_run_time
         #: True while a renewal of this claim is in flight.
         self.renewing = False
@@ -92,6 +97,8 @@ class LeaseKeeper:
         self._ended = False
         #: True once the claim could no longer be proven (the run, if still going, is cancelled).
         self.lost = False
+        #: Event-loop time the result's write began (`store_until`).
+        self.storing_since = math.inf
 
     @property
     def held_until(self) -> float:
@@ -101,17 +108,27 @@ class LeaseKeeper:
     @property
     def wake_at(self) -> float:
         """When the service must next look at this claim: its renewal, or its run's deadline."""
-        return self.stop_at if self._running and self.stop_at < self.due else self.due
+        return self.stop_at if self.stop_at < self.due else self.due
 
     def tool_returned(self) -> None:
         """The tool is over; the claim is now kept only while its result is stored, so a loss
-        has nothing left to cancel."""
+        has nothing left to cancel (the write learns of it from the store), and `max_run_time`
+        no longer applies."""
         self._running = False
+        self.stop_at = math.inf
+
+    def store_until(self, started: float, give_up_at: float) -> None:
+        """The result is being written inside the run's scope since `started`: cancel that scope
+        at `give_up_at` (event-loop times) should the write still be going then."""
+        self.storing_since = started
+        self.stop_at = give_up_at
+        self._service.wake_by(give_up_at)
 
     def overran(self) -> None:
-        """Called by the service at `stop_at`: cancel the tool if it still runs (once)."""
+        """Called by the service at `stop_at`: cancel the tool if it still runs, or the write of
+        its result if that is what `stop_at` bounds (once)."""
         self.stop_at = math.inf
-        if self._running and not self._ended:
+        if not self._ended:
             self._run_scope.cancel()
 
     def end(self) -> None:
@@ -119,6 +136,7 @@ class LeaseKeeper:
         if self._ended:
             return
         self._ended = True
+        self.stop_at = math.inf
         self._service.discard(self)
         if self._inflight is not None:
             self._inflight.cancel()
@@ -152,7 +170,9 @@ class LeaseKeeper:
                 record_name(self._key),
                 "; cancelling the running tool" if self._running else "while storing its result",
             )
-            self._run_scope.cancel()
+            self.due = math.inf  # never renewed again; a write in flight stays bounded
+            if self._running:
+                self._run_scope.cancel()
             return False
         self.due = now + self._lease / 3
         if not renewed:
@@ -186,13 +206,14 @@ class _Renewals:
         self._claims.add(claim)
         self._joined = True
         self._idle_nap = interval
-        self._wake_by(claim.wake_at)
+        self.wake_by(claim.wake_at)
 
     def discard(self, claim: LeaseKeeper) -> None:
         # No wake-up: the service notices at its next one, so back-to-back calls reuse it.
         self._claims.discard(claim)
 
-    def _wake_by(self, when: float) -> None:
+    def wake_by(self, when: float) -> None:
+        """Wake up no later than `when` (event-loop time)."""
         if when < self._wake_at:
             self._wake_at = when
             if self._nap is not None:
@@ -220,7 +241,9 @@ class _Renewals:
                             if claim.stop_at <= now:
                                 claim.overran()
                         waiting = (c.wake_at for c in self._claims if not c.renewing)
-                        self._wake_at = min(waiting, default=math.inf)
+                        # Nothing to wait for (every claim renewing, or lost and not yet
+                        # ended): look again after an idle nap, so the service can retire.
+                        self._wake_at = min(waiting, default=now + self._idle_nap)
                         for claim in due:  # after the bookkeeping: a renewal may finish eagerly
                             tg.start_soon(self._renew, claim)
                     with anyio.CancelScope(deadline=self._wake_at) as self._nap:
@@ -238,8 +261,9 @@ class _Renewals:
     async def _renew(self, claim: LeaseKeeper) -> None:
         keep = await claim.renew()
         claim.renewing = False
-        if keep:
-            self._wake_by(claim.wake_at)
+        if keep or claim.stop_at < math.inf:
+            # Renewed, or lost while its result's write is bounded here: still watched.
+            self.wake_by(claim.wake_at)
         else:
             self._claims.discard(claim)
 

@@ -13,12 +13,11 @@ import enum
 import logging
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from mcp import MCPError
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as _metrics_api
 
 logger = logging.getLogger("idempotency")
 
@@ -88,6 +87,9 @@ def error_type(exc: BaseException) -> str:
 class Trace:
     """One guarded call's span and its outcome counter."""
 
+    #: Whether the span records anything (else attributes need not even be computed).
+    recording = True
+
     def __init__(self, span: trace.Span, tool: str) -> None:
         self._span = span
         self._tool = tool
@@ -104,17 +106,20 @@ class Trace:
             return
         self._done = True
         self.outcome_seen = outcome
-        self._span.set_attribute("mcp_once.outcome", outcome.value)
-        self._span.set_attribute("mcp_once.replayed", outcome is Outcome.REPLAYED)
+        if self.recording:
+            self._span.set_attribute("mcp_once.outcome", outcome.value)
+            self._span.set_attribute("mcp_once.replayed", outcome is Outcome.REPLAYED)
         count_outcome(self._tool, outcome)
 
     def waited(self) -> None:
         self._span.set_attribute("mcp_once.waited", True)
-        _waits.add(1, {TOOL: self._tool})
+        if _metrics_on():
+            _waits.add(1, {TOOL: self._tool})
 
     def store_error(self, operation: str, exc: BaseException) -> None:
         kind = type(exc).__qualname__
-        _store_errors.add(1, {"mcp_once.store.operation": operation, ERROR_TYPE: kind})
+        if _metrics_on():
+            _store_errors.add(1, {"mcp_once.store.operation": operation, ERROR_TYPE: kind})
         self._span.add_event(
             "mcp_once.store_error", {"mcp_once.store.operation": operation, ERROR_TYPE: kind}
         )
@@ -123,6 +128,8 @@ class Trace:
 class _Untraced(Trace):
     """The trace of a call made while no tracer provider is set: the counters as always, and
     none of the no-op span calls (the API would hand out `INVALID_SPAN` anyway)."""
+
+    recording = False
 
     def set(self, **attributes: Any) -> None:
         pass
@@ -135,6 +142,14 @@ def _tracing_on() -> bool:
     return getattr(trace, "_TRACER_PROVIDER", True) is not None
 
 
+def _metrics_on() -> bool:
+    """Whether a meter provider is set. Until one is, the API's proxy instruments drop every
+    measurement (and start forwarding once one is set, which this then answers "on" to): so
+    building the labels and calling them is skipped. Should the API ever drop that global, the
+    answer is "on" and every measurement goes the long way."""
+    return getattr(_metrics_api, "_METER_PROVIDER", True) is not None
+
+
 #: The trace of a ticket not yet protected: records nothing (replaced once the span opens).
 NO_TRACE = Trace(trace.INVALID_SPAN, "")
 
@@ -142,11 +157,11 @@ NO_TRACE = Trace(trace.INVALID_SPAN, "")
 def count_outcome(tool: str, outcome: Outcome) -> None:
     """Count one guarded call's outcome. A call the guard passed through is counted this way
     alone (`Outcome.UNPROTECTED`): no span, no log line."""
-    _outcomes.add(1, {TOOL: tool, "mcp_once.outcome": outcome.value})
+    if _metrics_on():
+        _outcomes.add(1, {TOOL: tool, "mcp_once.outcome": outcome.value})
 
 
-@contextmanager
-def traced(tool: str) -> Iterator[Trace]:
+class traced:
     """The guard's span for one protected call: a child of the framework's request span that is
     never made current. The framework's own spans (FastMCP enriches its request span only while
     that span is current) and the tool's spans keep the parent they have without the guard, so
@@ -154,31 +169,44 @@ def traced(tool: str) -> Iterator[Trace]:
 
     Also records the call's `mcp.server.operation.duration` (the guarded part: claim, run or
     replay, answer), with its outcome. While no tracer provider is set, no span calls are made
-    (the API would hand out `INVALID_SPAN`), and the metrics are recorded as always."""
-    started = time.perf_counter()
-    span: trace.Span
-    if _tracing_on():
-        span = _tracer.start_span(
-            f"mcp-once guard {tool}", attributes={TOOL: tool, METHOD: "tools/call"}
-        )
-        one = Trace(span, tool)
-    else:
-        span = trace.INVALID_SPAN
-        one = _Untraced(span, tool)
-    failed: str | None = None
-    try:
-        yield one
-    except BaseException as exc:
-        # As `start_as_current_span` would, without the exception's message (the arguments).
-        failed = error_type(exc)
-        span.set_attribute(ERROR_TYPE, failed)
-        span.set_status(trace.Status(trace.StatusCode.ERROR, failed))
-        raise
-    finally:
+    (the API would hand out `INVALID_SPAN`); while no meter provider is set, no measurements
+    (the API's proxy instruments would drop them)."""
+
+    __slots__ = ("_one", "_span", "_started", "_tool")
+
+    def __init__(self, tool: str) -> None:
+        self._tool = tool
+
+    def __enter__(self) -> Trace:
+        # A class rather than a `@contextmanager` generator: no generator frame per call.
+        self._started = time.perf_counter()
+        tool = self._tool
+        if _tracing_on():
+            self._span = _tracer.start_span(
+                f"mcp-once guard {tool}", attributes={TOOL: tool, METHOD: "tools/call"}
+            )
+            self._one = Trace(self._span, tool)
+        else:
+            self._span = trace.INVALID_SPAN
+            self._one = _Untraced(self._span, tool)
+        return self._one
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        span, one = self._span, self._one
+        failed: str | None = None
+        if exc is not None:
+            # As `start_as_current_span` would, without the exception's message (the arguments).
+            failed = error_type(exc)
+            span.set_attribute(ERROR_TYPE, failed)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, failed))
         span.end()
-        labels = {TOOL: tool, METHOD: "tools/call"}
+        if not _metrics_on():
+            return
+        labels = {TOOL: self._tool, METHOD: "tools/call"}
         if one.outcome_seen is not None:
             labels["mcp_once.outcome"] = one.outcome_seen.value
         if failed is not None:
             labels[ERROR_TYPE] = failed
-        _duration.record(time.perf_counter() - started, labels)
+        _duration.record(time.perf_counter() - self._started, labels)

@@ -18,6 +18,7 @@ from .store import (
     Record,
     RecordState,
     check_list_limit,
+    never_suspends,
     tool_label,
 )
 
@@ -48,6 +49,7 @@ class MemoryKeyStore:
         if event is not None:
             event.set()
 
+    @never_suspends
     async def claim(
         self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
     ) -> ClaimOutcome:

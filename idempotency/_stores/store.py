@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 #: The library's logger, the same one the guard logs to: stores tell the operator in the same
 #: place without importing anything from the guard above them.
@@ -186,6 +186,25 @@ def check_list_limit(limit: int) -> None:
     """Every backend refuses a negative limit the same way, instead of slicing `[:-1]`."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError(f"limit must be an int >= 0, not {limit!r}")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The mark of a store method that never suspends (`never_suspends`).
+NEVER_SUSPENDS = "__mcp_once_never_suspends__"
+
+
+def never_suspends(method: F) -> F:
+    """Mark a store coroutine method that completes without ever suspending (no await that
+    yields to the event loop: `MemoryKeyStore`'s), so nothing can cancel it part-way and a caller
+    need not shield it. An override in a subclass is not marked unless it says so itself."""
+    setattr(method, NEVER_SUSPENDS, True)
+    return method
+
+
+def suspends(method: object) -> bool:
+    """Whether `method` (a store's bound method) may suspend: unless marked `never_suspends`."""
+    return getattr(method, NEVER_SUSPENDS, False) is not True
 
 
 @runtime_checkable

@@ -192,28 +192,50 @@ async def test_an_outage_longer_than_the_lease_gives_the_result_up_and_says_so(
         assert record.state is RecordState.UNKNOWN and record.fence == 1
 
 
-async def test_a_store_that_renews_but_never_stores_is_given_up_after_two_leases(
-    caplog: pytest.LogCaptureFixture,
+class NeverStores(Watched):
+    """Every write of a result fails (`hangs`: never answers, as over a black-holed
+    connection; else refused at once); renewals as the test sets them."""
+
+    def __init__(self, inner: KeyStore, *, hangs: bool, renewals_fail: bool) -> None:
+        super().__init__(inner, renewals_wanted=1)
+        self.hangs = hangs
+        self.fail_renewals = renewals_fail
+
+    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+        if self.hangs:
+            await anyio.sleep_forever()
+        from idempotency import StoreUnavailable
+
+        raise StoreUnavailable("the write never lands")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    ("hangs", "renewals_fail"),
+    [(False, False), (True, False), (True, True)],
+    ids=["refused-renewed", "hangs-renewed", "hangs-lease-lost"],
+)
+async def test_a_store_that_never_stores_is_given_up_after_two_leases(
+    hangs: bool, renewals_fail: bool, anyio_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The bound when renewals succeed: two leases after the tool returned, not forever."""
-
-    class NeverStores(Watched):
-        async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
-            from idempotency import StoreUnavailable
-
-            raise StoreUnavailable("the write never lands")
-
-    store = NeverStores(MemoryKeyStore(), renewals_wanted=1)
+    """The bound on storing a result: two leases after the tool returned, not forever. Also for
+    a first write that never answers: it runs inside the run's own shielded scope with no timer
+    of its own, and the renewal service ends it at the give-up time, whether the lease holds
+    meanwhile or is lost (renewals failing: no longer renewed, but its write still watched);
+    on asyncio and trio alike."""
+    store = NeverStores(MemoryKeyStore(), hangs=hangs, renewals_fail=renewals_fail)
     effects = Effects()
     server = effect_server(store, effects, gated=False, lease=0.6)
     with anyio.fail_after(SOON):
         async with Client(server) as client:
             first = await client.call_tool("charge", ARGS, meta=meta("stuck"))
     assert marker(first)["stored"] is False and effects.count == 1
-    assert store.renewals >= 1  # the claim was kept meanwhile
+    if not renewals_fail:
+        assert store.renewals >= 1  # the claim was kept meanwhile
     gave_up = [r.getMessage() for r in caplog.records if "gave up storing" in r.getMessage()]
     assert len(gave_up) == 1 and "within 2 leases" in gave_up[0], gave_up
-    assert "lease ran out" not in gave_up[0]
+    assert ("lease ran out" in gave_up[0]) is renewals_fail
+    assert ("after 1 tries" in gave_up[0]) is hangs
     record = await store.get(record_key("shop", "charge", "stuck"))
     assert record is not None and record.state is RecordState.IN_PROGRESS
 

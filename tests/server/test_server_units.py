@@ -20,7 +20,7 @@ from idempotency import (
     wire,
 )
 from idempotency._guard.mint import derive_key, input_round, meta_inputs
-from idempotency._guard.replay import stamped
+from idempotency._guard.replay import domain_form, stamped
 
 
 def test_fingerprint_is_canonical_and_tells_calls_apart() -> None:
@@ -85,6 +85,46 @@ def test_stored_results_are_domain_form_without_our_marker() -> None:
     decoded = decode_result(data)
     assert decoded.executed_at == 1.5
     assert decoded.result.meta == {"example.com/x": 1}
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        CallToolResult(content=[TextContent(type="text", text="x" * 200)]),
+        CallToolResult(
+            content=[TextContent(type="text", text='é\u2028\x00\x7f"\\</')],
+            structured_content={
+                "floats": [1e16, 0.1, -0.0, 1.5e-05, 5e-324, 1.7976931348623157e308],
+                "big": 2**80,
+                "none": None,
+                "nested": {"1": [True, None, "ü"]},
+            },
+            meta={"example.com/x": {"y": [1, 2]}},
+        ),
+        CallToolResult(content=[], is_error=True),
+    ],
+)
+@pytest.mark.parametrize("executed_at", [1_764_624_000.123456, 1.5, 1])
+def test_stored_results_read_back_as_the_domain_form_encoded_by_json(
+    result: CallToolResult, executed_at: float
+) -> None:
+    """`encode_result` writes the common case with pydantic-core: the same JSON value as the
+    domain form encoded by `json` (the bytes may spell some floats differently)."""
+    data = encode_result(result, executed_at)
+    by_json = {
+        "format": "mcp-once/result@1",
+        "executedAt": executed_at,
+        "result": domain_form(result),
+    }
+    assert json.loads(data) == by_json
+    assert json.loads(data)["executedAt"] == executed_at
+    assert decode_result(data).result == result
+
+
+def test_stored_non_finite_floats_are_written_as_the_domain_form_has_them() -> None:
+    result = CallToolResult(content=[], structured_content={"v": [float("nan"), float("-inf")]})
+    by_json = json.dumps(domain_form(result), separators=(",", ":"))
+    assert encode_result(result, 1.5).endswith(f',"result":{by_json}}}'.encode())
 
 
 @pytest.mark.parametrize(

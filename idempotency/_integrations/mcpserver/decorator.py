@@ -121,13 +121,14 @@ def wrap_tool_function(
             return await call_original(args, kwargs)
         tool = found.tool
         request = found.request
+        calls = stamp.calls_of(tool, sdk_error_result)
         call = ToolCall(
             server=found.server_name,
             tool=tool.name,
             arguments=found.arguments,
             meta=request.meta,
             request=request,
-            derivable=stamp.derivable(tool),
+            derivable=calls.derivable,
         )
         convert = tool.fn_metadata.convert_result
 
@@ -136,14 +137,13 @@ def wrap_tool_function(
                 return convert(await fn(*args, **kwargs))
             return convert(await call_original(args, kwargs))
 
-        policy = guard.policy
         # Passed through, the function's own return value goes back to the SDK, which converts
         # it exactly as for an unguarded tool; the guard's answers are already converted.
         return await guard.call(
             call,
             execute,
-            error_result=functools.partial(sdk_error_result, tool.name),
-            takeover=policy.takeover_for(stamp.declared.get(tool.name, False)),
+            error_result=calls.error_result,
+            takeover=calls.takeover,
             passthrough=functools.partial(call_original, args, kwargs),
             render=as_is,
         )

@@ -171,7 +171,7 @@ def ensure_registration_hook() -> None:
                 bound = signature.bind(fn, *args, **kwargs)
                 annotations = bound.arguments.get("annotations")
                 name = bound.arguments.get("name") or getattr(fn, "__name__", "")
-                stamp.declared[str(name)] = declares_idempotent(annotations)
+                stamp.declare(str(name), declares_idempotent(annotations))
                 policy = stamp.guard.policy
                 bound.arguments["annotations"] = advertise_annotations(annotations, policy, False)
                 bound.arguments["meta"] = advertise_meta(bound.arguments.get("meta"), policy, False)
@@ -289,7 +289,7 @@ def adopt(tool: Tool, wrap: Callable[[Callable[..., Any], str | None], Callable[
     wrapper = wrap(tool.fn, tool.context_kwarg)
     stamp = stamp_of(wrapper)
     assert stamp is not None
-    stamp.declared[tool.name] = declared
+    stamp.declare(tool.name, declared)
     tool.fn = wrapper
     tool.is_async = True
     tool.context_kwarg = stamp.context_param
