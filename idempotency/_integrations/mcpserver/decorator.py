@@ -40,6 +40,7 @@ from ..._stores.store import KeyStore
 from .sdk import (
     FASTMCP,
     HIDDEN_CONTEXT,
+    converter,
     ensure_registration_hook,
     fastmcp_refusal,
     own_call,
@@ -130,7 +131,7 @@ def wrap_tool_function(
             request=request,
             derivable=calls.derivable,
         )
-        convert = tool.fn_metadata.convert_result
+        convert = converter(tool)
 
         async def execute() -> ToolResult:
             if fn_is_async:  # one awaited frame fewer than through `call_original`

@@ -25,6 +25,7 @@ Pinned to mcp 2.x (`pyproject.toml`); the tests exercise each seam through real 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import inspect
 import sys
@@ -43,7 +44,8 @@ from mcp.server.mcpserver.exceptions import (
     UnexpectedToolError,
 )
 from mcp.server.mcpserver.tools import Tool, ToolManager
-from mcp_types import CallToolResult, TextContent
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from mcp_types import CallToolResult, InputRequiredResult, TextContent
 
 from ..._guard.advertise import (
     advertise_annotations,
@@ -179,6 +181,7 @@ def ensure_registration_hook() -> None:
                 # The SDK's argument model ignores undeclared arguments, so the key argument
                 # reaches the body only when its signature declares it; only the listing grows.
                 tool.parameters = advertise_schema(tool.parameters, policy)
+                convert_once(tool)
             _remember(fn, MCPSERVER)
             return tool
 
@@ -297,4 +300,55 @@ def adopt(tool: Tool, wrap: Callable[[Callable[..., Any], str | None], Callable[
     tool.annotations = advertise_annotations(tool.annotations, policy, False)
     tool.meta = advertise_meta(tool.meta, policy, False)
     tool.parameters = advertise_schema(tool.parameters, policy)
+    convert_once(tool)
     _remember(wrapper, MCPSERVER)
+
+
+#: The structured content the guard's conversion of the running request's tool result last
+#: validated (`_ConvertOnce.convert_checked`): the SDK's own conversion of that same result, once
+#: the guard hands it back, need not validate it again.
+_validated: contextvars.ContextVar[object] = contextvars.ContextVar(
+    "mcp_once_validated_output", default=None
+)
+
+
+class _ConvertOnce(FuncMetadata):
+    """A guarded tool's `FuncMetadata`: the result the guard executed was converted (and its
+    structured content validated against the output schema) inside the guard, before it was
+    stored; `MCPServer` converts what the wrapper returns once more, which would validate the
+    same content a second time. That second validation is skipped for exactly that content
+    (the very object, once); everything else — a passed-through return value, a replay, a tool
+    calling another — is converted as the SDK always does."""
+
+    def convert_result(self, result: Any) -> CallToolResult | InputRequiredResult:
+        if type(result) is CallToolResult:
+            content = result.structured_content
+            if content is not None and content is _validated.get():
+                _validated.set(None)
+                return result
+        return super().convert_result(result)
+
+    def convert_checked(self, result: Any) -> CallToolResult | InputRequiredResult:
+        """`convert_result`, remembering the structured content it validated."""
+        converted = super().convert_result(result)
+        if type(converted) is CallToolResult and converted.structured_content is not None:
+            _validated.set(converted.structured_content)
+        return converted
+
+
+def convert_once(tool: Tool) -> None:
+    """Let `tool`'s metadata skip validating a result the guard already converted (same object,
+    same fields: only its class changes, so a reference held elsewhere sees the same metadata).
+    A metadata class of some other making is left as it is (and validates twice)."""
+    metadata = tool.fn_metadata
+    if type(metadata) is FuncMetadata:
+        metadata.__class__ = _ConvertOnce
+
+
+def converter(tool: Tool) -> Callable[[Any], CallToolResult | InputRequiredResult]:
+    """How the guard converts `tool`'s return value (`_ConvertOnce.convert_checked` where the
+    metadata is ours)."""
+    metadata = tool.fn_metadata
+    if isinstance(metadata, _ConvertOnce):
+        return metadata.convert_checked
+    return metadata.convert_result
