@@ -21,6 +21,7 @@ import anyio
 from mcp_types import CallToolResult
 
 from .._stores.store import KeyStore, LimitExceeded
+from .._system_task import loop_time
 from .lease import LeaseKeeper
 from .replay import encode_result, too_large_placeholder
 from .telemetry import Trace, logger, record_name
@@ -66,7 +67,7 @@ async def store_result(
     data = encode_result(result, executed_at)
     if len(data) > max_bytes:
         data = _too_large(store_key, len(data), max_bytes, executed_at, trace)
-    started = anyio.current_time()
+    started = loop_time()
     give_up_at = started + WITHIN_LEASES * lease
     failed: Exception | None = None
     tries = 0

@@ -41,6 +41,7 @@ from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
+from .._system_task import loop_time
 from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
@@ -334,7 +335,7 @@ class Guard:
         self, t: _Ticket, execute: Execute, error_result: ErrorResult, takeover: bool
     ) -> ToolResult | None:
         """The key's answer; None when the store is down and `fail_open` lets the call pass."""
-        started = anyio.current_time()
+        started = loop_time()
         deadline = started + self.policy.wait
         held_elsewhere = False  # another attempt was found holding the claim
         while True:
@@ -345,6 +346,14 @@ class Guard:
                 if self._claim_suspends:
                     with anyio.CancelScope(shield=True):
                         outcome = await self._claim(t, takeover)
+                elif self._names_tools:  # `_claim`, inlined for the common store
+                    outcome = await self.store.claim(
+                        t.store_key,
+                        t.fingerprint,
+                        lease=self.policy.lease,
+                        takeover=takeover,
+                        tool=t.tool,
+                    )
                 else:
                     outcome = await self._claim(t, takeover)
             except CorruptRecord:
@@ -371,7 +380,7 @@ class Guard:
                 )
             # BUSY: another attempt holds the claim. Wait for it (bounded), then look again.
             held_elsewhere = True
-            remaining = deadline - anyio.current_time()
+            remaining = deadline - loop_time()
             if remaining <= 0:
                 t.trace.outcome(Outcome.IN_PROGRESS)
                 raise errors.in_progress(t.key, _hint(outcome.retry_after))
@@ -379,7 +388,7 @@ class Guard:
             # Look again no later than the running lease's end: a dead worker is noticed then.
             lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
             await self._wait(t, min(remaining, lease_left + 0.01))
-            started = anyio.current_time()
+            started = loop_time()
 
     def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
         """The store's claim of the ticket's record (naming the tool where the store can)."""
@@ -508,7 +517,19 @@ class Guard:
                     # the give-up time, so the first write needs no scope of its own.
                     storing = cut_off = True
                     executed_at = time.time()
-                    stored = await self._store(t, token, result, executed_at, keeper, True)
+                    stored = await store_result(  # `_store`, inlined for the common case
+                        self.store,
+                        t.store_key,
+                        token,
+                        result,
+                        executed_at=executed_at,
+                        retention=t.retention,
+                        max_bytes=policy.max_result_bytes,
+                        lease=policy.lease,
+                        keeper=keeper,
+                        trace=trace,
+                        in_run_scope=True,
+                    )
                     cut_off = False
             if storing:
                 if cut_off:  # the first write outlasted the give-up time

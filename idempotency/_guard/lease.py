@@ -34,7 +34,7 @@ import math
 import anyio
 
 from .._stores.store import KeyStore
-from .._system_task import current_loop, spawn
+from .._system_task import current_loop, loop_time, spawn
 from .telemetry import Trace, logger, record_name
 
 
@@ -84,7 +84,7 @@ class LeaseKeeper:
         self._run_scope = run_scope
         self._trace = trace
         self._running = True
-        now = anyio.current_time()
+        now = loop_time()
         #: Event-loop time of the next renewal (each one `lease / 3` after the last ended).
         self.due = now + lease / 3
         #: Event-loop time at which the run is cancelled: the tool's (`max_run_time`) while it
@@ -206,7 +206,12 @@ class _Renewals:
         self._claims.add(claim)
         self._joined = True
         self._idle_nap = interval
-        self.wake_by(claim.wake_at)
+        # `wake_by(claim.wake_at)`, inlined: this runs once per guarded call.
+        when = claim.stop_at if claim.stop_at < claim.due else claim.due
+        if when < self._wake_at:
+            self._wake_at = when
+            if self._nap is not None:
+                self._nap.deadline = when
 
     def discard(self, claim: LeaseKeeper) -> None:
         # No wake-up: the service notices at its next one, so back-to-back calls reuse it.
@@ -272,12 +277,10 @@ class _Renewals:
 _services: dict[object, _Renewals] = {}
 
 
-def _service() -> _Renewals:
-    loop = current_loop()
-    service = _services.get(loop)
-    if service is None:
-        service = _services[loop] = _Renewals(loop)
-        service._task = spawn(service.serve, name="mcp-once lease renewals")
+def _start(loop: object) -> _Renewals:
+    """Start the renewal service of `loop` (which has none running)."""
+    service = _services[loop] = _Renewals(loop)
+    service._task = spawn(service.serve, name="mcp-once lease renewals")
     return service
 
 
@@ -294,12 +297,15 @@ def keep_lease(
 ) -> LeaseKeeper:
     """Renew the claim until `end()` is called on the answer; cancel `run_scope` if the claim is
     lost, or if the tool still runs `max_run_time` from now. The caller must `end()` it."""
-    service = _service()
+    loop = current_loop()
+    service = _services.get(loop)
+    if service is None:
+        service = _start(loop)
     claim = LeaseKeeper(
         service,
-        store_key=store_key,
-        store=store,
-        token=token,
+        store,
+        store_key,
+        token,
         lease=lease,
         held_until=held_until,
         max_run_time=max_run_time,

@@ -199,9 +199,11 @@ class traced:
         if exc is not None:
             # As `start_as_current_span` would, without the exception's message (the arguments).
             failed = error_type(exc)
-            span.set_attribute(ERROR_TYPE, failed)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, failed))
-        span.end()
+            if one.recording:
+                span.set_attribute(ERROR_TYPE, failed)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, failed))
+        if one.recording:  # else the no-op `INVALID_SPAN`: nothing to end
+            span.end()
         if not _metrics_on():
             return
         labels = {TOOL: self._tool, METHOD: "tools/call"}
