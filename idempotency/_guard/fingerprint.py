@@ -83,7 +83,8 @@ def covered(
     """What the fingerprint covers of `arguments`: without the key argument, then narrowed by
     `option`. None and the arguments themselves when neither is set (the fingerprint of a tool
     without these options is what it always was)."""
-    if not isinstance(arguments, Mapping):
+    # `type(...) is dict` first: the common case, without the ABC's Python-level isinstance.
+    if type(arguments) is not dict and not isinstance(arguments, Mapping):
         return arguments
     if key_argument is not None:
         arguments = without_key(arguments, key_argument)
@@ -105,7 +106,9 @@ def fingerprint(tool: str, arguments: Any) -> str:
     """Hex SHA-256 of the call. Absent and empty arguments are the same call; `arguments` is a
     mapping, or what a `fingerprint=` function made of them."""
     value = (
-        dict(arguments or {}) if arguments is None or isinstance(arguments, Mapping) else arguments
+        dict(arguments or {})
+        if arguments is None or type(arguments) is dict or isinstance(arguments, Mapping)
+        else arguments
     )
     try:
         data = canonical_json({"tool": tool, "arguments": value})

@@ -41,7 +41,6 @@ from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
-from .._system_task import loop_time
 from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
@@ -52,6 +51,7 @@ from .._stores.store import (
     StoreError,
     suspends,
 )
+from .._system_task import loop_time
 from . import errors
 from .caller import caller_of
 from .complete import gave_up, store_result
@@ -239,7 +239,12 @@ class Guard:
         """Settle the call's key, fingerprint and record name; None for an unkeyed call."""
         policy = self.policy
         try:
-            fp: str | None = fingerprint(call.tool, self._covered(call.arguments))
+            # What the fingerprint covers: never the key argument (the key names the call, it is
+            # not what the call asks for), and what `fingerprint=` chose.
+            arguments = covered(
+                call.arguments, key_argument=policy.key_argument, option=policy.fingerprint
+            )
+            fp: str | None = fingerprint(call.tool, arguments)
             fp_problem = ""
         except UnfingerprintableArguments as exc:
             fp, fp_problem = None, str(exc)
@@ -310,12 +315,6 @@ class Guard:
         if not isinstance(found, str):
             raise TypeError(f"the scope function returned {type(found).__name__}, not str")
         return found
-
-    def _covered(self, arguments: Mapping[str, Any] | None) -> Any:
-        """What the fingerprint covers (`fingerprint.covered`): never the key argument (the key
-        names the call, it is not what the call asks for), and what `fingerprint=` chose."""
-        policy = self.policy
-        return covered(arguments, key_argument=policy.key_argument, option=policy.fingerprint)
 
     def _elsewhere(self) -> tuple[str, ...]:
         """The places besides `_meta` this guard takes a key from, as errors name them

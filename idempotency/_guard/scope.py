@@ -54,7 +54,7 @@ def _access_token(request: ServerRequestContext[Any, Any] | None) -> AccessToken
     # SDK's fallback for code running in the request's own context.
     http_request = getattr(request, "request", None) if request is not None else None
     asgi_scope = getattr(http_request, "scope", None)
-    if isinstance(asgi_scope, Mapping):
+    if asgi_scope is not None and isinstance(asgi_scope, Mapping):  # no ABC check for None
         user = asgi_scope.get("user")
         if isinstance(user, AuthenticatedUser):
             return user.access_token

@@ -252,7 +252,7 @@ def own_call(ctx: object, wrapper: Callable[..., Any]) -> OwnCall | None:
     if request is None or server is None or request.method != "tools/call":
         return None
     params = request.params
-    if not isinstance(params, Mapping):
+    if type(params) is not dict and not isinstance(params, Mapping):  # dict: no ABC check
         return None
     name = params.get("name")
     if not isinstance(name, str):
@@ -265,7 +265,10 @@ def own_call(ctx: object, wrapper: Callable[..., Any]) -> OwnCall | None:
         return None
     arguments = params.get("arguments")
     return OwnCall(
-        tool, request, server.name, arguments if isinstance(arguments, Mapping) else None
+        tool,
+        request,
+        server.name,
+        arguments if type(arguments) is dict or isinstance(arguments, Mapping) else None,
     )
 
 
