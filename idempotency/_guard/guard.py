@@ -516,19 +516,7 @@ class Guard:
                     # the give-up time, so the first write needs no scope of its own.
                     storing = cut_off = True
                     executed_at = time.time()
-                    stored = await store_result(  # `_store`, inlined for the common case
-                        self.store,
-                        t.store_key,
-                        token,
-                        result,
-                        executed_at=executed_at,
-                        retention=t.retention,
-                        max_bytes=policy.max_result_bytes,
-                        lease=policy.lease,
-                        keeper=keeper,
-                        trace=trace,
-                        in_run_scope=True,
-                    )
+                    stored = await self._store(t, token, result, executed_at, keeper, True)
                     cut_off = False
             if storing:
                 if cut_off:  # the first write outlasted the give-up time
