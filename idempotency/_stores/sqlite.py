@@ -216,12 +216,12 @@ class SQLiteKeyStore:
         token = secrets.token_hex(16)
         label = tool_label(tool)
 
-        def decide(record: Record | None, now: float) -> tuple[Record | None, ClaimOutcome]:
+        def decide(record: Record | None) -> tuple[Record | None, ClaimOutcome]:
             return rules.claim(
                 record,
                 key,
                 fingerprint,
-                now=now,
+                now=self._clock(),
                 lease=lease,
                 takeover=takeover,
                 retention=self._orphan_retention,
@@ -232,8 +232,10 @@ class SQLiteKeyStore:
         return await self._transition(key, decide)
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.renew(record, token, now=now, lease=lease, retention=self._orphan_retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.renew(
+                record, token, now=self._clock(), lease=lease, retention=self._orphan_retention
+            )
             return new, new is not None
 
         # A renewal changes nothing a waiter looks for, so it wakes no one.
@@ -242,15 +244,15 @@ class SQLiteKeyStore:
     async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
         self._limits.check_result(result)
 
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.complete(record, token, result, now=now, retention=retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.complete(record, token, result, now=self._clock(), retention=retention)
             return new, new is not None
 
         return await self._transition(key, decide)
 
     async def release(self, key: str, token: str) -> bool:
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.release(record, token, now=now, retention=self._orphan_retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.release(record, token, now=self._clock(), retention=self._orphan_retention)
             return new, new is not None
 
         return await self._transition(key, decide)
@@ -259,8 +261,8 @@ class SQLiteKeyStore:
         if result is not None:
             self._limits.check_result(result)
 
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.settle(record, result, now=now, retention=retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.settle(record, result, now=self._clock(), retention=retention)
             return new, new is not None
 
         return await self._transition(key, decide)
@@ -370,19 +372,16 @@ class SQLiteKeyStore:
     async def _transition(
         self,
         key: str,
-        decide: Callable[[Record | None, float], tuple[Record | None, T]],
+        decide: Callable[[Record | None], tuple[Record | None, T]],
         *,
         wake: bool = True,
     ) -> T:
-        def step(record: Record | None) -> tuple[Record | None, T]:
-            # Read the clock inside the write lock, so time order matches commit order
-            # across processes.
-            return decide(record, self._clock())
-
+        # `decide` reads the clock when the writer runs it, inside the write lock, so that time
+        # order matches commit order across processes.
         # Shielded by the writer: once queued, the transition commits and its answer (a
         # claim's token above all) reaches the caller; a cancelled claim whose token is lost
         # would block the key until its lease expires and then turn it UNKNOWN.
-        changed, answer = await self._writer.transition(key, step)
+        changed, answer = await self._writer.transition(key, decide)
         if changed and wake:
             self._wakeups.notify(key)
         return answer
