@@ -216,12 +216,12 @@ class SQLiteKeyStore:
         token = secrets.token_hex(16)
         label = tool_label(tool)
 
-        def decide(record: Record | None, now: float) -> tuple[Record | None, ClaimOutcome]:
+        def decide(record: Record | None) -> tuple[Record | None, ClaimOutcome]:
             return rules.claim(
                 record,
                 key,
                 fingerprint,
-                now=now,
+                now=self._clock(),
                 lease=lease,
                 takeover=takeover,
                 retention=self._orphan_retention,
@@ -232,8 +232,10 @@ class SQLiteKeyStore:
         return await self._transition(key, decide)
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.renew(record, token, now=now, lease=lease, retention=self._orphan_retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.renew(
+                record, token, now=self._clock(), lease=lease, retention=self._orphan_retention
+            )
             return new, new is not None
 
         # A renewal changes nothing a waiter looks for, so it wakes no one.
@@ -242,15 +244,15 @@ class SQLiteKeyStore:
     async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
         self._limits.check_result(result)
 
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.complete(record, token, result, now=now, retention=retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.complete(record, token, result, now=self._clock(), retention=retention)
             return new, new is not None
 
         return await self._transition(key, decide)
 
     async def release(self, key: str, token: str) -> bool:
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.release(record, token, now=now, retention=self._orphan_retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.release(record, token, now=self._clock(), retention=self._orphan_retention)
             return new, new is not None
 
         return await self._transition(key, decide)
@@ -259,8 +261,8 @@ class SQLiteKeyStore:
         if result is not None:
             self._limits.check_result(result)
 
-        def decide(record: Record | None, now: float) -> tuple[Record | None, bool]:
-            new = rules.settle(record, result, now=now, retention=retention)
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.settle(record, result, now=self._clock(), retention=retention)
             return new, new is not None
 
         return await self._transition(key, decide)
@@ -370,19 +372,16 @@ class SQLiteKeyStore:
     async def _transition(
         self,
         key: str,
-        decide: Callable[[Record | None, float], tuple[Record | None, T]],
+        decide: Callable[[Record | None], tuple[Record | None, T]],
         *,
         wake: bool = True,
     ) -> T:
-        def step(record: Record | None) -> tuple[Record | None, T]:
-            # Read the clock inside the write lock, so time order matches commit order
-            # across processes.
-            return decide(record, self._clock())
-
+        # `decide` reads the clock when the writer runs it, inside the write lock, so that time
+        # order matches commit order across processes.
         # Shielded by the writer: once queued, the transition commits and its answer (a
         # claim's token above all) reaches the caller; a cancelled claim whose token is lost
         # would block the key until its lease expires and then turn it UNKNOWN.
-        changed, answer = await self._writer.transition(key, step)
+        changed, answer = await self._writer.transition(key, decide)
         if changed and wake:
             self._wakeups.notify(key)
         return answer
@@ -565,7 +564,11 @@ def _encode(record: Record) -> Row:
 
 
 def _decode(key: str, row: Row) -> Record:
-    """The row as a Record, or CorruptRecord saying which field is wrong."""
+    """The row as a Record, or CorruptRecord saying which field is wrong.
+
+    Written for the common case (every batch member on the writer thread decodes its row): one
+    pass, exact-type checks first, the general conversion (`_time`) only for what SQLite did
+    not hand back as a finite float."""
     (
         state,
         fingerprint,
@@ -580,72 +583,59 @@ def _decode(key: str, row: Row) -> Record:
         result,
         tool,
     ) = row
-
-    def corrupt(why: str) -> CorruptRecord:
-        return CorruptRecord(key, why)
-
-    if not isinstance(state, str) or state not in _STATES:
-        raise corrupt(f"unknown state {state!r}")
-    record_state = RecordState(state)
+    record_state = _STATES.get(state) if isinstance(state, str) else None
+    if record_state is None:
+        raise CorruptRecord(key, f"unknown state {state!r}")
     if not isinstance(fingerprint, str) or not fingerprint:
-        raise corrupt(f"fingerprint is {fingerprint!r}, not a non-empty string")
-    for name, count in (("fence", fence), ("attempts", attempts)):
-        if not isinstance(count, int) or count < 1:
-            raise corrupt(f"{name} is {count!r}, not a positive integer")
+        raise CorruptRecord(key, f"fingerprint is {fingerprint!r}, not a non-empty string")
+    if type(fence) is not int or fence < 1:
+        raise CorruptRecord(key, f"fence is {fence!r}, not a positive integer")
+    if type(attempts) is not int or attempts < 1:
+        raise CorruptRecord(key, f"attempts is {attempts!r}, not a positive integer")
     if token is not None and not isinstance(token, str):
-        raise corrupt(f"token is a {type(token).__name__}, not a string")
+        raise CorruptRecord(key, f"token is a {type(token).__name__}, not a string")
     if result is not None and not isinstance(result, bytes):
-        raise corrupt(f"result is a {type(result).__name__}, not bytes")
+        raise CorruptRecord(key, f"result is a {type(result).__name__}, not bytes")
     if tool is not None and not isinstance(tool, str):
-        raise corrupt(f"tool is a {type(tool).__name__}, not a string")
-    times = {
-        name: _time(value, name, key)
-        for name, value in (
-            ("created_at", created_at),
-            ("updated_at", updated_at),
-            ("lease_deadline", lease_deadline),
-            ("completed_at", completed_at),
-            ("expires_at", expires_at),
-        )
-    }
-    for name in ("created_at", "updated_at"):
-        if times[name] is None:
-            raise corrupt(f"{name} is missing")
-    if record_state is RecordState.IN_PROGRESS and (
-        token is None or times["lease_deadline"] is None
-    ):
-        raise corrupt("an in-progress record without a token or a lease deadline")
-    completed = record_state is RecordState.COMPLETED
-    if completed and (result is None or times["completed_at"] is None):
-        raise corrupt("a completed record without a result or a completion time")
-    if record_state is not RecordState.UNKNOWN and times["expires_at"] is None:
-        raise corrupt(f"a {record_state.value} record without an expiry")
-    assert isinstance(fence, int) and isinstance(attempts, int)
-    created, updated = times["created_at"], times["updated_at"]
-    assert created is not None and updated is not None
+        raise CorruptRecord(key, f"tool is a {type(tool).__name__}, not a string")
+    created = _time(created_at, "created_at", key)
+    updated = _time(updated_at, "updated_at", key)
+    lease = _time(lease_deadline, "lease_deadline", key)
+    completed = _time(completed_at, "completed_at", key)
+    expires = _time(expires_at, "expires_at", key)
+    if created is None:
+        raise CorruptRecord(key, "created_at is missing")
+    if updated is None:
+        raise CorruptRecord(key, "updated_at is missing")
+    if record_state is RecordState.IN_PROGRESS and (token is None or lease is None):
+        raise CorruptRecord(key, "an in-progress record without a token or a lease deadline")
+    if record_state is RecordState.COMPLETED and (result is None or completed is None):
+        raise CorruptRecord(key, "a completed record without a result or a completion time")
+    if record_state is not RecordState.UNKNOWN and expires is None:
+        raise CorruptRecord(key, f"a {record_state.value} record without an expiry")
     return Record(
-        key=key,
-        state=record_state,
-        fingerprint=fingerprint,
-        fence=fence,
-        attempts=attempts,
-        token=token,
-        created_at=created,
-        updated_at=updated,
-        lease_deadline=times["lease_deadline"],
-        completed_at=times["completed_at"],
-        expires_at=times["expires_at"],
-        result=result,
-        tool=tool or None,
+        key,
+        record_state,
+        fingerprint,
+        fence,
+        attempts,
+        token,
+        created,
+        updated,
+        lease,
+        completed,
+        expires,
+        result,
+        tool or None,
     )
 
 
-_STATES = frozenset(state.value for state in RecordState)
+_STATES = {state.value: state for state in RecordState}
 
 
 def _time(value: object, name: str, key: str) -> float | None:
-    if value is None:
-        return None
+    if value is None or (type(value) is float and value - value == 0.0):  # finite: not inf, nan
+        return value
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     raise CorruptRecord(key, f"{name} is {value!r}, not a time")
