@@ -345,14 +345,6 @@ class Guard:
                 if self._claim_suspends:
                     with anyio.CancelScope(shield=True):
                         outcome = await self._claim(t, takeover)
-                elif self._names_tools:  # `_claim`, inlined for the common store
-                    outcome = await self.store.claim(
-                        t.store_key,
-                        t.fingerprint,
-                        lease=self.policy.lease,
-                        takeover=takeover,
-                        tool=t.tool,
-                    )
                 else:
                     outcome = await self._claim(t, takeover)
             except CorruptRecord:
