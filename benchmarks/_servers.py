@@ -11,12 +11,13 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, RequestParamsMeta, TextContent, ToolAnnotations
+from pydantic import BaseModel
 
 from idempotency import (
     DEFAULT_LEASE,
@@ -34,6 +35,14 @@ from idempotency import (
 SERVER_NAME = "bench"
 
 
+# The floor's output schema: the shape the SDK gives `plain` and `keyed` (a `str` result wrapped
+# as `{"result": ...}`), so the floor's structured content is validated as theirs is, by the
+# server's output check and by the client against the advertised schema. (No docstring: it
+# would become the schema's description, which theirs do not have.)
+class FloorOutput(BaseModel):
+    result: str
+
+
 def bench_server(store: KeyStore, **options: Any) -> MCPServer:
     """Tools: `plain` (unwrapped), `keyed` (guarded), `floor` (hand-guarded), `slow` (guarded,
     sleeps `seconds`).
@@ -43,10 +52,13 @@ def bench_server(store: KeyStore, **options: Any) -> MCPServer:
 
     `floor` is the least a guard can do for a first execution with the same store: read the key,
     fingerprint the call, name its record, claim it, run the body, store the encoded result,
-    answer with the result marker. No policy, no lease renewal, no cancellation shield, no
-    telemetry, no error handling (any other answer than "claimed" fails the benchmark): the gap
-    between `floor` and `plain` is the store work and the marker, the gap between `keyed` and
-    `floor` is the guard's own machinery."""
+    answer with the result marker. It declares the output schema `plain` and `keyed` get and
+    builds the text content the SDK would, so its result is validated as theirs is (by the
+    server, and by the client against the advertised schema): until 2026-12-02 it declared none,
+    skipped both checks, and read ~34 µs of CPU cheaper than a fair floor. No policy, no lease
+    renewal, no cancellation shield, no telemetry, no error handling (any other answer than
+    "claimed" fails the benchmark): the gap between `floor` and `plain` is the store work and the
+    marker, the gap between `keyed` and `floor` is the guard's own machinery."""
     server = MCPServer(SERVER_NAME, log_level="WARNING")
     hint = ToolAnnotations(idempotent_hint=True)
 
@@ -63,7 +75,9 @@ def bench_server(store: KeyStore, **options: Any) -> MCPServer:
     retention = float(options.get("retention", 24 * 3600.0))
 
     @server.tool(annotations=hint)
-    async def floor(text: str, ctx: Context, size: int = 0) -> CallToolResult:
+    async def floor(
+        text: str, ctx: Context, size: int = 0
+    ) -> Annotated[CallToolResult, FloorOutput]:
         key = ctx.request_context.meta[wire.KEY_META]  # type: ignore[index,literal-required]
         record = store_key(scope, "floor", key)
         claimed = await store.claim(
