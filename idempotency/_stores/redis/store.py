@@ -417,7 +417,7 @@ class RedisKeyStore:
         fingerprint_bytes = _pack_fingerprint(fingerprint)
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
-        rkey = self._prefix_bytes + b"{" + encoded + b"}"
+        rkey = self._rkey_of(encoded)
         # A claim of ours that may have landed is claimed again under its own token: taken, so
         # that no concurrent claim re-sends it too, and given back if this try gets no answer
         # either (it may not even have been sent: the earlier one is still in doubt).
@@ -609,10 +609,15 @@ class RedisKeyStore:
             return None
         if not 0 < len(encoded) <= self._limits.max_key_bytes:
             return None
-        return self._prefix_bytes + b"{" + encoded + b"}"
+        return self._rkey_of(encoded)
 
     def _rkey(self, key: str) -> bytes:
-        return self._prefix_bytes + b"{" + key.encode() + b"}"
+        return self._rkey_of(key.encode())
+
+    def _rkey_of(self, encoded: bytes) -> bytes:
+        """The Redis key of an encoded record key, `{prefix}{key}` with the key as its own hash
+        tag (the one place it is spelt; `_key_of` reads it back)."""
+        return self._prefix_bytes + b"{" + encoded + b"}"
 
     def _key_of(self, rkey: bytes) -> str:
         return rkey[len(self._prefix_bytes) + 1 : -1].decode(errors="replace")
