@@ -205,12 +205,18 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(row(label, value, f"<= {bound}x", value <= bound, floors.get(store)))
     by_callers = out.get("vs_powertools_ratio_by_callers") or {}
     ceilings = out.get("vs_powertools_ceiling_by_callers") or {}
+    in_asyncio = out.get("vs_powertools_asyncio_ceiling_by_callers") or {}
     for callers, bound in VS_POWERTOOLS.items():
         value = by_callers.get(callers)
+        if callers != "1":
+            ceiling_is = "; ceiling: server"
+        else:
+            ceiling_is = "; ceiling: two round trips from a blocking socket"
+            if callers in in_asyncio:
+                ceiling_is += f" (the least asyncio client, same work: {in_asyncio[callers]:g}x)"
         rows.append(
             row(
-                f"Redis store pairs/s vs Powertools Redis layer, {callers} caller(s)"
-                + ("; ceiling: two round trips" if callers == "1" else "; ceiling: server"),
+                f"Redis store pairs/s vs Powertools Redis layer, {callers} caller(s)" + ceiling_is,
                 value,
                 f">= {bound:g}x",
                 None if value is None else value >= bound,
@@ -313,6 +319,8 @@ def _headline(out: dict[str, Any], results: dict[str, Any]) -> None:
             if callers in server and callers in theirs:
                 limits[callers] = round(server[callers]["median"] / theirs[callers]["median"], 3)
         out["vs_powertools_ceiling_by_callers"] = limits
+    if st.get("bare_asyncio_vs_powertools"):
+        out["vs_powertools_asyncio_ceiling_by_callers"] = st["bare_asyncio_vs_powertools"]
     if "sqlite" in st.get("contenders", {}):
         out["sqlite_pairs_per_second_by_callers"] = {
             level: figures["median"] for level, figures in st["contenders"]["sqlite"].items()
