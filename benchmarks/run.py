@@ -163,14 +163,22 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     not measured."""
 
     def row(
-        metric: str, measured: Any, target: str, met: bool | None, ceiling: Any = None
+        metric: str,
+        measured: Any,
+        target: str,
+        met: bool | None,
+        ceiling: Any = None,
+        reachable: bool | None = None,
     ) -> dict[str, Any]:
+        """`reachable`: whether the ceiling itself meets the target (False: no implementation
+        could meet it on this machine); None where there is no ceiling."""
         return {
             "metric": metric,
             "measured": measured,
             "ceiling": ceiling,
             "target": target,
             "met": met,
+            "reachable": reachable,
         }
 
     rows = []
@@ -184,6 +192,7 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         )
     )
     cpu = (out.get("guard_cpu_us_by_store") or {}).get("memory")
+    floor_cpu = (out.get("floor_cpu_us_by_store") or {}).get("memory")
     wall = (out.get("guard_wall_us_by_store") or {}).get("memory")
     rows.append(
         row(
@@ -193,7 +202,8 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             cpu,
             f"<= {GUARD_CPU_US} µs",
             None if cpu is None else cpu <= GUARD_CPU_US,
-            (out.get("floor_cpu_us_by_store") or {}).get("memory"),
+            floor_cpu,
+            None if floor_cpu is None else floor_cpu <= GUARD_CPU_US,
         )
     )
     for transport in ("http", "in_process"):
@@ -202,7 +212,9 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         for store, value in by_store.items():
             bound = OVERHEAD_BOUNDS[(transport, store)]
             label = f"keyed / unwrapped p50, {transport.replace('_', '-')}, {store} store"
-            rows.append(row(label, value, f"<= {bound}x", value <= bound, floors.get(store)))
+            floor = floors.get(store)
+            reachable = None if floor is None else floor <= bound
+            rows.append(row(label, value, f"<= {bound}x", value <= bound, floor, reachable))
     by_callers = out.get("vs_powertools_ratio_by_callers") or {}
     ceilings = out.get("vs_powertools_ceiling_by_callers") or {}
     in_asyncio = out.get("vs_powertools_asyncio_ceiling_by_callers") or {}
@@ -221,6 +233,7 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
                 f">= {bound:g}x",
                 None if value is None else value >= bound,
                 ceilings.get(callers),
+                None if callers not in ceilings else ceilings[callers] >= bound,
             )
         )
     value = (out.get("vs_redis_benchmark_ratio_by_callers") or {}).get("64")
@@ -395,6 +408,8 @@ def _table(out: dict[str, Any]) -> str:
     lines = ["| metric | measured | ceiling | target | met? |", "|---|---|---|---|---|"]
     for row in out["targets"]:
         met = {True: "yes", False: "**no**", None: "not measured"}[row["met"]]
+        if row["met"] is False and row.get("reachable") is False:
+            met += " (beyond the ceiling)"
         ceiling = "—" if row.get("ceiling") is None else row["ceiling"]
         lines.append(
             f"| {row['metric']} | {row['measured']} | {ceiling} | {row['target']} | {met} |"

@@ -103,6 +103,31 @@ def test_every_issue_25_target_is_judged_beside_its_ceiling() -> None:
     assert (sqlite["measured"], sqlite["target"], sqlite["met"]) == (4.5, ">= 4x", True)
 
 
+def test_a_target_its_own_ceiling_misses_is_marked_beyond_the_ceiling() -> None:
+    """A miss the code could still close reads "no"; one no implementation could meet here (its
+    ceiling, measured in the same run, misses the target too) reads "no (beyond the ceiling)"."""
+    out = figures(
+        overhead_ratio_http_by_store={"memory": 1.09, "redis": 1.25, "sqlite": 1.5},
+        floor_ratio_http_by_store={"memory": 1.07, "redis": 1.21, "sqlite": 1.4},
+        guard_cpu_us_by_store={"memory": 94.0},
+        floor_cpu_us_by_store={"memory": 61.0},
+        vs_powertools_asyncio_ceiling_by_callers={"1": 1.3},
+    )
+    rows = bench_run._targets(out)
+    assert by_metric(rows, "p50, http, memory store")["reachable"] is True
+    assert by_metric(rows, "p50, http, redis store")["reachable"] is False
+    assert by_metric(rows, "guard CPU")["reachable"] is False
+    powertools = by_metric(rows, "Powertools Redis layer, 1 caller")
+    assert "the least asyncio client, same work: 1.3x" in powertools["metric"]
+    table = bench_run._table({"targets": rows}).splitlines()
+    (memory,) = [line for line in table if "p50, http, memory store" in line]
+    (redis,) = [line for line in table if "p50, http, redis store" in line]
+    (cpu,) = [line for line in table if "guard CPU" in line]
+    assert memory.endswith("| **no** |")
+    assert redis.endswith("| **no** (beyond the ceiling) |")
+    assert cpu.endswith("| **no** (beyond the ceiling) |")
+
+
 @pytest.mark.parametrize(
     ("changes", "missed"),
     [
@@ -185,6 +210,12 @@ async def test_the_floor_guard_does_the_same_store_work_as_the_guard() -> None:
         keyed = await client.call_tool("keyed", args, meta=key_meta("k2"))
         assert floor.content == keyed.content
         assert floor.structured_content == keyed.structured_content
+        # The same output schema (but its title): the result is checked as the guard's is.
+        schemas = {t.name: t.output_schema for t in (await client.list_tools()).tools}
+        for name in ("floor", "keyed"):
+            assert schemas[name] is not None
+            schemas[name].pop("title")  # type: ignore[union-attr]
+        assert schemas["floor"] == schemas["keyed"]
         marks = [r.meta[wire.IDEMPOTENCY_META] for r in (floor, keyed)]  # type: ignore[index]
         for mark, key in zip(marks, ("k1", "k2"), strict=True):
             assert mark.pop("key") == key
