@@ -41,6 +41,7 @@ from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
+from .. import wire
 from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
@@ -58,7 +59,7 @@ from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
 from .fingerprint import UnfingerprintableArguments, covered, fingerprint
 from .hooks import Replay, replayed
-from .keyplaces import argument_place, found_keys, header_place
+from .keyplaces import found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from .policy import Policy
@@ -324,7 +325,7 @@ class Guard:
             return self._places_of[1]
         places: list[str] = []
         if policy.key_argument is not None:
-            places.append(argument_place(policy.key_argument))
+            places.append(wire.argument_place(policy.key_argument))
         if policy.key_header is not None:
             places.append(header_place(policy.key_header))
         self._places_of = (policy, tuple(places))

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import wire
-from ..wire import argument_place as argument_place  # the guard names places through here
 
 #: What the listed schema tells a model about the key argument: the whole protocol in a sentence.
 KEY_ARGUMENT_DESCRIPTION = (
@@ -111,7 +110,7 @@ def found_keys(
     if key_argument is not None:
         value = wire.argument_at(arguments, wire.argument_path(key_argument))
         if value is not wire.ABSENT:
-            found.append(FoundKey(argument_place(key_argument), value))
+            found.append(FoundKey(wire.argument_place(key_argument), value))
     if key_header is not None:
         for value in _header_values(request, key_header):
             found.append(FoundKey(header_place(key_header), value))
