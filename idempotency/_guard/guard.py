@@ -494,7 +494,6 @@ class Guard:
             raised: Exception | None = None
             stored: bool | None = None
             storing = False  # the result's write began inside the run's scope
-            cut_off = False  # ... and the renewal service ended it at its give-up time
             with run_scope:
                 published = publish(claim)
                 try:
@@ -507,12 +506,13 @@ class Guard:
                 if isinstance(result, CallToolResult) and not run_scope.cancel_called:
                     # The common case, stored where it ran: nothing cancels this scope now but
                     # the give-up time, so the first write needs no scope of its own.
-                    storing = cut_off = True
+                    storing = True
                     executed_at = time.time()
                     stored = await self._store(t, token, result, executed_at, keeper, True)
-                    cut_off = False
             if storing:
-                if cut_off:  # the first write outlasted the give-up time
+                # Only the renewal service, at the give-up time, cancels the scope once the
+                # write began: a cancellation caught here is the first write cut off.
+                if run_scope.cancelled_caught:
                     gave_up(t.store_key, 1, keeper.storing_since, keeper, trace)
             elif result is None and (raised is None or isinstance(raised, Interrupted)):
                 keeper.end()
