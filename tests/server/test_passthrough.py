@@ -317,3 +317,21 @@ async def test_the_guards_span_is_a_child_of_the_sdks_request_span(integration: 
         Shape("mcp-once guard charge", "INTERNAL", "UNSET", "tools/call charge")
     ]
     assert seen["passed-through"] == seen["unguarded"]
+
+
+@pytest.mark.parametrize("integration", INTEGRATIONS)
+async def test_the_guards_span_of_a_refused_call_carries_the_error(integration: str) -> None:
+    """A call the guard answers with an error (here a malformed key: -32602) has the guard's
+    span marked as `start_as_current_span` would mark it: status ERROR and `error.type` the
+    JSON-RPC code, never the message (it may quote the arguments)."""
+    spans = recorder()
+    server = build(integration, "keys-optional", Ledger(), True)
+    async with caller(server, "memory") as call:
+        spans.clear()
+        outcome = await call("charge", ARGS, meta(""))
+    assert outcome[:2] == ("error", wire.INVALID_PARAMS)
+    (guard,) = [s for s in spans.get_finished_spans() if s.name == "mcp-once guard charge"]
+    assert guard.status.status_code.name == "ERROR"
+    assert guard.status.description == str(wire.INVALID_PARAMS)
+    assert (guard.attributes or {}).get("error.type") == str(wire.INVALID_PARAMS)
+    assert (guard.attributes or {}).get("mcp_once.outcome") == "invalid"
