@@ -195,14 +195,13 @@ class traced:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
         span, one = self._span, self._one
-        failed: str | None = None
-        if exc is not None:
-            # As `start_as_current_span` would, without the exception's message (the arguments).
-            failed = error_type(exc)
-            if one.recording:
+        failed = None if exc is None else error_type(exc)
+        if one.recording:  # else the no-op `INVALID_SPAN`: nothing to mark or end
+            if failed is not None:
+                # As `start_as_current_span` would, without the exception's message (the
+                # arguments).
                 span.set_attribute(ERROR_TYPE, failed)
                 span.set_status(trace.Status(trace.StatusCode.ERROR, failed))
-        if one.recording:  # else the no-op `INVALID_SPAN`: nothing to end
             span.end()
         if not _metrics_on():
             return
