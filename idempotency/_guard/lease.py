@@ -206,12 +206,7 @@ class _Renewals:
         self._claims.add(claim)
         self._joined = True
         self._idle_nap = interval
-        # `wake_by(claim.wake_at)`, inlined: this runs once per guarded call.
-        when = claim.stop_at if claim.stop_at < claim.due else claim.due
-        if when < self._wake_at:
-            self._wake_at = when
-            if self._nap is not None:
-                self._nap.deadline = when
+        self.wake_by(claim.wake_at)
 
     def discard(self, claim: LeaseKeeper) -> None:
         # No wake-up: the service notices at its next one, so back-to-back calls reuse it.
