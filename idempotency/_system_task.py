@@ -75,3 +75,47 @@ def spawn(run: Callable[[], Coroutine[Any, Any, None]], *, name: str) -> object:
     import trio
 
     return trio.lowlevel.spawn_system_task(run, name=name, context=context)
+
+
+def cancelled_beyond(scope: Any) -> bool:
+    """Whether a cancel scope enclosing `scope` (an entered `anyio.CancelScope`, shielded) has
+    been cancelled: the request that `scope` shields gave up while it ran.
+
+    A shield hides exactly this from the code inside it, and anyio has no public way to ask,
+    so this reads the backend's own structures: on asyncio anyio's parent-scope chain, on trio
+    the task's cancel statuses. A scope further out that shields in its turn ends the search (a
+    cancellation beyond it reaches nobody here). Whatever the structures do not answer reads as
+    False: the caller then learns of the cancellation at its next checkpoint, later but surely.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _trio_cancelled_beyond(scope)
+    parent = getattr(scope, "_parent_scope", None)
+    while parent is not None:
+        if getattr(parent, "_cancel_called", False) is True:
+            return True
+        if getattr(parent, "_shield", False) is True:
+            return False
+        parent = getattr(parent, "_parent_scope", None)
+    return False
+
+
+def _trio_cancelled_beyond(scope: Any) -> bool:
+    import trio
+
+    original = getattr(scope, "_CancelScope__original", None)
+    status = getattr(trio.lowlevel.current_task(), "_cancel_status", None)
+    while status is not None and getattr(status, "_scope", None) is not original:
+        status = getattr(status, "_parent", None)
+    if status is None:
+        return False
+    status = getattr(status, "_parent", None)
+    while status is not None:
+        outer = getattr(status, "_scope", None)
+        if getattr(outer, "cancel_called", False) is True:
+            return True
+        if getattr(outer, "shield", False) is True:
+            return False
+        status = getattr(status, "_parent", None)
+    return False

@@ -78,3 +78,18 @@ def caller_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
         return None
     channel_id = _channel_id(channel)
     return None if channel_id is None else f"connection:{channel_id}"
+
+
+def cancel_requested(request: ServerRequestContext[Any, Any] | None) -> bool:
+    """Whether the caller sent `notifications/cancelled` for this request: it gave up, and the
+    SDK will write no answer for it (rule 15: a re-send of it is no repeat).
+
+    The SDK keeps the flag on the request's dispatch context, which its per-request session
+    holds privately (`ServerSession._request_outbound`); the one read of it lives here. None of
+    it there (another SDK build, a request built by hand) reads as not cancelled."""
+    if request is None:
+        return False
+    dispatch = getattr(request.session, "_request_outbound", None)
+    event = getattr(dispatch, "cancel_requested", None)
+    is_set = getattr(event, "is_set", None)
+    return bool(is_set()) if callable(is_set) else False

@@ -17,6 +17,8 @@ says so, and the caller is told (`stored: false`).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import anyio
 from mcp_types import CallToolResult
 
@@ -50,6 +52,7 @@ async def store_result(
     keeper: LeaseKeeper,
     trace: Trace,
     in_run_scope: bool = False,
+    delivered: bool | None = None,
 ) -> bool | None:
     """Store `result` under the claim `token`: True stored, False the claim was no longer ours
     (the guard then serves the answer of the attempt that has it), None given up (logged).
@@ -63,6 +66,9 @@ async def store_result(
     the result at once costs nothing more. If the service cuts that write off, the scope's
     cancellation propagates and the caller reports the give-up (`gave_up`). Retries, on a
     failed first write, are bounded by a shielded scope of their own, as when not in the run's.
+
+    `delivered` (a derived key's record only, rule 15): whether the caller is still there for
+    the answer; None leaves the store's `complete` called as every store takes it.
     """
     data = encode_result(result, executed_at)
     if len(data) > max_bytes:
@@ -75,7 +81,7 @@ async def store_result(
         keeper.store_until(started, give_up_at)
         tries = 1
         try:
-            return await store.complete(store_key, token, data, retention=retention)
+            return await _complete(store, store_key, token, data, retention, delivered)
         except Exception as exc:  # judged below, as every failed try is
             failed = exc
     pause = BACKOFF
@@ -102,11 +108,24 @@ async def store_result(
                 break  # no try after the deadline, even against a store that never yields
             tries += 1
             try:
-                return await store.complete(store_key, token, data, retention=retention)
+                return await _complete(store, store_key, token, data, retention, delivered)
             except Exception as exc:  # judged at the top of the loop
                 failed = exc
     gave_up(store_key, tries, started, keeper, trace, why)
     return None
+
+
+def _complete(
+    store: KeyStore,
+    store_key: str,
+    token: str,
+    data: bytes,
+    retention: float,
+    delivered: bool | None,
+) -> Awaitable[bool]:
+    if delivered is None:
+        return store.complete(store_key, token, data, retention=retention)
+    return store.complete(store_key, token, data, retention=retention, delivered=delivered)
 
 
 def gave_up(

@@ -52,9 +52,9 @@ from .._stores.store import (
     StoreError,
     suspends,
 )
-from .._system_task import loop_time
+from .._system_task import cancelled_beyond, loop_time
 from . import errors
-from .caller import caller_of
+from .caller import caller_of, cancel_requested
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
 from .fingerprint import UnfingerprintableArguments, covered, fingerprint
@@ -149,6 +149,11 @@ class _Ticket:
     store_key: str
     fingerprint: str
     retention: float
+    #: The key was derived (rule 15): the record answers only re-sends, so whether the caller
+    #: gave up on its answer is recorded (`Guard._caller_gone`, `Guard._answered`).
+    derived: bool = False
+    #: The request, for a derived key: where a give-up shows (`caller.cancel_requested`).
+    request: ServerRequestContext[Any, Any] | None = None
     trace: Trace = NO_TRACE
 
 
@@ -167,6 +172,27 @@ def _hint(retry_after: float | None) -> float:
     if retry_after is None:
         return RETRY_HINT_CAP
     return max(0.001, min(retry_after, RETRY_HINT_CAP))
+
+
+def _takes(method: object, name: str) -> bool:
+    """Whether `method` takes a keyword `name` (or any keyword)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # no signature to read: assume this release's protocol
+        return True
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def _knows_resends(store: KeyStore) -> bool:
+    """Whether the store keeps rule 15's delivery mark (`resend_only`, `delivered`, `abandon`:
+    every store of this release does). A `KeyStore` of one's own written before it cannot tell
+    a re-send from a repeat, so the guard derives no keys on it: keyless calls run as written,
+    never merged into an answer their caller already had. Asked once per guard."""
+    return (
+        _takes(store.claim, "resend_only")
+        and _takes(store.complete, "delivered")
+        and callable(getattr(store, "abandon", None))
+    )
 
 
 def _claim_names_the_tool(store: KeyStore) -> bool:
@@ -191,6 +217,13 @@ class Guard:
         self._names_tools = _claim_names_the_tool(store)
         #: Whether a claim can be cut short by a cancellation (then it is shielded).
         self._claim_suspends = suspends(store.claim)
+        self._derives = _knows_resends(store)
+        if not self._derives and policy.keys == "derived":
+            logger.warning(
+                "%s keeps no delivery mark (rule 15: no resend_only claim, delivered complete"
+                " or abandon): keyless calls are not merged on it and run as written",
+                type(store).__name__,
+            )
 
     async def call(
         self,
@@ -262,8 +295,10 @@ class Guard:
         else:
 
             def derive() -> str | None:
-                if not call.derivable:
-                    return None  # read-only, or opted out: every keyless call runs as written
+                if not call.derivable or not self._derives:
+                    # Read-only, opted out, or a store that cannot tell a re-send from a
+                    # repeat: every keyless call runs as written.
+                    return None
                 caller = caller_of(call.request)
                 if caller is None:
                     return None  # nobody to bind a derived key to: not merged, run as written
@@ -289,13 +324,16 @@ class Guard:
         key, source = resolved
         # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
         scope = scopes[0] if scopes else self._scope(call)
+        derived = source is KeySource.DERIVED
         return _Ticket(
             call.tool,
             key,
             source,
             store_key(scope, call.tool, key),
             fp,
-            policy.retention_for(source is KeySource.DERIVED),
+            policy.retention_for(derived),
+            derived,
+            call.request if derived else None,
         )
 
     def _scope(self, call: ToolCall) -> str:
@@ -359,7 +397,11 @@ class Guard:
             if status is ClaimStatus.REPLAY:
                 if outcome.result is None:
                     raise self._corrupt(t, "a completed record holds no result")
-                return self._replayed(t, outcome.result, outcome.completed_at, outcome.attempts)
+                replay = self._replayed(t, outcome.result, outcome.completed_at, outcome.attempts)
+                if t.derived and outcome.fence is not None:
+                    # Handed to this re-send by the claim: marked delivered unless it goes too.
+                    await self._answered(t, outcome.fence, delivered=True)
+                return replay
             if status is ClaimStatus.MISMATCH:
                 t.trace.outcome(Outcome.CONFLICT)
                 raise errors.key_reused(t.key)
@@ -379,11 +421,33 @@ class Guard:
             t.trace.waited()
             # Look again no later than the running lease's end: a dead worker is noticed then.
             lease_left = outcome.retry_after if outcome.retry_after is not None else remaining
-            await self._wait(t, min(remaining, lease_left + 0.01))
+            found = await self._wait(t, min(remaining, lease_left + 0.01))
+            if (
+                t.derived
+                and found is not None
+                and found.state is RecordState.COMPLETED
+                and found.result is not None
+                and found.fingerprint == t.fingerprint
+            ):
+                # A keyless call that arrived while its twin ran is a re-send (a client that
+                # dispatches twice): it gets the twin's answer, whether or not that answer was
+                # delivered, where a claim now would take a delivered one for a repeat.
+                replay = self._replayed(t, found.result, found.completed_at, found.attempts)
+                await self._answered(t, found.fence, delivered=found.delivered)
+                return replay
             started = loop_time()
 
     def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
         """The store's claim of the ticket's record (naming the tool where the store can)."""
+        if t.derived:  # only where the store keeps the delivery mark (`_knows_resends`)
+            return self.store.claim(
+                t.store_key,
+                t.fingerprint,
+                lease=self.policy.lease,
+                takeover=takeover,
+                tool=t.tool,
+                resend_only=True,
+            )
         if self._names_tools:
             return self.store.claim(
                 t.store_key, t.fingerprint, lease=self.policy.lease, takeover=takeover, tool=t.tool
@@ -508,7 +572,10 @@ class Guard:
                     # the give-up time, so the first write needs no scope of its own.
                     storing = True
                     executed_at = time.time()
-                    stored = await self._store(t, token, result, executed_at, keeper, True)
+                    delivered = t.derived and not self._caller_gone(t, run_scope)
+                    stored = await self._store(
+                        t, token, result, executed_at, keeper, True, delivered
+                    )
             if storing:
                 # Only the renewal service, at the give-up time, cancels the scope once the
                 # write began: a cancellation caught here is the first write cut off.
@@ -533,13 +600,16 @@ class Guard:
                     result = await self._judge(t, token, raised, error_result, keeper)
                 assert isinstance(result, CallToolResult)
                 executed_at = time.time()
-                stored = await self._store(t, token, result, executed_at, keeper, False)
+                delivered = t.derived and not self._caller_gone(t, run_scope)
+                stored = await self._store(t, token, result, executed_at, keeper, False, delivered)
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
         assert isinstance(result, CallToolResult)
         if stored is False:
             return await self._after_stale(t)
         trace.outcome(Outcome.EXECUTED)
+        if stored and t.derived:
+            await self._answered(t, fence, delivered=delivered)
         return stamped(
             result,
             key=t.key,
@@ -558,6 +628,7 @@ class Guard:
         executed_at: float,
         keeper: LeaseKeeper,
         in_run_scope: bool,
+        delivered: bool,
     ) -> Awaitable[bool | None]:
         """`complete.store_result` of the ticket's result (awaited by the caller: no frame)."""
         policy = self.policy
@@ -573,7 +644,45 @@ class Guard:
             keeper=keeper,
             trace=t.trace,
             in_run_scope=in_run_scope,
+            delivered=delivered if t.derived else None,
         )
+
+    @staticmethod
+    def _caller_gone(t: _Ticket, run_scope: anyio.CancelScope) -> bool:
+        """Whether the caller gave up on this call while its tool ran (rule 15): it sent
+        `notifications/cancelled`, or the request's scope was cancelled behind the run's shield
+        (its connection or response stream closed, the server shutting down). Its answer is
+        then stored as not delivered, so the re-send it makes replays it."""
+        return cancel_requested(t.request) or cancelled_beyond(run_scope)
+
+    async def _answered(self, t: _Ticket, fence: int, *, delivered: bool) -> None:
+        """The derived key's answer is on its way to the caller: if the caller gave up on it
+        after it was stored as `delivered` (it cancelled, or the request's scope was cancelled
+        before the answer could be written), the record is marked not delivered (`abandon`,
+        fenced on `fence`) so that the re-send replays it. A cancellation goes on after that."""
+        if not delivered:
+            return
+        if cancel_requested(t.request):
+            await self._abandon(t, fence)
+            return
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            await self._abandon(t, fence)
+            raise
+
+    async def _abandon(self, t: _Ticket, fence: int) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.store.abandon(t.store_key, fence)
+            except Exception as exc:
+                t.trace.store_error("abandon", exc)
+                logger.warning(
+                    "could not mark the answer of record %s undelivered: %r; the caller's"
+                    " re-send of it runs again",
+                    record_name(t.store_key),
+                    exc,
+                )
 
     async def _judge(
         self,

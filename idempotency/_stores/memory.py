@@ -51,7 +51,14 @@ class MemoryKeyStore:
 
     @never_suspends
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        lease: float,
+        takeover: bool,
+        tool: str | None = None,
+        resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         new, outcome = rules.claim(
@@ -64,6 +71,7 @@ class MemoryKeyStore:
             retention=self._orphan_retention,
             token=secrets.token_hex(16),
             tool=tool_label(tool),
+            resend_only=resend_only,
         )
         if new is not None:
             self._write(key, new)
@@ -82,14 +90,28 @@ class MemoryKeyStore:
         self._records[key] = new
         return True
 
-    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+    async def complete(
+        self, key: str, token: str, result: bytes, *, retention: float, delivered: bool = False
+    ) -> bool:
         self._limits.check_result(result)
         new = rules.complete(
-            self._records.get(key), token, result, now=self._clock(), retention=retention
+            self._records.get(key),
+            token,
+            result,
+            now=self._clock(),
+            retention=retention,
+            delivered=delivered,
         )
         if new is None:
             return False
         self._write(key, new)
+        return True
+
+    async def abandon(self, key: str, fence: int) -> bool:
+        new = rules.abandon(self._records.get(key), fence, now=self._clock())
+        if new is None:
+            return False
+        self._records[key] = new
         return True
 
     async def release(self, key: str, token: str) -> bool:

@@ -71,7 +71,10 @@ SCHEMA_VERSION = 1
 #: Columns added to schema version 1 after its first release, with their declarations: a file
 #: written before is given them in place (`ALTER TABLE ... ADD COLUMN`: no row is rewritten).
 #: `tool`: the tool's name, for `mcp-once keys list` (NULL in rows the previous release wrote).
-_ADDED_COLUMNS = {"tool": "TEXT"}
+#: `delivered`: 1 when a completed record's answer reached its caller (`Record.delivered`);
+#: NULL reads as not delivered, which is what every row of a release before it means: a row
+#: such a release rewrites loses nothing it could have merged.
+_ADDED_COLUMNS = {"tool": "TEXT", "delivered": "INTEGER"}
 
 #: `wait()` polls because other processes cannot signal us; the delay doubles up to the cap, which
 #: bounds how late a cross-process completion is noticed. Same-process completions wake at once.
@@ -80,7 +83,7 @@ _POLL_MAX = 0.1
 
 _COLUMNS = (
     "key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
-    " lease_deadline, completed_at, expires_at, result, tool"
+    " lease_deadline, completed_at, expires_at, result, tool, delivered"
 )
 
 # Columns are deliberately unconstrained beyond the key: every row is validated in one place when
@@ -100,7 +103,8 @@ CREATE TABLE records (
     completed_at REAL,
     expires_at REAL,
     result BLOB,
-    tool TEXT
+    tool TEXT,
+    delivered INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX records_by_expiry ON records (expires_at);
 CREATE INDEX records_by_state ON records (state, created_at);
@@ -113,13 +117,13 @@ _SELECT_ONE = f"SELECT {_COLUMNS} FROM records WHERE key = ?"
 _PURGE_CANDIDATES = (
     "SELECT key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
     " lease_deadline, completed_at, expires_at,"
-    " CASE typeof(result) WHEN 'null' THEN NULL WHEN 'blob' THEN x'' ELSE 0 END, tool"
+    " CASE typeof(result) WHEN 'null' THEN NULL WHEN 'blob' THEN x'' ELSE 0 END, tool, delivered"
     " FROM records WHERE expires_at <= ? AND (expires_at, key) > (?, ?)"
     " ORDER BY expires_at, key LIMIT ?"
 )
 _PURGE_BATCH = 500
 _EXPIRES_AT = 10
-_UPSERT = f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+_UPSERT = f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 
 Row = tuple[object, ...]
 
@@ -210,7 +214,14 @@ class SQLiteKeyStore:
     # -- transitions -------------------------------------------------------------------------
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        lease: float,
+        takeover: bool,
+        tool: str | None = None,
+        resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         token = secrets.token_hex(16)
@@ -227,6 +238,7 @@ class SQLiteKeyStore:
                 retention=self._orphan_retention,
                 token=token,
                 tool=label,
+                resend_only=resend_only,
             )
 
         return await self._transition(key, decide)
@@ -241,14 +253,26 @@ class SQLiteKeyStore:
         # A renewal changes nothing a waiter looks for, so it wakes no one.
         return await self._transition(key, decide, wake=False)
 
-    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+    async def complete(
+        self, key: str, token: str, result: bytes, *, retention: float, delivered: bool = False
+    ) -> bool:
         self._limits.check_result(result)
 
         def decide(record: Record | None) -> tuple[Record | None, bool]:
-            new = rules.complete(record, token, result, now=self._clock(), retention=retention)
+            new = rules.complete(
+                record, token, result, now=self._clock(), retention=retention, delivered=delivered
+            )
             return new, new is not None
 
         return await self._transition(key, decide)
+
+    async def abandon(self, key: str, fence: int) -> bool:
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.abandon(record, fence, now=self._clock())
+            return new, new is not None
+
+        # Nothing a waiter looks for changes (the record stays COMPLETED): it wakes no one.
+        return await self._transition(key, decide, wake=False)
 
     async def release(self, key: str, token: str) -> bool:
         def decide(record: Record | None) -> tuple[Record | None, bool]:
@@ -560,6 +584,7 @@ def _encode(record: Record) -> Row:
         record.expires_at,
         record.result,
         record.tool,
+        1 if record.delivered else None,
     )
 
 
@@ -582,6 +607,7 @@ def _decode(key: str, row: Row) -> Record:
         expires_at,
         result,
         tool,
+        delivered,
     ) = row
     record_state = _STATES.get(state) if isinstance(state, str) else None
     if record_state is None:
@@ -627,6 +653,7 @@ def _decode(key: str, row: Row) -> Record:
         expires,
         result,
         tool or None,
+        delivered == 1,
     )
 
 

@@ -89,6 +89,12 @@ class Record:
     #: more than hashes. None for a record written by a release that did not store it, or by a
     #: caller that gave none. A label for people: the store key, not this, decides identity.
     tool: str | None = None
+    #: COMPLETED: the answer reached its caller, as far as the server could see (no give-up
+    #: before it was written). Only keys the server derived read it (rule 15): an identical
+    #: keyless call after a delivered answer is a deliberate repeat and runs; after an answer
+    #: its caller gave up on (`KeyStore.abandon`) it is a re-send and replays. False for every
+    #: record a release before this one wrote, so those keep being merged as they were.
+    delivered: bool = False
 
 
 class StoreError(Exception):
@@ -212,7 +218,14 @@ class KeyStore(Protocol):
     """One record per key; every transition after `claim` is a compare-and-set on the token."""
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        lease: float,
+        takeover: bool,
+        tool: str | None = None,
+        resend_only: bool = False,
     ) -> ClaimOutcome:
         """Claim `key` for one execution, or report why not (replay, busy, mismatch, unknown).
 
@@ -220,6 +233,12 @@ class KeyStore(Protocol):
         higher fence); False turns the record UNKNOWN for good. `tool` names the tool in the
         record, for operators (`Record.tool`); a record that has none yet (an older release
         wrote it) takes it from the next claim that writes the record.
+
+        `resend_only` (a key the server derived, rule 15): a COMPLETED record answers the claim
+        only as a re-send. If its answer was `delivered`, the claim is a deliberate repeat and
+        starts a new execution in its place (fence one higher, attempts counted from 1); if
+        not, it replays, and the answer counts as delivered from then on (handed to this
+        caller: should it give up too, the guard says so with `abandon`).
         """
         ...
 
@@ -227,8 +246,19 @@ class KeyStore(Protocol):
         """Extend the lease of an IN_PROGRESS record held by `token`."""
         ...
 
-    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
-        """Store `result` and keep it for `retention` seconds, if `token` still holds the claim."""
+    async def complete(
+        self, key: str, token: str, result: bytes, *, retention: float, delivered: bool = False
+    ) -> bool:
+        """Store `result` and keep it for `retention` seconds, if `token` still holds the claim.
+        `delivered`: the caller is still there to receive it (see `Record.delivered`)."""
+        ...
+
+    async def abandon(self, key: str, fence: int) -> bool:
+        """The caller of the answer stored under `fence` gave up before it was delivered (it
+        cancelled, disconnected, or the answer could not be written): mark the COMPLETED record
+        not delivered, so that the caller's re-send replays it (rule 15). Fenced: False, and
+        nothing changed, when the record is not COMPLETED under that fence any more (a later
+        execution replaced it, or it is gone)."""
         ...
 
     async def release(self, key: str, token: str) -> bool:

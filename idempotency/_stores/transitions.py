@@ -33,6 +33,7 @@ def _successor(
     result: bytes | _Keep | None = _KEEP,
     tool: str | None = None,
     retake: bool = False,
+    delivered: bool | _Keep = _KEEP,
 ) -> Record:
     """`record` changed at `now`: the fields given replace its own (`tool` only fills a record
     that has none; `retake` counts one more fence and attempt).
@@ -53,6 +54,7 @@ def _successor(
         expires_at,
         record.result if result is _KEEP else result,
         record.tool if tool is None else record.tool or tool,
+        record.delivered if delivered is _KEEP else delivered,
     )
 
 
@@ -91,15 +93,26 @@ def claim(
     retention: float,
     token: str,
     tool: str | None = None,
+    resend_only: bool = False,
 ) -> tuple[Record | None, ClaimOutcome]:
     """Decide a claim. Returns the record to write (None: leave it as it is) and the outcome.
 
     `tool` (already a `tool_label`) goes into a new record, and into a record this claim writes
-    that has none (an older release wrote it); a tool name already stored stays."""
+    that has none (an older release wrote it); a tool name already stored stays. `resend_only`:
+    see `KeyStore.claim` (a delivered answer is replaced by a new execution, one not delivered
+    is replayed and counts as delivered from then on)."""
     record = live(record, now)
-    if record is None or record.state is RecordState.RELEASED:
+    repeat = (
+        resend_only
+        and record is not None
+        and record.state is RecordState.COMPLETED
+        and record.delivered
+        and record.fingerprint == fingerprint
+    )
+    if record is None or record.state is RecordState.RELEASED or repeat:
         fence = (record.fence if record else 0) + 1
-        attempts = (record.attempts if record else 0) + 1
+        # A deliberate repeat is a call of its own: its executions are counted afresh.
+        attempts = 1 if repeat or record is None else record.attempts + 1
         fresh = Record(
             key=key,
             state=RecordState.IN_PROGRESS,
@@ -119,13 +132,16 @@ def claim(
     if record.fingerprint != fingerprint:
         return None, ClaimOutcome(ClaimStatus.MISMATCH)
     if record.state is RecordState.COMPLETED:
-        return None, ClaimOutcome(
+        replay = ClaimOutcome(
             ClaimStatus.REPLAY,
             fence=record.fence,
             result=record.result,
             completed_at=record.completed_at,
             attempts=record.attempts,
         )
+        if resend_only:  # handed to this re-send: delivered from now on
+            return _successor(record, now, expires_at=record.expires_at, delivered=True), replay
+        return None, replay
     if record.state is RecordState.UNKNOWN:
         return None, ClaimOutcome(ClaimStatus.UNKNOWN, fence=record.fence, attempts=record.attempts)
     assert record.lease_deadline is not None
@@ -174,7 +190,13 @@ def renew(
 
 
 def complete(
-    record: Record | None, token: str, result: bytes, *, now: float, retention: float
+    record: Record | None,
+    token: str,
+    result: bytes,
+    *,
+    now: float,
+    retention: float,
+    delivered: bool = False,
 ) -> Record | None:
     held = _held(record, token, now)
     if held is None:
@@ -188,7 +210,19 @@ def complete(
         lease_deadline=None,
         completed_at=now,
         expires_at=now + retention,
+        delivered=delivered,
     )
+
+
+def abandon(record: Record | None, fence: int, *, now: float) -> Record | None:
+    """The record with its answer marked not delivered (`KeyStore.abandon`); None when it is
+    not COMPLETED under `fence` (replaced by a later execution, or gone)."""
+    record = live(record, now)
+    if record is None or record.state is not RecordState.COMPLETED or record.fence != fence:
+        return None
+    if not record.delivered:
+        return record  # already so: nothing to change, and the caller is told it holds
+    return _successor(record, now, expires_at=record.expires_at, delivered=False)
 
 
 def release(record: Record | None, token: str, *, now: float, retention: float) -> Record | None:
@@ -224,6 +258,8 @@ def settle(
         now,
         state=RecordState.COMPLETED,
         result=result,
+        lease_deadline=None,
         completed_at=now,
         expires_at=now + retention,
+        delivered=False,  # its caller never had an answer: a re-send of it gets this one
     )

@@ -409,7 +409,14 @@ class RedisKeyStore:
     # -- transitions -------------------------------------------------------------------------
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        lease: float,
+        takeover: bool,
+        tool: str | None = None,
+        resend_only: bool = False,
     ) -> ClaimOutcome:
         encoded = key.encode()
         if not 0 < len(encoded) <= self._limits.max_key_bytes:
@@ -430,13 +437,16 @@ class RedisKeyStore:
             self._orphan_retention_us,
             token,
             (tool_label(tool) or "").encode() if tool else b"",
+            1 if resend_only else 0,
         )
+        # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
+        first, again = _resendable(doubted is not None, *args)
         try:
             if not self._durable:
-                reply = await self._script(lua.CLAIM, rkey, args, args, doubt=("claim", token))
+                reply = await self._script(lua.CLAIM, rkey, first, again, doubt=("claim", token))
                 return _claim_outcome(key, reply)
             reply, acks = await self._script(
-                lua.CLAIM, rkey, args, args, doubt=("claim", token), durable=True
+                lua.CLAIM, rkey, first, again, doubt=("claim", token), durable=True
             )
         except BaseException:
             if doubted is not None:
@@ -461,7 +471,9 @@ class RedisKeyStore:
         args = (token, lease_us, self._orphan_retention_us)
         return _done(key, await self._script(lua.RENEW, self._rkey(key), args, args))
 
-    async def complete(self, key: str, token: str, result: bytes, *, retention: float) -> bool:
+    async def complete(
+        self, key: str, token: str, result: bytes, *, retention: float, delivered: bool = False
+    ) -> bool:
         self._limits.check_result(result)
         retention_us = _micros("retention", retention)
         rkey = self._rkey_if_fits(key)
@@ -470,6 +482,8 @@ class RedisKeyStore:
         doubt = ("complete", token)
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
+        mark = 1 if delivered else 0
+        args, resent = (*args, mark), (*resent, mark)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
         reply, acks = await self._script(
@@ -490,6 +504,12 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, self._orphan_retention_us)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
+
+    async def abandon(self, key: str, fence: int) -> bool:
+        if not self._fits(key):
+            return False
+        args = (fence,)
+        return _done(key, await self._script(lua.ABANDON, self._rkey(key), args, args))
 
     async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
         if result is not None:
@@ -1061,6 +1081,10 @@ def _claim_outcome(key: str, reply: Any) -> ClaimOutcome:
     raise _failed(key, reply)
 
 
+#: A COMPLETED record's delivery mark, in its lease slot (scripts/lib.lua).
+_DELIVERED = 1
+
+
 def _visible(key: str, reply: Any) -> Record | None:
     kind = reply[0] if isinstance(reply, list) and reply else None
     if kind == b"none":
@@ -1070,6 +1094,7 @@ def _visible(key: str, reply: Any) -> Record | None:
     (_, now, state, fence, attempts, created, updated, lease, completed, expires) = reply[:10]
     fingerprint, token, result, tool = reply[10:14]
     record_state = _STATES[int(state)]
+    done = record_state is RecordState.COMPLETED
     record = Record(
         key=key,
         state=record_state,
@@ -1079,11 +1104,13 @@ def _visible(key: str, reply: Any) -> Record | None:
         token=_text(token) or None,
         created_at=_seconds(created),
         updated_at=_seconds(updated),
-        lease_deadline=_optional_seconds(lease),
+        # A completed record's lease slot is its delivery mark (scripts/lib.lua).
+        lease_deadline=None if done else _optional_seconds(lease),
         completed_at=_optional_seconds(completed),
         expires_at=_optional_seconds(expires),
-        result=bytes(result) if record_state is RecordState.COMPLETED else None,
+        result=bytes(result) if done else None,
         tool=bytes(tool).decode(errors="replace") or None,
+        delivered=done and int(lease) == _DELIVERED,
     )
     return rules.visible(record, _seconds(now))
 

@@ -1,5 +1,5 @@
 -- claim(KEYS[1]; ARGV: offset_us, fingerprint, lease_us, takeover 1|0, orphan_retention_us, token,
---       tool name ('' for none; at most 255 bytes))
+--       tool name ('' for none; at most 255 bytes), resend_only 1|0, resent 1|0)
 -- Mirrors idempotency._stores.transitions.claim. Replies:
 --   {'claimed', token, fence, attempts, took_over 1|0}
 --   {'replay', fence, attempts, completed_us, result}
@@ -10,9 +10,14 @@
 -- caller counts the lease from its latest call). 128 random bits never match another claim,
 -- so this never fires otherwise. took_over is read back from the record: a fresh claim stamps
 -- created = updated, a takeover keeps the first claim's created (and this path keeps updated).
+-- resend_only (a key the server derived): a COMPLETED record whose answer was delivered is a
+-- deliberate repeat's, which claims it anew; one not delivered replays and is marked delivered
+-- (handed to this re-send). A re-sent claim (resent) cannot tell that mark from its own first
+-- try's, so it replays a delivered record rather than run the call a second time.
 local key, fp, token = KEYS[1], ARGV[2], ARGV[6]
 local lease, takeover, retention = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
-local tool = ARGV[7]
+local tool, resend_only, resent = ARGV[7], ARGV[8] == '1', ARGV[9] == '1'
+
 local now = clock()
 local stored, why = load(key)
 if why then
@@ -25,9 +30,12 @@ if r ~= nil and r.state == IN_PROGRESS and r.token == token and r.fp == fp then
     save(key, r, now)
     return {'claimed', token, r.fence, r.attempts, r.created ~= r.updated and 1 or 0}
 end
-if r == nil or r.state == RELEASED then
+local repeated = resend_only and not resent and r ~= nil and r.state == COMPLETED
+    and r.lease == DELIVERED and r.fp == fp
+if r == nil or r.state == RELEASED or repeated then
     local fence = (r and r.fence or 0) + 1
-    local attempts = (r and r.attempts or 0) + 1
+    -- a deliberate repeat is a call of its own: its executions are counted afresh
+    local attempts = (r and not repeated and r.attempts or 0) + 1
     save(key, {
         state = IN_PROGRESS, fence = fence, attempts = attempts, created = now, updated = now,
         lease = now + lease, completed = 0, expires = now + lease + retention,
@@ -39,6 +47,11 @@ if r.fp ~= fp then
     return {'mismatch'}
 end
 if r.state == COMPLETED then
+    if resend_only and r.lease ~= DELIVERED then
+        r.lease = DELIVERED
+        r.updated = now
+        save(key, r, now)
+    end
     return {'replay', r.fence, r.attempts, r.completed, r.result}
 end
 if r.state == UNKNOWN then

@@ -1,4 +1,4 @@
--- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0)
+-- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0)
 -- Mirrors idempotency._stores.transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this complete is sent again after its first reply was lost: then a record
 -- already COMPLETED with this very result is its own effect and answers {'ok'} (the result the
@@ -15,7 +15,7 @@ r.state = COMPLETED
 r.token = ''
 r.result = result
 r.updated = now
-r.lease = 0
+r.lease = ARGV[6] == '1' and DELIVERED or 0
 r.completed = now
 r.expires = now + retention
 save(key, r, now)

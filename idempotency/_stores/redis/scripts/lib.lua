@@ -14,6 +14,11 @@
 --   format 2 only: B tool name length (1..255), tool name bytes (UTF-8, for operators)
 --   result bytes (the rest)
 --
+-- A COMPLETED record has no lease: its lease_deadline_us slot holds the delivery mark instead
+-- (DELIVERED when its answer reached its caller, 0 when not: idempotency._stores.store.Record.
+-- delivered, read only for keys the server derived). The previous release writes 0 there and
+-- never reads a completed record's lease, so a record reads the same to both releases.
+--
 -- Format 1 is a record without a tool name (the previous release wrote only those): it is read
 -- as a record whose tool is unknown, and written again as format 1 until a claim names its tool.
 -- A record with a tool name is format 2, which the previous release refuses as unknown, so a
@@ -26,6 +31,7 @@ local FORMAT, FORMAT_WITH_TOOL = 1, 2
 local IN_PROGRESS, COMPLETED, UNKNOWN, RELEASED = 1, 2, 3, 4
 local HEAD = '>BBi8i8i8i8i8i8i8'
 local HEAD_BYTES = 58
+local DELIVERED = 1
 local TOKEN_BYTES = 32
 -- A logically expired record stays physically at least this long, so purge can still count it.
 local MIN_TTL_MS = 1000

@@ -27,6 +27,7 @@ end
 if has_result then
     r.state = COMPLETED
     r.result = ARGV[4]
+    r.lease = 0 -- not delivered: the caller never had an answer, its re-send gets this one
     r.updated = now
     r.completed = now
     r.expires = now + retention
