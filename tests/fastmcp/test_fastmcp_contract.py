@@ -28,6 +28,7 @@ from server_kit import (
     answer,
     body,
     burst,
+    caller_gave_up,
     lose_the_lease,
     marker,
     meta,
@@ -199,7 +200,8 @@ async def test_two_bearer_principals_never_see_each_others_results() -> None:
     and derived ones alike."""
     opened: list[str] = []
     server: FastMCP[Any] = FastMCP("bank", auth=Tenants())
-    server.add_middleware(IdempotencyMiddleware(MemoryKeyStore()))
+    store = MemoryKeyStore()
+    server.add_middleware(IdempotencyMiddleware(store))
 
     @server.tool
     async def open_account(owner: str) -> str:
@@ -219,6 +221,7 @@ async def test_two_bearer_principals_never_see_each_others_results() -> None:
         b_retry = await call_as("b", "shared-key", "same")
         a_keyless = await call_as("a", None, "z")
         b_keyless = await call_as("b", None, "z")
+        await caller_gave_up(store)  # both answers lost: a's re-send gets a's, never b's
         a_keyless_again = await call_as("a", None, "z")
     assert opened == ["same", "same", "z", "z"]
     assert body(a_first)["content"][0]["text"] == "account #1 for same"
@@ -306,12 +309,14 @@ async def test_the_listing_promises_what_the_caller_gets(
     transport: str, mode: str, keys: str, expected: tuple[bool | None, str]
 ) -> None:
     effects = Effects()
-    guarded = charge_server(MemoryKeyStore(), effects, gated=False, keys=keys)
+    store = MemoryKeyStore()
+    guarded = charge_server(store, effects, gated=False, keys=keys)
     resent: CallToolResult | None = None
     async with serving(guarded, transport) as connect, connect(mode=mode) as client:
         (tool,) = await client.list_tools()
         if keys != "required":
             await client.call_tool_mcp("charge", ARGS)
+            await caller_gave_up(store)  # its answer lost: the next identical call re-sends it
             resent = await client.call_tool_mcp("charge", ARGS)
     hint, entry = promise(tool)
     assert (hint, entry["keys"]) == expected

@@ -33,7 +33,7 @@ from mcp_types import CallToolRequestParams, CallToolResult, ToolAnnotations
 from opentelemetry.sdk.trace import ReadableSpan
 from otel_spans import Shape, recorder, shapes
 from pydantic import BaseModel
-from server_kit import DownStore, Effects, marker, meta
+from server_kit import DownStore, Effects, caller_gave_up, marker, meta
 
 from idempotency import MemoryKeyStore, wire
 from idempotency.fastmcp import IdempotencyMiddleware
@@ -364,12 +364,14 @@ async def test_two_versions_never_share_a_record() -> None:
     """D4: keyless (derived) and with one client key alike, 1.0 after 2.0 runs 1.0; each
     version's retry replays that version's own answer."""
     runs: list[str] = []
-    async with serving(versioned(MemoryKeyStore(), runs), "memory") as connect, connect() as c:
+    store = MemoryKeyStore()
+    async with serving(versioned(store, runs), "memory") as connect, connect() as c:
         keyless = [
             await c.call_tool_mcp("charge", {"order": "a"}),
             await c.call_tool_mcp("charge", {"order": "a"}, meta=version("1.0")),
-            await c.call_tool_mcp("charge", {"order": "a"}, meta=version("1.0")),
         ]
+        await caller_gave_up(store)  # those answers were lost: the next call is a re-send
+        keyless.append(await c.call_tool_mcp("charge", {"order": "a"}, meta=version("1.0")))
         keyed = [
             await c.call_tool_mcp("charge", {"order": "b"}, meta=version("2.0", **meta("k"))),
             await c.call_tool_mcp("charge", {"order": "b"}, meta=version("1.0", **meta("k"))),
@@ -521,14 +523,20 @@ async def test_a_tool_opted_out_of_derived_merging_runs_each_keyless_call(
 
 
 async def test_a_keyless_resend_inside_the_window_is_replayed() -> None:
-    """The contrast: an ordinary tool's blind re-send on one connection is merged."""
+    """The contrast: an ordinary tool's blind re-send on one connection (its caller gave up on
+    the first answer) is merged; a repeat after a delivered answer runs (rule 15)."""
     effects = Effects()
-    server = shop(IdempotencyMiddleware(MemoryKeyStore()), effects)
+    store = MemoryKeyStore()
+    server = shop(IdempotencyMiddleware(store), effects)
     async with serving(server, "memory") as connect, connect() as client:
-        first, resend = [await client.call_tool_mcp("charge", ARGS) for _ in "12"]
-    assert effects.count == 1
+        first = await client.call_tool_mcp("charge", ARGS)
+        await caller_gave_up(store)
+        resend = await client.call_tool_mcp("charge", ARGS)
+        repeat = await client.call_tool_mcp("charge", ARGS)
+    assert effects.count == 2
     assert marker(resend)["status"] == "replayed"
     assert resend.content == first.content
+    assert marker(repeat)["status"] == "executed"
 
 
 def test_underived_must_be_a_collection_of_names() -> None:
@@ -628,7 +636,8 @@ async def test_keyless_calls_differing_in_their_meta_input_are_two_calls() -> No
     calls with the same arguments and another `user_id` there are two calls. A re-send that
     differs only in what changes per send (trace context, progress token) is still merged."""
     server: FastMCP[Any] = FastMCP("shop")
-    server.add_middleware(IdempotencyMiddleware(MemoryKeyStore()))
+    store = MemoryKeyStore()
+    server.add_middleware(IdempotencyMiddleware(store))
     runs: list[str] = []
 
     @server.tool
@@ -644,10 +653,13 @@ async def test_keyless_calls_differing_in_their_meta_input_are_two_calls() -> No
             await client.call_tool_mcp("whoami", {}, meta={"user_id": "ann"}),
             await client.call_tool_mcp("whoami", {}, meta={"user_id": "bob"}),
             await client.call_tool_mcp("whoami", {}),
+        ]
+        await caller_gave_up(store)  # every answer lost: what follows is a re-send
+        sent.append(
             await client.call_tool_mcp(
                 "whoami", {}, meta={"user_id": "ann", "traceparent": trace, "progressToken": 7}
-            ),
-        ]
+            )
+        )
     assert runs == ["ann", "bob", "None"]
     assert [marker(r)["status"] for r in sent] == ["executed", "executed", "executed", "replayed"]
     assert sent[3].content == sent[0].content

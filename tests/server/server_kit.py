@@ -27,6 +27,7 @@ from idempotency import (
     CallScope,
     KeyStore,
     MemoryKeyStore,
+    RecordState,
     RedisKeyStore,
     SQLiteKeyStore,
     StoreUnavailable,
@@ -205,9 +206,30 @@ class DownStore(MemoryKeyStore):
     """Every claim fails as an unreachable store's does."""
 
     async def claim(
-        self, key: str, fingerprint: str, *, lease: float, takeover: bool, tool: str | None = None
+        self,
+        key: str,
+        fingerprint: str,
+        *,
+        lease: float,
+        takeover: bool,
+        tool: str | None = None,
+        resend_only: bool = False,
     ) -> Any:
         raise StoreUnavailable("connection refused")
+
+
+async def caller_gave_up(store: KeyStore) -> int:
+    """What the guard records when a caller gives up on an answer after it was stored (rule 15:
+    `Guard._answered` calls `abandon`): every completed record is marked not delivered, so the
+    caller's next identical keyless call is its re-send and replays. Returns how many.
+
+    For tests of what a derived key merges (caller, window, rounds); the give-up signals
+    themselves (a client's cancel, a closed stream, a dead connection) are proven end to end in
+    `test_resends.py`."""
+    marked = 0
+    for record in await store.list_records(state=RecordState.COMPLETED, limit=10_000):
+        marked += await store.abandon(record.key, record.fence)
+    return marked
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])

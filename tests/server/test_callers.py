@@ -14,7 +14,7 @@ import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,9 @@ from mcp_types import (
     Tool,
 )
 from pydantic import BaseModel
-from server_kit import SOON, answer, marker, serve_http
+from server_kit import SOON, answer, caller_gave_up, marker, serve_http
 
-from idempotency import MemoryKeyStore, install, wire
+from idempotency import MemoryKeyStore, SQLiteKeyStore, install, wire
 from orchestrator.chaos import in_memory_transport
 
 pytestmark = pytest.mark.anyio
@@ -61,6 +61,7 @@ class Talk:
 
     notes: int = 0
     completions: int = 0
+    store: MemoryKeyStore = field(default_factory=MemoryKeyStore)
 
 
 def talk_server(talk: Talk, *, auth: bool = False) -> MCPServer:
@@ -111,7 +112,7 @@ def talk_server(talk: Talk, *, auth: bool = False) -> MCPServer:
         text = f"{ctx.request_state}: {response.content['text']}"
         return CallToolResult(content=[TextContent(type="text", text=text)])
 
-    install(server, MemoryKeyStore())
+    install(server, talk.store)
     return server
 
 
@@ -194,6 +195,10 @@ async def test_listing_matches_what_a_keyless_resend_gets_and_clients_stay_apart
             async with first() as ann:
                 tools = {t.name: t for t in (await ann.list_tools()).tools}
                 sent = await ann.call_tool("note", {"text": "hello"})
+                # A delivered answer's repeat runs; once its caller gave up on the answer, the
+                # identical call is a re-send (rule 15).
+                repeat = await ann.call_tool("note", {"text": "hello"})
+                await caller_gave_up(talk.store)
                 resent = await ann.call_tool("note", {"text": "hello"})
             async with second() as bob:
                 bobs_tools = {t.name: t for t in (await bob.list_tools()).tools}
@@ -202,13 +207,14 @@ async def test_listing_matches_what_a_keyless_resend_gets_and_clients_stay_apart
     assert advertised(tools["note"]) == (merged, "derived" if merged else "optional")
     assert advertised(bobs_tools["note"]) == advertised(tools["note"])
     if merged:
-        assert marker(resent)["status"] == "replayed" and answer(resent) == answer(sent)
+        assert marker(repeat)["status"] == "executed" and repeat.content != sent.content
+        assert marker(resent)["status"] == "replayed" and answer(resent) == answer(repeat)
         assert marker(sent)["keySource"] == "derived"
     else:
         assert wire.IDEMPOTENCY_META not in (resent.meta or {})
-        assert resent.content != sent.content
+        assert resent.content != repeat.content != sent.content
     # Another client never receives the first one's result: it runs the tool itself.
-    assert talk.notes == (2 if merged else 3)
+    assert talk.notes == (3 if merged else 4)
     assert isinstance(bobs.content[0], TextContent)
     assert bobs.content[0].text == f"noted 'hello' as note {talk.notes}"
     if merged:
@@ -225,6 +231,7 @@ async def test_one_principal_is_one_caller_across_connections() -> None:
             url = f"{base}/mcp"
             async with http_client(url, "auto", "ann") as first:
                 sent = await first.call_tool("note", {"text": "hi"})
+            await caller_gave_up(talk.store)
             async with http_client(url, "legacy", "ann") as again:
                 resent = await again.call_tool("note", {"text": "hi"})
             async with http_client(url, "auto", "bob") as other:
@@ -297,6 +304,7 @@ async def test_a_conversation_is_never_replayed_to_someone_else(transport: str) 
     with anyio.fail_after(SOON):
         async with two_people(transport, server, ann, bob) as (a, b):
             first = await a.call_tool("interview", args)
+            await caller_gave_up(talk.store)
             again = await a.call_tool("interview", args)
             bobs = await b.call_tool("interview", args)
     # Both users were asked and logged to; each got their own answer.
@@ -304,7 +312,8 @@ async def test_a_conversation_is_never_replayed_to_someone_else(transport: str) 
     assert bob.asked == ["name?", "sampled name?"] and bob.logs == 1
     assert _text(first) == "ann answers / ann's model"
     assert _text(bobs) == "bob answers / bob's model"
-    # Ann's own identical re-send is a replay: nobody is asked, nothing is logged again.
+    # Ann's own identical re-send (she gave up on the first answer) is a replay: nobody is
+    # asked, nothing is logged again.
     assert marker(again)["status"] == "replayed" and answer(again) == answer(first)
 
 
@@ -331,15 +340,17 @@ async def test_each_input_round_conversation_asks_afresh() -> None:
             )
             assert isinstance(question, InputRequiredResult)
             replies = {"q": ElicitResult(action="accept", content={"text": "ann again"})}
-            rounds = [
-                await client.session.call_tool(
-                    "survey",
-                    {"topic": "tea"},
-                    input_responses=replies,
-                    request_state=question.request_state,
+            rounds = []
+            for _ in "12":
+                rounds.append(
+                    await client.session.call_tool(
+                        "survey",
+                        {"topic": "tea"},
+                        input_responses=replies,
+                        request_state=question.request_state,
+                    )
                 )
-                for _ in "12"
-            ]
+                await caller_gave_up(talk.store)  # its answer lost: the next send is a re-send
     assert ann.asked == ["question 1 about tea", "question 2 about tea"]
     assert _text(first) == "q1: ann answers" and _text(second) == "q2: ann answers"
     assert marker(first)["status"] == marker(second)["status"] == "executed"
@@ -367,13 +378,16 @@ async def test_two_stdio_clients_sharing_one_store_stay_apart(tmp_path: Path, mo
     connection's keyless re-send is replayed, and neither sees the other's result."""
     params = _stdio(tmp_path / "keys.db", tmp_path / "ledger.db")
     results: list[tuple[Tool, CallToolResult, CallToolResult]] = []
+    store = SQLiteKeyStore(tmp_path / "keys.db")
     with anyio.fail_after(4 * SOON):
         for _ in range(2):
             async with Client(params, mode=mode) as client:
                 tools = {t.name: t for t in (await client.list_tools()).tools}
                 sent = await client.call_tool("effect", {"order": "same"})
+                await caller_gave_up(store)  # the answer lost: the next send is a re-send
                 resent = await client.call_tool("effect", {"order": "same"})
                 results.append((tools["effect"], sent, resent))
+    await store.aclose()
     assert _executions(tmp_path / "ledger.db") == 2
     (tool_a, sent_a, resent_a), (tool_b, sent_b, resent_b) = results
     assert advertised(tool_a) == advertised(tool_b) == (True, "derived")

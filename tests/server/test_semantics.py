@@ -13,7 +13,7 @@ from mcp.client import Client
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
-from server_kit import SOON, Effects, answer, body, effect_server, marker, meta
+from server_kit import SOON, Effects, answer, body, caller_gave_up, effect_server, marker, meta
 
 from idempotency import CallScope, MemoryKeyStore, default_scope, idempotent, wire
 from idempotency._guard.guard import Guard, ToolCall
@@ -154,7 +154,10 @@ async def test_optional_keys_leave_keyless_calls_exactly_as_unwrapped() -> None:
     assert await store.list_records() == []
 
 
-async def test_derived_keys_dedupe_a_keyless_resend_within_their_window() -> None:
+async def test_derived_keys_merge_a_keyless_resend_within_their_window_never_a_repeat() -> None:
+    """Rule 15: an identical keyless call after a delivered answer is a repeat and runs; after
+    an answer its caller gave up on, a re-send, replayed while the window lasts; a client key
+    replays whatever the delivery."""
     clock_now = [1_750_000_000.0]
     store = MemoryKeyStore(clock=lambda: clock_now[0])
     effects = Effects()
@@ -163,21 +166,28 @@ async def test_derived_keys_dedupe_a_keyless_resend_within_their_window() -> Non
     # One connection (in-memory, handshake era): the caller a derived key is bound to.
     async with Client(server, mode="legacy") as client:
         first = await client.call_tool("charge", args)
+        repeat = await client.call_tool("charge", args)
+        assert await caller_gave_up(store) == 1  # the repeat's answer never reached its caller
         resend = await client.call_tool("charge", args)
+        again = await client.call_tool("charge", args)  # the re-send's answer was delivered
         other = await client.call_tool("charge", {"order": "B", "cents": 1})
         keyed = await client.call_tool("charge", args, meta=meta("client-key"))
+        await caller_gave_up(store)
         clock_now[0] += 601  # past the 10-minute derived window, inside the 24 h one
         later = await client.call_tool("charge", args)
         keyed_later = await client.call_tool("charge", args, meta=meta("client-key"))
     assert marker(first)["keySource"] == "derived"
     assert marker(first)["key"].startswith("derived-")
+    assert marker(repeat)["status"] == "executed" and answer(repeat) != answer(first)
+    assert marker(repeat)["key"] == marker(first)["key"]
     assert marker(resend)["status"] == "replayed"
-    assert answer(resend) == answer(first)
+    assert answer(resend) == answer(repeat)
+    assert marker(again)["status"] == "executed"
     assert marker(other)["key"] != marker(first)["key"]
     assert marker(keyed)["status"] == "executed"
     assert marker(later)["status"] == "executed"
     assert marker(keyed_later)["status"] == "replayed"
-    assert effects.count == 4
+    assert effects.count == 6
 
 
 async def test_sync_tool_and_tool_with_context_are_guarded() -> None:

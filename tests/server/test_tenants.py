@@ -14,7 +14,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
-from server_kit import SOON, answer, body, marker, meta, serve_http
+from server_kit import SOON, answer, body, caller_gave_up, marker, meta, serve_http
 
 from idempotency import KeyStore, idempotent
 
@@ -68,6 +68,9 @@ async def test_one_tenants_key_never_returns_anothers_result(store: KeyStore) ->
             # Derived keys are scoped too: identical keyless calls from two tenants both run.
             a_keyless = await call_as(url, "a", None, owner="z")
             b_keyless = await call_as(url, "b", None, owner="z")
+            # Both gave up on their answers: a's re-send gets a's, never b's (rule 15 merges
+            # only re-sends).
+            await caller_gave_up(store)
             a_keyless_again = await call_as(url, "a", None, owner="z")
     assert ledger == ["same", "same", "z", "z"]
     assert body(a_first)["content"][0]["text"] == "account #1 for same"

@@ -203,12 +203,13 @@ async def test_a_schema_1_file_is_upgraded_in_place_and_its_records_read(tmp_pat
         assert fresh.status is ClaimStatus.CLAIMED
     finally:
         await store.aclose()
-    assert columns(path)[-1] == "tool"
+    assert columns(path)[-2:] == ["tool", "delivered"]
     with sqlite3.connect(path) as conn:
         # Still version 1: the previous release opens the file as before.
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
         assert conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
-        # And its statements still work beside ours: a row it rewrites loses only the name.
+        # And its statements still work beside ours: a row it rewrites loses only the name and
+        # the delivery mark (read as not delivered: merged, as that release merges it).
         conn.execute(PREVIOUS_UPSERT, ("new", *COMPLETED_ROW[1:]))
         rows = conn.execute(
             "SELECT key, state, fingerprint, fence, attempts, token, created_at, updated_at,"
@@ -220,6 +221,7 @@ async def test_a_schema_1_file_is_upgraded_in_place_and_its_records_read(tmp_pat
     try:
         new = await reopened.get("new")
         assert new is not None and (new.state, new.tool) == (RecordState.COMPLETED, None)
+        assert not new.delivered
         assert (await reopened.get("running")).tool == "charge"  # type: ignore[union-attr]
     finally:
         await reopened.aclose()
