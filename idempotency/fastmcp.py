@@ -74,6 +74,7 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import INTERNAL_ERROR, CallToolRequestParams, ListToolsRequest
 from typing_extensions import Unpack
 
+from ._guard import answers
 from ._guard.advertise import advertise_schema, advertise_tool, declares_idempotent, derivable
 from ._guard.caller import caller_of
 from ._guard.guard import Guard, ToolCall
@@ -266,6 +267,19 @@ class IdempotencyMiddleware(Middleware):
         if stripped == arguments:
             return context
         return context.copy(message=context.message.model_copy(update={"arguments": stripped}))
+
+    async def on_notification(
+        self,
+        context: MiddlewareContext[Any],
+        call_next: CallNext[Any, Any],
+    ) -> Any:
+        """A `notifications/cancelled` for an answer already handed out marks it undelivered
+        (rule 15, `_guard/answers.py`); every notification then goes on untouched."""
+        ctx = context.fastmcp_context
+        if context.method == "notifications/cancelled" and ctx is not None:
+            message = context.message
+            await answers.cancelled(_request(ctx), message if isinstance(message, dict) else None)
+        return await call_next(context)
 
     async def on_call_tool(
         self,

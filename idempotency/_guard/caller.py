@@ -67,6 +67,12 @@ def caller_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
     principal = principal_of(request)
     if principal is not None:
         return f"principal:{principal}"
+    return connection_of(request)
+
+
+def connection_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
+    """A stable text naming the connection (legacy HTTP session, duplex channel) this request
+    came over, or None: what request ids are unique within, whoever the caller is."""
     if request is None:
         return None
     connection = _connection_of(request)

@@ -53,7 +53,7 @@ from .._stores.store import (
     suspends,
 )
 from .._system_task import cancelled_beyond, loop_time
-from . import errors
+from . import answers, errors
 from .caller import caller_of, cancel_requested
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
@@ -376,6 +376,8 @@ class Guard:
         started = loop_time()
         deadline = started + self.policy.wait
         held_elsewhere = False  # another attempt was found holding the claim
+        if t.derived and answers.marking:
+            await answers.settled(t.store_key)  # a late cancel of this record's last answer
         while True:
             try:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
@@ -653,7 +655,9 @@ class Guard:
         `notifications/cancelled`, or the request's scope was cancelled behind the run's shield
         (its connection or response stream closed, the server shutting down). Its answer is
         then stored as not delivered, so the re-send it makes replays it."""
-        return cancel_requested(t.request) or cancelled_beyond(run_scope)
+        return (
+            cancel_requested(t.request) or cancelled_beyond(run_scope) or answers.gave_up(t.request)
+        )
 
     async def _answered(self, t: _Ticket, fence: int, *, delivered: bool) -> None:
         """The derived key's answer is on its way to the caller: if the caller gave up on it
@@ -670,6 +674,11 @@ class Guard:
         except anyio.get_cancelled_exc_class():
             await self._abandon(t, fence)
             raise
+        if answers.gave_up(t.request):  # its cancel came before it was in flight
+            await self._abandon(t, fence)
+            return
+        # Handed out: a cancel that comes after it still reaches the record (answers.py).
+        answers.sent(t.request, self.store, t.store_key, fence)
 
     async def _abandon(self, t: _Ticket, fence: int) -> None:
         with anyio.CancelScope(shield=True):

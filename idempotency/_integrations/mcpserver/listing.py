@@ -7,6 +7,9 @@ with `keys: "derived"`. A server cannot know in advance over which transport, or
 credentials, it will be asked, so the listing is decided per tools/list request: this
 middleware, added once to each server that holds a guarded tool, upgrades the definitions it
 lists for a caller with an identity and leaves the rest as registered.
+
+Being that server's one hook on every message, it also hands each `notifications/cancelled` to
+`_guard/answers.py` first (rule 15: a give-up that arrives after the answer was written).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver.tools import ToolManager
 
 from ... import wire
+from ..._guard import answers
 from ..._guard.advertise import advertise_annotations
 from ..._guard.caller import caller_of
 from .stamp import stamp_of
@@ -35,6 +39,11 @@ class ListingMiddleware:
     async def __call__(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
+        if ctx.method == "notifications/cancelled":
+            # Not the listing's, but this is the one hook on every message of a server with a
+            # guarded tool: a cancel for an answer already handed out (`answers.py`).
+            await answers.cancelled(ctx, ctx.params)
+            return await call_next(ctx)
         result = await call_next(ctx)
         if ctx.method != "tools/list" or not isinstance(result, dict):
             return result

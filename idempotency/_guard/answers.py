@@ -1,0 +1,118 @@
+"""Answers on their way to a caller, kept briefly by request id, for a give-up that comes late.
+
+Rule 15 merges a keyless call into an earlier one only when the caller gave up on the earlier
+answer. Most give-ups reach the guard while the call runs, or before its answer is written
+(`Guard._caller_gone`, `Guard._answered`). One does not: a client whose timeout fires while the
+answer is already on its way sends `notifications/cancelled` for a request the server has
+finished. The SDK drops such a cancel (nothing is in flight under that id), yet it says exactly
+what rule 15 needs: that caller never received the answer, so its next identical call is a
+re-send. The guard notes each derived answer it hands out (`sent`, by caller and request id);
+the server-wide hook of each entry point passes every `notifications/cancelled` to `cancelled`,
+which marks a noted answer undelivered in the store (`KeyStore.abandon`, fenced on its fence).
+
+The caller's re-send may arrive right behind its cancel, and the SDK runs the two concurrently.
+So a derived claim first waits for a mark still being written for its record (`settled`):
+within one process the re-send always sees the mark. A re-send that lands on another replica is
+answered by the store, once the mark is there (the residual window, named in the docs).
+
+Bounded: the newest `KEPT` answers are remembered, each a few hundred bytes; an answer whose
+cancel never comes is forgotten as newer ones arrive.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
+from .._stores.store import KeyStore
+from .caller import connection_of
+from .telemetry import logger, record_name
+
+#: How many answers handed out, and how many early cancels, are remembered.
+KEPT = 4096
+
+#: (connection, request id) -> (store, record, fence) of an answer handed out.
+_sent: OrderedDict[tuple[str, object], tuple[KeyStore, str, int]] = OrderedDict()
+#: (connection, request id) of cancels that named no answer handed out: the request was still
+#: being dispatched (the SDK registers it in flight only once its task runs), so the guard did
+#: not see the cancel while it ran; it asks `gave_up` before it stores and hands out the answer.
+_early: OrderedDict[tuple[str, object], None] = OrderedDict()
+#: record -> set once its late mark is written (or failed): a claim of it waits for that.
+marking: dict[str, anyio.Event] = {}
+
+
+def _id(request: Any) -> tuple[str, object] | None:
+    """What a request is known by here: its connection and its JSON-RPC id (unique only within
+    one connection, so never the caller: one user may hold several connections)."""
+    connection = connection_of(request)
+    request_id = getattr(request, "request_id", None)
+    if connection is None or request_id is None or isinstance(request_id, bool):
+        return None
+    return connection, request_id
+
+
+def _remember(
+    table: OrderedDict[tuple[str, object], Any], key: tuple[str, object], value: Any
+) -> None:
+    table[key] = value
+    if len(table) > KEPT:
+        table.popitem(last=False)
+
+
+def gave_up(request: Any) -> bool:
+    """Whether a cancel for `request` arrived before its answer was handed out, and was not yet
+    seen by the guard (consumed: asked once per answer)."""
+    if not _early:
+        return False
+    known = _id(request)
+    return known is not None and _early.pop(known, 0) is None
+
+
+def sent(request: Any, store: KeyStore, record: str, fence: int) -> None:
+    """Note a derived answer handed out for `request` (the guard asked `gave_up` first, with
+    no await between, so a cancel lands either here or there)."""
+    known = _id(request)
+    if known is not None:
+        _remember(_sent, known, (store, record, fence))
+
+
+async def cancelled(request: Any, params: Mapping[str, Any] | None) -> None:
+    """A `notifications/cancelled` arrived (`request`: its SDK context, `params`: its raw
+    params). If it names an answer already handed out on the same connection, mark that answer
+    undelivered; if it names none, remember it for the guard (`gave_up`). Never raises."""
+    if not isinstance(params, Mapping):
+        return
+    connection = connection_of(request)
+    request_id = params.get("requestId")
+    if connection is None or request_id is None or isinstance(request_id, bool):
+        return
+    found = _sent.pop((connection, request_id), None)
+    if found is None:
+        _remember(_early, (connection, request_id), None)
+        return
+    store, record, fence = found
+    marked = marking[record] = anyio.Event()
+    try:
+        with anyio.CancelScope(shield=True):
+            await store.abandon(record, fence)
+    except Exception as exc:
+        logger.warning(
+            "could not mark the answer of record %s undelivered after a late cancel: %r; the"
+            " caller's re-send of it runs again",
+            record_name(record),
+            exc,
+        )
+    finally:
+        marked.set()
+        if marking.get(record) is marked:
+            del marking[record]
+
+
+async def settled(record: str) -> None:
+    """Wait until a late cancel's mark on `record` is written, if one is being written."""
+    pending = marking.get(record)
+    if pending is not None:
+        await pending.wait()
