@@ -79,6 +79,17 @@ def sent(request: Any, store: KeyStore, record: str, fence: int) -> None:
         _remember(_sent, known, (store, record, fence))
 
 
+def answered(request: Any, record: str) -> bool:
+    """Whether this very request (its connection and id) was already answered from `record`:
+    the same JSON-RPC message delivered twice (MCP forbids a requestor to reuse an id within a
+    session, so a second request with it is a duplicate, never a new call)."""
+    if not _sent:
+        return False
+    known = _id(request)
+    found = _sent.get(known) if known is not None else None
+    return found is not None and found[1] == record
+
+
 async def cancelled(request: Any, params: Mapping[str, Any] | None) -> None:
     """A `notifications/cancelled` arrived (`request`: its SDK context, `params`: its raw
     params). If it names an answer already handed out on the same connection, mark that answer

@@ -448,7 +448,8 @@ class Guard:
                 lease=self.policy.lease,
                 takeover=takeover,
                 tool=t.tool,
-                resend_only=True,
+                # The same request delivered twice replays whatever the delivery (answers.py).
+                resend_only=not answers.answered(t.request, t.store_key),
             )
         if self._names_tools:
             return self.store.claim(
