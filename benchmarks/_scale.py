@@ -29,6 +29,9 @@ class Scale:
     overhead_window: float
     overhead_throughput_rounds: int
     overhead_stores: tuple[str, ...]
+    #: Stores measured over HTTP only, beside `overhead_stores` (quick mode: the SQLite store,
+    #: the embedded default, keeps its HTTP row and floor without the slow in-process row).
+    overhead_http_stores: tuple[str, ...]
     overhead_warmup: int
     overhead_sweep: bool
     #: Outage: rounds, outage length and the time measured after it (s).
@@ -55,6 +58,7 @@ FULL = Scale(
     overhead_window=1.5,
     overhead_throughput_rounds=5,
     overhead_stores=("memory", "sqlite", "redis"),
+    overhead_http_stores=(),
     overhead_warmup=30,
     overhead_sweep=True,
     outage_rounds=3,
@@ -75,6 +79,7 @@ QUICK = Scale(
     overhead_window=0.3,
     overhead_throughput_rounds=1,
     overhead_stores=("memory", "redis"),
+    overhead_http_stores=("sqlite",),
     overhead_warmup=20,
     overhead_sweep=False,
     outage_rounds=1,
@@ -96,6 +101,7 @@ SMOKE = Scale(
     overhead_window=0.1,
     overhead_throughput_rounds=1,
     overhead_stores=("memory", "redis"),
+    overhead_http_stores=("sqlite",),
     overhead_warmup=3,
     overhead_sweep=False,
     outage_rounds=1,

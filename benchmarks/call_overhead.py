@@ -228,6 +228,7 @@ async def _measure(scale: Scale) -> dict[str, Any]:
     window = scale.overhead_window
     rounds = scale.overhead_rounds
     combos = [(t, s) for t in TRANSPORTS for s in stores]
+    combos += [("http", s) for s in scale.overhead_http_stores if s not in stores]
     latency: dict[tuple[str, str], list[dict[str, list[float]]]] = {c: [] for c in combos}
     rates: dict[tuple[str, str], dict[str, list[float]]] = {
         c: {v: [] for v in THROUGHPUT_VARIANTS} for c in combos

@@ -137,3 +137,16 @@ def test_every_ratio_has_its_ceiling_measured_in_the_same_run(
     assert co["event_loop"] == "asyncio"
     (guard,) = [row for row in quick_json["targets"] if row["metric"].startswith("guard CPU")]
     assert guard["measured"] is not None and guard["ceiling"] is not None
+
+
+def test_quick_mode_keeps_the_embedded_stores_http_row_beside_its_floor(
+    quick_json: dict[str, object],
+) -> None:
+    """The SQLite store is the default: `bench --quick` measures it over HTTP, with its floor,
+    even though its in-process row (slow, one fsync per transition) is left to a full run."""
+    by_store = quick_json["overhead_ratio_http_by_store"]
+    floors = quick_json["floor_ratio_http_by_store"]
+    assert isinstance(by_store, dict) and isinstance(floors, dict)
+    assert {"memory", "sqlite", "redis"} <= set(by_store)
+    assert isinstance(by_store["sqlite"], float) and isinstance(floors["sqlite"], float)
+    assert "sqlite" not in quick_json["overhead_ratio_in_process_by_store"]  # type: ignore[operator]
