@@ -90,6 +90,21 @@ def answered(request: Any, record: str) -> bool:
     return found is not None and found[1] == record
 
 
+def received_elsewhere(request: Any, record: str, fence: int) -> bool:
+    """Whether another request on `request`'s connection was handed the same answer (the
+    record's execution `fence`): a client that dispatched twice and gave up on one copy still
+    received the answer, so it is not marked undelivered. Asked only before an `abandon`."""
+    known = _id(request)
+    return known is not None and _elsewhere(known, record, fence)
+
+
+def _elsewhere(known: tuple[str, object], record: str, fence: int) -> bool:
+    return any(
+        key[0] == known[0] and key != known and found[1:] == (record, fence)
+        for key, found in _sent.items()
+    )
+
+
 async def cancelled(request: Any, params: Mapping[str, Any] | None) -> None:
     """A `notifications/cancelled` arrived (`request`: its SDK context, `params`: its raw
     params). If it names an answer already handed out on the same connection, mark that answer
@@ -105,6 +120,8 @@ async def cancelled(request: Any, params: Mapping[str, Any] | None) -> None:
         _remember(_early, (connection, request_id), None)
         return
     store, record, fence = found
+    if _elsewhere((connection, request_id), record, fence):
+        return
     marked = marking[record] = anyio.Event()
     try:
         with anyio.CancelScope(shield=True):

@@ -427,15 +427,17 @@ class Guard:
             if (
                 t.derived
                 and found is not None
+                and found.delivered
                 and found.state is RecordState.COMPLETED
                 and found.result is not None
                 and found.fingerprint == t.fingerprint
             ):
                 # A keyless call that arrived while its twin ran is a re-send (a client that
-                # dispatches twice): it gets the twin's answer, whether or not that answer was
-                # delivered, where a claim now would take a delivered one for a repeat.
+                # dispatches twice): it gets the twin's answer, where a claim now would take a
+                # delivered one for a repeat. One its caller gave up on is claimed again: the
+                # claim replays it and hands it over (delivered from then on).
                 replay = self._replayed(t, found.result, found.completed_at, found.attempts)
-                await self._answered(t, found.fence, delivered=found.delivered)
+                await self._answered(t, found.fence, delivered=True)
                 return replay
             started = loop_time()
 
@@ -682,6 +684,8 @@ class Guard:
         answers.sent(t.request, self.store, t.store_key, fence)
 
     async def _abandon(self, t: _Ticket, fence: int) -> None:
+        if answers.received_elsewhere(t.request, t.store_key, fence):
+            return  # a twin of this request on the same connection was handed the answer
         with anyio.CancelScope(shield=True):
             try:
                 await self.store.abandon(t.store_key, fence)
