@@ -58,6 +58,11 @@ async def test_a_shield_further_out_ends_the_search() -> None:
                 assert not cancelled_beyond(run)
                 between.cancel()
                 assert cancelled_beyond(run)
+                await anyio.lowlevel.checkpoint()  # shielded: still running
+            await anyio.lowlevel.checkpoint()  # `between` is cancelled: caught there
+        assert between.cancelled_caught
+        await anyio.lowlevel.checkpoint()  # and `outermost`, now no shield is in the way
+    assert outermost.cancelled_caught
 
 
 # -- cancels that race the answer ------------------------------------------------------------
