@@ -99,3 +99,22 @@ def cancel_requested(request: ServerRequestContext[Any, Any] | None) -> bool:
     event = getattr(dispatch, "cancel_requested", None)
     is_set = getattr(event, "is_set", None)
     return bool(is_set()) if callable(is_set) else False
+
+
+async def disconnected(request: ServerRequestContext[Any, Any] | None) -> bool:
+    """Whether the HTTP request this call came in has lost its client (rule 15: a give-up).
+
+    On the 2025-era streamable HTTP transport a client that drops its POST's connection
+    cancels nothing: the SDK ends that request's response stream and drops the answer when it
+    comes. The request's ASGI channel still says so: Starlette's `is_disconnected` polls it
+    without waiting (the server keeps answering `http.disconnect` once it happened, so asking
+    takes nothing from the response that listens there too). Anything that is not an HTTP
+    request, or cannot be asked, reads as connected."""
+    http = getattr(request, "request", None) if request is not None else None
+    ask = getattr(http, "is_disconnected", None)
+    if not callable(ask):
+        return False
+    try:
+        return bool(await ask())
+    except Exception:
+        return False

@@ -54,7 +54,7 @@ from .._stores.store import (
 )
 from .._system_task import cancelled_beyond, loop_time
 from . import answers, errors
-from .caller import caller_of, cancel_requested
+from .caller import caller_of, cancel_requested, disconnected
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
 from .fingerprint import UnfingerprintableArguments, covered, fingerprint
@@ -577,7 +577,7 @@ class Guard:
                     # the give-up time, so the first write needs no scope of its own.
                     storing = True
                     executed_at = time.time()
-                    delivered = t.derived and not self._caller_gone(t, run_scope)
+                    delivered = t.derived and not await self._caller_gone(t, run_scope)
                     stored = await self._store(
                         t, token, result, executed_at, keeper, True, delivered
                     )
@@ -605,7 +605,7 @@ class Guard:
                     result = await self._judge(t, token, raised, error_result, keeper)
                 assert isinstance(result, CallToolResult)
                 executed_at = time.time()
-                delivered = t.derived and not self._caller_gone(t, run_scope)
+                delivered = t.derived and not await self._caller_gone(t, run_scope)
                 stored = await self._store(t, token, result, executed_at, keeper, False, delivered)
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
@@ -653,13 +653,17 @@ class Guard:
         )
 
     @staticmethod
-    def _caller_gone(t: _Ticket, run_scope: anyio.CancelScope) -> bool:
+    async def _caller_gone(t: _Ticket, run_scope: anyio.CancelScope) -> bool:
         """Whether the caller gave up on this call while its tool ran (rule 15): it sent
         `notifications/cancelled`, or the request's scope was cancelled behind the run's shield
-        (its connection or response stream closed, the server shutting down). Its answer is
-        then stored as not delivered, so the re-send it makes replays it."""
+        (its connection or response stream closed, the server shutting down), or its HTTP
+        client left (the 2025-era transport cancels nothing then). Its answer is then stored as
+        not delivered, so the re-send it makes replays it."""
         return (
-            cancel_requested(t.request) or cancelled_beyond(run_scope) or answers.gave_up(t.request)
+            cancel_requested(t.request)
+            or cancelled_beyond(run_scope)
+            or answers.gave_up(t.request)
+            or await disconnected(t.request)
         )
 
     async def _answered(self, t: _Ticket, fence: int, *, delivered: bool) -> None:
@@ -677,7 +681,8 @@ class Guard:
         except anyio.get_cancelled_exc_class():
             await self._abandon(t, fence)
             raise
-        if answers.gave_up(t.request):  # its cancel came before it was in flight
+        if answers.gave_up(t.request) or await disconnected(t.request):
+            # Its cancel came before it was in flight, or its HTTP client left.
             await self._abandon(t, fence)
             return
         # Handed out: a cancel that comes after it still reaches the record (answers.py).
