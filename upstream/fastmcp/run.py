@@ -605,8 +605,6 @@ def rerun(
 #: The kinds of expected difference: behaviours mcp-once documents on purpose.
 CATEGORIES = {
     "marker": "results, and guarded tools' listings, carry mcp-once's `_meta` entry",
-    "derived-merge": "an identical keyless call repeated on one connection within "
-    "`derived_retention` is a replay",
     "cache-order": "a response cache before the guard is refused; one inside it sees only what "
     "the guard lets through",
     "result-size": "a result over `max_result_bytes` is not kept; the key's retry gets the "
