@@ -21,7 +21,9 @@ process (no `Run`), so a restart sends everything again under new keys. The outp
 written once the pipeline completes) holds, per position, "ok" and the result text or
 "unknown:<reason>" for a call that ended in `OutcomeUnknown`. Every answer the server replayed
 from its record is also appended, as its position, to `<out>.replays`, as it arrives: a replay
-served to a process killed right after still counts.
+served to a process killed right after still counts. The log has a `killed at <time>` line
+before each SIGKILL and an `entered <run> fence <n> at <time>` line when `Run` was entered (wall
+clock), from which the harness reads how long a restart took to resume.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from mcp_types import CallToolResult, RequestParamsMeta, TextContent
 from idempotency import wire
 from mcp_once.scenarios._zygote import serve_forks
 from orchestrator import (
+    Journal,
     OutcomeUnknown,
     RetryingSession,
     RetryPolicy,
@@ -52,6 +55,7 @@ from orchestrator import (
     RunExpired,
     SQLiteJournal,
     Turn,
+    open_journal,
     streamable_http_transport,
 )
 
@@ -69,6 +73,8 @@ def crash_at(window: str, position: int) -> None:
     """SIGKILL this process if `MCP_ONCE_CRASH_AT` names this window at this position: no
     cleanup, no flush, no `finally`, exactly what an OOM kill or a lost host does."""
     if os.environ.get(CRASH_AT) == f"{window}@{position}":
+        # When, for the harness's restart-to-resume figure (the line is written before the kill).
+        print(f"killed at {time.time():.6f}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -139,9 +145,9 @@ class KillingClient(Client):
 
 
 class KillingJournal:
-    """The SQLite journal, dying at W3: the answer is in, the done not yet written."""
+    """The agent's journal, dying at W3: the answer is in, the done not yet written."""
 
-    def __init__(self, inner: SQLiteJournal) -> None:
+    def __init__(self, inner: Journal) -> None:
         self.inner = inner
         self.retention = inner.retention
 
@@ -203,32 +209,41 @@ def skewed(seconds: float) -> Callable[[], float] | None:
     return lambda: time.time() + seconds
 
 
+def open_agent_journal(where: str) -> Journal:
+    """`--journal`: a journal URL (`redis://...`, `sqlite:///...`), or a SQLite file path."""
+    return open_journal(where) if "://" in where else SQLiteJournal(where)
+
+
 async def journalled(
     args: argparse.Namespace, client: Client, plan: list[tuple[str, dict[str, Any]]]
 ) -> dict[int, dict[str, str]] | int:
-    """The pipeline under `Run`, waiting up to `--wait-busy` seconds for a dead holder's lease
-    to run out; an exit code for a refusal."""
-    journal = KillingJournal(SQLiteJournal(args.journal))
-    deadline = time.monotonic() + args.wait_busy
+    """The pipeline under `Run` (which waits up to `--wait` seconds for a live holder, and not at
+    all for one that died on this host); an exit code for a refusal."""
+    journal = KillingJournal(open_agent_journal(args.journal))
     try:
-        while True:
-            try:
-                async with Run(
-                    args.run_id, journal=journal, lease=args.lease, clock=skewed(args.skew)
-                ) as run:
-                    await anyio.sleep(args.linger)
-                    session = RetryingSession(client, policy=POLICY, run=run)
-                    return await pipeline(session, run, plan)
-            except RunBusy:
-                if time.monotonic() >= deadline:
-                    return BUSY
-                await anyio.sleep(0.05)
-            except RunDiverged as diverged:
-                print(f"diverged: {diverged}", file=sys.stderr)
-                return DIVERGED
-            except RunExpired as expired:
-                print(f"expired: {expired}", file=sys.stderr)
-                return EXPIRED
+        async with Run(
+            args.run_id,
+            journal=journal,
+            lease=args.lease,
+            wait=args.wait,
+            clock=skewed(args.skew),
+        ) as run:
+            # When it entered, for the harness's restart-to-resume figure (wall clock: the
+            # harness compares it with when it saw the previous process die).
+            entered = f"entered {args.run_id} fence {run.fence} at {time.time():.6f}"
+            print(entered, file=sys.stderr, flush=True)
+            await anyio.sleep(args.linger)
+            session = RetryingSession(client, policy=POLICY, run=run)
+            return await pipeline(session, run, plan)
+    except RunBusy as busy:
+        print(f"busy: {busy}", file=sys.stderr)
+        return BUSY
+    except RunDiverged as diverged:
+        print(f"diverged: {diverged}", file=sys.stderr)
+        return DIVERGED
+    except RunExpired as expired:
+        print(f"expired: {expired}", file=sys.stderr)
+        return EXPIRED
     finally:
         await journal.aclose()
 
@@ -261,7 +276,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mode", choices=("run", "fresh"), default="run")
     parser.add_argument("--variant", choices=("same", "diverge"), default="same")
     parser.add_argument("--lease", type=float, default=0.75)
-    parser.add_argument("--wait-busy", type=float, default=10.0)
+    parser.add_argument("--wait", type=float, default=10.0)
     parser.add_argument("--linger", type=float, default=0.0)
     parser.add_argument("--skew", type=float, default=0.0)
     return parser.parse_args(argv)
