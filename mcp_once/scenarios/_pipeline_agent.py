@@ -22,8 +22,9 @@ written once the pipeline completes) holds, per position, "ok" and the result te
 "unknown:<reason>" for a call that ended in `OutcomeUnknown`. Every answer the server replayed
 from its record is also appended, as its position, to `<out>.replays`, as it arrives: a replay
 served to a process killed right after still counts. The log has a `killed at <time>` line
-before each SIGKILL and an `entered <run> fence <n> at <time>` line when `Run` was entered (wall
-clock), from which the harness reads how long a restart took to resume.
+before each SIGKILL, an `entering <run> at <time>` line before it enters `Run` and an
+`entered <run> fence <n> at <time>` line once it did (wall clock), from which the harness reads
+how long a restart took to resume, and whether it met a held run.
 """
 
 from __future__ import annotations
@@ -202,6 +203,13 @@ async def pipeline(
     return out
 
 
+async def opened(gate: str) -> None:
+    """Hold the run, before the pipeline, until the harness makes the file `gate` (so that it
+    can start other copies against a run that is certainly held, however loaded the machine)."""
+    while not await anyio.Path(gate).exists():  # noqa: ASYNC110 (a file is the only signal)
+        await anyio.sleep(0.02)
+
+
 def skewed(seconds: float) -> Callable[[], float] | None:
     """A wall clock `seconds` ahead (the expiry check: a resume long after the kill)."""
     if not seconds:
@@ -218,8 +226,10 @@ async def journalled(
     args: argparse.Namespace, client: Client, plan: list[tuple[str, dict[str, Any]]]
 ) -> dict[int, dict[str, str]] | int:
     """The pipeline under `Run` (which waits up to `--wait` seconds for a live holder, and not at
-    all for one that died on this host); an exit code for a refusal."""
+    all for one that died on this host); an exit code for a refusal. The run is entered before
+    the client connects, so the restart figure is the run's, not the server handshake's."""
     journal = KillingJournal(open_agent_journal(args.journal))
+    print(f"entering {args.run_id} at {time.time():.6f}", file=sys.stderr, flush=True)
     try:
         async with Run(
             args.run_id,
@@ -232,20 +242,30 @@ async def journalled(
             # harness compares it with when it saw the previous process die).
             entered = f"entered {args.run_id} fence {run.fence} at {time.time():.6f}"
             print(entered, file=sys.stderr, flush=True)
-            await anyio.sleep(args.linger)
-            session = RetryingSession(client, policy=POLICY, run=run)
-            return await pipeline(session, run, plan)
-    except RunBusy as busy:
-        print(f"busy: {busy}", file=sys.stderr)
-        return BUSY
-    except RunDiverged as diverged:
-        print(f"diverged: {diverged}", file=sys.stderr)
-        return DIVERGED
-    except RunExpired as expired:
-        print(f"expired: {expired}", file=sys.stderr)
-        return EXPIRED
+            if args.gate:
+                await opened(args.gate)
+            async with client:
+                try:  # inside the client, whose task group would wrap the refusal
+                    return await pipeline(
+                        RetryingSession(client, policy=POLICY, run=run), run, plan
+                    )
+                except REFUSALS as refusal:
+                    return refused(refusal)
+    except REFUSALS as refusal:
+        return refused(refusal)
     finally:
         await journal.aclose()
+
+
+REFUSALS = (RunBusy, RunDiverged, RunExpired)
+
+
+def refused(refusal: RunBusy | RunDiverged | RunExpired) -> int:
+    """The exit code of a refusal, said on stderr for the harness."""
+    print(f"{type(refusal).__name__}: {refusal}", file=sys.stderr, flush=True)
+    if isinstance(refusal, RunDiverged):
+        return DIVERGED
+    return EXPIRED if isinstance(refusal, RunExpired) else BUSY
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -254,14 +274,14 @@ async def main(args: argparse.Namespace) -> int:
     plan = steps(args.tag, args.variant)
     killing = KillingClient(streamable_http_transport(args.url))
     killing.replays = f"{args.out}.replays"
-    async with killing as client:
-        if run_mode_fresh:
+    if run_mode_fresh:
+        async with killing as client:
             out = await pipeline(RetryingSession(client, policy=POLICY), None, plan)
-        else:
-            answer = await journalled(args, client, plan)
-            if isinstance(answer, int):
-                return answer
-            out = answer
+    else:
+        answer = await journalled(args, killing, plan)
+        if isinstance(answer, int):
+            return answer
+        out = answer
     await anyio.Path(args.out).write_text(json.dumps({str(p): out[p] for p in sorted(out)}))
     return 0
 
@@ -277,7 +297,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--variant", choices=("same", "diverge"), default="same")
     parser.add_argument("--lease", type=float, default=0.75)
     parser.add_argument("--wait", type=float, default=10.0)
-    parser.add_argument("--linger", type=float, default=0.0)
+    parser.add_argument("--gate", default="")
     parser.add_argument("--skew", type=float, default=0.0)
     return parser.parse_args(argv)
 
