@@ -8,6 +8,13 @@ and an operator listing records should not see them by accident. Records that ca
 are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
 so an operator must be able to find them. Settling a record as failed is refused for a grace
 period after its last lease ran out (see `_grace`).
+
+A record IN_PROGRESS whose lease ran out (its worker was killed) is UNKNOWN in all but name: the
+store turns it so at the next claim. `keys` does not wait for one: it lists it as `unknown`
+(`storedState` says what the store holds, `leaseRanOutAt` since when), `--state unknown` finds
+it, and `keys settle` first turns it UNKNOWN with the store's own claim (`takeover=False`, as a
+client's claim would have), then settles it: one fenced transition after the other, never state
+logic of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from idempotency import (
+    DEFAULT_LEASE,
     CallScope,
+    ClaimStatus,
     CorruptRecord,
     KeyStore,
     LimitExceeded,
@@ -247,10 +256,12 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
     before settling an UNKNOWN record as failed."""
     now = _grace.clock()
     ran_out = record.lease_deadline is not None and record.lease_deadline <= now
+    shown = RecordState.UNKNOWN if _grace.lease_ran_out(record, now) else record.state
     described: dict[str, Any] = {
         "key": record.key,
         "tool": record.tool,
-        "state": record.state.value,
+        "state": shown.value,
+        "storedState": record.state.value,
         "ageSeconds": round(max(0.0, now - record.created_at), 3),
         "fence": record.fence,
         "attempts": record.attempts,
@@ -281,7 +292,7 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
 
 def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
     """A record the store could not read at all: its key and why, nothing else is known."""
-    fields = ("tool", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
+    fields = ("tool", "storedState", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
     more = ("leaseDeadline", "leaseRanOutAt", "completedAt", "expiresAt", "resultBytes")
     return {
         "key": found.key,
@@ -332,6 +343,22 @@ def _check_list(args: argparse.Namespace) -> None:
         fail("--tool needs a tool name", EXIT_USAGE)
 
 
+async def _listed(
+    store: KeyStore, state: RecordState | None, tool: str | None, limit: int
+) -> list[Record]:
+    """The records `--state` asks for, as an operator sees states: a record under a lease that
+    ran out is unknown (see the module doc), not in_progress."""
+    if state not in (RecordState.UNKNOWN, RecordState.IN_PROGRESS):
+        return await store.list_records(state=state, tool=tool, limit=limit)
+    now = _grace.clock()
+    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
+    if state is RecordState.IN_PROGRESS:
+        return [r for r in running if not _grace.lease_ran_out(r, now)]
+    unknown = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
+    unknown += [r for r in running if _grace.lease_ran_out(r, now)]
+    return sorted(unknown, key=lambda r: r.created_at)[:limit]
+
+
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     """Exit 1 when a corrupt record was listed: something an operator must look at.
 
@@ -340,7 +367,7 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     any age are the first ones of its answer."""
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
     with unreadable_records() as unreadable:
-        records = await store.list_records(state=state, tool=args.tool, limit=args.limit)
+        records = await _listed(store, state, args.tool, args.limit)
     if args.older_than is not None:
         cutoff = _grace.clock() - args.older_than
         records = [r for r in records if r.created_at <= cutoff]
@@ -422,22 +449,39 @@ def _prepare_settle(args: argparse.Namespace) -> None:
 
 async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
     result: bytes | None = args.settled
+    record = await store.get(args.key)
     if result is None and not args.force:
-        refusal = _grace.too_soon_to_fail(await store.get(args.key), args.grace)
+        refusal = _grace.too_soon_to_fail(record, args.grace)
         if refusal is not None:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
+    if record is not None and _grace.lease_ran_out(record):
+        await _turn_unknown(store, record)
     if await store.settle(args.key, result=result, retention=args.retention):
         verdict = "released (the next call runs again)" if result is None else "completed"
         print(f"settled {args.key}: {verdict}")
         return 0
     record = await store.get(args.key)
     state = "absent" if record is None else record.state.value
+    if record is not None and record.state is RecordState.IN_PROGRESS:
+        state += f", its lease held until {_when(record.lease_deadline)} (a worker is running it)"
     print(
         f"mcp-once: {args.key} was not settled: only an UNKNOWN record can be, and it is {state}",
         file=sys.stderr,
     )
     return EXIT_PROBLEM
+
+
+async def _turn_unknown(store: KeyStore, record: Record) -> None:
+    """Turn a record whose lease ran out UNKNOWN exactly as a client's retry would have: the
+    store's claim, without takeover, which decides on the store's own clock and writes the
+    transition's event. Should the record have been released in between, that claim makes a
+    fresh one, given up again at once with its own token."""
+    outcome = await store.claim(
+        record.key, record.fingerprint, lease=DEFAULT_LEASE, takeover=False, tool=record.tool
+    )
+    if outcome.status is ClaimStatus.CLAIMED and outcome.token is not None:
+        await store.release(record.key, outcome.token)
 
 
 async def _purge(store: KeyStore, args: argparse.Namespace) -> int:
