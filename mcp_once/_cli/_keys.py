@@ -130,13 +130,28 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_run(_list, _check_list))
 
-    show = actions.add_parser("show", help="show one record (its result only if asked)")
+    show = actions.add_parser(
+        "show",
+        help="show one record (its result only if asked)",
+        description="Show one record, by its store key or by what the client saw. Its stored"
+        " result is printed only with --reveal-result: it is user data.",
+        epilog=_EPILOG,
+    )
     _add_key_arguments(show)
     show.add_argument("--reveal-result", action="store_true", help="print the stored result")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(run=_run(_show))
 
-    settle = actions.add_parser("settle", help="settle an UNKNOWN record as completed or failed")
+    settle = actions.add_parser(
+        "settle",
+        help="settle an UNKNOWN record as completed or failed",
+        description="Settle a record whose outcome is unknown: UNKNOWN, or IN_PROGRESS under a"
+        " lease that ran out (its worker died; it is turned UNKNOWN first, as a client's retry"
+        " would). --failed releases it so that the next call runs the tool again, refused"
+        " within --grace of its lease running out unless --force; --result-text or"
+        " --result-json completes it with the result the tool is known to have had.",
+        epilog="What to check before settling: docs/runbook.md.",
+    )
     _add_key_arguments(settle)
     verdict = settle.add_mutually_exclusive_group(required=True)
     verdict.add_argument("--failed", action="store_true", help="release it: the next call runs")
@@ -162,7 +177,13 @@ def add_parser(commands: Any) -> None:
     _grace.add_arguments(settle)
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 
-    purge = actions.add_parser("purge", help="physically remove expired records")
+    purge = actions.add_parser(
+        "purge",
+        help="physically remove expired records",
+        description="Physically remove the records past their expiry (completed and released"
+        " ones past their retention). The server already ignores them; this only frees the"
+        " space. UNKNOWN records never expire and are never purged.",
+    )
     purge.set_defaults(run=_run(_purge))
 
     for parser in (listing, show, settle, purge):
@@ -223,7 +244,7 @@ def _run(
             args.key = _store_key(args)
         if prepare is not None:
             prepare(args)
-        store = open_or_fail(args.store)
+        store = open_or_fail(args.store, existing=True)
 
         async def go() -> int:
             try:
