@@ -62,6 +62,7 @@ from ._common import (
     add_store_option,
     fail,
     open_or_fail,
+    redacted,
     unreachable,
 )
 
@@ -423,7 +424,11 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
 async def _show(store: KeyStore, args: argparse.Namespace) -> int:
     record = await store.get(args.key)
     if record is None:
-        print(f"mcp-once: no live record for key {args.key}", file=sys.stderr)
+        print(
+            f"mcp-once: no live record for key {args.key} in the key store at"
+            f" {redacted(args.store)!r}",
+            file=sys.stderr,
+        )
         return EXIT_PROBLEM
     described = _describe(record, reveal=args.reveal_result)
     if args.json:
@@ -453,11 +458,20 @@ def _settled_result(args: argparse.Namespace) -> bytes | None:
         except OSError as exc:
             fail(f"cannot read {args.result_json}: {exc.strerror}", EXIT_USAGE)
         except ValidationError as exc:
-            fail(
-                f"{args.result_json} is not a CallToolResult ({exc.error_count()} problems)",
-                EXIT_USAGE,
-            )
+            fail(f"{args.result_json} is not a CallToolResult: {_problems(exc)}", EXIT_USAGE)
     return encode_result(result, time.time())
+
+
+def _problems(error: ValidationError, shown: int = 3) -> str:
+    """What is wrong with a file, as pydantic found it: where (`content.0.type`) and what, for
+    the first few problems, so that the operator can fix the file without guessing."""
+    found = error.errors()
+    said = [
+        f"{'.'.join(str(part) for part in problem['loc']) or 'the document'}: {problem['msg']}"
+        for problem in found[:shown]
+    ]
+    more = len(found) - shown
+    return "; ".join(said) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _prepare_settle(args: argparse.Namespace) -> None:
