@@ -126,3 +126,14 @@ async def store_problem(store: KeyStore, url: str) -> str | None:
     except StoreError as exc:
         return f"the key store at {redacted(url)!r} cannot be used: {exc}"
     return None
+
+
+def print_table(columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    """Aligned columns under their names, one row a line, no trailing blanks: readable, and
+    `awk '{print $1}'` still gets the first column."""
+    lines = [list(columns), *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    for line in lines:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )

@@ -62,6 +62,7 @@ from ._common import (
     add_store_option,
     fail,
     open_or_fail,
+    print_table,
     redacted,
     unreachable,
 )
@@ -349,12 +350,7 @@ def _cell(row: dict[str, Any], column: str) -> str:
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
     """Aligned columns, one record a line, "-" for nothing: `awk '{print $1}'` gets the keys."""
-    lines = [list(_COLUMNS), *([_cell(row, c) for c in _COLUMNS] for row in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS))]
-    for line in lines:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        )
+    print_table(_COLUMNS, [[_cell(row, c) for c in _COLUMNS] for row in rows])
     print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
 
 

@@ -47,6 +47,7 @@ from ._common import (
     EXIT_USAGE,
     fail,
     from_environment,
+    print_table,
     redacted,
     require_file,
 )
@@ -231,9 +232,7 @@ def _cell(value: object) -> str:
 
 
 def _print_rows(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
-    print("  ".join(columns))
-    for row in rows:
-        print("  ".join(_cell(row[c]) for c in columns))
+    print_table(columns, [[_cell(row[c]) for c in columns] for row in rows])
 
 
 def _check_limit(args: argparse.Namespace) -> None:
