@@ -19,8 +19,8 @@ moment would: Temporal runs it again and the charges come back `replayed`, not m
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -43,8 +43,23 @@ with workflow.unsafe.imports_passed_through():  # not workflow code: keep it out
         activity_session,
     )
 
-MCP_URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000/mcp"
-TEMPORAL = sys.argv[2] if len(sys.argv) > 2 else "localhost:7233"
+
+def _arguments() -> argparse.Namespace:
+    """The command line, read at import: the workflow and the worker both use the URL."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "mcp_url",
+        nargs="?",
+        default="http://127.0.0.1:8000/mcp",
+        help="the example MCP server (examples/server.py); default: %(default)s",
+    )
+    parser.add_argument("temporal", nargs="?", default="localhost:7233", help="%(default)s")
+    return parser.parse_args()
+
+
+_ARGS = _arguments()
+MCP_URL: str = _ARGS.mcp_url
+TEMPORAL: str = _ARGS.temporal
 QUICK = {  # short timeouts so a dead worker's attempt is retried quickly
     "start_to_close_timeout": timedelta(seconds=10),
     "retry_policy": RetryPolicy(initial_interval=timedelta(milliseconds=200)),
