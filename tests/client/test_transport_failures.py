@@ -18,6 +18,7 @@ from _http_server import HttpServer, free_port
 from _servers import Recorder, make_server
 from mcp import Client, MCPError
 
+from idempotency import wire
 from orchestrator import (
     MemoryJournal,
     NotExecuted,
@@ -29,12 +30,13 @@ from orchestrator import (
     streamable_http_transport,
 )
 from orchestrator._http import _causes, redacted_url
+from orchestrator._key import adapter_key
 
 pytestmark = pytest.mark.anyio
 both_backends = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 
-Variant = Literal["plain", "run", "key_source", "sdk_transport"]
-VARIANTS: tuple[Variant, ...] = ("plain", "run", "key_source", "sdk_transport")
+Variant = Literal["plain", "run", "key_source", "adapter", "sdk_transport"]
+VARIANTS: tuple[Variant, ...] = ("plain", "run", "key_source", "adapter", "sdk_transport")
 PASSWORD = "hunter2"
 
 
@@ -64,6 +66,10 @@ async def _call(url: str, variant: Variant) -> NotExecuted:
                 RetryingSession(connect=connect, policy=policy, run=run) as rs,
             ):
                 await rs.call_tool("plain", {"x": 1})
+        elif variant == "adapter":  # as a framework adapter places its key
+            async with RetryingSession(connect=connect, policy=policy) as rs:
+                with adapter_key("adapter-key-1"):
+                    await rs.call_tool("plain", {"x": 1}, meta={wire.KEY_META: "adapter-key-1"})
         else:
             async with RetryingSession(connect=connect, policy=policy, key_source=key_source) as rs:
                 await rs.call_tool("plain", {"x": 1})
@@ -156,4 +162,27 @@ async def test_a_server_gone_between_calls_is_named_in_the_call_that_finds_it(
     error = caught.value
     assert isinstance(error.last_error, TransportFailed)
     assert f"connection refused: {http.url}" in str(error)
+    assert not any(isinstance(e, MCPError) for e in _chain(error))
+
+
+@both_backends
+async def test_a_server_that_never_answers_is_a_timeout() -> None:
+    # A socket that listens but never reads: connections complete (the kernel's backlog) and
+    # the request goes out, but no answer ever comes.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/mcp"
+
+        def connect() -> AbstractAsyncContextManager[Client]:
+            return Client(streamable_http_transport(url, timeout=httpx2.Timeout(0.5)))
+
+        policy = RetryPolicy(max_attempts=2, connect_timeout=20.0)
+        with pytest.raises(NotExecuted) as caught:
+            async with RetryingSession(connect=connect, policy=policy) as rs:
+                await rs.call_tool("plain", {"x": 1})
+    error = caught.value
+    assert f"timed out waiting for the server: {url}" in str(error)
+    failed = next(e for e in _chain(error) if isinstance(e, TransportFailed))
+    assert failed.sent is True and isinstance(failed.__cause__, httpx2.ReadTimeout)
     assert not any(isinstance(e, MCPError) for e in _chain(error))
