@@ -75,14 +75,13 @@ def unreachable(url: str, exc: Exception) -> NoReturn:
     fail(f"the key store at {redacted(url)!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
 
 
-def require_file(what: str, url: str, path: Path) -> None:
+def require_file(what: str, url: str, path: Path, *, made_by: str) -> None:
     """Exit 3 naming `path` when the SQLite file a command only reads does not exist, instead
-    of letting SQLite create an empty one (see the module doc)."""
+    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it."""
     if not path.is_file():
         fail(
             f"the {what} at {redacted(url)!r} cannot be reached: no {what} file at {path} (it"
-            " does not exist; looking creates nothing: a server, or a command that writes,"
-            " creates it)",
+            f" does not exist; looking creates nothing: {made_by} creates it)",
             EXIT_UNREACHABLE,
         )
 
@@ -104,7 +103,7 @@ def open_or_fail(url: str, *, existing: bool = False) -> KeyStore:
     except (ValueError, TypeError) as exc:
         fail(f"bad key store URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
     if existing and isinstance(store, SQLiteKeyStore):
-        require_file("key store", url, store.path)
+        require_file("key store", url, store.path, made_by="a guarded server")
     return store
 
 

@@ -169,7 +169,7 @@ def _open_or_fail(url: str) -> Journal:
     except (ValueError, TypeError) as exc:
         fail(f"bad journal URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
     if isinstance(journal, SQLiteJournal):
-        require_file("journal", url, journal.path)
+        require_file("journal", url, journal.path, made_by="an agent's orchestrator.Run")
     return journal
 
 
