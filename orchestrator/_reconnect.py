@@ -59,6 +59,14 @@ def transport_closed(session: SessionLike) -> bool:
     return tool_session(session).closed()
 
 
+def _leaves(error: BaseException) -> list[str]:
+    """What a failed connect raised, as a message can say it: the exceptions inside the SDK's
+    task-group wrappers ("unhandled errors in a TaskGroup" says nothing of what happened)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [said for inner in error.exceptions for said in _leaves(inner)]
+    return [f"{type(error).__name__}: {error}" if str(error) else type(error).__name__]
+
+
 @dataclass(eq=False)
 class _Hosted:
     generation: int
@@ -195,9 +203,8 @@ class SessionSlot:
             if isinstance(pending.error, _BadFactory):
                 raise TypeError(str(pending.error))
             if pending.error is not None:
-                error = pending.error
-                said = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-                raise ReconnectFailed(f"could not open a new session: {said}") from error
+                said = "; ".join(_leaves(pending.error))
+                raise ReconnectFailed(f"could not open a new session: {said}") from pending.error
 
     async def _reconnect(self, pending: _PendingConnect) -> None:
         assert self._tg is not None and self._connect is not None

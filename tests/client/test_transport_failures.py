@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import Literal
 
 import anyio
@@ -16,7 +18,7 @@ import httpx2
 import pytest
 from _http_server import HttpServer, free_port
 from _servers import Recorder, make_server
-from mcp import Client, MCPError
+from mcp import Client, MCPError, StdioServerParameters
 
 from idempotency import wire
 from orchestrator import (
@@ -186,3 +188,15 @@ async def test_a_server_that_never_answers_is_a_timeout() -> None:
     failed = next(e for e in _chain(error) if isinstance(e, TransportFailed))
     assert failed.sent is True and isinstance(failed.__cause__, httpx2.ReadTimeout)
     assert not any(isinstance(e, MCPError) for e in _chain(error))
+
+
+async def test_a_stdio_server_that_cannot_start_is_named_by_what_failed(tmp_path: Path) -> None:
+    # The README's client with no server.py beside it: the child exits at once.
+    missing = StdioServerParameters(command=sys.executable, args=[str(tmp_path / "server.py")])
+    policy = RetryPolicy(max_attempts=2, connect_timeout=60.0)
+    with pytest.raises(NotExecuted) as caught:
+        async with RetryingSession(connect=lambda: Client(missing), policy=policy) as rs:
+            await rs.call_tool("charge", {"order_id": "o-1", "cents": 500})
+    message = str(caught.value)
+    assert "could not open a new session: MCPError: Connection closed" in message
+    assert "TaskGroup" not in message
