@@ -11,8 +11,9 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
   (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook).
 - `SessionSlot`: the reconnection half of `RetryingSession`: one live session, replaced through a
   `Connect` factory when it dies, shared by every caller (raises `ReconnectFailed`, or
-  `SessionUnavailable` when it has no factory). `RetryingSession` itself never raises either:
-  they end a call as the last error of a `NotExecuted`.
+  `SessionUnavailable` when it has no factory). `RetryingSession.call_tool` never raises either:
+  they end a call as the last error of a `NotExecuted` (`refresh_tools`, which calls no tool,
+  raises them as they are).
 - `TransportFailed`: a request that got no answer at the HTTP layer (refused, no such host, TLS,
   timeout), naming the URL with credentials redacted; the last error in a `NotExecuted` or
   `OutcomeUnknown` when that is why the call ended.

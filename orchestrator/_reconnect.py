@@ -36,12 +36,12 @@ Connect = Callable[[], AbstractAsyncContextManager[SessionLike]]
 class ReconnectFailed(Exception):
     """The connect factory could not open a session, so the attempt was never sent.
 
-    Raised by `SessionSlot.acquire`; `RetryingSession` never lets it out: it is the last error
-    (and the `__cause__`) of the `NotExecuted` that ends a call no session could be opened for,
-    with or without a `Run`. Its message says why, and its `__cause__` is what the factory
-    raised, a transport failure as the `TransportFailed` it is (connection refused, no such
-    host, TLS, timeout: with the URL, credentials redacted), not the exception group or the
-    stand-in error the SDK wraps it in.
+    Raised by `SessionSlot.acquire` (and so by `RetryingSession.refresh_tools`); a tool call
+    never lets it out: it is the last error (and the `__cause__`) of the `NotExecuted` that ends
+    a call no session could be opened for, with or without a `Run`. Its message says why, and
+    its `__cause__` is what the factory raised, a transport failure as the `TransportFailed` it
+    is (connection refused, no such host, TLS, timeout: with the URL, credentials redacted),
+    not the exception group or the stand-in error the SDK wraps it in.
     """
 
 

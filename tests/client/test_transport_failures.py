@@ -8,16 +8,13 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Literal
 
-import anyio
 import httpx2
 import pytest
 from _http_server import HttpServer, free_port
-from _servers import Recorder, make_server
 from mcp import Client, MCPError, StdioServerParameters
 
 from idempotency import wire
@@ -95,14 +92,6 @@ def _check(error: NotExecuted, shown_url: str, what: str) -> TransportFailed:
     return failed
 
 
-@pytest.fixture
-def http() -> Iterator[HttpServer]:
-    server = HttpServer(make_server(Recorder()))
-    server.start()
-    yield server
-    server.stop()
-
-
 @both_backends
 @pytest.mark.parametrize("variant", VARIANTS)
 async def test_a_refused_connection_names_the_url_and_the_refusal(variant: Variant) -> None:
@@ -149,22 +138,6 @@ async def test_the_http_log_does_not_report_a_status_no_server_sent(
     logged = [r.getMessage() for r in caplog.records if r.name.startswith("httpx2")]
     assert logged and all("Service Unavailable" not in line for line in logged), logged
     assert all("(no response) 503 stand-in for connection refused" in line for line in logged)
-
-
-@both_backends
-async def test_a_server_gone_between_calls_is_named_in_the_call_that_finds_it(
-    http: HttpServer,
-) -> None:
-    async with Client(streamable_http_transport(http.url)) as client:
-        rs = RetryingSession(client, policy=RetryPolicy(max_attempts=2))
-        await rs.call_tool("idem", {"x": 0})
-        await anyio.to_thread.run_sync(http.stop)
-        with pytest.raises(NotExecuted) as caught:
-            await rs.call_tool("plain", {"x": 1})
-    error = caught.value
-    assert isinstance(error.last_error, TransportFailed)
-    assert f"connection refused: {http.url}" in str(error)
-    assert not any(isinstance(e, MCPError) for e in _chain(error))
 
 
 @both_backends
