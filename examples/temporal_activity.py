@@ -44,22 +44,11 @@ with workflow.unsafe.imports_passed_through():  # not workflow code: keep it out
     )
 
 
-def _arguments() -> argparse.Namespace:
-    """The command line, read at import: the workflow and the worker both use the URL."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument(
-        "mcp_url",
-        nargs="?",
-        default="http://127.0.0.1:8000/mcp",
-        help="the example MCP server (examples/server.py); default: %(default)s",
-    )
-    parser.add_argument("temporal", nargs="?", default="localhost:7233", help="%(default)s")
-    return parser.parse_args()
-
-
-_ARGS = _arguments()
-MCP_URL: str = _ARGS.mcp_url
-TEMPORAL: str = _ARGS.temporal
+# Set from the command line in `__main__` (the activity and the worker read them there). Not
+# parsed at import: Temporal's workflow sandbox imports this module again, and argparse reads the
+# locale, which the sandbox forbids.
+MCP_URL = "http://127.0.0.1:8000/mcp"
+TEMPORAL = "localhost:7233"
 QUICK = {  # short timeouts so a dead worker's attempt is retried quickly
     "start_to_close_timeout": timedelta(seconds=10),
     "retry_policy": RetryPolicy(initial_interval=timedelta(milliseconds=200)),
@@ -117,4 +106,11 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "mcp_url", nargs="?", default=MCP_URL, help="the example MCP server (examples/server.py)"
+    )
+    parser.add_argument("temporal", nargs="?", default=TEMPORAL, help="the Temporal server")
+    arguments = parser.parse_args()
+    MCP_URL, TEMPORAL = arguments.mcp_url, arguments.temporal
     asyncio.run(main())
