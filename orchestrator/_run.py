@@ -410,13 +410,13 @@ class Run:
 
     # -- the session's side ---------------------------------------------------------------------
 
-    def take_position(self) -> int:
-        """The position of the call being made: its turn index if a turn placed it, else the
-        next one. Synchronous, so calls started in order take positions in that order."""
+    def _position(self) -> tuple[int, bool]:
+        """The position the call being made would take, and whether it is the next free one
+        (else a turn placed it); refuses a call that cannot take one."""
         self._check_live()
         placed = _placed.get()
         if placed is not None and placed[0] is self:
-            position = placed[1]
+            position, fresh = placed[1], False
         else:
             turn = _open_turn.get()
             if turn is not None and turn.run is self:
@@ -424,13 +424,26 @@ class Run:
                     "a call inside run.turn() must say which call of the response it is:"
                     " `with turn.call(index):`"
                 )
-            position = self._next
-            self._next += 1
+            position, fresh = self._next, True
         if position in self._taken:
             raise ValueError(
                 f"position {position} of run {self.run_id!r} was already called in this"
                 " process; one call per turn.call(index) block"
             )
+        return position, fresh
+
+    def next_key(self) -> str:
+        """The key of the position the call being made would take, without taking it: what a
+        call that could not even connect reports (`NotExecuted.key`), since it leaves no entry
+        and a position is only taken by a call that is sent."""
+        return run_key(self.run_id, self._position()[0])
+
+    def take_position(self) -> int:
+        """The position of the call being made: its turn index if a turn placed it, else the
+        next one. Synchronous, so calls started in order take positions in that order."""
+        position, fresh = self._position()
+        if fresh:
+            self._next += 1
         self._taken.add(position)
         return position
 
