@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -303,7 +304,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run_agent(argv: list[str]) -> int:
-    """One agent process's life: parse `argv`, run the pipeline, its exit code."""
+    """One agent process's life: parse `argv`, run the pipeline, its exit code.
+
+    The libraries are silent unless asked (their loggers have only a `NullHandler`); the agent
+    is an application and asks, as its users' would: their warnings (what a `Run` waits for)
+    go to stderr, where the harness reads them."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     code: int = anyio.run(main, parse(argv))
     return code
 
