@@ -1,18 +1,28 @@
 """A client that retries safely: `uv run python examples/client_http.py [URL]`.
 
-Start the server first (`uv run mcp-once serve-example`, or `uv run python examples/server.py`);
-the URL defaults to http://127.0.0.1:8000/mcp.
+It calls the example server's tools (charge, set_shipping_address, list_charges): start that
+server first (`uv run mcp-once serve-example`, `uv run python examples/server.py` or
+`uv run python examples/fastmcp_server.py`); the URL defaults to http://127.0.0.1:8000/mcp.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import uuid
 
 import anyio
 from mcp import Client
 
-from orchestrator import RetryingSession, RetryPolicy, streamable_http_transport
+from orchestrator import (
+    NotExecuted,
+    OutcomeUnknown,
+    RetryingSession,
+    RetryPolicy,
+    streamable_http_transport,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8000/mcp"
 
 
 async def main(url: str) -> None:
@@ -50,4 +60,15 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000/mcp")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("url", nargs="?", default=DEFAULT_URL, help="default: %(default)s")
+    url = parser.parse_args().url
+    try:
+        anyio.run(main, url)
+    except (OutcomeUnknown, NotExecuted) as stopped:
+        # What a caller does with a call that ended without a result: NotExecuted, safe to send
+        # again later with the same key; OutcomeUnknown, reconcile using the key (docs/client.md).
+        print(f"{type(stopped).__name__}: {stopped}", file=sys.stderr)
+        if isinstance(stopped, NotExecuted):
+            print("Is the example server running? `uv run mcp-once serve-example`", file=sys.stderr)
+        sys.exit(1)

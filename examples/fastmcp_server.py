@@ -63,11 +63,13 @@ def build_server(store: KeyStore) -> FastMCP[Any]:
 def main() -> None:
     args = options(__doc__.splitlines()[0])  # --stdio, --host, --port, --store
     server = build_server(open_store(args.store))
+    # No banner: it is FastMCP's advertisement, and it checks PyPI for a newer FastMCP (an
+    # "update available" line, and a network call) on every start.
     if args.stdio:
-        server.run("stdio")
+        server.run("stdio", show_banner=False)
     else:
         # Streamable HTTP at http://HOST:PORT/mcp (see examples/client_http.py).
-        server.run("http", host=args.host, port=args.port)
+        server.run("http", host=args.host, port=args.port, show_banner=False)
 
 
 if __name__ == "__main__":

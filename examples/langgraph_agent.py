@@ -17,8 +17,8 @@ a new key). No LLM is needed to run this: a scripted model node plays one.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -96,4 +96,11 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000/mcp")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "url",
+        nargs="?",
+        default="http://127.0.0.1:8000/mcp",
+        help="the example server (`uv run mcp-once serve-example`); default: %(default)s",
+    )
+    anyio.run(main, parser.parse_args().url)

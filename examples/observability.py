@@ -14,6 +14,7 @@ Needs the OpenTelemetry SDK (`opentelemetry-sdk`) and, for the Prometheus part,
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import logging
@@ -238,4 +239,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0]).parse_args()  # --help
     anyio.run(main)

@@ -37,7 +37,7 @@ def options(description: str) -> argparse.Namespace:
     parser.add_argument(
         "--store",
         default=os.environ.get("MCP_ONCE_STORE", DEFAULT_STORE),
-        help="key store URL (default: $MCP_ONCE_STORE, else %(default)s)",
+        help=f"key store URL (default: $MCP_ONCE_STORE if set, else {DEFAULT_STORE})",
     )
     args = parser.parse_args()
     if args.store == DEFAULT_STORE:

@@ -19,8 +19,8 @@ moment would: Temporal runs it again and the charges come back `replayed`, not m
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -43,8 +43,12 @@ with workflow.unsafe.imports_passed_through():  # not workflow code: keep it out
         activity_session,
     )
 
-MCP_URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000/mcp"
-TEMPORAL = sys.argv[2] if len(sys.argv) > 2 else "localhost:7233"
+
+# Set from the command line in `__main__` (the activity and the worker read them there). Not
+# parsed at import: Temporal's workflow sandbox imports this module again, and argparse reads the
+# locale, which the sandbox forbids.
+MCP_URL = "http://127.0.0.1:8000/mcp"
+TEMPORAL = "localhost:7233"
 QUICK = {  # short timeouts so a dead worker's attempt is retried quickly
     "start_to_close_timeout": timedelta(seconds=10),
     "retry_policy": RetryPolicy(initial_interval=timedelta(milliseconds=200)),
@@ -102,4 +106,11 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "mcp_url", nargs="?", default=MCP_URL, help="the example MCP server (examples/server.py)"
+    )
+    parser.add_argument("temporal", nargs="?", default=TEMPORAL, help="the Temporal server")
+    arguments = parser.parse_args()
+    MCP_URL, TEMPORAL = arguments.mcp_url, arguments.temporal
     asyncio.run(main())

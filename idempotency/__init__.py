@@ -25,6 +25,8 @@ stores) and `_integrations/` (the framework integrations); their public names ar
 re-exported here.
 """
 
+import logging
+
 from ._guard.current_claim import Claim, current_claim
 from ._guard.fingerprint import fingerprint
 from ._guard.hooks import Replay, ReplayHook
@@ -58,6 +60,11 @@ from ._stores.store import (
     StoreUnavailable,
     unreadable_records,
 )
+
+# A library is silent unless its user asks (the standard library's convention for libraries):
+# without this, a program that configured no logging would see our warnings through Python's
+# last-resort handler. Configure the "idempotency" logger to see them.
+logging.getLogger("idempotency").addHandler(logging.NullHandler())
 
 __all__ = [
     "DEFAULT_LEASE",

@@ -11,7 +11,12 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
   (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook).
 - `SessionSlot`: the reconnection half of `RetryingSession`: one live session, replaced through a
   `Connect` factory when it dies, shared by every caller (raises `ReconnectFailed`, or
-  `SessionUnavailable` when it has no factory).
+  `SessionUnavailable` when it has no factory). `RetryingSession.call_tool` never raises either:
+  they end a call as the last error of a `NotExecuted` (`refresh_tools`, which calls no tool,
+  raises them as they are).
+- `TransportFailed`: a request that got no answer at the HTTP layer (refused, no such host, TLS,
+  timeout), naming the URL with credentials redacted; the last error in a `NotExecuted` or
+  `OutcomeUnknown` when that is why the call ended.
 - `SessionUnavailable`: `SessionSlot.acquire` has no live session and no way to make one.
 - Keys from where the call runs (a durable engine's step, so a re-run resends the first run's
   keys): `KeySource` (`RetryingSession(..., key_source=)`: a `KeyRequest` in, a key or None out),
@@ -26,11 +31,14 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
   decides (`AttemptReport.failure` in one of them, followed by another attempt, is a gated retry).
 """
 
+import logging
+
 from ._budget import RetryBudget
 from ._gate import GATED
 from ._hooks import GiveUpHook, RetryEvent, RetryHook
 from ._http import (
     RetryAwareTransport,
+    TransportFailed,
     http_client_factory,
     streamable_http_transport,
 )
@@ -71,6 +79,11 @@ from ._run import Run, RunDiverged, RunExpired, Turn, run_key
 from ._session import RetryingSession
 from ._sessions import SessionLike, ToolSession, tool_session
 from ._testing import testing
+
+# A library is silent unless its user asks (the standard library's convention for libraries):
+# without this, a program that configured no logging would see our warnings through Python's
+# last-resort handler. Configure the "orchestrator" logger to see them.
+logging.getLogger("orchestrator").addHandler(logging.NullHandler())
 
 __all__ = [
     "GATED",
@@ -115,6 +128,7 @@ __all__ = [
     "SessionUnavailable",
     "ToolCallError",
     "ToolSession",
+    "TransportFailed",
     "Turn",
     "derive_key",
     "http_client_factory",

@@ -84,6 +84,13 @@ def _classify_mcp(error: MCPError, probe: AttemptProbe | None, closed: bool) -> 
         dead = closed or (synthetic and error.message == _SDK_CONNECTION_CLOSED)
         return Failure("maybe_executed", error, code, status, hint, session_dead=dead)
     if code == INTERNAL_ERROR and synthetic and error.message == _SDK_HTTP_ERROR:
+        if probe is not None and probe.failure is not None:
+            # No server answered: the SDK's error stands for our stand-in response. The caller
+            # gets the transport failure itself (refused, DNS, TLS, timeout), with no code and
+            # no status, since no server sent any.
+            failed = probe.failure
+            kind: FailureKind = "maybe_executed" if failed.sent else "never_sent"
+            return Failure(kind, failed, session_dead=closed)
         # An HTTP error status without a JSON-RPC body. Without the retry-aware transport the
         # status is unknown: assume the worst that is still retryable, the tool may have run.
         if probe is not None and probe.sent is False:

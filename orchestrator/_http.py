@@ -4,8 +4,15 @@ The SDK turns an HTTP error without a JSON-RPC body into a bare `MCPError(-32603
 status and `Retry-After`; and a transport error (connection refused, reset) escapes the transport's
 task group, which cancels whoever runs inside `async with Client(...)` — indistinguishable there
 from a real cancellation. `RetryAwareTransport` sits under httpx2 and fixes both: it records what
-happened to each `tools/call` attempt on that attempt's probe, and turns a transport error into a
-synthetic 503 so it stays inside the call as an ordinary failure.
+happened to each `tools/call` attempt on that attempt's probe, and hands the SDK a stand-in
+response for a transport error so it stays inside the call as an ordinary failure.
+
+The stand-in is only the SDK's to see. What the caller sees is the failure itself, as a
+`TransportFailed` naming the URL (credentials redacted) and what went wrong (refused, no such
+host, TLS, timeout), chained to httpx2's exception: a user whose server is not up must read
+"connection refused", not a JSON-RPC -32603 or an HTTP 503 that no server sent. The classifier
+puts it in place of the SDK's stand-in error, and a connect factory's failure is found the same
+way (`ConnectWatch`), since `initialize` is no `tools/call` a probe could match.
 
 The probe reaches the transport through a context variable: the SDK runs each request's POST with
 the contextvars of the task that sent the message. The probe is matched against the request body
@@ -17,10 +24,12 @@ from __future__ import annotations
 import contextvars
 import email.utils
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from socket import gaierror as socket_gaierror
 from typing import Any
 
 import httpx2
@@ -29,7 +38,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from idempotency import wire
 
-#: Header on the synthetic 503 that stands in for a transport error.
+#: Header on the stand-in response the SDK gets in place of a transport error.
 TRANSPORT_ERROR_HEADER = "x-mcp-once-transport-error"
 
 # Errors raised before a connection exists: no byte of the request left this process.
@@ -44,6 +53,122 @@ _NOT_SENT_ERRORS: tuple[type[httpx2.TransportError], ...] = (
 _DEFAULT_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
 
+def redacted_url(url: object) -> str:
+    """`url` without its password, for messages and logs (a URL may carry credentials)."""
+    parsed = httpx2.URL(str(url))
+    if not parsed.userinfo:
+        return str(parsed)
+    user = parsed.username
+    return str(parsed.copy_with(username=user or None, password="***" if parsed.password else None))
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and everything it was raised from or during, exception groups opened."""
+    seen: list[BaseException] = []
+    pending = [error]
+    while pending:
+        current = pending.pop(0)
+        if any(current is known for known in seen):
+            continue
+        seen.append(current)
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                pending.append(linked)
+    return seen
+
+
+def _what_failed(error: httpx2.TransportError) -> str:
+    """What an operator would call the failure: the root cause, not httpx2's summary of it."""
+    causes = _causes(error)
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return "connection refused"
+    if any(isinstance(c, socket_gaierror) for c in causes):
+        return "the host name does not resolve"
+    if any(isinstance(c, ssl.SSLError) for c in causes):
+        return "the TLS handshake failed"
+    if isinstance(error, httpx2.ConnectTimeout):
+        return "timed out connecting"
+    if isinstance(error, httpx2.PoolTimeout):
+        return "timed out waiting for a free connection"
+    if isinstance(error, httpx2.TimeoutException):
+        return "timed out waiting for the server"
+    if isinstance(error, httpx2.ConnectError):
+        return "could not connect"
+    if isinstance(error, httpx2.RemoteProtocolError):
+        return "the server closed the connection"
+    return "the connection failed"
+
+
+def _root_detail(error: httpx2.TransportError) -> str:
+    """httpx2's own words and, where it summarised them away, the OS's."""
+    detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    deepest = _causes(error)[-1]
+    if deepest is not error and str(deepest) and str(deepest) not in detail:
+        detail += f"; {type(deepest).__name__}: {deepest}"
+    return detail
+
+
+class TransportFailed(Exception):
+    """A request got no answer from the server at the HTTP layer: refused, no such host, TLS,
+    timed out, cut off. Raised from httpx2's exception (its `__cause__`).
+
+    `url` is the request's URL with any password redacted; `sent` is False when no byte of the
+    request can have left this process (the tool cannot have run), True when it may have.
+    `RetryingSession` reports it as the last error of the `NotExecuted` or `OutcomeUnknown` that
+    ends the call (message and chain), never as a JSON-RPC or HTTP error no server sent.
+    """
+
+    def __init__(self, what: str, url: str, *, sent: bool, detail: str) -> None:
+        self.what = what
+        self.url = url
+        self.sent = sent
+        super().__init__(f"{what}: {url} ({detail})")
+
+    @classmethod
+    def of(cls, error: httpx2.TransportError, url: object) -> TransportFailed:
+        failed = cls(
+            _what_failed(error),
+            redacted_url(url),
+            sent=not isinstance(error, _NOT_SENT_ERRORS),
+            detail=_root_detail(error),
+        )
+        failed.__cause__ = error
+        return failed
+
+
+def transport_failure(error: BaseException) -> TransportFailed | None:
+    """The transport failure behind `error` (a `TransportFailed`, or one made from an httpx2
+    error found in its chain or exception groups), or None if there is none. For a connect
+    factory built on the SDK's own transport, whose failures arrive as exception groups."""
+    for cause in _causes(error):
+        if isinstance(cause, TransportFailed):
+            return cause
+    for cause in _causes(error):
+        if isinstance(cause, httpx2.TransportError):
+            try:
+                url: object = cause.request.url
+            except RuntimeError:  # an error raised without its request
+                url = "(unknown URL)"
+            return TransportFailed.of(cause, url)
+    return None
+
+
+@dataclass
+class ConnectWatch:
+    """The first transport failure of a connect factory's requests (`initialize` and its kin),
+    set in the task that enters the factory's context manager (the SDK sends each request with
+    the contextvars of the task that sent it)."""
+
+    failure: TransportFailed | None = None
+
+
+current_connect: contextvars.ContextVar[ConnectWatch | None] = contextvars.ContextVar(
+    "mcp_once_connect_watch", default=None
+)
+
+
 @dataclass
 class AttemptProbe:
     """What the HTTP layer saw for one attempt of one call."""
@@ -52,7 +177,8 @@ class AttemptProbe:
     attempt: int
     status: int | None = None
     retry_after: float | None = None
-    transport_error: str | None = None
+    #: The transport failure that stood in for an answer, if there was one.
+    failure: TransportFailed | None = None
     #: False only when the request provably never left this process.
     sent: bool | None = None
 
@@ -122,15 +248,25 @@ class RetryAwareTransport(httpx2.AsyncBaseTransport):
             response = await self._inner.handle_async_request(request)
         except httpx2.TransportError as exc:
             # Keep the failure inside the call: a raised TransportError would take down the SDK's
-            # transport task group and cancel the caller instead of failing the request.
+            # transport task group and cancel the caller instead of failing the request. The SDK
+            # gets a stand-in response (any status >= 400 fails the request); the failure itself
+            # goes where the caller's error is made: the attempt's probe, or the connect watch.
+            failure = TransportFailed.of(exc, request.url)
             if probe is not None:
-                probe.transport_error = type(exc).__name__
-                probe.sent = not isinstance(exc, _NOT_SENT_ERRORS)
-                probe.status = 503
+                probe.failure = failure
+                probe.sent = failure.sent
+            watch = current_connect.get()
+            if watch is not None and watch.failure is None:
+                watch.failure = failure
             return httpx2.Response(
                 503,
                 headers={TRANSPORT_ERROR_HEADER: type(exc).__name__},
                 request=request,
+                # What httpx2's request log prints: no server answered, so no server's 503.
+                extensions={
+                    "http_version": b"(no response)",
+                    "reason_phrase": f"stand-in for {failure.what}".encode(),
+                },
             )
         if probe is not None and response.status_code >= 400:
             probe.status = response.status_code

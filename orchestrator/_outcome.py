@@ -14,6 +14,8 @@ from mcp import MCPError
 
 from idempotency import wire
 
+from ._http import TransportFailed
+from ._reconnect import ReconnectFailed
 from ._report import CallReport, GiveUpReason
 
 _REASONS: dict[str, str] = {
@@ -39,8 +41,12 @@ _REASONS: dict[str, str] = {
 
 
 def _describe(error: BaseException | None) -> str:
+    """The last error as the message shows it: a failure to reach the server in full (what went
+    wrong and the URL), a server's error by its type and code."""
     if error is None:
         return "none"
+    if isinstance(error, TransportFailed | ReconnectFailed):
+        return f"{type(error).__name__}: {error}"
     code = getattr(error, "code", None)
     return f"{type(error).__name__}" + (f" (code {code})" if isinstance(code, int) else "")
 

@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 
 from . import _telemetry as telemetry
+from ._http import ConnectWatch, current_connect, transport_failure
 from ._sessions import SessionLike, tool_session
 
 logger = logging.getLogger("orchestrator")
@@ -33,7 +34,15 @@ Connect = Callable[[], AbstractAsyncContextManager[SessionLike]]
 
 
 class ReconnectFailed(Exception):
-    """The connect factory could not open a session, so the attempt was never sent."""
+    """The connect factory could not open a session, so the attempt was never sent.
+
+    Raised by `SessionSlot.acquire` (and so by `RetryingSession.refresh_tools`); a tool call
+    never lets it out: it is the last error (and the `__cause__`) of the `NotExecuted` that ends
+    a call no session could be opened for, with or without a `Run`. Its message says why, and
+    its `__cause__` is what the factory raised, a transport failure as the `TransportFailed` it
+    is (connection refused, no such host, TLS, timeout: with the URL, credentials redacted),
+    not the exception group or the stand-in error the SDK wraps it in.
+    """
 
 
 class SessionUnavailable(Exception):
@@ -48,6 +57,14 @@ def transport_closed(session: SessionLike) -> bool:
     the attempt is then classified by how it fails.
     """
     return tool_session(session).closed()
+
+
+def _leaves(error: BaseException) -> list[str]:
+    """What a failed connect raised, as a message can say it: the exceptions inside the SDK's
+    task-group wrappers ("unhandled errors in a TaskGroup" says nothing of what happened)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [said for inner in error.exceptions for said in _leaves(inner)]
+    return [f"{type(error).__name__}: {error}" if str(error) else type(error).__name__]
 
 
 @dataclass(eq=False)
@@ -186,9 +203,8 @@ class SessionSlot:
             if isinstance(pending.error, _BadFactory):
                 raise TypeError(str(pending.error))
             if pending.error is not None:
-                raise ReconnectFailed(
-                    f"could not open a new session: {type(pending.error).__name__}"
-                ) from pending.error
+                said = "; ".join(_leaves(pending.error))
+                raise ReconnectFailed(f"could not open a new session: {said}") from pending.error
 
     async def _reconnect(self, pending: _PendingConnect) -> None:
         assert self._tg is not None and self._connect is not None
@@ -236,13 +252,22 @@ class SessionSlot:
         task_status: anyio.abc.TaskStatus[SessionLike] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         started = False
+        # This task sends the factory's requests, so the transport reports their failures here.
+        watch = ConnectWatch()
+        current_connect.set(watch)
         try:
             async with manager as session:
                 started = True
+                current_connect.set(None)
                 task_status.started(session)
                 await hosted.release.wait()
         except Exception as exc:
             if not started:
+                # The transport failure itself, not the SDK's exception group around its
+                # stand-in error (-32603) or around httpx2's exception.
+                failure = watch.failure or transport_failure(exc)
+                if failure is not None:
+                    raise failure from failure.__cause__
                 raise
             # The transport died under the session (its callers already got "Connection
             # closed"); the exception has nowhere better to go than the log.

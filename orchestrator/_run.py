@@ -15,8 +15,11 @@ model asked for in one response and that run concurrently are numbered by their 
 response, not by completion order (`Run.turn`), so a resume after a kill in the middle of a
 gather numbers them the same way again.
 
-One writer per run: entering a `Run` acquires the journal's fenced lease (`RunBusy` if another
-live holder has it) and renews it in a background task; a dead holder's lease runs out.
+One writer per run: entering a `Run` acquires the journal's fenced lease and renews it in a
+background task. A run another holder has is waited for (`wait=`), up to its lease, then taken
+over with a higher fence; a holder proven dead on this host (its process gone or replaced,
+`_journal/holder.py`) is taken over at once, so a supervisor's immediate restart of a killed
+agent resumes it; `RunBusy` only for a holder still live past the wait.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from ._journal import (
     RunFinished,
     open_journal,
 )
+from ._journal import holder as holders
 from ._journal.lease import check_lease, check_run_id
 from ._key import derive_key
 from ._outcome import OutcomeUnknown
@@ -58,6 +62,9 @@ logger = logging.getLogger("orchestrator.run")
 
 #: The prefix of keys derived from a run id and a position.
 KEY_SOURCE = "run"
+#: The default wait for a held run, in leases: a little more than one, so that a holder that
+#: died where its death cannot be seen (another host) is outlasted, with room for clock skew.
+WAIT_PER_LEASE = 1.2
 
 
 def run_key(run_id: str, position: int) -> str:
@@ -174,8 +181,11 @@ class Run:
     that runs it (a restart resumes it); it must not be reused for another run, since it fixes
     the keys. `journal`: a `Journal`, a URL (`sqlite:///path.db`, `redis://...`, `memory://`), or
     None for `.mcp-once/journal.db` under the working directory. `lease`: seconds the run stays
-    held without a renewal (renewed every third of it while the block runs). `clock`: wall time
-    for entry ages (tests inject one).
+    held without a renewal (renewed every third of it while the block runs). `wait`: seconds to
+    wait for another holder of the run to let go or for its lease to run out (default: the
+    lease and a fifth more, so a holder that died elsewhere is outlasted); a holder proven dead
+    on this host is not waited for, and one still live past the wait is `RunBusy`. `clock`: wall
+    time for entry ages (tests inject one).
 
     Leaving the block normally finishes the run (its entries are final, the journal's retention
     starts); leaving it with an exception releases it, so a restart resumes it at once.
@@ -187,11 +197,13 @@ class Run:
         *,
         journal: Journal | str | None = None,
         lease: float = DEFAULT_LEASE,
+        wait: float | None = None,
         clock: Clock | None = None,
         holder: str | None = None,
     ) -> None:
         self.run_id = check_run_id(run_id)
         self.lease = check_lease(lease)
+        self.wait = holders.check_wait(self.lease * WAIT_PER_LEASE if wait is None else wait)
         if journal is not None and not isinstance(journal, str):
             for method in ("acquire", "record_intent", "mark_done", "entries", "release"):
                 if not callable(getattr(journal, method, None)):
@@ -234,12 +246,25 @@ class Run:
             self._journal = given
         journal = self._journal
         try:
+            self._fence = await holders.enter(
+                journal,
+                self.run_id,
+                self.holder,
+                self.lease,
+                wait=self.wait,
+                alive=holders.this_process(),
+            )
             with anyio.CancelScope(shield=True):
-                self._fence = await journal.acquire(self.run_id, self.holder, self.lease)
                 summary = await journal.run(self.run_id)
                 entries = await journal.entries(self.run_id)
         except BaseException:
-            await self._close_journal()
+            with anyio.CancelScope(shield=True):
+                if self._fence is not None:
+                    # Held and unusable: let go, so a restart need not wait for the lease.
+                    with contextlib.suppress(Exception):
+                        await journal.release(self.run_id, self._fence)
+                    self._fence = None
+                await self._close_journal()
             raise
         self._finished_before = summary is not None and summary.state == "finished"
         self._entries = {entry.position: entry for entry in entries}
@@ -385,13 +410,13 @@ class Run:
 
     # -- the session's side ---------------------------------------------------------------------
 
-    def take_position(self) -> int:
-        """The position of the call being made: its turn index if a turn placed it, else the
-        next one. Synchronous, so calls started in order take positions in that order."""
+    def _position(self) -> tuple[int, bool]:
+        """The position the call being made would take, and whether it is the next free one
+        (else a turn placed it); refuses a call that cannot take one."""
         self._check_live()
         placed = _placed.get()
         if placed is not None and placed[0] is self:
-            position = placed[1]
+            position, fresh = placed[1], False
         else:
             turn = _open_turn.get()
             if turn is not None and turn.run is self:
@@ -399,13 +424,26 @@ class Run:
                     "a call inside run.turn() must say which call of the response it is:"
                     " `with turn.call(index):`"
                 )
-            position = self._next
-            self._next += 1
+            position, fresh = self._next, True
         if position in self._taken:
             raise ValueError(
                 f"position {position} of run {self.run_id!r} was already called in this"
                 " process; one call per turn.call(index) block"
             )
+        return position, fresh
+
+    def next_key(self) -> str:
+        """The key of the position the call being made would take, without taking it: what a
+        call that could not even connect reports (`NotExecuted.key`), since it leaves no entry
+        and a position is only taken by a call that is sent."""
+        return run_key(self.run_id, self._position()[0])
+
+    def take_position(self) -> int:
+        """The position of the call being made: its turn index if a turn placed it, else the
+        next one. Synchronous, so calls started in order take positions in that order."""
+        position, fresh = self._position()
+        if fresh:
+            self._next += 1
         self._taken.add(position)
         return position
 

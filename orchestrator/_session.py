@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, cast
 
 import anyio
@@ -51,7 +51,7 @@ from ._outcome import (
 from ._policy import Override, RetryPolicy, check_overrides
 from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable, transport_closed
 from ._report import AttemptReport, CallOutcome, CallReport, GiveUpReason
-from ._run import Run, placed_run
+from ._run import Claim, Run, placed_run
 from ._sessions import OverClientSession, SessionLike, tool_session
 from ._telemetry import error_type
 from ._testing import pause
@@ -366,42 +366,53 @@ class RetryingSession:
         when an answer ends it (a result, an `isError` result or a permanent error). Anything
         else (`OutcomeUnknown`, `NotExecuted`, cancellation, a crash) leaves the intent: the
         journal cannot tell "never arrived" from "ran, answer lost", so a resume treats it as
-        "may have run"."""
-        # The server's name is part of the entry, so the session is made first; a connect
-        # failure here is raised as it is, with no position taken.
+        "may have run".
+
+        The server's name is part of the entry, so the claim waits for a live session: it is
+        made by the call's first attempt that has one (`_Call.before_send`). A call that never
+        gets one fails as any call does (retried, then `NotExecuted`, under the key its
+        position would have), with no position taken."""
         fingerprint = fingerprint_arguments(arguments)  # not plain JSON: refused, no position
-        session = self._slot.current()
-        if session is None:
-            session, _ = await self._slot.acquire()
-        position = run.take_position()
+        call = _Call(
+            self, name, arguments, read_timeout, progress_callback, meta, run.next_key(), "run"
+        )
         catalog = self._catalog
         policy = self._policy
+        claim: Claim | None = None
 
-        async def lookup() -> Tool | None:
-            if (tool := catalog.fresh(name)) is not None:
-                return tool
-            with anyio.move_on_after(policy.deadline):
-                try:
-                    return await catalog.lookup(session, name)
-                except Exception as exc:
-                    telemetry.logger.debug("listing tools failed: %s", type(exc).__name__)
-            return catalog.get(name)
+        async def claim_position(session: SessionLike) -> None:
+            nonlocal claim
+            position = run.take_position()
 
-        claim = await run.claim(
-            position,
-            server=server_name(session),
-            tool=name,
-            fingerprint=fingerprint,
-            lookup=lookup,
-            overrides=self._overrides,
-            trust_annotations=policy.trust_annotations,
-        )
-        call = _Call(self, name, arguments, read_timeout, progress_callback, meta, claim.key, "run")
+            async def lookup() -> Tool | None:
+                if (tool := catalog.fresh(name)) is not None:
+                    return tool
+                with anyio.move_on_after(policy.deadline):
+                    try:
+                        return await catalog.lookup(session, name)
+                    except Exception as exc:
+                        telemetry.logger.debug("listing tools failed: %s", type(exc).__name__)
+                return catalog.get(name)
+
+            claim = await run.claim(
+                position,
+                server=server_name(session),
+                tool=name,
+                fingerprint=fingerprint,
+                lookup=lookup,
+                overrides=self._overrides,
+                trust_annotations=policy.trust_annotations,
+            )
+            call.key = claim.key
+
+        call.before_send = claim_position
         try:
             answer = await call.run()
         except ToolCallError:
-            await run.done(claim)
+            if claim is not None:
+                await run.done(claim)
             raise
+        assert claim is not None
         await run.done(claim)
         return answer
 
@@ -445,6 +456,9 @@ class _Call:
         self.start = 0.0
         self.deadline = 0.0
         self.connects_before = owner._slot.connects
+        #: Run once, by the first attempt that has a live session, before anything is sent (a
+        #: run's journal claims the call's position there, since its entry names the server).
+        self.before_send: Callable[[SessionLike], Awaitable[None]] | None = None
 
     def report(
         self,
@@ -551,6 +565,9 @@ class _Call:
                 Failure("never_sent", TimeoutError("deadline reached while reconnecting")),
                 generation,
             )
+        if self.before_send is not None:
+            prepare, self.before_send = self.before_send, None
+            await prepare(session)
         await self.warm_catalog(session, generation)
         timeout = self.deadline - anyio.current_time()
         if self.attempt_timeout is not None:

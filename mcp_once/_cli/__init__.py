@@ -10,20 +10,48 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 from . import _bench, _demo, _keys, _runs, _serve
 from ._common import DEFAULT_STORE_URL
 from ._runs import DEFAULT_JOURNAL_URL
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, wrapping only at spaces: its default breaks a long word (a URL, an
+    option's example) across lines at a hyphen or anywhere, and a URL cut in two cannot be
+    copied from the terminal."""
+
+    def _wrap(self, text: str, width: int) -> list[str]:
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return self._wrap(text, width)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(indent + line for line in self._wrap(text, width - len(indent)))
+
+
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` with `_Formatter`; its subcommands' parsers are made of this class
+    too (argparse makes them of the parent's class), so every help page wraps the same way."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mcp-once",
         description="Safe retries for MCP tool calls: demo, operator commands and benchmarks.",
         epilog=f"Files: the key store defaults to {DEFAULT_STORE_URL} (or $MCP_ONCE_STORE),"
         " a SQLite file with its -wal and -shm side files in ./.mcp-once/, which"
-        f" serve-example creates; the Run journal to {DEFAULT_JOURNAL_URL}. demo writes to a"
+        f" serve-example creates; the Run journal to {DEFAULT_JOURNAL_URL} (or $MCP_ONCE_JOURNAL)."
+        " demo writes to a"
         " temporary directory it removes, or under a prefix of its own in a Redis given with"
         " --store, deleted when it ends.",
     )

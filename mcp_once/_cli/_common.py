@@ -1,16 +1,26 @@
-"""What every command that opens a key store shares: the URL option and its failures."""
+"""What every command that opens a key store shares: the URL option and its failures.
+
+Three rules hold for every command. Help shows where a default comes from, never its value: an
+environment variable may hold a URL with a password, and `--help` is pasted into bug reports.
+A plain path is taken as an SQLite store only with an SQLite file's extension, so a URL whose
+scheme was forgotten (`127.0.0.1:6379`) is an error, not a new file of that name. And looking
+creates nothing: a command that only reads refuses an SQLite file that does not exist (exit 3,
+naming it) rather than making an empty store and reporting "no records"; only commands that
+write, and servers, create one.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
-from idempotency import KeyStore, StoreError, StoreUnavailable, open_store
+from idempotency import KeyStore, SQLiteKeyStore, StoreError, StoreUnavailable, open_store
 
 #: The embedded durable default: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///.mcp-once/keys.sqlite3"
@@ -18,17 +28,27 @@ EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+#: The environment variable `--store` defaults to.
+STORE_VARIABLE = "MCP_ONCE_STORE"
+#: The extensions a plain path given as a store may have (else: sqlite:///path).
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def from_environment(variable: str, fallback: str) -> str:
+    """An option's default: `$variable` when set and not empty, else `fallback`. Read when the
+    parser is built, and never shown in help (see the module doc)."""
+    return os.environ.get(variable) or fallback
 
 
 def add_store_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
-        default=os.environ.get("MCP_ONCE_STORE", DEFAULT_STORE_URL),
+        default=from_environment(STORE_VARIABLE, DEFAULT_STORE_URL),
         help="key store URL: memory://, sqlite:///path.db, redis://host:port/db,"
         " redis+sentinel://host:port[,host:port...]/service_name[/db] or"
         " redis+cluster://host:port[,host:port...] (rediss+... for TLS); the query carries"
         " the store's options, e.g. redis://host:6379/0?prefix=app:&wait_replicas=1&wait_aof=true"
-        " (default: $MCP_ONCE_STORE or %(default)s)",
+        f" (default: ${STORE_VARIABLE} if set, else {DEFAULT_STORE_URL})",
     )
 
 
@@ -55,14 +75,36 @@ def unreachable(url: str, exc: Exception) -> NoReturn:
     fail(f"the key store at {redacted(url)!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
 
 
-def open_or_fail(url: str) -> KeyStore:
-    """The store at `url`, or an exit with a sentence saying what is wrong with the URL."""
+def require_file(what: str, url: str, path: Path, *, made_by: str) -> None:
+    """Exit 3 naming `path` when the SQLite file a command only reads does not exist, instead
+    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it."""
+    if not path.is_file():
+        fail(
+            f"the {what} at {redacted(url)!r} cannot be reached: no {what} file at {path} (it"
+            f" does not exist; looking creates nothing: {made_by} creates it)",
+            EXIT_UNREACHABLE,
+        )
+
+
+def open_or_fail(url: str, *, existing: bool = False) -> KeyStore:
+    """The store at `url`, or an exit with a sentence saying what is wrong with the URL.
+    `existing`: the command only reads, so an SQLite file must exist already."""
+    plain_path = "://" not in url and not url.startswith(("memory:", "sqlite:"))
+    if plain_path and url.strip() and not url.endswith(SQLITE_SUFFIXES):
+        fail(
+            f"bad key store URL: {redacted(url)!r} is neither a URL (memory://, sqlite:///,"
+            f" redis://, ...) nor the path of an SQLite file ({', '.join(SQLITE_SUFFIXES)})",
+            EXIT_USAGE,
+        )
     try:
-        return open_store(url)
+        store = open_store(url)
     except StoreUnavailable as exc:
         unreachable(url, exc)
     except (ValueError, TypeError) as exc:
         fail(f"bad key store URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
+    if existing and isinstance(store, SQLiteKeyStore):
+        require_file("key store", url, store.path, made_by="a guarded server")
+    return store
 
 
 #: A key no record is ever stored under (store keys are SHA-256 hex digests): reading it proves
@@ -83,3 +125,14 @@ async def store_problem(store: KeyStore, url: str) -> str | None:
     except StoreError as exc:
         return f"the key store at {redacted(url)!r} cannot be used: {exc}"
     return None
+
+
+def print_table(columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    """Aligned columns under their names, one row a line, no trailing blanks: readable, and
+    `awk '{print $1}'` still gets the first column."""
+    lines = [list(columns), *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    for line in lines:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        )

@@ -49,10 +49,24 @@ def add_arguments(settle: argparse.ArgumentParser) -> None:
     )
 
 
+def lease_ran_out(record: Record, now: float | None = None) -> bool:
+    """Whether `record` is IN_PROGRESS under a lease that ran out: its worker died or hung.
+
+    The store keeps it IN_PROGRESS until the next claim turns it UNKNOWN (or takes it over); for
+    an operator it is unknown already, and `keys` shows and settles it as such, so that a dead
+    worker's record does not wait for a client to come back."""
+    return (
+        record.state is RecordState.IN_PROGRESS
+        and record.lease_deadline is not None
+        and record.lease_deadline <= (clock() if now is None else now)
+    )
+
+
 def too_soon_to_fail(record: Record | None, grace: float) -> str | None:
     """Why `record` must not be settled as failed yet, or None when nothing speaks against it
-    (records that are not UNKNOWN are left to the store, which refuses them itself)."""
-    if record is None or record.state is not RecordState.UNKNOWN:
+    (records that are neither UNKNOWN nor under a lease that ran out are left to the store,
+    which refuses them itself)."""
+    if record is None or not (record.state is RecordState.UNKNOWN or lease_ran_out(record)):
         return None
     ran_out = record.lease_deadline if record.lease_deadline is not None else record.updated_at
     age = clock() - ran_out

@@ -8,6 +8,13 @@ and an operator listing records should not see them by accident. Records that ca
 are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
 so an operator must be able to find them. Settling a record as failed is refused for a grace
 period after its last lease ran out (see `_grace`).
+
+A record IN_PROGRESS whose lease ran out (its worker was killed) is UNKNOWN in all but name: the
+store turns it so at the next claim. `keys` does not wait for one: it lists it as `unknown`
+(`storedState` says what the store holds, `leaseRanOutAt` since when), `--state unknown` finds
+it, and `keys settle` first turns it UNKNOWN with the store's own claim (`takeover=False`, as a
+client's claim would have), then settles it: one fenced transition after the other, never state
+logic of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from idempotency import (
+    DEFAULT_LEASE,
     CallScope,
+    ClaimStatus,
     CorruptRecord,
     KeyStore,
     LimitExceeded,
@@ -53,6 +62,8 @@ from ._common import (
     add_store_option,
     fail,
     open_or_fail,
+    print_table,
+    redacted,
     unreachable,
 )
 
@@ -121,13 +132,28 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_run(_list, _check_list))
 
-    show = actions.add_parser("show", help="show one record (its result only if asked)")
+    show = actions.add_parser(
+        "show",
+        help="show one record (its result only if asked)",
+        description="Show one record, by its store key or by what the client saw. Its stored"
+        " result is printed only with --reveal-result: it is user data.",
+        epilog=_EPILOG,
+    )
     _add_key_arguments(show)
     show.add_argument("--reveal-result", action="store_true", help="print the stored result")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(run=_run(_show))
 
-    settle = actions.add_parser("settle", help="settle an UNKNOWN record as completed or failed")
+    settle = actions.add_parser(
+        "settle",
+        help="settle an UNKNOWN record as completed or failed",
+        description="Settle a record whose outcome is unknown: UNKNOWN, or IN_PROGRESS under a"
+        " lease that ran out (its worker died; it is turned UNKNOWN first, as a client's retry"
+        " would). --failed releases it so that the next call runs the tool again, refused"
+        " within --grace of its lease running out unless --force; --result-text or"
+        " --result-json completes it with the result the tool is known to have had.",
+        epilog="What to check before settling: docs/runbook.md.",
+    )
     _add_key_arguments(settle)
     verdict = settle.add_mutually_exclusive_group(required=True)
     verdict.add_argument("--failed", action="store_true", help="release it: the next call runs")
@@ -153,7 +179,13 @@ def add_parser(commands: Any) -> None:
     _grace.add_arguments(settle)
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 
-    purge = actions.add_parser("purge", help="physically remove expired records")
+    purge = actions.add_parser(
+        "purge",
+        help="physically remove expired records",
+        description="Physically remove the records past their expiry (completed and released"
+        " ones past their retention). The server already ignores them; this only frees the"
+        " space. UNKNOWN records never expire and are never purged.",
+    )
     purge.set_defaults(run=_run(_purge))
 
     for parser in (listing, show, settle, purge):
@@ -214,7 +246,7 @@ def _run(
             args.key = _store_key(args)
         if prepare is not None:
             prepare(args)
-        store = open_or_fail(args.store)
+        store = open_or_fail(args.store, existing=True)
 
         async def go() -> int:
             try:
@@ -247,10 +279,12 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
     before settling an UNKNOWN record as failed."""
     now = _grace.clock()
     ran_out = record.lease_deadline is not None and record.lease_deadline <= now
+    shown = RecordState.UNKNOWN if _grace.lease_ran_out(record, now) else record.state
     described: dict[str, Any] = {
         "key": record.key,
         "tool": record.tool,
-        "state": record.state.value,
+        "state": shown.value,
+        "storedState": record.state.value,
         "ageSeconds": round(max(0.0, now - record.created_at), 3),
         "fence": record.fence,
         "attempts": record.attempts,
@@ -281,7 +315,7 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
 
 def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
     """A record the store could not read at all: its key and why, nothing else is known."""
-    fields = ("tool", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
+    fields = ("tool", "storedState", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
     more = ("leaseDeadline", "leaseRanOutAt", "completedAt", "expiresAt", "resultBytes")
     return {
         "key": found.key,
@@ -316,12 +350,7 @@ def _cell(row: dict[str, Any], column: str) -> str:
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
     """Aligned columns, one record a line, "-" for nothing: `awk '{print $1}'` gets the keys."""
-    lines = [list(_COLUMNS), *([_cell(row, c) for c in _COLUMNS] for row in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS))]
-    for line in lines:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        )
+    print_table(_COLUMNS, [[_cell(row, c) for c in _COLUMNS] for row in rows])
     print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
 
 
@@ -332,6 +361,22 @@ def _check_list(args: argparse.Namespace) -> None:
         fail("--tool needs a tool name", EXIT_USAGE)
 
 
+async def _listed(
+    store: KeyStore, state: RecordState | None, tool: str | None, limit: int
+) -> list[Record]:
+    """The records `--state` asks for, as an operator sees states: a record under a lease that
+    ran out is unknown (see the module doc), not in_progress."""
+    if state not in (RecordState.UNKNOWN, RecordState.IN_PROGRESS):
+        return await store.list_records(state=state, tool=tool, limit=limit)
+    now = _grace.clock()
+    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
+    if state is RecordState.IN_PROGRESS:
+        return [r for r in running if not _grace.lease_ran_out(r, now)]
+    unknown = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
+    unknown += [r for r in running if _grace.lease_ran_out(r, now)]
+    return sorted(unknown, key=lambda r: r.created_at)[:limit]
+
+
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     """Exit 1 when a corrupt record was listed: something an operator must look at.
 
@@ -340,7 +385,7 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     any age are the first ones of its answer."""
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
     with unreadable_records() as unreadable:
-        records = await store.list_records(state=state, tool=args.tool, limit=args.limit)
+        records = await _listed(store, state, args.tool, args.limit)
     if args.older_than is not None:
         cutoff = _grace.clock() - args.older_than
         records = [r for r in records if r.created_at <= cutoff]
@@ -375,7 +420,11 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
 async def _show(store: KeyStore, args: argparse.Namespace) -> int:
     record = await store.get(args.key)
     if record is None:
-        print(f"mcp-once: no live record for key {args.key}", file=sys.stderr)
+        print(
+            f"mcp-once: no live record for key {args.key} in the key store at"
+            f" {redacted(args.store)!r}",
+            file=sys.stderr,
+        )
         return EXIT_PROBLEM
     described = _describe(record, reveal=args.reveal_result)
     if args.json:
@@ -405,11 +454,20 @@ def _settled_result(args: argparse.Namespace) -> bytes | None:
         except OSError as exc:
             fail(f"cannot read {args.result_json}: {exc.strerror}", EXIT_USAGE)
         except ValidationError as exc:
-            fail(
-                f"{args.result_json} is not a CallToolResult ({exc.error_count()} problems)",
-                EXIT_USAGE,
-            )
+            fail(f"{args.result_json} is not a CallToolResult: {_problems(exc)}", EXIT_USAGE)
     return encode_result(result, time.time())
+
+
+def _problems(error: ValidationError, shown: int = 3) -> str:
+    """What is wrong with a file, as pydantic found it: where (`content.0.type`) and what, for
+    the first few problems, so that the operator can fix the file without guessing."""
+    found = error.errors()
+    said = [
+        f"{'.'.join(str(part) for part in problem['loc']) or 'the document'}: {problem['msg']}"
+        for problem in found[:shown]
+    ]
+    more = len(found) - shown
+    return "; ".join(said) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _prepare_settle(args: argparse.Namespace) -> None:
@@ -422,22 +480,39 @@ def _prepare_settle(args: argparse.Namespace) -> None:
 
 async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
     result: bytes | None = args.settled
+    record = await store.get(args.key)
     if result is None and not args.force:
-        refusal = _grace.too_soon_to_fail(await store.get(args.key), args.grace)
+        refusal = _grace.too_soon_to_fail(record, args.grace)
         if refusal is not None:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
+    if record is not None and _grace.lease_ran_out(record):
+        await _turn_unknown(store, record)
     if await store.settle(args.key, result=result, retention=args.retention):
         verdict = "released (the next call runs again)" if result is None else "completed"
         print(f"settled {args.key}: {verdict}")
         return 0
     record = await store.get(args.key)
     state = "absent" if record is None else record.state.value
+    if record is not None and record.state is RecordState.IN_PROGRESS:
+        state += f", its lease held until {_when(record.lease_deadline)} (a worker is running it)"
     print(
         f"mcp-once: {args.key} was not settled: only an UNKNOWN record can be, and it is {state}",
         file=sys.stderr,
     )
     return EXIT_PROBLEM
+
+
+async def _turn_unknown(store: KeyStore, record: Record) -> None:
+    """Turn a record whose lease ran out UNKNOWN exactly as a client's retry would have: the
+    store's claim, without takeover, which decides on the store's own clock and writes the
+    transition's event. Should the record have been released in between, that claim makes a
+    fresh one, given up again at once with its own token."""
+    outcome = await store.claim(
+        record.key, record.fingerprint, lease=DEFAULT_LEASE, takeover=False, tool=record.tool
+    )
+    if outcome.status is ClaimStatus.CLAIMED and outcome.token is not None:
+        await store.release(record.key, outcome.token)
 
 
 async def _purge(store: KeyStore, args: argparse.Namespace) -> int:

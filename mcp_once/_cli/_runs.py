@@ -40,21 +40,44 @@ from orchestrator import (
     open_journal,
 )
 
-from ._common import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE, EXIT_USAGE, fail, redacted
+from ._common import (
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    fail,
+    from_environment,
+    print_table,
+    redacted,
+    require_file,
+)
 
 #: What `Run` opens when given no journal (`orchestrator.default_journal_path`): the SQLite file
 #: under `.mcp-once/` of the working directory, named as a URL so the option, its help and the
 #: messages all say the same thing (a test checks it is the file `Run` writes).
 DEFAULT_JOURNAL_URL = "sqlite:///.mcp-once/journal.db"
+#: The environment variable `--journal` defaults to, as `$MCP_ONCE_STORE` is `--store`'s.
+JOURNAL_VARIABLE = "MCP_ONCE_JOURNAL"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def add_parser(commands: Any) -> None:
-    runs = commands.add_parser("runs", help="list, show and purge the runs a Run journalled")
+    runs = commands.add_parser(
+        "runs",
+        help="list, show and purge the runs a Run journalled",
+        description="See and forget the runs an agent's orchestrator.Run journalled: tell a run"
+        " waiting for its restart from one that is done, and clear old ones.",
+    )
     actions = runs.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    listing = actions.add_parser("list", help="list runs: state, calls, dangling intents, age")
+    listing = actions.add_parser(
+        "list",
+        help="list runs: state, calls, dangling intents, age",
+        description="List the journalled runs: their state, calls, dangling"
+        " intents (calls whose outcome the run never learnt), whether a live lease holds them,"
+        " and their age.",
+    )
     listing.add_argument("--state", choices=["running", "finished"], help="only runs in this state")
     listing.add_argument(
         "--limit", type=int, default=100, help="list at most N runs (default: %(default)s)"
@@ -62,7 +85,12 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(run=_run(_list, _check_limit))
 
-    show = actions.add_parser("show", help="show one run, position by position")
+    show = actions.add_parser(
+        "show",
+        help="show one run, position by position",
+        description="Show one run, position by position: each call's tool, state and store key"
+        " (what `mcp-once keys show` takes; the call's own key is never printed).",
+    )
     show.add_argument("run_id", metavar="RUN", help="the run id, as `runs list` prints it")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(run=_run(_show))
@@ -93,11 +121,12 @@ def add_parser(commands: Any) -> None:
     for parser in (listing, show, purge):
         parser.add_argument(
             "--journal",
-            default=DEFAULT_JOURNAL_URL,
+            default=from_environment(JOURNAL_VARIABLE, DEFAULT_JOURNAL_URL),
             help="journal URL: sqlite:///path.db, redis://host:port/db, rediss://…, unix://…,"
             " redis+cluster://host:port[,host:port...] or"
             " redis+sentinel://host:port[,host:port...]/service_name[/db]"
-            " (default: %(default)s, where Run keeps it)",
+            f" (default: ${JOURNAL_VARIABLE} if set, else {DEFAULT_JOURNAL_URL}, where Run keeps"
+            " it)",
         )
 
 
@@ -139,8 +168,8 @@ def _open_or_fail(url: str) -> Journal:
         journal = open_journal(url)  # opens nothing yet: SQLite connects on first use
     except (ValueError, TypeError) as exc:
         fail(f"bad journal URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
-    if isinstance(journal, SQLiteJournal) and not journal.path.is_file():
-        _unreachable(url, FileNotFoundError(f"no journal file at {journal.path}"))
+    if isinstance(journal, SQLiteJournal):
+        require_file("journal", url, journal.path, made_by="an agent's orchestrator.Run")
     return journal
 
 
@@ -203,9 +232,7 @@ def _cell(value: object) -> str:
 
 
 def _print_rows(columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
-    print("  ".join(columns))
-    for row in rows:
-        print("  ".join(_cell(row[c]) for c in columns))
+    print_table(columns, [[_cell(row[c]) for c in columns] for row in rows])
 
 
 def _check_limit(args: argparse.Namespace) -> None:

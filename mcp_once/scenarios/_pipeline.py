@@ -57,8 +57,9 @@ KILLED = -9
 #: Agents running at once (the machine may have two cores).
 PARALLEL = 6
 
-#: The Run lease of the demo's agents: short, since a restart waits for a killed agent's lease
-#: to run out, long enough (renewed every third of it) that a live agent keeps its run.
+#: The Run lease of the demo's agents. On Linux a restart takes a killed agent's run over at once
+#: (its process is gone); elsewhere (no `/proc`) it waits for the lease to run out, so it is
+#: short, and long enough (renewed every third of it) that a live agent keeps its run.
 DEMO_LEASE = 0.4
 
 Kill = tuple[int, str]
@@ -94,32 +95,44 @@ async def pipeline_shop(folder: Path) -> AsyncIterator[tuple[str, Ledger]]:
 
 class PipelineHarness:
     """Forks agents of one shop from `zygote`; every file of a pipeline (output, log, replays)
-    is named by its tag in `folder`, and its run id is `run-<tag>`."""
+    is named by its tag in `folder`, and its run id is `run-<tag>`. `journal`: where the agents
+    journal their runs (a URL, or by default `journal.db` in `folder`)."""
 
-    def __init__(self, url: str, ledger: Ledger, zygote: Zygote, folder: Path) -> None:
+    def __init__(
+        self, url: str, ledger: Ledger, zygote: Zygote, folder: Path, journal: str | None = None
+    ) -> None:
         self.url = url
         self.ledger = ledger
         self.zygote = zygote
         self.folder = folder
+        self.journal = journal or str(folder / "journal.db")
         self.limiter = anyio.CapacityLimiter(PARALLEL)
 
     async def agent(
-        self, tag: str, *, crash: Kill | None = None, mode: PipelineMode = "run", **options: Any
+        self,
+        tag: str,
+        *,
+        crash: Kill | None = None,
+        mode: PipelineMode = "run",
+        name: str | None = None,
+        **options: Any,
     ) -> int:
-        """One agent process, dying at `crash` if given; its exit code."""
+        """One agent process, dying at `crash` if given; its exit code. `name`: the stem of its
+        output and log files, when copies of one pipeline run side by side (default `tag`)."""
+        stem = name or tag
         argv = [
             "--url", self.url,
-            "--journal", str(self.folder / "journal.db"),
+            "--journal", self.journal,
             "--run-id", f"run-{tag}",
             "--tag", tag,
-            "--out", str(self.folder / f"{tag}.json"),
+            "--out", str(self.folder / f"{stem}.json"),
             "--mode", mode,
         ]  # fmt: skip
         for name, value in options.items():
             argv += [f"--{name.replace('_', '-')}", str(value)]
         env = {CRASH_AT: f"{crash[1]}@{crash[0]}"} if crash is not None else {}
         async with self.limiter:
-            return await self.zygote.run(argv, env, self.folder / f"{tag}.log")
+            return await self.zygote.run(argv, env, self.folder / f"{stem}.log")
 
     async def resumed(
         self, tag: str, kills: Sequence[Kill], mode: PipelineMode = "run", **options: Any
@@ -141,11 +154,12 @@ class PipelineHarness:
         return len(kills) + 1
 
     def log(self, tag: str) -> str:
+        """The end of the log of `tag` (or of a copy's `name`)."""
         path = self.folder / f"{tag}.log"
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def output(self, tag: str) -> dict[int, dict[str, str]]:
-        """What the last agent of `tag` reported, per position."""
+        """What the last agent of `tag` (or of a copy's `name`) reported, per position."""
         raw = json.loads((self.folder / f"{tag}.json").read_text())
         return {int(position): outcome for position, outcome in raw.items()}
 

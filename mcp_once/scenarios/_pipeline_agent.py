@@ -21,7 +21,10 @@ process (no `Run`), so a restart sends everything again under new keys. The outp
 written once the pipeline completes) holds, per position, "ok" and the result text or
 "unknown:<reason>" for a call that ended in `OutcomeUnknown`. Every answer the server replayed
 from its record is also appended, as its position, to `<out>.replays`, as it arrives: a replay
-served to a process killed right after still counts.
+served to a process killed right after still counts. The log has a `killed at <time>` line
+before each SIGKILL, an `entering <run> at <time>` line before it enters `Run` and an
+`entered <run> fence <n> at <time>` line once it did (wall clock), from which the harness reads
+how long a restart took to resume, and whether it met a held run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -43,6 +47,7 @@ from mcp_types import CallToolResult, RequestParamsMeta, TextContent
 from idempotency import wire
 from mcp_once.scenarios._zygote import serve_forks
 from orchestrator import (
+    Journal,
     OutcomeUnknown,
     RetryingSession,
     RetryPolicy,
@@ -52,6 +57,7 @@ from orchestrator import (
     RunExpired,
     SQLiteJournal,
     Turn,
+    open_journal,
     streamable_http_transport,
 )
 
@@ -69,6 +75,8 @@ def crash_at(window: str, position: int) -> None:
     """SIGKILL this process if `MCP_ONCE_CRASH_AT` names this window at this position: no
     cleanup, no flush, no `finally`, exactly what an OOM kill or a lost host does."""
     if os.environ.get(CRASH_AT) == f"{window}@{position}":
+        # When, for the harness's restart-to-resume figure (the line is written before the kill).
+        print(f"killed at {time.time():.6f}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -139,9 +147,9 @@ class KillingClient(Client):
 
 
 class KillingJournal:
-    """The SQLite journal, dying at W3: the answer is in, the done not yet written."""
+    """The agent's journal, dying at W3: the answer is in, the done not yet written."""
 
-    def __init__(self, inner: SQLiteJournal) -> None:
+    def __init__(self, inner: Journal) -> None:
         self.inner = inner
         self.retention = inner.retention
 
@@ -196,6 +204,13 @@ async def pipeline(
     return out
 
 
+async def opened(gate: str) -> None:
+    """Hold the run, before the pipeline, until the harness makes the file `gate` (so that it
+    can start other copies against a run that is certainly held, however loaded the machine)."""
+    while not await anyio.Path(gate).exists():  # noqa: ASYNC110 (a file is the only signal)
+        await anyio.sleep(0.02)
+
+
 def skewed(seconds: float) -> Callable[[], float] | None:
     """A wall clock `seconds` ahead (the expiry check: a resume long after the kill)."""
     if not seconds:
@@ -203,34 +218,55 @@ def skewed(seconds: float) -> Callable[[], float] | None:
     return lambda: time.time() + seconds
 
 
+def open_agent_journal(where: str) -> Journal:
+    """`--journal`: a journal URL (`redis://...`, `sqlite:///...`), or a SQLite file path."""
+    return open_journal(where) if "://" in where else SQLiteJournal(where)
+
+
 async def journalled(
     args: argparse.Namespace, client: Client, plan: list[tuple[str, dict[str, Any]]]
 ) -> dict[int, dict[str, str]] | int:
-    """The pipeline under `Run`, waiting up to `--wait-busy` seconds for a dead holder's lease
-    to run out; an exit code for a refusal."""
-    journal = KillingJournal(SQLiteJournal(args.journal))
-    deadline = time.monotonic() + args.wait_busy
+    """The pipeline under `Run` (which waits up to `--wait` seconds for a live holder, and not at
+    all for one that died on this host); an exit code for a refusal. The run is entered before
+    the client connects, so the restart figure is the run's, not the server handshake's."""
+    journal = KillingJournal(open_agent_journal(args.journal))
+    print(f"entering {args.run_id} at {time.time():.6f}", file=sys.stderr, flush=True)
     try:
-        while True:
-            try:
-                async with Run(
-                    args.run_id, journal=journal, lease=args.lease, clock=skewed(args.skew)
-                ) as run:
-                    await anyio.sleep(args.linger)
-                    session = RetryingSession(client, policy=POLICY, run=run)
-                    return await pipeline(session, run, plan)
-            except RunBusy:
-                if time.monotonic() >= deadline:
-                    return BUSY
-                await anyio.sleep(0.05)
-            except RunDiverged as diverged:
-                print(f"diverged: {diverged}", file=sys.stderr)
-                return DIVERGED
-            except RunExpired as expired:
-                print(f"expired: {expired}", file=sys.stderr)
-                return EXPIRED
+        async with Run(
+            args.run_id,
+            journal=journal,
+            lease=args.lease,
+            wait=args.wait,
+            clock=skewed(args.skew),
+        ) as run:
+            # When it entered, for the harness's restart-to-resume figure (wall clock: the
+            # harness compares it with when it saw the previous process die).
+            entered = f"entered {args.run_id} fence {run.fence} at {time.time():.6f}"
+            print(entered, file=sys.stderr, flush=True)
+            if args.gate:
+                await opened(args.gate)
+            async with client:
+                try:  # inside the client, whose task group would wrap the refusal
+                    return await pipeline(
+                        RetryingSession(client, policy=POLICY, run=run), run, plan
+                    )
+                except REFUSALS as refusal:
+                    return refused(refusal)
+    except REFUSALS as refusal:
+        return refused(refusal)
     finally:
         await journal.aclose()
+
+
+REFUSALS = (RunBusy, RunDiverged, RunExpired)
+
+
+def refused(refusal: RunBusy | RunDiverged | RunExpired) -> int:
+    """The exit code of a refusal, said on stderr for the harness."""
+    print(f"{type(refusal).__name__}: {refusal}", file=sys.stderr, flush=True)
+    if isinstance(refusal, RunDiverged):
+        return DIVERGED
+    return EXPIRED if isinstance(refusal, RunExpired) else BUSY
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -239,14 +275,14 @@ async def main(args: argparse.Namespace) -> int:
     plan = steps(args.tag, args.variant)
     killing = KillingClient(streamable_http_transport(args.url))
     killing.replays = f"{args.out}.replays"
-    async with killing as client:
-        if run_mode_fresh:
+    if run_mode_fresh:
+        async with killing as client:
             out = await pipeline(RetryingSession(client, policy=POLICY), None, plan)
-        else:
-            answer = await journalled(args, client, plan)
-            if isinstance(answer, int):
-                return answer
-            out = answer
+    else:
+        answer = await journalled(args, killing, plan)
+        if isinstance(answer, int):
+            return answer
+        out = answer
     await anyio.Path(args.out).write_text(json.dumps({str(p): out[p] for p in sorted(out)}))
     return 0
 
@@ -261,14 +297,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mode", choices=("run", "fresh"), default="run")
     parser.add_argument("--variant", choices=("same", "diverge"), default="same")
     parser.add_argument("--lease", type=float, default=0.75)
-    parser.add_argument("--wait-busy", type=float, default=10.0)
-    parser.add_argument("--linger", type=float, default=0.0)
+    parser.add_argument("--wait", type=float, default=10.0)
+    parser.add_argument("--gate", default="")
     parser.add_argument("--skew", type=float, default=0.0)
     return parser.parse_args(argv)
 
 
 def run_agent(argv: list[str]) -> int:
-    """One agent process's life: parse `argv`, run the pipeline, its exit code."""
+    """One agent process's life: parse `argv`, run the pipeline, its exit code.
+
+    The libraries are silent unless asked (their loggers have only a `NullHandler`); the agent
+    is an application and asks, as its users' would: their warnings (what a `Run` waits for)
+    go to stderr, where the harness reads them."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     code: int = anyio.run(main, parse(argv))
     return code
 

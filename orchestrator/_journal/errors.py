@@ -14,11 +14,27 @@ class RunBusy(JournalError):
 
     Two copies of one run interleaving their calls would number them differently and defeat the
     journal; refusing the second one is the only safe answer while the first may still be alive.
+    Carries what the journal knows of that holder, so the caller can judge it: its name, its
+    fence, its proof of life (`alive`, None if it recorded none) and the seconds its lease has
+    `left` (None where the refusal is not about a lease).
     """
 
-    def __init__(self, run_id: str, message: str) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        message: str,
+        *,
+        holder: str | None = None,
+        fence: int | None = None,
+        alive: str | None = None,
+        left: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.run_id = run_id
+        self.holder = holder
+        self.fence = fence
+        self.alive = alive
+        self.left = left
 
 
 class FencedOut(RunBusy):

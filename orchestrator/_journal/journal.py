@@ -4,7 +4,11 @@ summaries the operator commands list.
 Every backend keeps the same promises, checked by one contract suite:
 
 - one writer per run: `acquire` hands out a fence (a number that only grows) under a lease; a
-  live lease of another holder is `RunBusy`, an expired one is taken over with a higher fence;
+  live lease of another holder is `RunBusy`, an expired one is taken over with a higher fence,
+  and so is a live one whose holder the caller proved dead (`dead=`: only while that fence
+  still holds the run, so of two copies taking over one dead holder one wins);
+- each holder's proof of life (`alive=`, see `holder.py`) is kept with it, and reported only
+  for the fence that wrote it (a holder written by a release that records none has none);
 - every write names its fence, and a stale one changes nothing (`FencedOut`), so a holder that
   was presumed dead and comes back cannot interleave with the one that took over;
 - `record_intent` is durable when it returns, before the call it records is sent;
@@ -34,7 +38,8 @@ DEFAULT_RETENTION = 7 * 24 * 3600.0
 @dataclass(frozen=True)
 class RunSummary:
     """One run as the operator sees it: `calls` entries, `dangling` of them intents without a
-    done (calls whose outcome the run never learnt), who holds it and until when."""
+    done (calls whose outcome the run never learnt), who holds it and until when, and the
+    holder's proof of life (`alive`, `holder.Proof` encoded; None if it recorded none)."""
 
     run_id: str
     state: RunState
@@ -46,6 +51,7 @@ class RunSummary:
     created_at: float
     updated_at: float
     finished_at: float | None
+    alive: str | None = None
 
     def age(self, now: float) -> float:
         """Seconds since the run was created."""
@@ -62,9 +68,19 @@ class Journal(Protocol):
     #: Seconds a finished run is kept before `sweep` forgets it.
     retention: float
 
-    async def acquire(self, run_id: str, holder: str, lease: float) -> int:
-        """Hold `run_id` for `lease` seconds as `holder`; the new fence, higher than any before.
-        `RunBusy` if another holder's lease is live. Creates the run if it is new."""
+    async def acquire(
+        self,
+        run_id: str,
+        holder: str,
+        lease: float,
+        *,
+        alive: str | None = None,
+        dead: int | None = None,
+    ) -> int:
+        """Hold `run_id` for `lease` seconds as `holder` (its proof of life `alive`); the new
+        fence, higher than any before. `RunBusy`, carrying the holder, its fence, proof and
+        lease left, if another holder's lease is live, unless that holder's fence is `dead`
+        (the caller proved it dead). Creates the run if it is new."""
         ...
 
     async def renew(self, run_id: str, fence: int, lease: float) -> None:

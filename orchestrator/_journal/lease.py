@@ -44,9 +44,17 @@ def check_holder(holder: object) -> str:
 
 
 def acquired(
-    head: RunSummary | None, run_id: str, holder: str, lease: float, now: float
+    head: RunSummary | None,
+    run_id: str,
+    holder: str,
+    lease: float,
+    now: float,
+    *,
+    alive: str | None = None,
+    dead: int | None = None,
 ) -> RunSummary:
-    """The head after `holder` acquires the run: a new run at fence 1, or the next fence."""
+    """The head after `holder` (proof of life `alive`) acquires the run: a new run at fence 1,
+    or the next fence. A live holder refuses it (`RunBusy`) unless its fence is `dead`."""
     if head is None:
         return RunSummary(
             run_id=run_id,
@@ -59,16 +67,30 @@ def acquired(
             created_at=now,
             updated_at=now,
             finished_at=None,
+            alive=alive,
         )
-    if head.held(now) and head.holder != holder:
-        raise RunBusy(
-            run_id,
-            f"run {run_id!r} is held by {head.holder!r} for {head.lease_deadline - now:.1f}s more"
-            if head.lease_deadline is not None
-            else f"run {run_id!r} is held by {head.holder!r}",
-        )
+    if head.held(now) and head.holder != holder and head.fence != dead:
+        left = (head.lease_deadline or now) - now
+        raise busy(run_id, head.holder, left, head.fence, head.alive)
     return dataclasses.replace(
-        head, fence=head.fence + 1, holder=holder, lease_deadline=now + lease, updated_at=now
+        head,
+        fence=head.fence + 1,
+        holder=holder,
+        lease_deadline=now + lease,
+        updated_at=now,
+        alive=alive,
+    )
+
+
+def busy(run_id: str, holder: str | None, left: float, fence: int, alive: str | None) -> RunBusy:
+    """The refusal of a run another holder has: what a waiter needs to judge that holder."""
+    return RunBusy(
+        run_id,
+        f"run {run_id!r} is held by {holder!r} (fence {fence}) for {left:.1f}s more",
+        holder=holder,
+        fence=fence,
+        alive=alive,
+        left=left,
     )
 
 
@@ -93,7 +115,7 @@ def renewed(head: RunSummary, lease: float, now: float) -> RunSummary:
 
 
 def released(head: RunSummary, now: float) -> RunSummary:
-    return dataclasses.replace(head, holder=None, lease_deadline=None, updated_at=now)
+    return dataclasses.replace(head, holder=None, lease_deadline=None, updated_at=now, alive=None)
 
 
 def finished(head: RunSummary, now: float) -> RunSummary:
@@ -105,6 +127,7 @@ def finished(head: RunSummary, now: float) -> RunSummary:
         holder=None,
         lease_deadline=None,
         updated_at=now,
+        alive=None,
     )
 
 

@@ -24,7 +24,15 @@ class MemoryJournal:
     def __repr__(self) -> str:
         return "MemoryJournal()"
 
-    async def acquire(self, run_id: str, holder: str, lease: float) -> int:
+    async def acquire(
+        self,
+        run_id: str,
+        holder: str,
+        lease: float,
+        *,
+        alive: str | None = None,
+        dead: int | None = None,
+    ) -> int:
         rules.check_run_id(run_id)
         head = rules.acquired(
             self._heads.get(run_id),
@@ -32,6 +40,8 @@ class MemoryJournal:
             rules.check_holder(holder),
             rules.check_lease(lease),
             self._clock(),
+            alive=alive,
+            dead=dead,
         )
         self._heads[run_id] = head
         self._entries.setdefault(run_id, {})

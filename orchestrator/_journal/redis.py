@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from .entry import Entry, check_intent, nothing_to_mark
 from .errors import EntryConflict, FencedOut, JournalUnavailable, RunBusy, RunFinished
 from .journal import DEFAULT_RETENTION, Clock, RunSummary
-from .lease import check_holder, check_lease, check_run_id
+from .lease import busy, check_holder, check_lease, check_run_id
 
 logger = logging.getLogger("orchestrator.journal")
 
@@ -146,7 +146,15 @@ class RedisJournal:
 
     # -- the lease --------------------------------------------------------------------------
 
-    async def acquire(self, run_id: str, holder: str, lease: float) -> int:
+    async def acquire(
+        self,
+        run_id: str,
+        holder: str,
+        lease: float,
+        *,
+        alive: str | None = None,
+        dead: int | None = None,
+    ) -> int:
         check_run_id(run_id)
         check_holder(holder)
         check_lease(lease)
@@ -154,12 +162,12 @@ class RedisJournal:
         # the index misses; after, so a sweep that dropped the id meanwhile (no head yet) is
         # undone.
         await self._index_run(run_id)
-        reply = await self._call("acquire", run_id, holder, repr(float(lease)))
+        reply = await self._call(
+            "acquire", run_id, holder, repr(float(lease)), alive or "", "" if dead is None else dead
+        )
         await self._index_run(run_id)
         if reply[0] == "busy":
-            raise RunBusy(
-                run_id, f"run {run_id!r} is held by {reply[1]!r} for {float(reply[2]):.1f}s more"
-            )
+            raise busy(run_id, reply[1], float(reply[2]), int(reply[3]), reply[4] or None)
         fence = int(reply[1])
         logger.debug("run %r acquired by %r with fence %d", run_id, holder, fence)
         return fence
@@ -335,6 +343,7 @@ def _decode_head(run_id: str, fields: Mapping[str, str]) -> RunSummary:
             created_at=float(fields["c"]),
             updated_at=float(fields["u"]),
             finished_at=float(fields["x"]) if "x" in fields else None,
+            alive=fields["a"] if "a" in fields and fields.get("g") == fields["f"] else None,
         )
     except (KeyError, ValueError) as exc:
         raise JournalUnavailable(f"run {run_id!r} has an unreadable head: {exc!r}") from exc

@@ -9,8 +9,14 @@ intent is on disk before the call it records is sent (a SIGKILL or a power loss 
 worker thread, one at a time per journal. One host only: WAL needs shared memory.
 
 Layout (measured at about 130 bytes per entry, see the tests): a `runs` row per run (the head:
-fence, holder, lease, counters) with an integer id, and an `entries` row per call keyed by
-(that id, position) in a WITHOUT ROWID table, so the run id is not repeated in every entry.
+fence, holder, lease, counters, the holder's proof of life) with an integer id, and an `entries`
+row per call keyed by (that id, position) in a WITHOUT ROWID table, so the run id is not
+repeated in every entry.
+
+The proof of life (`alive`) came after the first release of the layout: a file without its two
+columns gains them on open, in place, and keeps version 1, so older releases keep working on it.
+They do not write a proof; `alive_fence` names the fence that wrote one, so a proof left behind
+by a newer holder is never read as that of an older release's holder that acquired since.
 """
 
 from __future__ import annotations
@@ -56,7 +62,9 @@ CREATE TABLE runs (
     dangling INTEGER NOT NULL,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    finished_at REAL
+    finished_at REAL,
+    alive TEXT,
+    alive_fence INTEGER
 );
 CREATE INDEX runs_by_finish ON runs (finished_at) WHERE finished_at IS NOT NULL;
 CREATE TABLE entries (
@@ -76,8 +84,10 @@ PRAGMA user_version = {SCHEMA_VERSION};
 
 _HEAD = (
     "SELECT id, run_id, state, fence, holder, lease_deadline, calls, dangling, created_at,"
-    " updated_at, finished_at FROM runs"
+    " updated_at, finished_at, alive, alive_fence FROM runs"
 )
+#: Columns added after the first release of the layout (see the module doc).
+_ADDED = {"alive": "TEXT", "alive_fence": "INTEGER"}
 _ENTRY = "SELECT position, server, tool, fingerprint, key, done, at FROM entries"
 
 
@@ -111,14 +121,22 @@ class SQLiteJournal:
 
     # -- the lease --------------------------------------------------------------------------
 
-    async def acquire(self, run_id: str, holder: str, lease: float) -> int:
+    async def acquire(
+        self,
+        run_id: str,
+        holder: str,
+        lease: float,
+        *,
+        alive: str | None = None,
+        dead: int | None = None,
+    ) -> int:
         rules.check_run_id(run_id)
         rules.check_holder(holder)
         rules.check_lease(lease)
 
         def write(conn: sqlite3.Connection, now: float) -> int:
             row_id, head = _head(conn, run_id)
-            new = rules.acquired(head, run_id, holder, lease, now)
+            new = rules.acquired(head, run_id, holder, lease, now, alive=alive, dead=dead)
             _save_head(conn, row_id, new)
             return new.fence
 
@@ -371,6 +389,10 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+        for column, kind in _ADDED.items():
+            if column not in columns:
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -388,7 +410,10 @@ def _head(conn: sqlite3.Connection, run_id: str) -> tuple[int | None, RunSummary
 def _decode_head(row: tuple[object, ...]) -> RunSummary:
     """The head row as a summary; a damaged row is `JournalUnavailable` naming the run, never a
     guess (a wrong fence or counter would let a stale holder write)."""
-    (_, run_id, state, fence, holder, deadline, calls, dangling, created, updated, finished) = row
+    (_, run_id, state, fence, holder, deadline, calls, dangling, created, updated, finished) = row[
+        :11
+    ]
+    alive, alive_fence = row[11:13]
     if state not in ("running", "finished"):
         raise JournalUnavailable(f"run {run_id!r} has an unknown state {state!r}")
     if holder is not None and not isinstance(holder, str):
@@ -404,6 +429,7 @@ def _decode_head(row: tuple[object, ...]) -> RunSummary:
         created_at=_time(created, run_id),
         updated_at=_time(updated, run_id),
         finished_at=None if finished is None else _time(finished, run_id),
+        alive=alive if isinstance(alive, str) and alive_fence == fence else None,
     )
 
 
@@ -430,17 +456,21 @@ def _save_head(conn: sqlite3.Connection, row_id: int | None, head: RunSummary) -
         head.created_at,
         head.updated_at,
         head.finished_at,
+        head.alive,
+        None if head.alive is None else head.fence,
     )
     if row_id is None:
         conn.execute(
             "INSERT INTO runs (run_id, state, fence, holder, lease_deadline, calls, dangling,"
-            " created_at, updated_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " created_at, updated_at, finished_at, alive, alive_fence)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (head.run_id, *values),
         )
     else:
         conn.execute(
             "UPDATE runs SET state = ?, fence = ?, holder = ?, lease_deadline = ?, calls = ?,"
-            " dangling = ?, created_at = ?, updated_at = ?, finished_at = ? WHERE id = ?",
+            " dangling = ?, created_at = ?, updated_at = ?, finished_at = ?, alive = ?,"
+            " alive_fence = ? WHERE id = ?",
             (*values, row_id),
         )
 

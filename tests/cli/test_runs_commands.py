@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -142,6 +143,17 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         await keys.aclose()
 
 
+def cells(line: str) -> list[str]:
+    """A table line's cells (cells hold no spaces; columns are two or more apart)."""
+    return line.split()
+
+
+def aligned(lines: list[str]) -> bool:
+    """Every cell starts where its column's name starts."""
+    starts = [[cell.start() for cell in re.finditer(r"\S+", line)] for line in lines]
+    return all(found == starts[0][: len(found)] for found in starts[1:])
+
+
 # -- list ----------------------------------------------------------------------------------------
 
 
@@ -169,10 +181,11 @@ async def test_list_shows_state_calls_dangling_intents_held_and_age(
     table = await cli(capsys, "runs", "list", "--journal", backend.url)
     assert table.code == 0
     lines = table.out.splitlines()
-    assert lines[0] == "runId  state  calls  dangling  held  age  updatedAt"
-    assert lines[1].startswith("done  finished  2  0  false  2h  ")
-    assert lines[2].startswith("killed  running  2  1  false  ")
-    assert lines[3].startswith("live  running  0  0  true  ")
+    assert aligned(lines[:-1])
+    assert cells(lines[0]) == ["runId", "state", "calls", "dangling", "held", "age", "updatedAt"]
+    assert cells(lines[1])[:6] == ["done", "finished", "2", "0", "false", "2h"]
+    assert cells(lines[2])[:5] == ["killed", "running", "2", "1", "false"]
+    assert cells(lines[3])[:5] == ["live", "running", "0", "0", "true"]
     assert lines[-1] == "(3 runs)"
 
     finished = await cli(capsys, "runs", "list", "--state", "finished", "--journal", backend.url)
@@ -215,9 +228,10 @@ async def test_show_gives_each_position_and_its_store_key_which_keys_show_finds(
     assert table.code == 0
     assert "runId: r-1" in table.out and "dangling: 1" in table.out and "holder: -" in table.out
     rows = table.out.split("\n\n", 1)[1].splitlines()
-    assert rows[0] == "position  tool  state  storeKey  server  at"
-    assert rows[1].startswith(f"0  pay  done  {positions[0]['storeKey']}  shop  ")
-    assert rows[2].startswith("1  notify  intent  ")
+    assert aligned(rows[:-1])
+    assert cells(rows[0]) == ["position", "tool", "state", "storeKey", "server", "at"]
+    assert cells(rows[1])[:5] == ["0", "pay", "done", positions[0]["storeKey"], "shop"]
+    assert cells(rows[2])[:3] == ["1", "notify", "intent"]
     assert rows[-1] == "(2 positions)"
 
 

@@ -66,8 +66,12 @@ def test_a_foreign_sqlite_file_exits_3_and_is_left_alone(
     foreign = tmp_path / "notes.txt"
     foreign.write_bytes(b"not a database, and not ours to touch" * 200)
     before = foreign.read_bytes()
-    code, err = serve(capsys, "--port", "0", "--store", str(foreign))
+    code, err = serve(capsys, "--port", "0", "--store", f"sqlite:///{foreign}")
     assert code == 3 and str(foreign) in err
+    assert foreign.read_bytes() == before
+    # As a plain path, a name without an SQLite file's extension is no store at all (issue 38).
+    code, err = serve(capsys, "--port", "0", "--store", str(foreign))
+    assert code == 2 and "is neither a URL" in err
     assert foreign.read_bytes() == before
 
 

@@ -12,6 +12,9 @@ import orchestrator
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _http_server import HttpServer
+from _servers import Recorder, make_server
+
 
 @pytest.fixture
 def real_waits() -> None:
@@ -25,3 +28,17 @@ def _no_sleeps(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     with orchestrator.testing():
         yield
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def http(recorder: Recorder) -> Iterator[HttpServer]:
+    """The test servers' tools over streamable HTTP, on a port of their own."""
+    server = HttpServer(make_server(recorder))
+    server.start()
+    yield server
+    server.stop()

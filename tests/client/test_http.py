@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,7 +13,7 @@ import anyio
 import httpx2
 import pytest
 from _http_server import HoldWhileDown, HttpServer
-from _servers import Recorder, make_server
+from _servers import Recorder
 from mcp import Client
 
 from orchestrator import (
@@ -22,24 +22,12 @@ from orchestrator import (
     RetryingSession,
     RetryPolicy,
     ToolCallError,
+    TransportFailed,
     streamable_http_transport,
 )
 
 pytestmark = pytest.mark.anyio
 both_backends = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture
-def http(recorder: Recorder) -> Iterator[HttpServer]:
-    server = HttpServer(make_server(recorder))
-    server.start()
-    yield server
-    server.stop()
 
 
 @both_backends
@@ -120,6 +108,10 @@ async def test_connection_refused_is_never_sent_and_stays_inside_the_call(
     assert err.report is not None
     assert {a.failure for a in err.report.attempts} == {"never_sent"}
     assert recorder.counts() == {"idem": 1}
+    # The failure as it is, naming the URL: no stand-in -32603 or 503 (issue 38).
+    assert isinstance(err.last_error, TransportFailed) and err.last_error.url == http.url
+    assert f"connection refused: {http.url}" in str(err)
+    assert {(a.code, a.http_status) for a in err.report.attempts} == {(None, None)}
 
 
 @both_backends

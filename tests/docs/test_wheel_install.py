@@ -53,3 +53,6 @@ def test_built_wheel_installs_with_an_extra_into_a_fresh_venv(tmp_path: Path) ->
     assert all(file.startswith(str(venv)) for file in files), files
     assert names == "idempotent RetryingSession"
     assert "keys" in run(str(script), "--help", cwd=tmp_path)
+    # No checkout here: bench's help still answers (exit 0), saying where the benchmarks are.
+    bench_help = " ".join(run(str(script), "bench", "--help", cwd=tmp_path).split())
+    assert "not in the installed package" in bench_help

@@ -97,6 +97,86 @@ async def test_runs_do_not_share_leases(kind: Kind) -> None:
     assert await kind.journal.acquire("run-b", "b", LEASE) == 1
 
 
+# -- a holder's proof of life, and taking over a dead one (rule 21) ------------------------------
+
+PROOF = "1d3f846e-07ae-414a-a286-6679a0ad9023 pid:[4026531836] 4242 130956"
+
+
+async def test_a_holder_is_refused_with_what_proves_it_alive(kind: Kind) -> None:
+    fence = await kind.journal.acquire(RUN, "a", LEASE, alive=PROOF)
+    summary = await kind.journal.run(RUN)
+    assert summary is not None and summary.alive == PROOF
+    kind.clock.advance(10)
+    with pytest.raises(RunBusy) as raised:
+        await kind.journal.acquire(RUN, "b", LEASE, alive="other proof 1 2")
+    busy = raised.value
+    assert (busy.holder, busy.fence, busy.alive) == ("a", fence, PROOF)
+    assert busy.left == pytest.approx(LEASE - 10, abs=1e-3)
+
+
+async def test_a_holder_without_a_proof_is_refused_without_one(kind: Kind) -> None:
+    """What a holder written by an earlier release looks like: nothing to judge it by."""
+    await kind.journal.acquire(RUN, "a", LEASE)
+    with pytest.raises(RunBusy) as raised:
+        await kind.journal.acquire(RUN, "b", LEASE, alive=PROOF)
+    assert raised.value.alive is None
+    summary = await kind.journal.run(RUN)
+    assert summary is not None and summary.alive is None
+
+
+async def test_a_live_lease_is_taken_over_when_its_fence_is_named_dead(kind: Kind) -> None:
+    dead = await kind.journal.acquire(RUN, "a", LEASE, alive=PROOF)
+    await kind.journal.record_intent(RUN, dead, entry(0))
+    fence = await kind.journal.acquire(RUN, "b", LEASE, alive="b proof 1 2", dead=dead)
+    assert fence == dead + 1
+    summary = await kind.journal.run(RUN)
+    assert summary is not None
+    assert (summary.holder, summary.fence, summary.alive) == ("b", fence, "b proof 1 2")
+    with pytest.raises(FencedOut):
+        await kind.journal.record_intent(RUN, dead, entry(1))
+    await kind.journal.record_intent(RUN, fence, entry(1))
+
+
+async def test_of_two_takeovers_of_one_dead_holder_one_wins(kind: Kind) -> None:
+    """The takeover is a compare-and-set on the dead fence: the second finds the first's live
+    lease, under another fence, and is refused."""
+    dead = await kind.journal.acquire(RUN, "a", LEASE, alive=PROOF)
+    outcomes: list[object] = []
+
+    async def take(holder: str) -> None:
+        try:
+            outcomes.append(await kind.journal.acquire(RUN, holder, LEASE, dead=dead))
+        except RunBusy as busy:
+            outcomes.append(busy)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(take, "b")
+        group.start_soon(take, "c")
+    won = [outcome for outcome in outcomes if isinstance(outcome, int)]
+    lost = [outcome for outcome in outcomes if isinstance(outcome, RunBusy)]
+    assert won == [dead + 1] and len(lost) == 1, outcomes
+    assert lost[0].fence == dead + 1
+
+
+async def test_naming_another_fence_dead_takes_nothing(kind: Kind) -> None:
+    fence = await kind.journal.acquire(RUN, "a", LEASE, alive=PROOF)
+    before = await snapshot(kind)
+    with pytest.raises(RunBusy):
+        await kind.journal.acquire(RUN, "b", LEASE, dead=fence - 1)
+    assert await snapshot(kind) == before
+
+
+async def test_letting_go_forgets_the_proof(kind: Kind) -> None:
+    fence = await kind.journal.acquire(RUN, "a", LEASE, alive=PROOF)
+    await kind.journal.release(RUN, fence)
+    released = await kind.journal.run(RUN)
+    fence = await kind.journal.acquire(RUN, "b", LEASE, alive=PROOF)
+    await kind.journal.finish(RUN, fence)
+    finished = await kind.journal.run(RUN)
+    assert released is not None and released.alive is None
+    assert finished is not None and finished.alive is None
+
+
 # -- fencing: a stale holder changes nothing ----------------------------------------------------
 
 

@@ -127,8 +127,8 @@ class Dying:
         self.recorded: list[int] = []
         self.lost = False
 
-    async def acquire(self, run_id: str, holder: str, lease: float) -> int:
-        return await self.inner.acquire(run_id, holder, lease)
+    async def acquire(self, run_id: str, holder: str, lease: float, **proof: Any) -> int:
+        return await self.inner.acquire(run_id, holder, lease, **proof)
 
     async def renew(self, run_id: str, fence: int, lease: float) -> None:
         await self.inner.renew(run_id, fence, lease)

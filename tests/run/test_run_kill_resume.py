@@ -34,7 +34,7 @@ from mcp_once.scenarios._pipeline import (
     pipeline_shop,
     schedule,
 )
-from mcp_once.scenarios._pipeline_agent import BUSY, DIVERGED, EXPIRED, POSITIONS, UNGUARDED, steps
+from mcp_once.scenarios._pipeline_agent import DIVERGED, EXPIRED, POSITIONS, UNGUARDED, steps
 from mcp_once.scenarios._zygote import Zygote
 
 pytestmark = pytest.mark.anyio
@@ -132,27 +132,6 @@ async def test_kill_and_resume_every_window_against_fresh_keys(tmp_path: Path) -
     assert min(kills_per_seed) >= 3
     assert all(windows[window] >= 5 for window in WINDOWS), windows
     assert all(count > 0 for count in duplicates.values()), duplicates
-
-
-async def test_two_copies_resumed_at_once_one_runs_the_other_is_busy(tmp_path: Path) -> None:
-    async with (
-        pipeline_shop(tmp_path) as (url, ledger),
-        Zygote(AGENT, tmp_path) as zygote,
-    ):
-        harness = PipelineHarness(url, ledger, zygote, tmp_path)
-        assert await harness.agent("twin", crash=(3, "W2")) == KILLED
-        await anyio.sleep(1.0)  # the dead holder's lease (0.75 s) runs out
-        codes: list[int] = []
-
-        async def copy() -> None:
-            codes.append(await harness.agent("twin", linger=1.5, wait_busy=0))
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(copy)
-            group.start_soon(copy)
-        assert sorted(codes) == [0, BUSY], [*codes, harness.log("twin")]
-        effects = harness.effects("twin")
-        assert all(len(effects[p]) == 1 for p in range(POSITIONS)), effects
 
 
 async def test_divergence_expiry_and_a_finished_run(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ checked where it happens. A crash is stood in for by leaving the `Run` block wit
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from orchestrator import (
     derive_key,
     run_key,
 )
+from orchestrator._journal import holder
 from orchestrator.fastmcp import RetryingClient
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])]
@@ -178,19 +180,20 @@ async def test_an_entry_older_than_the_servers_retention_expires(tmp_path: Path)
 async def test_a_second_live_holder_is_busy_and_a_dead_ones_lease_runs_out(
     tmp_path: Path,
 ) -> None:
+    """`wait=0`: no waiting, so what the journal says is what the caller gets."""
     clock = FakeClock()
     journal = MemoryJournal(clock=clock)
     async with Run("r", journal=journal, lease=5):
         with pytest.raises(RunBusy):
-            async with Run("r", journal=journal):
+            async with Run("r", journal=journal, wait=0):
                 pass
-    # A holder that died: acquired, never released, never renewed.
+    # A holder that died where it cannot be seen: acquired, never released, never renewed.
     await journal.acquire("dead", "crashed-process", 5)
     with pytest.raises(RunBusy):
-        async with Run("dead", journal=journal):
+        async with Run("dead", journal=journal, wait=0):
             pass
     clock.advance(5.1)
-    async with Run("dead", journal=journal) as run:
+    async with Run("dead", journal=journal, wait=0) as run:
         assert run.fence == 2
 
 
@@ -199,8 +202,82 @@ async def test_the_lease_is_renewed_while_the_run_is_held() -> None:
     async with Run("r", journal=journal, lease=0.3):
         await anyio.sleep(0.6)  # twice the lease: only renewal keeps it
         with pytest.raises(RunBusy):
-            async with Run("r", journal=journal):
+            async with Run("r", journal=journal, wait=0):
                 pass
+
+
+class Refusals(MemoryJournal):
+    """Counts the acquires it refused: how often a waiter looked."""
+
+    refused = 0
+
+    async def acquire(self, run_id: str, holder: str, lease: float, **proof: Any) -> int:
+        try:
+            return await super().acquire(run_id, holder, lease, **proof)
+        except RunBusy:
+            self.refused += 1
+            raise
+
+
+async def test_a_run_is_waited_for_until_its_holder_lets_go(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The second copy waits (the default: the lease and a fifth) and enters, at the next fence,
+    once the first finished; it says once what it waits for, however often it looks."""
+    journal = Refusals()
+    entered: list[int | None] = []
+
+    async def second() -> None:
+        async with Run("r", journal=journal, lease=5) as run:
+            entered.append(run.fence)
+
+    with caplog.at_level("WARNING", logger="orchestrator.run"):
+        async with (
+            anyio.create_task_group() as group,
+            Run("r", journal=journal, lease=5) as first,
+        ):
+            group.start_soon(second)
+            with anyio.fail_after(10):
+                while journal.refused < 5:  # noqa: ASYNC110 (the journal has no event)
+                    await anyio.sleep(0.01)
+            assert entered == []
+    assert entered == [(first.fence or 0) + 1]
+    said = [r.getMessage() for r in caplog.records if "waiting up to" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "alive on this host" in said[0], said
+    assert Run("r", lease=5).wait == pytest.approx(6.0)
+
+
+async def test_a_live_holder_past_the_wait_is_busy_saying_so() -> None:
+    journal = MemoryJournal()
+    async with Run("r", journal=journal, lease=5):
+        started = anyio.current_time()
+        with pytest.raises(RunBusy, match=r"alive on this host\); waited 0.2s") as raised:
+            async with Run("r", journal=journal, wait=0.2):
+                pass
+        assert anyio.current_time() - started >= 0.2
+        assert raised.value.fence == 1 and raised.value.left is not None
+
+
+async def test_a_holder_proven_dead_on_this_host_is_taken_over_at_once() -> None:
+    """Its proof names this boot and PID namespace and a process that is not there: with a
+    30 s lease and no waiting allowed, the run is entered at once."""
+    mine = holder.this_process()
+    if mine is None:
+        pytest.skip("a dead holder is proven from /proc")
+    journal = MemoryJournal()
+    gone = dataclasses.replace(mine, started=mine.started - 1)  # its PID is someone else's now
+    await journal.acquire("r", "killed:1:ab", 30, alive=gone.encode())
+    async with Run("r", journal=journal, wait=0) as run:
+        assert run.fence == 2
+        summary = await journal.run("r")
+        assert summary is not None and summary.alive == mine.encode()
+
+
+@pytest.mark.parametrize("wait", [-1, float("inf"), float("nan"), True, "1"])
+async def test_a_bad_wait_is_refused(wait: Any) -> None:
+    with pytest.raises(ValueError, match="wait must be"):
+        Run("r", wait=wait)
 
 
 async def test_a_holder_taken_over_sends_nothing_more(tmp_path: Path) -> None:

@@ -5,10 +5,12 @@ a 1 s lease to run out is inherent and happens inside the server's own bounded w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,8 +24,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult
 from server_kit import answer, body, marker, meta, record_key
 
-from idempotency import RecordState, RedisKeyStore, decode_result, wire
-from mcp_once._cli import _common, main
+from idempotency import RecordState, RedisKeyStore, SQLiteKeyStore, decode_result, wire
+from mcp_once._cli import _common, _grace, main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from fenced_write import FencedTable  # the README's example provider
@@ -323,3 +325,69 @@ async def test_a_paused_workers_late_write_is_refused_by_its_fence(
     finally:
         await store.aclose()
     assert stored is not None and stored.state is RecordState.COMPLETED and stored.fence == 2
+
+
+async def test_a_killed_workers_record_is_settled_without_a_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38: a guarded server SIGKILLed mid-call leaves its record IN_PROGRESS. Once its
+    lease ran out, `keys list --state unknown` lists it (as unknown, since when), `keys settle
+    --failed` is refused within the grace period and done with `--force`, with no client
+    retrying first; the next call runs the tool once. Time passes by moving the clocks of the
+    CLI and of the store it opens (the store's own claim decides that the lease ran out)."""
+    ledger, keys = tmp_path / "ledger.db", tmp_path / "keys.db"
+    victim = server_params(str(keys), ledger, gated=True, lease=30.0)
+    later = {"by": 0.0}
+
+    def clock() -> float:
+        return time.time() + later["by"]
+
+    monkeypatch.setattr(_grace, "clock", clock)
+    monkeypatch.setattr(_common, "open_store", lambda url: SQLiteKeyStore(keys, clock=clock))
+    record = record_key("effects", "effect", "kill-S1")
+
+    async def operator(*argv: str) -> tuple[int, str, str]:
+        def run() -> int:
+            try:
+                return main([*argv, "--store", str(keys)])
+            except SystemExit as exc:
+                return int(exc.code or 0)
+
+        capsys.readouterr()
+        code = await anyio.to_thread.run_sync(run)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    with anyio.fail_after(STARTUP_BOUND):
+        async with doomed(victim) as a, anyio.create_task_group() as tg:
+
+            async def doomed_call() -> None:
+                with pytest.raises(MCPError):
+                    await a.call_tool("effect", {"order": "S1"}, meta=meta("kill-S1"))
+
+            tg.start_soon(doomed_call)
+            victim_pid = await pid_of(a)
+            os.kill(victim_pid, signal.SIGKILL)
+    _, running, _ = await operator("keys", "list", "--json")
+    _, none_yet, _ = await operator("keys", "list", "--state", "unknown", "--json")
+    later["by"] = 60.0  # the 30 s lease ran out 30 s ago: within the 90 s grace
+    _, listed, _ = await operator("keys", "list", "--state", "unknown", "--json")
+    refused, _, refusal = await operator("keys", "settle", record, "--failed")
+    _, still, _ = await operator("keys", "show", record, "--json")
+    forced, settled, _ = await operator("keys", "settle", record, "--failed", "--force")
+    survivor = server_params(str(keys), ledger, lease=30.0)
+    async with Client(survivor) as b:
+        rerun = await b.call_tool("effect", {"order": "S1"}, meta=meta("kill-S1"))
+        replay = await b.call_tool("effect", {"order": "S1"}, meta=meta("kill-S1"))
+    assert [(r["key"], r["state"]) for r in json.loads(running)] == [(record, "in_progress")]
+    assert json.loads(none_yet) == []
+    [row] = json.loads(listed)
+    assert (row["key"], row["state"], row["storedState"]) == (record, "unknown", "in_progress")
+    assert row["leaseRanOutAt"] is not None and row["leaseRanOutAt"] == row["leaseDeadline"]
+    assert refused == 1 and "refusing to settle" in refusal and "Nothing was changed" in refusal
+    assert json.loads(still)["storedState"] == "in_progress"  # the refusal changed nothing
+    assert forced == 0 and f"settled {record}: released" in settled
+    rows = ledger_rows(ledger, "S1")
+    assert rows["started"][0] == victim_pid and len(rows["started"]) == 2
+    assert len(rows["done"]) == 1 and rows["done"][0] != victim_pid
+    assert marker(rerun)["status"] == "executed" and marker(replay)["status"] == "replayed"

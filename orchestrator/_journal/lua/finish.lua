@@ -10,7 +10,7 @@ end
 if h.state ~= 'f' then
     redis.call('HSET', KEYS[1], 's', 'f', 'x', num(t))
 end
-redis.call('HDEL', KEYS[1], 'h', 'd')
+redis.call('HDEL', KEYS[1], 'h', 'd', 'a', 'g')
 redis.call('HSET', KEYS[1], 'u', num(t))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])

@@ -5,6 +5,7 @@
 --
 --   head:    s state ('r' running, 'f' finished)   f fence   h holder (absent: released)
 --            d lease deadline   n calls   o dangling intents   c created   u updated   x finished
+--            a the holder's proof of life   g the fence that wrote it
 --   entries: field = position, value = state ('i' or 'd') .. at .. '|' .. JSON [server, tool,
 --            fingerprint, key] (the call's identity, compared byte for byte on a re-record)
 --

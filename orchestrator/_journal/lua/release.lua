@@ -3,6 +3,6 @@ local t = now()
 if refused(head(KEYS[1]), tonumber(ARGV[2]), false) then
     return 0
 end
-redis.call('HDEL', KEYS[1], 'h', 'd')
+redis.call('HDEL', KEYS[1], 'h', 'd', 'a', 'g')
 redis.call('HSET', KEYS[1], 'u', num(t))
 return 1
