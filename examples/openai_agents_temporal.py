@@ -1,7 +1,7 @@
 """An OpenAI Agents SDK agent on Temporal whose MCP tool calls run once, even across a crash.
 
     temporal server start-dev        # or any Temporal server
-    uv run --project durable-envs/openai-agents-temporal python examples/openai_agents_temporal.py
+    uv run --project tests/envs/openai-agents-temporal python examples/openai_agents_temporal.py
 
 Needs `temporalio[openai-agents]` (its plugin, `temporalio.contrib.openai_agents`, pins
 openai-agents 0.22) beside `mcp-once[openai-agents]`, which allows 0.22 to 0.24.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -432,3 +433,29 @@ def test_every_name_the_readme_imports_is_public_and_importable() -> None:
         assert not any(part.startswith("_") for part in [*module.split("."), name]), (module, name)
         imported = importlib.import_module(module)
         assert hasattr(imported, name), f"from {module} import {name}"
+
+
+#: What a newcomer listing the repository sees: the product. Test environments and upstream
+#: suites live with the tests (`tests/envs/`).
+TOP_LEVEL = {
+    ".ci",
+    "benchmarks",
+    "deploy",
+    "docs",
+    "examples",
+    "idempotency",
+    "integrations",
+    "mcp_once",
+    "orchestrator",
+    "tests",
+}
+
+
+def test_the_top_level_shows_the_product() -> None:
+    """Read from what git tracks (a clone's view), not from the folder, where caches, a built
+    site or a local `.mcp-once/` store may lie."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    folders = {line.split("/", 1)[0] for line in tracked if "/" in line}
+    assert folders == TOP_LEVEL

@@ -2,7 +2,7 @@
 
 Why a separate environment: `temporalio-openai-agents` 1.1.0 (`temporalio[openai-agents]`, the
 newest on the index) pins `openai-agents>=0.22,<0.23`, and this environment tests mcp-once against
-openai-agents 0.24.0. `durable-envs/openai-agents-temporal` installs mcp-once from this checkout
+openai-agents 0.24.0. `tests/envs/openai-agents-temporal` installs mcp-once from this checkout
 with its `openai-agents` extra (>=0.22,<0.25) beside the plugin, from its own lock file, and runs:
 its crash test (a Temporal dev server, a worker process killed before / during / after the MCP
 call, the shop's ledger) and, at the same time in a second run, this suite's OpenAI Agents tests
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT = ROOT / "durable-envs" / "openai-agents-temporal"
+PROJECT = ROOT / "tests" / "envs" / "openai-agents-temporal"
 UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 #: The leg's own bound: its env's first sync, a dev server and ten worker processes.
 TIMEOUT = 600

@@ -1,6 +1,6 @@
 """Run FastMCP's own test suite without and with mcp-once's middleware on every server, and diff.
 
-    cd /work/main/upstream/fastmcp && uv sync
+    cd tests/envs/fastmcp-suite && uv sync
     uv run python run.py --report /tmp/fastmcp_suite_report.md
     uv run python run.py --expect expected.toml     # the CI gate (.ci/fastmcp-suite)
 
@@ -73,7 +73,7 @@ PIN = f"fastmcp=={FASTMCP_VERSION}"
 #: sha256 of fastmcp-4.1.6.tar.gz, the sdist on PyPI (whose files never change).
 SDIST_SHA256 = "5e307ae4ac3048a1b586aac6fc31e08661141bb69b8a2b473070e5becae0176c"
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parents[2]
 BOOT_DIR = HERE / "boot"
 DEFAULT_EXPECT = HERE / "expected.toml"
 PTH_NAME = "_mcp_once_upstream.pth"
@@ -238,7 +238,8 @@ def ensure_source(source: Path) -> str:
 def site_packages() -> Path:
     if sys.prefix == sys.base_prefix:
         raise SystemExit(
-            "run this with the suite's own environment: cd upstream/fastmcp && uv run python run.py"
+            "run this with the suite's own environment:"
+            " cd tests/envs/fastmcp-suite && uv run python run.py"
         )
     return Path(sysconfig.get_paths()["purelib"])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 sys.path[:0] = [str(ROOT / "tests" / "durable"), str(ROOT / "examples")]
 
 from temporal_dev import temporal_binary, temporal_dev_server  # noqa: E402 (the path above)

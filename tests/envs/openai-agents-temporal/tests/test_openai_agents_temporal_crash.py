@@ -31,7 +31,7 @@ from mcp_once.scenarios._ledger import Effect
 from orchestrator.openai_agents import temporal_tool_call_key
 
 WORKER = Path(__file__).with_name("agents_temporal_worker.py")
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 #: The worker imports the crash kit and the example's scripted model.
 PATH = os.pathsep.join(str(ROOT / part) for part in ("", "tests/durable", "examples"))
 TOOL_CALL_ID = "call-pay-1"  # agents_temporal_worker.TOOL_CALL_ID (not imported: no sandbox here)

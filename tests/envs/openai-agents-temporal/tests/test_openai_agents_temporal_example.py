@@ -14,7 +14,7 @@ import pytest
 
 from idempotency import RecordState, SQLiteKeyStore
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 EXAMPLE = ROOT / "examples" / "openai_agents_temporal.py"
 
 

@@ -1,6 +1,6 @@
 """pytest plugin: every FastMCP server the tests build gets mcp-once's IdempotencyMiddleware.
 
-    MCP_ONCE_GUARD=1 PYTHONPATH=/work/main/upstream/fastmcp python -m pytest -p guarded_plugin ...
+    MCP_ONCE_GUARD=1 PYTHONPATH=tests/envs/fastmcp-suite python -m pytest -p guarded_plugin ...
 
 With `MCP_ONCE_GUARD=1` it wraps `FastMCP.__init__` (see `boot/mcp_once_guard.py`) so that each
 server, once built, gets `add_middleware(IdempotencyMiddleware(MemoryKeyStore()))`; without it
