@@ -41,7 +41,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, context
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import httpx2
@@ -298,7 +298,28 @@ def _is_cancel(item: SessionMessage) -> bool:
     return isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled"
 
 
-class _HeldWriter:
+class _Relayed:
+    """A stream that wraps `self._inner`: closing it closes the inner one, and it is its own
+    async context manager, as the SDK's streams are."""
+
+    _inner: Any
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class _HeldWriter(_Relayed):
     """The write stream a client session writes into: a `notifications/cancelled` waits for the
     release event (bounded: the SDK gives up that write after 5 s, and the test then fails);
     everything else passes at once, in the writer's own task and context (the HTTP transport
@@ -312,20 +333,6 @@ class _HeldWriter:
         if _is_cancel(item):
             await self._release().wait()
         await self._inner.send(item)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _HeldWriter:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class HoldCancels:
@@ -573,7 +580,7 @@ async def test_the_give_up_is_kept_by_every_store(store: KeyStore, setting: str)
 # -- 2b. a give-up that comes after the answer was written (a lost acknowledgement) ----------
 
 
-class _NotesCancels:
+class _NotesCancels(_Relayed):
     """The client's write stream: notes when a `notifications/cancelled` has been written."""
 
     def __init__(self, inner: Any, link: AnswersAfterCancel) -> None:
@@ -585,22 +592,8 @@ class _NotesCancels:
         if _is_cancel(item):
             self._link.cancel_written.set()
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
-    async def __aenter__(self) -> _NotesCancels:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-
-class _HoldsAnswers:
+class _HoldsAnswers(_Relayed):
     """The client's read stream: once armed, a response waits until a cancel was written."""
 
     def __init__(self, inner: Any, link: AnswersAfterCancel) -> None:
@@ -630,20 +623,6 @@ class _HoldsAnswers:
             return await self.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _HoldsAnswers:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class AnswersAfterCancel:
