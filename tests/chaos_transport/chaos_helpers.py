@@ -6,10 +6,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import uvicorn
@@ -90,16 +91,24 @@ class HttpServer:
 
 @contextmanager
 def http_server() -> Iterator[HttpServer]:
-    """A CountingServer over streamable HTTP on 127.0.0.1, served by uvicorn in its own thread.
-
-    A thread with its own asyncio loop lets trio-backed clients talk to it too.
-    """
+    """A CountingServer over streamable HTTP on 127.0.0.1, served by uvicorn in its own thread."""
     counting = CountingServer()
+    with serve_in_thread(counting.server.streamable_http_app) as url:
+        yield HttpServer(counting, url)
+
+
+@contextmanager
+def serve_in_thread(app: Callable[[], Any]) -> Iterator[str]:
+    """The ASGI app `app()` builds, served by uvicorn on 127.0.0.1 in its own thread; yields its
+    MCP endpoint's URL.
+
+    A thread with its own asyncio loop lets trio-backed clients talk to it too; `app` is a
+    factory, so the app (and the anyio primitives it makes) is built in the server's own asyncio
+    thread, not in the test's event loop, which may be trio.
+    """
     port = free_port()
     config = uvicorn.Config(
-        # A factory, so the app (and the anyio primitives it makes) is built in the server's
-        # own asyncio thread, not in the test's event loop, which may be trio.
-        counting.server.streamable_http_app,
+        app,
         factory=True,
         host="127.0.0.1",
         port=port,
@@ -116,7 +125,7 @@ def http_server() -> Iterator[HttpServer]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.005)  # a startup poll, not synchronisation of the code under test
     try:
-        yield HttpServer(counting, f"http://127.0.0.1:{port}/mcp")
+        yield f"http://127.0.0.1:{port}/mcp"
     finally:
         server.should_exit = True
         thread.join(WAIT)

@@ -25,7 +25,6 @@ server while it runs, and run 2026 HTTP without lost answers.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import (
@@ -41,8 +40,7 @@ import anyio
 import anyio.to_thread
 import httpx2
 import pytest
-import uvicorn
-from chaos_helpers import MODE, free_port, text
+from chaos_helpers import MODE, serve_in_thread, text
 from mcp import MCPError
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -252,30 +250,9 @@ def memory_connect(shop: Shop) -> Connect:
 def http_shop(shop: Shop) -> Iterator[str]:
     """`shop` over stateful streamable HTTP on 127.0.0.1, with bearer authentication, served by
     uvicorn in its own thread (its own asyncio loop: a trio client can talk to it too)."""
-    port = free_port()
-    config = uvicorn.Config(
-        # A factory: the server, its store and the app are built in the server's own loop.
-        lambda: shop.server().streamable_http_app(),
-        factory=True,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.005)  # a startup poll, not synchronisation of the code under test
-    try:
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    # A factory: the server, its store and the app are built in the server's own loop.
+    with serve_in_thread(lambda: shop.server().streamable_http_app()) as url:
+        yield url
 
 
 def http_connect(url: str, user: str = "ann") -> Connect:
