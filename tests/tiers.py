@@ -50,6 +50,11 @@ SLOW_PLACES = (
     "tests/docs/test_snippets.py",  # every snippet of the docs as a program
     "tests/cli/test_demo_leftovers.py",  # demo runs against a real Redis, interrupted
     "tests/test_bench_cli.py",
+    "tests/run/test_run_restart.py",  # agents killed and restarted at once, copies racing
+    "tests/chaos_transport/test_keyless_chaos.py",  # seeded fault plans, with and without guard
+    "tests/cli/test_help.py",  # every command's help, each a run of the console script
+    "tests/client/test_transport_failures.py",  # refusals, DNS, TLS, timeouts, with retries
+    "tests/test_silent_library.py",  # programs run as processes, with and without logging
 )
 
 #: Test names that say they start and race or kill processes, or drive the console script.
