@@ -15,8 +15,12 @@ Anything else — stateless streamable HTTP (the 2026-07-28 single-exchange entr
 `stateless_http=True`) and the SDK's modern in-process direct dispatch, without authentication —
 has no caller identity: keyless calls there are not merged, and the listing says so.
 
-The SDK keeps the connection on a private attribute of its per-request session
-(`ServerSession._connection`); that one read lives here, behind `caller_of`.
+And whether that caller is still there (rule 15): a re-send is merged only after its caller gave
+up on the earlier answer. `cancel_requested` reads the caller's `notifications/cancelled`,
+`disconnected` an HTTP client that left; `connection_of` names what request ids are unique in.
+
+The SDK keeps the connection, and the request's dispatch context, on private attributes of its
+per-request session (`ServerSession._connection`, `_request_outbound`); those reads live here.
 """
 
 from __future__ import annotations
