@@ -27,6 +27,10 @@
 5. The tests that passed unguarded and failed (or errored) guarded are run again, alone,
    `--rerun-rounds` times in each mode: a regression is "confirmed" when it passed every
    unguarded rerun and failed every guarded one.
+   With `--baseline failures` (what CI uses) the guarded run goes first and only its failures
+   are run unguarded: a test that passes guarded needs no baseline, and the gate costs one full
+   run instead of two (~10 minutes less on 2 cores). That the guarded run left no test out is
+   then checked against an unguarded `--collect-only` of every phase.
 6. The middleware under test is mcp-once's working tree, copied (its `idempotency/`) when the
    run starts, and imported from that copy by every guarded process: the working tree may move
    during a run (someone committing) without mixing versions. `--no-snapshot` imports it live.
@@ -355,8 +359,9 @@ def run_mode(
 ) -> ModeRun:
     """Every phase of one run (or, with `targets`, those phases' given test ids only)."""
     stats = work / f"{label}guard-stats"
-    shutil.rmtree(stats, ignore_errors=True)
-    stats.mkdir(parents=True)
+    if mode == "guarded":  # an unguarded run after it (--baseline failures) keeps its stats
+        shutil.rmtree(stats, ignore_errors=True)
+        stats.mkdir(parents=True)
     write_pth(source, stats if mode == "guarded" else None, snapshot)
     try:
         runs = [
@@ -569,6 +574,36 @@ class Rerun:
         return note
 
 
+def ids_by_phase(results: Iterable[Result]) -> dict[str, list[str]]:
+    """The results' test ids, by the phase they ran in (what `run_mode(targets=...)` takes)."""
+    by_phase: dict[str, list[str]] = defaultdict(list)
+    for result in results:
+        by_phase[result.phase].append(result.nodeid)
+    return by_phase
+
+
+def collected_ids(all_phases: Sequence[Phase], source: Path, work: Path) -> set[str]:
+    """Every test id an unguarded run of the phases would run (`pytest --collect-only`), for
+    `--baseline failures`: the guarded run must hold each of them."""
+    write_pth(source, None)
+    ids: set[str] = set()
+    for phase in all_phases:
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only"]
+        command += ["-q", "-o", "pythonpath=", "-m", phase.marker, *phase.paths]
+        env = run_env("unguarded", phase, work / "collect-stats", work / "collect.watchdog")
+        done = subprocess.run(
+            command, cwd=source, env=env, capture_output=True, text=True, check=False
+        )
+        if done.returncode not in (0, 5):
+            raise SystemExit(
+                f"collect-only of the {phase.name} phase exited {done.returncode}:\n"
+                + done.stdout[-3000:]
+                + done.stderr[-3000:]
+            )
+        ids.update(line for line in done.stdout.splitlines() if "::" in line)
+    return ids
+
+
 def regressions(unguarded: ModeRun, guarded: ModeRun) -> list[Result]:
     return [
         after
@@ -589,9 +624,7 @@ def rerun(
     rounds: int,
 ) -> Rerun:
     """Run the regressions again, alone, `rounds` times in each mode, as in their phase."""
-    by_phase: dict[str, list[str]] = defaultdict(list)
-    for result in found:
-        by_phase[result.phase].append(result.nodeid)
+    by_phase = ids_by_phase(found)
     results: dict[str, list[dict[str, Result]]] = {mode: [] for mode in MODES}
     for n in range(1, rounds + 1):
         for mode in MODES:
@@ -711,7 +744,11 @@ class Gate:
 
 
 def phase_checks(
-    runs: dict[str, ModeRun], work: Path, partial: bool, snapshot: str | None
+    runs: dict[str, ModeRun],
+    work: Path,
+    partial: bool,
+    snapshot: str | None,
+    collected: set[str] | None = None,
 ) -> list[str]:
     """Why the runs cannot be judged, if they cannot: a phase without results or that pytest
     ended abnormally, a run without tests, a guarded run that guarded nothing, or that imported
@@ -725,7 +762,7 @@ def phase_checks(
                 broken.append(f"{label}: no junit file ({phase_run.junit}); see {phase_run.log}")
             if phase_run.exit_code is not None and phase_run.exit_code not in allowed:
                 broken.append(f"{label}: pytest exited {phase_run.exit_code}; see {phase_run.log}")
-        if not run.results:
+        if not run.results and not (collected is not None and run.mode == "unguarded"):
             broken.append(f"{run.mode}: no test results at all")
     if runs["guarded"].results:
         servers, _, _, _, sources = guard_stats(work / "guard-stats")
@@ -751,6 +788,7 @@ def judge(
     partial: bool,
     snapshot: str | None,
     max_baseline_failures: int,
+    collected: set[str] | None = None,
 ) -> Gate:
     """Hold the runs against the expected list.
 
@@ -760,10 +798,14 @@ def judge(
     baseline with more than `max_baseline_failures` failures (the environment is broken, and
     would hide regressions). Warns about: unexpected regressions the reruns did not confirm,
     expected entries that no longer regress (or were not run), tests failing in both runs (the
-    environment's), tests that failed only unguarded or were skipped only guarded."""
+    environment's), tests that failed only unguarded or were skipped only guarded.
+
+    With `collected` (`--baseline failures`: the unguarded run holds only the guarded run's
+    failures), a test is missing when the unguarded collection has it and the guarded run does
+    not."""
     gate = Gate(path, expected)
     unguarded, guarded = runs["unguarded"].results, runs["guarded"].results
-    gate.fail("the runs cannot be judged", phase_checks(runs, work, partial, snapshot))
+    gate.fail("the runs cannot be judged", phase_checks(runs, work, partial, snapshot, collected))
     baseline = sorted(i for i, r in unguarded.items() if r.outcome in FAILED)
     if len(baseline) > max_baseline_failures:
         gate.fail(
@@ -798,7 +840,12 @@ def judge(
     gate.fail(
         "regressions not in the expected list and not rerun (so not known to be flaky)", unrerun_new
     )
-    missing = sorted(i for i, r in unguarded.items() if r.outcome == "passed" and i not in guarded)
+    if collected is None:
+        missing = sorted(
+            i for i, r in unguarded.items() if r.outcome == "passed" and i not in guarded
+        )
+    else:
+        missing = sorted(i for i in collected if i not in guarded)
     gate.fail(
         "passed unguarded, absent from the guarded run, not expected",
         [i for i in missing if i not in expected],
@@ -993,6 +1040,12 @@ def report(
         "| run | wall time | tests | passed | failed | errors | skipped | xfailed |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    if info.get("baseline") == "failures":
+        lines.insert(
+            -5,
+            "- Baseline: the guarded run first, then only its failures unguarded "
+            "(`--baseline failures`); the unguarded row counts those alone",
+        )
     for run in (unguarded, guarded):
         t = totals(run)
         phase_times = ", ".join(f"{p.phase.name} {p.seconds:.0f}s" for p in run.phases)
@@ -1025,6 +1078,16 @@ def report(
     ids_before, ids_after = set(unguarded.results), set(guarded.results)
     only_unguarded = [unguarded.results[i] for i in sorted(ids_before - ids_after)]
     only_guarded = [guarded.results[i] for i in sorted(ids_after - ids_before)]
+    if info.get("baseline") == "failures":
+        # The unguarded run held only the guarded failures: "only guarded" is every test that
+        # passed guarded. What the gate checks instead is the unguarded collection.
+        collected = (work / "collected.txt").read_text().splitlines()
+        only_guarded = []
+        only_unguarded = [
+            Result(i, i.split("::", 1)[0], "not run", "collected unguarded, not in the guarded run")
+            for i in collected
+            if i not in ids_after
+        ]
     skipped_guarded = [
         guarded.results[i]
         for i in sorted(ids_before & ids_after)
@@ -1123,6 +1186,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the gate with the expected list next to run.py (--expect {DEFAULT_EXPECT.name})",
     )
     parser.add_argument(
+        "--baseline",
+        choices=("full", "failures"),
+        default="full",
+        help="full: run the whole suite unguarded too; failures: run the guarded suite first and "
+        "only its failures unguarded (one full run instead of two)",
+    )
+    parser.add_argument(
         "--max-baseline-failures",
         type=int,
         default=50,
@@ -1151,13 +1221,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     summary = work / "run.json"
     runs: dict[str, ModeRun] = {}
+    collected: set[str] | None = None
     snapshot: Path | None = None
     if args.reuse:
         info: dict[str, Any] = json.loads(summary.read_text()) if summary.is_file() else {}
         source_note = info.get("source", str(source))
         times: dict[str, float] = info.get("times", {})
+        if info.get("baseline") == "failures":
+            collected = set((work / "collected.txt").read_text().splitlines())
         for mode in MODES:
             parsed = stored_runs(work, "", mode, all_phases, times, info.get("exit_codes"))
+            if collected is not None and mode == "unguarded":  # only the phases that had failures
+                parsed = [p for p in parsed if p.junit.is_file()]
             runs[mode] = ModeRun(mode, parsed, results_of(parsed, work, "", mode))
     else:
         info = {"commit": git("rev-parse", "--short", "HEAD"), "code": {}}
@@ -1167,12 +1242,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             (work / "idempotency.diff").write_text(diff + "\n", encoding="utf-8")
             info["snapshot"] = str(snapshot)
             info["code"]["snapshot"] = code_digest(snapshot)
-        for mode in MODES:
+        order = MODES if args.baseline == "full" else tuple(reversed(MODES))
+        for mode in order:
             if snapshot is None:
                 info["code"][f"{mode} start"] = code_digest()
-            runs[mode] = run_mode(mode, all_phases, source, work, args.workers, snapshot)
+            targets = None
+            if mode == "unguarded" and args.baseline == "failures":
+                failed = (r for r in runs["guarded"].results.values() if r.outcome in FAILED)
+                targets = ids_by_phase(failed)
+            runs[mode] = run_mode(
+                mode, all_phases, source, work, args.workers, snapshot, targets=targets
+            )
             if snapshot is None:
                 info["code"][f"{mode} end"] = code_digest()
+        if args.baseline == "failures":
+            collected = collected_ids(all_phases, source, work)
+            (work / "collected.txt").write_text(
+                "\n".join(sorted(collected)) + "\n", encoding="utf-8"
+            )
+        info["baseline"] = args.baseline
         info["times"] = {
             f"{m}-{p.phase.name}": p.seconds for m, r in runs.items() for p in r.phases
         }
@@ -1221,6 +1309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             partial=bool(args.only or info.get("only")),
             snapshot=info.get("snapshot"),
             max_baseline_failures=args.max_baseline_failures,
+            collected=collected,
         )
         text += "\n## Gate\n\n" + "\n".join(gate.lines(bullet="- ", limit=1000)) + "\n"
     args.report.write_text(text, encoding="utf-8")
