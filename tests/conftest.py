@@ -21,7 +21,7 @@ from redis_cluster import LocalCluster, missing_binaries
 from redis_sentinel import RedisSentinel
 from redis_server import RedisServer, redis_server_binary
 from redis_tls import TLSFiles, make_certificates, openssl_binary
-from tiers import DESELECTED, FULL_FLAG, split
+from tiers import DESELECTED, DESELECTED_KEY, FULL_FLAG, split
 from unavailable import unavailable
 
 # -- tiers (tests/tiers.py) --------------------------------------------------------------------
@@ -39,6 +39,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     split(config, items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its count of slow tests left out to the controller, which prints."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[DESELECTED_KEY] = session.config.stash.get(DESELECTED, 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist's controller: every worker collects the same tests, so any worker's count is the
+    run's."""
+    workeroutput = getattr(node, "workeroutput", {})
+    if DESELECTED_KEY in workeroutput:
+        config: pytest.Config = node.config  # type: ignore[attr-defined]
+        config.stash[DESELECTED] = workeroutput[DESELECTED_KEY]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -97,3 +97,5 @@ def split(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 DESELECTED = pytest.StashKey[int]()
+#: The same count in an xdist worker's `workeroutput`, for the controller's summary.
+DESELECTED_KEY = "mcp_once_slow_deselected"
