@@ -9,6 +9,7 @@ commands import FastMCP only when run, so the rest of the CLI works without the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,9 @@ from ._common import (
     add_store_option,
     fail,
     open_or_fail,
+    redacted,
 )
+from ._serve import serve_on
 
 if TYPE_CHECKING:
     from mcp_once.proxy import ProxyPolicy, Upstream
@@ -129,7 +132,8 @@ def run_proxy(args: argparse.Namespace) -> int:
     upstream = _upstream(args)
     policy = _policy(args)
     listen = _listen(args.listen) if args.listen else None
-    store = open_or_fail(_store_url(args, upstream))
+    url = _store_url(args, upstream)
+    store = open_or_fail(url)
     logging.basicConfig(level=logging.WARNING)  # to stderr: stdout is the MCP channel in stdio
     options: dict[str, Any] = {"key_header": "Idempotency-Key"} if listen else {}
     try:
@@ -138,13 +142,20 @@ def run_proxy(args: argparse.Namespace) -> int:
         fail(f"the policy cannot be applied: {exc}", EXIT_USAGE)
 
     async def serve() -> None:
-        if listen is None:
-            await server.run_async(transport="stdio", show_banner=False)
-        else:
+        try:
+            if listen is None:
+                await server.run_async(transport="stdio", show_banner=False)
+                return
             host, port = listen
-            await server.run_async(transport="http", host=host, port=port, show_banner=False)
+            async with server:
+                await serve_on(server.http_app(), host, port, "mcp-once proxy", redacted(url))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
 
-    anyio.run(serve)
+    # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown.
+    with contextlib.suppress(KeyboardInterrupt):
+        anyio.run(serve)
     return EXIT_OK
 
 

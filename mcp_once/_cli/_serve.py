@@ -51,6 +51,20 @@ def _listen(host: str, port: int) -> socket.socket:
         fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_PROBLEM)
 
 
+async def serve_on(app: Any, host: str, port: int, what: str, store: str) -> None:
+    """Serve the ASGI `app` over HTTP until interrupted, announcing on stderr where, once the
+    socket listens (so a script or test reads the port, 0 picking a free one, without polling)."""
+    import uvicorn  # a dependency of mcp itself; imported here to keep other commands light
+
+    sock = _listen(host, port)
+    bound, number = sock.getsockname()[:2]
+    shown = f"[{bound}]" if ":" in bound else bound
+    print(f"{what} at http://{shown}:{number}/mcp (store: {store})", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    with sock:
+        await uvicorn.Server(config).serve(sockets=[sock])
+
+
 def _ensure_default_directory(url: str) -> None:
     # The embedded default lives in ./.mcp-once/; any other SQLite path is the user's to create
     # (a typo should not silently create directories).
@@ -63,8 +77,6 @@ def _ensure_default_directory(url: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         fail(f"--port must be between 0 and 65535, not {args.port}", EXIT_USAGE)
-    import uvicorn  # a dependency of mcp itself; imported here to keep other commands light
-
     _ensure_default_directory(args.store)
     store = open_or_fail(args.store)
     server = build_server(store)
@@ -76,18 +88,9 @@ def run(args: argparse.Namespace) -> int:
             if problem is not None:
                 print(f"mcp-once: {problem}", file=sys.stderr)
                 return EXIT_UNREACHABLE
-            sock = _listen(args.host, args.port)
-            host, port = sock.getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            print(
-                f"mcp-once example server at http://{shown}:{port}/mcp"
-                f" (store: {redacted(args.store)})",
-                file=sys.stderr,
-                flush=True,
+            await serve_on(
+                app, args.host, args.port, "mcp-once example server", redacted(args.store)
             )
-            config = uvicorn.Config(app, log_level="warning", lifespan="on")
-            with sock:
-                await uvicorn.Server(config).serve(sockets=[sock])
             return EXIT_OK
         finally:
             with anyio.CancelScope(shield=True):
@@ -99,4 +102,4 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "serve_on"]
