@@ -147,7 +147,7 @@ def run_proxy(args: argparse.Namespace) -> int:
                 await server.run_async(transport="stdio", show_banner=False)
                 return
             host, port = listen
-            async with server:
+            async with server.opened():
                 await serve_on(server.http_app(), host, port, "mcp-once proxy", redacted(url))
         finally:
             with anyio.CancelScope(shield=True):

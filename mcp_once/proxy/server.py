@@ -30,7 +30,9 @@ class OnceProxy(FastMCP[Any]):
     """The proxy server: FastMCP's, with its upstream link to keep open while it serves.
 
     `run_async` (what `run` and the CLI use) opens the link for the run. To serve it some other
-    way (an in-memory `fastmcp.Client(proxy)`, an ASGI app), enter it first: `async with proxy:`.
+    way (an in-memory `Client(proxy)`, an ASGI app), open it first: `async with proxy.opened():`.
+    (Not `async with proxy:` itself: the SDK's `Client` takes an async context manager for a
+    transport, and would mistake the server for one.)
     The link is not opened in FastMCP's lifespan because FastMCP closes lifespans inside a
     cancel scope of its own, which a task group (the link's session host) cannot be closed in.
     """
@@ -42,14 +44,15 @@ class OnceProxy(FastMCP[Any]):
         #: Policy patterns that matched no upstream tool at the last start.
         self.unmatched: list[str] = []
 
-    async def __aenter__(self) -> OnceProxy:
-        await self.link.__aenter__()
-        self._open = True
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._open = False
-        await self.link.__aexit__(*exc_info)
+    @asynccontextmanager
+    async def opened(self) -> AsyncIterator[OnceProxy]:
+        """The proxy with its upstream link open, for the block."""
+        async with self.link:
+            self._open = True
+            try:
+                yield self
+            finally:
+                self._open = False
 
     @property
     def open(self) -> bool:
@@ -59,7 +62,7 @@ class OnceProxy(FastMCP[Any]):
         if self._open:
             await super().run_async(*args, **kwargs)
             return
-        async with self:
+        async with self.opened():
             await super().run_async(*args, **kwargs)
 
 
@@ -91,7 +94,7 @@ def build_proxy(
         if not server.open:
             raise RuntimeError(
                 "the proxy's upstream link is not open: serve it with run/run_async, or enter it"
-                " first (async with proxy:)"
+                " first (async with proxy.opened():)"
             )
         tools = await provider.list_tools()
         server.unmatched = guard.check([t.name for t in tools])

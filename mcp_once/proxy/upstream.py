@@ -86,7 +86,9 @@ class Upstream:
         """A file-name-safe name for this upstream (the default store is named after it)."""
         words = self.command if self.command else (self.url or "",)
         # Skip runners and flags (`npx -y @scope/server-memory` names `server-memory`).
-        picked = [w for w in words if not w.startswith("-") and w not in _RUNNERS] or list(words)
+        picked = [
+            w for w in words if not w.startswith("-") and Path(w).name not in _RUNNERS
+        ] or list(words)
         base = picked[0].rstrip("/").rsplit("/", 1)[-1] if self.command else picked[0]
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")
         return slug[:80] or "upstream"

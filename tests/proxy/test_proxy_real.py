@@ -1,0 +1,186 @@
+"""`mcp-once proxy` in front of servers it did not write, as real processes (the slow tier).
+
+The upstreams: `ledger_server.mjs` (the TypeScript SDK, an effect ledger the server appends to and
+fsyncs before answering, so what is counted is what happened) and the npm reference
+`server-memory` behind a tap that counts the `tools/call` requests on the upstream link. The
+proxy runs as the `mcp-once proxy` command (stdio front, `--listen` HTTP front) or, where a test
+must watch the upstream link itself, in this process through the Python API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import MCPError, StdioServerParameters
+from mcp.client import Client
+from proxy_kit import (
+    InProcess,
+    NodeServers,
+    announced,
+    http_url,
+    lines,
+    meta_key,
+    node_port_url,
+    proxy_command,
+    status,
+    tapped,
+    text,
+)
+
+from idempotency import MemoryKeyStore, wire
+from mcp_once.proxy import Upstream, build_proxy
+from orchestrator import RetryingSession, RetryPolicy
+from orchestrator.chaos import Chaos, Fault, FaultPlan
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+#: Long enough for a call through the proxy to a node child; the lost answer waits this long.
+ATTEMPT = 5.0
+WAIT = 30.0
+
+
+def _stdio(command: list[str]) -> StdioServerParameters:
+    return StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    return folder
+
+
+async def _lost_answer_then_replay(target: StdioServerParameters | str, ledger: Path) -> None:
+    """The first answer is lost on the caller's link; the caller's retry re-sends the same key;
+    the upstream got one `tools/call`, the caller gets the replay. A read passes through."""
+    chaos = Chaos(FaultPlan(schedule={1: Fault.LOST_ACK}, tools={"charge"}), seed=1)
+    async with Client(chaos.wrap(target)) as client:
+        retrying = RetryingSession(client, policy=RetryPolicy(attempt_timeout=ATTEMPT))
+        result = await retrying.call_tool("charge", {"amount": 5}, idempotency_key="order-1")
+        assert not result.is_error and text(result) == "charged 5 (#1)"
+        assert status(result) == "replayed"
+        assert [a.failure for a in retrying.last_report.attempts] == ["maybe_executed", None]
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+        sent = json.loads((ledger / "calls").read_text())
+        assert sent["key"].startswith("mcp-once:") and "order-1" not in sent["key"]
+        # The same key once more: still one effect, the record's answer.
+        again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+        assert status(again) == "replayed" and lines(ledger / "calls") == 1
+        # A read-only tool passes through: no record, no marker, the upstream answers.
+        read = await client.call_tool("balance", {}, meta=meta_key("read-1"))
+        assert text(read) == "1" and status(read) is None
+
+
+async def test_stdio_front_stdio_upstream_lost_answer(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    command = proxy_command("--store", store, "--", *node_servers.ledger(ledger))
+    await _lost_answer_then_replay(_stdio(command), ledger)
+
+
+async def test_http_front_http_upstream_lost_answer(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    with announced(node_servers.ledger(ledger, "--port", "0"), "PORT ", stream="stdout") as port:
+        store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+        command = proxy_command(
+            "--store", store, "--listen", "127.0.0.1:0", "--upstream", node_port_url(port)
+        )
+        with announced(command, "mcp-once proxy at ") as announcement:
+            await _lost_answer_then_replay(http_url(announcement), ledger)
+
+
+async def test_npm_reference_server_behind_the_proxy(
+    node_servers: NodeServers, tmp_path: Path
+) -> None:
+    """`@modelcontextprotocol/server-memory`: one `tools/call` on the upstream link per key."""
+    count = tmp_path / "tools-calls"
+    upstream = tapped(count, node_servers.memory())
+    env = {**os.environ, "MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
+    command = proxy_command("--store", "memory://", "--", *upstream)
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    entity = {"entities": [{"name": "a", "entityType": "t", "observations": ["x"]}]}
+    async with Client(params) as client:
+        first = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
+        second = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
+        assert (status(first), status(second)) == ("executed", "replayed")
+        assert second.content == first.content
+        assert count.read_text().splitlines() == ["create_entities"]
+        graph = await client.call_tool("read_graph", {}, meta=meta_key("k-2"))  # read-only
+        assert status(graph) is None
+        assert count.read_text().splitlines() == ["create_entities", "read_graph"]
+
+
+async def test_is_error_result_is_stored_and_replayed(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    upstream = Upstream.stdio(*node_servers.ledger(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    async with proxy.opened(), InProcess(proxy) as client:
+        first = await client.call_tool("charge", {"amount": -1}, meta=meta_key("declined"))
+        again = await client.call_tool("charge", {"amount": -1}, meta=meta_key("declined"))
+        assert first.is_error and again.is_error and text(again) == "declined"
+        assert (status(first), status(again)) == ("executed", "replayed")
+        assert lines(ledger / "calls") == 1
+
+
+async def test_upstream_killed_after_its_effect_is_outcome_unknown(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """SIGKILLed after the effect, before the answer: -32012, nothing stored, the record settles
+    with `mcp-once keys settle`; the next call starts a new child."""
+    store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    command = proxy_command("--store", store, "--", *node_servers.ledger(ledger))
+    async with Client(_stdio(command)) as client:
+        first_pid = text(await client.call_tool("pid", {}))
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool(
+                "charge", {"amount": 6, "crash": "after"}, meta=meta_key("crashed")
+            )
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / "effects") == 1
+        after = await client.call_tool("charge", {"amount": 7}, meta=meta_key("next"))
+        assert status(after) == "executed" and lines(ledger / "effects") == 2
+        assert text(await client.call_tool("pid", {})) != first_pid
+
+
+async def test_upstream_dead_before_the_write_is_sent_to_a_new_child(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """The child died before the proxy wrote the call: the call goes to a fresh child, once."""
+    upstream = Upstream.stdio(*node_servers.ledger(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    async with proxy.opened(), InProcess(proxy) as client:
+        pid = int(text(await client.call_tool("pid", {})))
+        os.kill(pid, signal.SIGKILL)
+        with anyio.fail_after(WAIT):
+            while proxy.link.alive():  # noqa: ASYNC110 (the SDK's closed flag has no event)
+                await anyio.sleep(0.01)
+        result = await client.call_tool("charge", {"amount": 8}, meta=meta_key("after-death"))
+        assert status(result) == "executed" and text(result) == "charged 8 (#1)"
+        assert lines(ledger / "effects") == 1 and proxy.link.connects == 2
+
+
+async def test_concurrent_duplicates_get_one_effect(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """A client that double-dispatches: both copies answered, one effect (rule 5)."""
+    upstream = Upstream.stdio(*node_servers.ledger(ledger))
+    answers = []
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    async with proxy.opened(), InProcess(proxy) as client:
+
+        async def call() -> None:
+            answers.append(await client.call_tool("charge", {"amount": 9}, meta=meta_key("dup")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            tg.start_soon(call)
+    assert sorted(status(a) or "" for a in answers) == ["executed", "replayed"]
+    assert lines(ledger / "effects") == 1
