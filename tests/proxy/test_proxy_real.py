@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import anyio
@@ -32,7 +33,7 @@ from proxy_kit import (
     text,
 )
 
-from idempotency import MemoryKeyStore, wire
+from idempotency import MemoryKeyStore, open_store, wire
 from mcp_once.proxy import Upstream, build_proxy
 from orchestrator import RetryingSession, RetryPolicy
 from orchestrator.chaos import Chaos, Fault, FaultPlan
@@ -184,3 +185,53 @@ async def test_concurrent_duplicates_get_one_effect(
             tg.start_soon(call)
     assert sorted(status(a) or "" for a in answers) == ["executed", "replayed"]
     assert lines(ledger / "effects") == 1
+
+
+async def test_in_doubt_record_turns_unknown_and_settles(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """After a maybe-executed failure the record is left to its lease, then UNKNOWN (-32012 to a
+    re-send), until `mcp-once keys settle` completes it with the effect that happened."""
+    from mcp_once._cli import main
+
+    lease = 0.5
+    url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    upstream = Upstream.stdio(*node_servers.ledger(ledger))
+    proxy = build_proxy(upstream, open_store(url), lease=lease)
+    async with proxy.opened(), InProcess(proxy) as client:
+        crash = {"amount": 6, "crash": "after"}
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+        await anyio.sleep(lease * 1.5)  # the lease of the dead attempt runs out
+        with pytest.raises(MCPError) as again:
+            await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        assert again.value.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / "calls") == 1  # never re-sent upstream
+        record = ["--client-key", "crashed", "--tool", "charge", "--server", proxy.name]
+        verdict = ["--result-text", "charged 6 (#1)"]
+        settled = await anyio.to_thread.run_sync(
+            main, ["keys", "settle", "--store", url, *record, *verdict]
+        )
+        assert settled == 0
+        replay = await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        assert text(replay) == "charged 6 (#1)" and status(replay) == "replayed"
+        assert lines(ledger / "calls") == 1
+
+
+async def test_tools_command_lists_what_the_proxy_does(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """`mcp-once tools --json` against a real upstream, with a policy pattern matching nothing."""
+    policy = ledger / "policy.toml"
+    policy.write_text('[tools."chrage"]\nguard = false\n')
+    command = [sys.executable, "-m", "mcp_once", "tools", "--json", "--policy", str(policy)]
+    with anyio.fail_after(120):
+        done = await anyio.run_process([*command, "--", *node_servers.ledger(ledger)], check=False)
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    assert rows["charge"]["action"] == "guarded"
+    assert rows["charge"]["annotations"] == {"destructive": True, "idempotent": False}
+    assert rows["balance"]["action"] == "pass-through"
+    assert "policy pattern 'chrage' matches no tool" in stderr
