@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastmcp.server.context import Context
+from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
 from fastmcp.tools.base import Tool, ToolResult
 
@@ -55,9 +56,11 @@ class OnceProxyTool(ProxyTool):
         if claim is None or self._link is None:
             return await super().run(arguments, context)
         name = self._backend_name or self.name
+        # The upstream's progress reaches the caller of the first execution (a replay has none).
+        progress = (context or get_context()).report_progress
         try:
             result = await self._link.call(
-                name, arguments, upstream_key(claim), resend=self._resend
+                name, arguments, upstream_key(claim), resend=self._resend, progress=progress
             )
         except OutcomeUnknown as exc:
             raise Interrupted(f"the upstream may have run it ({exc.reason})") from exc

@@ -30,6 +30,7 @@ from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, tool_sess
 if TYPE_CHECKING:
     from fastmcp import Client
     from fastmcp.client.transports import ClientTransport
+    from mcp.shared.dispatcher import ProgressFnT
     from mcp_types import CallToolResult
 
 
@@ -157,7 +158,13 @@ class UpstreamLink:
         return current
 
     async def call(
-        self, name: str, arguments: dict[str, Any] | None, key: str, *, resend: bool
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        key: str,
+        *,
+        resend: bool,
+        progress: ProgressFnT | None = None,
     ) -> CallToolResult:
         """Call `name` upstream under `key` (in `_meta`, the same on every re-send).
 
@@ -166,7 +173,9 @@ class UpstreamLink:
         deadline = anyio.current_time() + self.retry.deadline
         while True:
             try:
-                return await self._session.call_tool(name, arguments, idempotency_key=key)
+                return await self._session.call_tool(
+                    name, arguments, progress_callback=progress, idempotency_key=key
+                )
             except OutcomeUnknown as exc:
                 # Only the proxy's policy may open this gate: the upstream tool runs twice safely.
                 if not resend or exc.reason == "server" or anyio.current_time() >= deadline:

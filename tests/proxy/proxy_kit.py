@@ -120,3 +120,14 @@ class InProcess:
         self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
     ) -> CallToolResult:
         return await self._client.call_tool_mcp(name, arguments, meta=meta)
+
+
+def desktop_configs() -> list[dict[str, Any]]:
+    """The `mcpServers` entries of docs/proxy.md's desktop-client snippets (each JSON block after
+    a `<!-- proxy-config -->` comment)."""
+    import json
+    import re
+
+    page = (HERE.parents[1] / "docs" / "proxy.md").read_text()
+    blocks = re.findall(r"<!-- proxy-config -->\n```json\n(.*?)\n```", page, flags=re.S)
+    return [entry for block in blocks for entry in json.loads(block)["mcpServers"].values()]

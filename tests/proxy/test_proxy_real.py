@@ -23,6 +23,7 @@ from proxy_kit import (
     InProcess,
     NodeServers,
     announced,
+    desktop_configs,
     http_url,
     lines,
     meta_key,
@@ -235,3 +236,18 @@ async def test_tools_command_lists_what_the_proxy_does(
     assert rows["charge"]["annotations"] == {"destructive": True, "idempotent": False}
     assert rows["balance"]["action"] == "pass-through"
     assert "policy pattern 'chrage' matches no tool" in stderr
+
+
+async def test_the_desktop_config_snippet_starts(node_servers: NodeServers, tmp_path: Path) -> None:
+    """docs/proxy.md's first desktop snippet, started as a client would start it (the npx
+    upstream replaced by the same package installed for the tests: no download mid-test)."""
+    entry = desktop_configs()[0]
+    split = entry["args"].index("--")
+    assert entry["args"][split + 1 :] == ["npx", "-y", "@modelcontextprotocol/server-memory"]
+    options = [*entry["args"][1:split], "--store", f"sqlite:///{tmp_path / 'k.sqlite3'}"]
+    command = proxy_command(*options, "--", *node_servers.memory())
+    env = {**os.environ, "MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    async with Client(params) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert {"create_entities", "read_graph"} <= names

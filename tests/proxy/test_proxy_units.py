@@ -153,3 +153,18 @@ def test_cli_refuses_an_unknown_policy_key(
         main(["proxy", "--policy", str(policy), "--", "node", "server.js"])
     assert caught.value.code == 2
     assert 'unknown policy key(s) in [tools."charge"]: idempotent' in capsys.readouterr().err
+
+
+def test_the_desktop_config_snippets_run_the_proxy() -> None:
+    """Each snippet of docs/proxy.md parses, and names `mcp-once proxy ... -- COMMAND`."""
+    from proxy_kit import desktop_configs
+
+    from mcp_once._cli import build_parser
+
+    entries = desktop_configs()
+    assert len(entries) == 2
+    for entry in entries:
+        assert entry["command"] == "mcp-once" and entry["args"][0] == "proxy"
+        split = entry["args"].index("--")
+        assert entry["args"][split + 1 :], "an upstream command after --"
+        build_parser().parse_args(entry["args"][:split])  # the options exist as written
