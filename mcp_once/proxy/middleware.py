@@ -92,6 +92,7 @@ class ProxyGuardMiddleware(Middleware):
         context: MiddlewareContext[CallToolRequestParams],
         call_next: CallNext[CallToolRequestParams, ToolResult],
     ) -> ToolResult:
+        """The call under its tool's guard (or passed through), upstream failures mapped."""
         ctx = context.fastmcp_context
         tool = None if ctx is None else await ctx.fastmcp.get_tool(context.message.name)
         guard = None if tool is None else self.guard_of(tool)

@@ -13,7 +13,10 @@ import json
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -35,7 +38,7 @@ from proxy_kit import (
 )
 
 from idempotency import MemoryKeyStore, open_store, wire
-from mcp_once.proxy import Upstream, build_proxy
+from mcp_once.proxy import OnceProxy, Upstream, build_proxy
 from orchestrator import RetryingSession, RetryPolicy
 from orchestrator.chaos import Chaos, Fault, FaultPlan
 
@@ -55,6 +58,19 @@ def ledger(tmp_path: Path) -> Path:
     folder = tmp_path / "ledger"
     folder.mkdir()
     return folder
+
+
+@asynccontextmanager
+async def ledger_proxy(
+    node_servers: NodeServers, ledger: Path, **options: Any
+) -> AsyncIterator[tuple[OnceProxy, InProcess]]:
+    """The proxy in this process (so a test can watch its upstream link) in front of a stdio
+    ledger server, and a client of it."""
+    upstream = Upstream.stdio(*node_servers.ledger(ledger))
+    store = options.pop("store", None) or MemoryKeyStore()
+    proxy = build_proxy(upstream, store, **options)
+    async with proxy.opened(), InProcess(proxy) as client:
+        yield proxy, client
 
 
 async def _lost_answer_then_replay(target: StdioServerParameters | str, ledger: Path) -> None:
@@ -122,9 +138,7 @@ async def test_npm_reference_server_behind_the_proxy(
 async def test_is_error_result_is_stored_and_replayed(
     node_servers: NodeServers, ledger: Path
 ) -> None:
-    upstream = Upstream.stdio(*node_servers.ledger(ledger))
-    proxy = build_proxy(upstream, MemoryKeyStore())
-    async with proxy.opened(), InProcess(proxy) as client:
+    async with ledger_proxy(node_servers, ledger) as (_, client):
         first = await client.call_tool("charge", {"amount": -1}, meta=meta_key("declined"))
         again = await client.call_tool("charge", {"amount": -1}, meta=meta_key("declined"))
         assert first.is_error and again.is_error and text(again) == "declined"
@@ -156,9 +170,7 @@ async def test_upstream_dead_before_the_write_is_sent_to_a_new_child(
     node_servers: NodeServers, ledger: Path
 ) -> None:
     """The child died before the proxy wrote the call: the call goes to a fresh child, once."""
-    upstream = Upstream.stdio(*node_servers.ledger(ledger))
-    proxy = build_proxy(upstream, MemoryKeyStore())
-    async with proxy.opened(), InProcess(proxy) as client:
+    async with ledger_proxy(node_servers, ledger) as (proxy, client):
         pid = int(text(await client.call_tool("pid", {})))
         os.kill(pid, signal.SIGKILL)
         with anyio.fail_after(WAIT):
@@ -173,10 +185,8 @@ async def test_concurrent_duplicates_get_one_effect(
     node_servers: NodeServers, ledger: Path
 ) -> None:
     """A client that double-dispatches: both copies answered, one effect (rule 5)."""
-    upstream = Upstream.stdio(*node_servers.ledger(ledger))
     answers = []
-    proxy = build_proxy(upstream, MemoryKeyStore())
-    async with proxy.opened(), InProcess(proxy) as client:
+    async with ledger_proxy(node_servers, ledger) as (_, client):
 
         async def call() -> None:
             answers.append(await client.call_tool("charge", {"amount": 9}, meta=meta_key("dup")))
@@ -197,9 +207,8 @@ async def test_in_doubt_record_turns_unknown_and_settles(
 
     lease = 0.5
     url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
-    upstream = Upstream.stdio(*node_servers.ledger(ledger))
-    proxy = build_proxy(upstream, open_store(url), lease=lease)
-    async with proxy.opened(), InProcess(proxy) as client:
+    store = open_store(url)
+    async with ledger_proxy(node_servers, ledger, store=store, lease=lease) as (proxy, client):
         crash = {"amount": 6, "crash": "after"}
         with pytest.raises(MCPError) as caught:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
