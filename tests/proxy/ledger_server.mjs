@@ -9,9 +9,11 @@
 // what the test counts is what happened, whatever the proxy says:
 //   calls    one line per tools/call of `charge` received (with the `_meta` key it carried)
 //   effects  one line per effect of `charge`
-// `charge({amount, crash})`: crash "before" SIGKILLs this process after recording the call and
-// before the effect; "after" after the effect and before the answer. `pid` and `balance` are
-// read-only. The SDK is resolved from PREFIX (installed there by the test).
+// `charge({amount, crash, wait_ms})`: crash "before" SIGKILLs this process after recording the
+// call and before the effect; "after" after the effect and before the answer; "after-once" as
+// "after" the first time in LEDGER_DIR only (the marker file `crashed`). `wait_ms` holds the
+// answer back after the effect. `pid` and `balance` are read-only. The SDK is resolved from
+// PREFIX (installed there by the test).
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -49,15 +51,24 @@ function build() {
     'charge',
     {
       description: 'Charge an amount (an effect, recorded in the ledger).',
-      inputSchema: { amount: z.number(), crash: z.string().optional() },
+      inputSchema: {
+        amount: z.number(),
+        crash: z.string().optional(),
+        wait_ms: z.number().optional(),
+      },
       annotations: { destructiveHint: true, idempotentHint: false },
     },
-    async ({ amount, crash }, extra) => {
+    async ({ amount, crash, wait_ms }, extra) => {
       const key = extra?._meta?.['io.github.mcp-once/idempotency-key'] ?? '';
       record('calls', JSON.stringify({ amount, key }));
       if (crash === 'before') process.kill(process.pid, 'SIGKILL');
       record('effects', JSON.stringify({ amount, key }));
       if (crash === 'after') process.kill(process.pid, 'SIGKILL');
+      if (crash === 'after-once' && !fs.existsSync(path.join(dir, 'crashed'))) {
+        record('crashed', 'x');
+        process.kill(process.pid, 'SIGKILL');
+      }
+      if (wait_ms) await new Promise((resolve) => setTimeout(resolve, wait_ms));
       if (amount < 0) {
         return { content: [{ type: 'text', text: 'declined' }], isError: true };
       }

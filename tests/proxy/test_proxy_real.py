@@ -38,7 +38,7 @@ from proxy_kit import (
 )
 
 from idempotency import MemoryKeyStore, open_store, wire
-from mcp_once.proxy import OnceProxy, Upstream, build_proxy
+from mcp_once.proxy import OnceProxy, Upstream, build_proxy, parse_policy
 from orchestrator import RetryingSession, RetryPolicy
 from orchestrator.chaos import Chaos, Fault, FaultPlan
 
@@ -260,3 +260,31 @@ async def test_the_desktop_config_snippet_starts(node_servers: NodeServers, tmp_
     async with Client(params) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
         assert {"create_entities", "read_graph"} <= names
+
+
+async def test_upstream_idempotent_tools_are_resent_under_the_same_key(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """The policy says the upstream tool may run twice: after the child died mid-call the proxy
+    re-sends it to a new child under the same upstream key, and the caller gets the answer."""
+    policy = parse_policy({"tools": {"charge": {"upstream_idempotent": True}}})
+    async with ledger_proxy(node_servers, ledger, policy=policy) as (proxy, client):
+        args = {"amount": 3, "crash": "after-once"}
+        result = await client.call_tool("charge", args, meta=meta_key("resent"))
+        assert status(result) == "executed" and not result.is_error
+        sent = [json.loads(line)["key"] for line in (ledger / "calls").read_text().splitlines()]
+        assert len(sent) == 2 and sent[0] == sent[1]  # one upstream key for both sends
+        assert proxy.link.connects == 2
+
+
+async def test_max_run_time_from_the_policy_is_outcome_unknown(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """`max_run_time` in the policy bounds the upstream call: past it, -32012, nothing stored."""
+    policy = parse_policy({"tools": {"charge": {"max_run_time": 0.5}}})
+    async with ledger_proxy(node_servers, ledger, policy=policy) as (_, client):
+        with pytest.raises(MCPError) as caught:
+            slow = {"amount": 4, "wait_ms": 5000}
+            await client.call_tool("charge", slow, meta=meta_key("slow"))
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / "effects") == 1
