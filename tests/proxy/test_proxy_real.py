@@ -39,7 +39,7 @@ from proxy_kit import (
 
 from idempotency import MemoryKeyStore, open_store, wire
 from mcp_once.proxy import OnceProxy, Upstream, build_proxy, parse_policy
-from orchestrator import RetryingSession, RetryPolicy
+from orchestrator import RetryingSession, RetryPolicy, streamable_http_transport
 from orchestrator.chaos import Chaos, Fault, FaultPlan
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
@@ -288,3 +288,18 @@ async def test_max_run_time_from_the_policy_is_outcome_unknown(
             await client.call_tool("charge", slow, meta=meta_key("slow"))
         assert caught.value.code == wire.OUTCOME_UNKNOWN
         assert lines(ledger / "effects") == 1
+
+
+async def test_listen_mode_reads_the_idempotency_key_header(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """`--listen` reads the `Idempotency-Key` header by default: two calls under one header
+    value, no `_meta` key, reach the upstream once."""
+    command = proxy_command("--store", "memory://", "--listen", "127.0.0.1:0", "--")
+    with announced([*command, *node_servers.ledger(ledger)], "mcp-once proxy at ") as line:
+        headers = {"Idempotency-Key": "header-key-1"}
+        async with Client(streamable_http_transport(http_url(line), headers=headers)) as client:
+            first = await client.call_tool("charge", {"amount": 2})
+            second = await client.call_tool("charge", {"amount": 2})
+    assert (status(first), status(second)) == ("executed", "replayed")
+    assert lines(ledger / "calls") == 1

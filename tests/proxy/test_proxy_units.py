@@ -168,3 +168,19 @@ def test_the_desktop_config_snippets_run_the_proxy() -> None:
         split = entry["args"].index("--")
         assert entry["args"][split + 1 :], "an upstream command after --"
         build_parser().parse_args(entry["args"][:split])  # the options exist as written
+
+
+def test_the_default_store_is_named_after_the_upstream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp_once._cli import build_parser
+    from mcp_once._cli._proxy import _store_url
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MCP_ONCE_STORE", raising=False)
+    args = build_parser().parse_args(["proxy"])
+    upstream = Upstream.stdio("npx", "-y", "@modelcontextprotocol/server-memory")
+    assert _store_url(args, upstream) == "sqlite:///.mcp-once/proxy-server-memory.sqlite3"
+    assert (tmp_path / ".mcp-once").is_dir()
+    monkeypatch.setenv("MCP_ONCE_STORE", "memory://")
+    assert _store_url(build_parser().parse_args(["proxy"]), upstream) == "memory://"
