@@ -9,6 +9,7 @@ must watch the upstream link itself, in this process through the Python API.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import pytest
 from mcp import MCPError, StdioServerParameters
 from mcp.client import Client
 from proxy_kit import (
+    MARKER,
     InProcess,
     NodeServers,
     announced,
@@ -302,4 +304,38 @@ async def test_listen_mode_reads_the_idempotency_key_header(
             first = await client.call_tool("charge", {"amount": 2})
             second = await client.call_tool("charge", {"amount": 2})
     assert (status(first), status(second)) == ("executed", "replayed")
+    assert lines(ledger / "calls") == 1
+
+
+TS_CLIENT = Path(__file__).parents[1] / "clients_real" / "ts_sdk_client.mjs"
+
+
+@pytest.mark.parametrize("front", ["stdio", "http"])
+async def test_typescript_sdk_client_through_the_proxy(
+    node_servers: NodeServers, ledger: Path, front: str
+) -> None:
+    """The TypeScript SDK's client, the same key twice: one upstream call, the replay marker."""
+    upstream = node_servers.ledger(ledger)
+    call = {"op": "call", "name": "charge", "arguments": {"amount": 1}, "meta": meta_key("ts-1")}
+    with contextlib.ExitStack() as stack:
+        if front == "stdio":
+            command = proxy_command("--store", "memory://", "--", *upstream)
+            connect = {"op": "connect", "command": command[0], "args": command[1:]}
+        else:
+            command = proxy_command("--store", "memory://", "--listen", "127.0.0.1:0", "--")
+            line = stack.enter_context(announced([*command, *upstream], "mcp-once proxy at "))
+            connect = {"op": "connect", "url": http_url(line)}
+        script = "".join(json.dumps(c) + "\n" for c in (connect, call, call))
+        with anyio.fail_after(120):
+            done = await anyio.run_process(
+                [node_servers.node, str(TS_CLIENT), str(node_servers.prefix)],
+                input=script.encode(),
+                check=False,
+            )
+    answers = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert len(answers) == 3 and all("result" in a for a in answers), done.stderr.decode()
+    first, second = answers[1]["result"], answers[2]["result"]
+    assert first["_meta"][MARKER]["status"] == "executed"
+    assert second["_meta"][MARKER]["status"] == "replayed"
+    assert second["content"] == first["content"]
     assert lines(ledger / "calls") == 1
