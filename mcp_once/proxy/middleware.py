@@ -24,6 +24,9 @@ from idempotency.fastmcp import IdempotencyMiddleware
 from .failures import EFFECT_FREE, caller_error
 from .policy import ProxyPolicy, ToolPolicy
 
+_CallContext = MiddlewareContext[CallToolRequestParams]
+_CallNext = CallNext[CallToolRequestParams, ToolResult]
+
 
 async def _only(tool: Tool, _: MiddlewareContext[ListToolsRequest]) -> Sequence[Tool]:
     """A `call_next` listing just `tool`: one tool's listing goes through its own guard."""
@@ -87,11 +90,7 @@ class ProxyGuardMiddleware(Middleware):
             listed.extend(await guard.on_list_tools(context, functools.partial(_only, tool)))
         return listed
 
-    async def on_call_tool(
-        self,
-        context: MiddlewareContext[CallToolRequestParams],
-        call_next: CallNext[CallToolRequestParams, ToolResult],
-    ) -> ToolResult:
+    async def on_call_tool(self, context: _CallContext, call_next: _CallNext) -> ToolResult:
         """The call under its tool's guard (or passed through), upstream failures mapped."""
         ctx = context.fastmcp_context
         tool = None if ctx is None else await ctx.fastmcp.get_tool(context.message.name)
