@@ -339,3 +339,37 @@ async def test_typescript_sdk_client_through_the_proxy(
     assert second["_meta"][MARKER]["status"] == "replayed"
     assert second["content"] == first["content"]
     assert lines(ledger / "calls") == 1
+
+
+async def test_proxy_killed_mid_call_and_restarted_on_the_same_store(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """The proxy itself SIGKILLed while the upstream runs the call: its lease runs out, and a new
+    proxy on the same store answers the re-send -32012 (UNKNOWN), never a second effect."""
+    store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    pid_file = tmp_path / "proxy.pid"
+    script = str(Path(__file__).parent / "proxy_process.py")
+    command = [sys.executable, script, store, "1.0", str(pid_file), "--"]
+    command += node_servers.ledger(ledger)
+    slow = {"amount": 5, "wait_ms": 20000}
+    upstream_pid = 0
+    async with Client(_stdio(command)) as first:
+        upstream_pid = int(text(await first.call_tool("pid", {})))
+
+        async def doomed() -> None:
+            with contextlib.suppress(Exception):
+                await first.call_tool("charge", slow, meta=meta_key("mid-call"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(doomed)
+            with anyio.fail_after(WAIT):
+                while lines(ledger / "effects") < 1:  # noqa: ASYNC110 (a file is the only signal)
+                    await anyio.sleep(0.01)
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(upstream_pid, signal.SIGKILL)  # the first proxy's orphaned child
+    async with Client(_stdio(command)) as second:
+        with pytest.raises(MCPError) as caught:
+            await second.call_tool("charge", slow, meta=meta_key("mid-call"))
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+    assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
