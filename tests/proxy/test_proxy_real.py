@@ -373,3 +373,17 @@ async def test_proxy_killed_mid_call_and_restarted_on_the_same_store(
             await second.call_tool("charge", slow, meta=meta_key("mid-call"))
         assert caught.value.code == wire.OUTCOME_UNKNOWN
     assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+
+
+async def test_proxy_from_a_desktop_config_entry(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """`--config FILE --server NAME`: the entry's command, args and env start the upstream."""
+    node, *args = node_servers.ledger(ledger)
+    entry = {"command": node, "args": args, "env": {"LEDGER_NOTE": "from-config"}}
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"ledger": entry}}))
+    command = proxy_command("--store", "memory://", "--config", str(config), "--server", "ledger")
+    async with Client(_stdio(command)) as client:
+        result = await client.call_tool("charge", {"amount": 1}, meta=meta_key("cfg-1"))
+        assert status(result) == "executed" and lines(ledger / "effects") == 1
