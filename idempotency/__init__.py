@@ -3,7 +3,9 @@
 Guarding tools: `idempotent` (one `MCPServer` tool), `install` (every tool of an `MCPServer`)
 and `idempotent_call_tool` (a low-level `Server`), each with the options of `Policy`; a FastMCP
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
-`current_claim()` is the claim it runs under, for fencing its own downstream writes. The
+`current_claim()` is the claim it runs under, for fencing its own downstream writes; a tool whose
+own downstream call broke after it may have been received (a proxy's upstream link) raises
+`Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error. The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
 source) each time a call is answered from its record (docs/observability.md).
 
@@ -29,6 +31,7 @@ import logging
 
 from ._guard.current_claim import Claim, current_claim
 from ._guard.fingerprint import fingerprint
+from ._guard.guard import Interrupted
 from ._guard.hooks import Replay, ReplayHook
 from ._guard.mint import KeySource
 from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
@@ -75,6 +78,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "Interrupted",
     "KeyMode",
     "KeySource",
     "KeyStore",

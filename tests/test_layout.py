@@ -325,7 +325,12 @@ def test_the_new_rules_read_the_real_packages() -> None:
         "orchestrator.dbos",
         "idempotency.fastmcp",
     } <= integrations
-    assert not any(name.split(".")[0] == "mcp_once" for name in integrations)
+    # The application's one framework-based feature is the proxy (`mcp-once proxy` is a FastMCP
+    # server), kept in its own package that nothing else in the application imports at run time
+    # (the CLI imports it inside the command), so every other command works without the extra.
+    assert {n for n in integrations if n.split(".")[0] == "mcp_once"} <= {
+        n for n in modules if n.startswith("mcp_once.proxy")
+    }
     mcp_once_imports = {
         imp.target for path in (ROOT / "mcp_once").rglob("*.py") for imp in imports_in(ROOT, path)
     }

@@ -108,9 +108,11 @@ class NothingDone(Exception):
 
 class Interrupted(Exception):
     """Raised by `execute` when the framework cancelled the tool part-way (its own per-tool
-    timeout). The effect may have happened, so the framework's error is not stored as the key's
-    answer: the call gets the guard's own answer for a run cut short (OUTCOME_UNKNOWN), exactly
-    as when `max_run_time` is exceeded, and the record is left to its lease."""
+    timeout), or by a tool whose own downstream call broke after it may have been received (the
+    proxy's upstream link; public as `idempotency.Interrupted`). The effect may have happened, so
+    the framework's error is not stored as the key's answer: the call gets the guard's own answer
+    for a run cut short (OUTCOME_UNKNOWN), exactly as when `max_run_time` is exceeded, and the
+    record is left to its lease."""
 
     def __init__(self, why: str) -> None:
         super().__init__(why)

@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from . import _bench, _demo, _keys, _runs, _serve
+from . import _bench, _demo, _keys, _proxy, _runs, _serve
 from ._common import DEFAULT_STORE_URL
 from ._runs import DEFAULT_JOURNAL_URL
 
@@ -47,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mcp-once",
-        description="Safe retries for MCP tool calls: demo, operator commands and benchmarks.",
+        description="Safe retries for MCP tool calls: demo, proxy, operator commands, benchmarks.",
         epilog=f"Files: the key store defaults to {DEFAULT_STORE_URL} (or $MCP_ONCE_STORE),"
         " a SQLite file with its -wal and -shm side files in ./.mcp-once/, which"
         f" serve-example creates; the Run journal to {DEFAULT_JOURNAL_URL} (or $MCP_ONCE_JOURNAL)."
@@ -56,18 +56,25 @@ def build_parser() -> argparse.ArgumentParser:
         " --store, deleted when it ends.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (_demo, _keys, _runs, _serve, _bench):
+    for module in (_demo, _keys, _runs, _serve, _proxy, _bench):
         module.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    # `proxy` and `tools` take the upstream's command line after `--`, untouched by argparse.
+    command_line: list[str] = []
+    if words and words[0] in _proxy.TAKES_COMMAND and "--" in words:
+        split = words.index("--")
+        words, command_line = words[:split], words[split + 1 :]
     # `bench` forwards its own options to benchmarks/run.py, which owns them.
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(words)
     if extra and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    args.command_line = command_line
     status: int = args.run(args)
     return status
 

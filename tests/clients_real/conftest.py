@@ -15,7 +15,6 @@ Without node or npm, or when the install fails, the npm tests skip with a loud r
 
 from __future__ import annotations
 
-import json
 import platform
 import re
 import shutil
@@ -29,6 +28,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from npm_install import npm_install
 from real_clients_kit import FLAVORS, NodeClients, Served, http_server, served_in
 from unavailable import unavailable
 
@@ -52,29 +52,6 @@ def _node_version(node: str) -> tuple[int, ...]:
     return tuple(int(part) for part in found.groups())
 
 
-def _install(prefix: Path, packages: list[str]) -> None:
-    """`npm install` the pinned packages into `prefix`, once: a stamp naming them marks a
-    finished install, so a later session (or a broken earlier one) is recognised."""
-    stamp = prefix / "installed.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == packages:
-        return
-    shutil.rmtree(prefix, ignore_errors=True)
-    prefix.mkdir(parents=True)
-    npm = shutil.which("npm")
-    if npm is None:
-        _unavailable("npm is not on PATH")
-    command = [npm, "install", "--prefix", str(prefix), "--no-save", "--no-audit", "--no-fund"]
-    try:
-        done = subprocess.run(
-            [*command, "--loglevel=error", *packages], capture_output=True, text=True, timeout=600
-        )
-    except subprocess.TimeoutExpired:
-        _unavailable(f"npm install {' '.join(packages)} did not finish within 600 s")
-    if done.returncode != 0:
-        _unavailable(f"npm install {' '.join(packages)} failed: {done.stderr[-2000:]}")
-    stamp.write_text(json.dumps(packages))
-
-
 @pytest.fixture(scope="session")
 def node_clients(request: pytest.FixtureRequest) -> NodeClients:
     node = shutil.which("node")
@@ -95,7 +72,7 @@ def node_clients(request: pytest.FixtureRequest) -> NodeClients:
         else request.getfixturevalue("tmp_path_factory").mktemp("mcp-once-real-clients")
     )
     prefix = home / "npm"
-    _install(prefix, packages)
+    npm_install(prefix, packages, _unavailable)
     inspector_node = (
         str(prefix / "node_modules" / node_package / "bin" / "node") if old_node else node
     )

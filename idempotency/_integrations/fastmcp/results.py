@@ -13,7 +13,8 @@ The guard stores and replays `CallToolResult`s (domain form). FastMCP's middlewa
   (another middleware, auth, lookup: see `body.py`), refused before the body ran (unknown,
   disabled or unauthorized tool, invalid arguments) or failed with an error the author declared
   effect-free → `NothingDone` (released, re-raised as FastMCP raised it); cut short by the tool's
-  own `timeout=` → `Interrupted` (OUTCOME_UNKNOWN, never a stored "timed out"); anything else
+  own `timeout=`, or a tool that raised `Interrupted` itself (a proxy whose upstream link broke
+  mid-call) → `Interrupted` (OUTCOME_UNKNOWN, never a stored "timed out"); anything else
   happened in or after the body and is stored as FastMCP renders it (`error_result`). A failure
   of an inner middleware *after* the body ran is stored too: the effect may have happened, so a
   retry must not run it again.
@@ -98,6 +99,9 @@ def judged(
 ) -> Exception:
     """What `execute` raises for `exc`, raised by FastMCP's chain below the guard
     (`body_started`: whether FastMCP entered the tool before it was raised)."""
+    for raised in (exc, *_causes(exc)):
+        if isinstance(raised, Interrupted):
+            return raised  # the tool itself says it may have had its effect: never stored
     if not body_started or isinstance(exc, NotFoundError | DisabledError | AuthorizationError):
         return NothingDone(exc)
     if isinstance(exc, ValidationError) and isinstance(exc.__cause__, PydanticValidationError):

@@ -1,0 +1,37 @@
+"""`mcp-once proxy` as a Python API: the guard in front of an MCP server you did not write.
+
+`build_proxy(upstream, store, policy=..., **options)` returns a FastMCP server that forwards to one
+`Upstream` (a stdio command, a streamable HTTP URL, or an entry of a desktop client's
+`mcpServers` config) and runs each of its tools under `IdempotencyMiddleware`, as the
+`ProxyPolicy` (`load_policy(path)`, TOML) says. Needs the `fastmcp` extra
+(`pip install 'mcp-once[fastmcp]'`); importing this package without it raises an ImportError that
+says so.
+
+The proxy lives in the application layer: it uses both libraries (the guard from `idempotency`,
+the never-sent / maybe-executed classification and reconnection from `orchestrator`), and neither
+library knows it.
+"""
+
+try:
+    import fastmcp  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the extra is a dev dependency here
+    raise ImportError(
+        "mcp-once proxy needs FastMCP: install the extra, pip install 'mcp-once[fastmcp]'"
+    ) from exc
+
+from .policy import PolicyError, ProxyPolicy, ToolPolicy, load_policy, parse_policy
+from .server import OnceProxy, build_proxy
+from .upstream import Upstream, UpstreamConfigError, UpstreamLink
+
+__all__ = [
+    "OnceProxy",
+    "PolicyError",
+    "ProxyPolicy",
+    "ToolPolicy",
+    "Upstream",
+    "UpstreamConfigError",
+    "UpstreamLink",
+    "build_proxy",
+    "load_policy",
+    "parse_policy",
+]

@@ -1,0 +1,112 @@
+"""`ProxyGuardMiddleware`: the FastMCP middleware in front of the proxied tools.
+
+The guard itself is `IdempotencyMiddleware`, unchanged (same options, rules and errors); this
+module only chooses, per tool, which one: the policy file gives each tool its own options, so each
+distinct set of options gets one `IdempotencyMiddleware` (all on the same store), and a tool the
+policy or its `readOnlyHint` passes through gets none. Failures of the upstream that the guard
+released (never sent, the upstream's own JSON-RPC error) reach the caller as `failures.py` says.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools.base import Tool, ToolResult
+from mcp_types import CallToolRequestParams, ListToolsRequest
+
+from idempotency import KeyStore, PolicyOptions
+from idempotency.fastmcp import IdempotencyMiddleware
+
+from .failures import EFFECT_FREE, caller_error
+from .policy import ProxyPolicy, ToolPolicy
+
+_CallContext = MiddlewareContext[CallToolRequestParams]
+_CallNext = CallNext[CallToolRequestParams, ToolResult]
+
+
+async def _only(tool: Tool, _: MiddlewareContext[ListToolsRequest]) -> Sequence[Tool]:
+    """A `call_next` listing just `tool`: one tool's listing goes through its own guard."""
+    return [tool]
+
+
+def _read_only(tool: Tool) -> bool:
+    return bool(tool.annotations is not None and tool.annotations.read_only_hint)
+
+
+class ProxyGuardMiddleware(Middleware):
+    """Guards each proxied tool as the policy says; see the module doc."""
+
+    def __init__(self, store: KeyStore, policy: ProxyPolicy | None = None, **defaults: Any) -> None:
+        self.store = store
+        self.policy = policy or ProxyPolicy()
+        self._defaults: dict[str, Any] = dict(defaults)
+        self._guards: dict[str, IdempotencyMiddleware] = {}
+        self._plain = self._guard_for(ToolPolicy())  # the default options fail here, at start
+
+    def check(self, names: Sequence[str]) -> list[str]:
+        """Build every listed tool's guard now (bad options fail at start-up) and return the
+        policy's patterns that match none of `names`."""
+        for name in names:
+            self._guard_for(self.policy.for_tool(name))
+        return self.policy.unmatched(names)
+
+    def _guard_for(self, tool: ToolPolicy) -> IdempotencyMiddleware:
+        options: dict[str, Any] = {**self._defaults, **tool.guard_options()}
+        options["effect_free"] = EFFECT_FREE
+        label = json.dumps(
+            {k: v for k, v in options.items() if k != "effect_free"}, sort_keys=True, default=repr
+        )
+        guard = self._guards.get(label)
+        if guard is None:
+            typed: PolicyOptions = options  # type: ignore[assignment]  # checked by make_policy
+            guard = self._guards[label] = IdempotencyMiddleware(self.store, **typed)
+        return guard
+
+    def resend(self, name: str) -> bool:
+        """Whether the policy lets the proxy re-send a maybe-executed call of `name`."""
+        return self.policy.for_tool(name).upstream_idempotent
+
+    def guard_of(self, tool: Tool) -> IdempotencyMiddleware | None:
+        """The guard of `tool`'s calls; None when they pass through."""
+        rule = self.policy.for_tool(tool.name)
+        return self._guard_for(rule) if rule.guarded(_read_only(tool)) else None
+
+    async def on_list_tools(
+        self,
+        context: MiddlewareContext[ListToolsRequest],
+        call_next: CallNext[ListToolsRequest, Sequence[Tool]],
+    ) -> Sequence[Tool]:
+        listed: list[Tool] = []
+        for tool in await call_next(context):
+            guard = self.guard_of(tool)
+            if guard is None:
+                listed.append(tool)
+                continue
+
+            listed.extend(await guard.on_list_tools(context, functools.partial(_only, tool)))
+        return listed
+
+    async def on_call_tool(self, context: _CallContext, call_next: _CallNext) -> ToolResult:
+        """The call under its tool's guard (or passed through), upstream failures mapped."""
+        ctx = context.fastmcp_context
+        tool = None if ctx is None else await ctx.fastmcp.get_tool(context.message.name)
+        guard = None if tool is None else self.guard_of(tool)
+        try:
+            if guard is None:
+                return await call_next(context)
+            return await guard.on_call_tool(context, call_next)
+        except Exception as exc:
+            error = caller_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    async def on_notification(
+        self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]
+    ) -> Any:
+        # Cancellations mark answers undelivered in the store, whichever guard gave them.
+        return await self._plain.on_notification(context, call_next)

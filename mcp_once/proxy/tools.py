@@ -1,0 +1,100 @@
+"""FastMCP's proxy tools, each sending a guarded call upstream under a key of the record's own.
+
+`OnceProxyProvider` is FastMCP's `ProxyProvider` (listing, resources, prompts, its caches) whose
+tools are `OnceProxyTool`s. A call the guard runs (there is a `current_claim()`) goes through the
+shared `UpstreamLink` with the upstream key `upstream_key(claim)`: derived from the record (so
+scoped to tenant, server and tool), never the caller's raw key, and the same on every re-send, so a
+guarded upstream, or one that reads the key, deduplicates too. A call the guard does not run
+(pass-through, or unprotected) is FastMCP's own proxy call, untouched (rule 14).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastmcp.server.context import Context
+from fastmcp.server.dependencies import get_context
+from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
+from fastmcp.tools.base import Tool, ToolResult
+
+from idempotency import Claim, Interrupted, current_claim
+from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
+
+from .failures import UpstreamNotSent, UpstreamRefused
+from .upstream import UpstreamLink
+
+#: Prefix of the key the upstream receives, so an operator reading the upstream's records can tell
+#: where it came from.
+UPSTREAM_KEY_PREFIX = "mcp-once:"
+
+
+def upstream_key(claim: Claim) -> str:
+    """The key the upstream gets for a claim: the record's hashed name (scope, tool and key)."""
+    return UPSTREAM_KEY_PREFIX + claim.record
+
+
+class OnceProxyTool(ProxyTool):
+    """A proxied tool whose guarded calls go through the `UpstreamLink`."""
+
+    _link: UpstreamLink | None = None
+    _resend: bool = False
+
+    @classmethod
+    def adopt(cls, tool: ProxyTool, link: UpstreamLink, resend: bool) -> OnceProxyTool:
+        """`tool` as one of ours (same definition, same client factory)."""
+        fields = {name: getattr(tool, name) for name in type(tool).model_fields}
+        make: Any = cls  # ProxyTool's own __init__ takes the factory first (pydantic's does not)
+        adopted: OnceProxyTool = make(tool._client_factory, **fields)
+        adopted._backend_name = tool._backend_name
+        adopted._link = link
+        adopted._resend = resend
+        return adopted
+
+    async def run(self, arguments: dict[str, Any], context: Context | None = None) -> ToolResult:
+        claim = current_claim()
+        if claim is None or self._link is None:
+            return await super().run(arguments, context)
+        name = self._backend_name or self.name
+        # The upstream's progress reaches the caller of the first execution (a replay has none).
+        progress = (context or get_context()).report_progress
+        try:
+            result = await self._link.call(
+                name, arguments, upstream_key(claim), resend=self._resend, progress=progress
+            )
+        except OutcomeUnknown as exc:
+            raise Interrupted(f"the upstream may have run it ({exc.reason})") from exc
+        except NotExecuted as exc:
+            raise UpstreamNotSent(str(exc.reason)) from exc
+        except ToolCallError as exc:
+            raise UpstreamRefused(exc) from exc
+        return ToolResult(
+            content=result.content,
+            structured_content=result.structured_content,
+            meta=result.meta,
+            is_error=result.is_error,
+        )
+
+
+class OnceProxyProvider(ProxyProvider):
+    """FastMCP's proxy provider, listing `OnceProxyTool`s.
+
+    `resend(name)` says whether the proxy's policy declares an upstream tool idempotent."""
+
+    def __init__(self, link: UpstreamLink, resend: Any) -> None:
+        super().__init__(link.client)
+        self._link = link
+        self._resend = resend
+
+    async def _list_tools(self) -> Sequence[Tool]:
+        listed = await super()._list_tools()
+        tools: list[Tool] = [
+            OnceProxyTool.adopt(t, self._link, bool(self._resend(t.name)))
+            if isinstance(t, ProxyTool)
+            else t
+            for t in listed
+        ]
+        cache = self._tools_cache
+        if cache is not None:
+            cache.items = tools
+        return tools

@@ -1,0 +1,182 @@
+"""The proxy's link to its one upstream: where it is, one session shared by every call, and how a
+failed call is classified.
+
+The link is the client library's own `RetryingSession` (never a second classifier): a call that
+provably never reached the upstream (no child, the child dead before the write, connection refused)
+is re-sent on a fresh session within the deadline, and what is left of it is `NotExecuted`; a call
+that may have run (the child died mid-call, the stream broke) is `OutcomeUnknown`; the upstream's
+own JSON-RPC error is a `ToolCallError`. The upstream's annotations are not trusted
+(`trust_annotations=False`): a maybe-executed call is re-sent only where the proxy's policy says
+the upstream tool is idempotent (`call(..., resend=True)`), under the same key.
+
+One session, reused across calls (a stdio child is started once, and again only after it died):
+FastMCP's listing reads through the same connected `fastmcp.Client` the calls use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, tool_session
+
+if TYPE_CHECKING:
+    from fastmcp import Client
+    from fastmcp.client.transports import ClientTransport
+    from mcp.shared.dispatcher import ProgressFnT
+    from mcp_types import CallToolResult
+
+
+class UpstreamConfigError(ValueError):
+    """The upstream cannot be named as given (no such server in the config file, no command)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where the upstream is: a stdio command, or a streamable HTTP URL."""
+
+    command: tuple[str, ...] = ()
+    url: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == bool(self.url):
+            raise UpstreamConfigError("an upstream is either a command or a URL, exactly one")
+
+    @classmethod
+    def stdio(cls, *command: str, env: Mapping[str, str] | None = None) -> Upstream:
+        return cls(command=tuple(command), env=dict(env or {}))
+
+    @classmethod
+    def http(cls, url: str, headers: Mapping[str, str] | None = None) -> Upstream:
+        return cls(url=url, headers=dict(headers or {}))
+
+    @classmethod
+    def from_config(cls, path: str | Path, server: str) -> Upstream:
+        """The `mcpServers` entry `server` of a desktop client's JSON config file."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UpstreamConfigError(f"cannot read the config file {path}: {exc}") from exc
+        servers = data.get("mcpServers") if isinstance(data, dict) else None
+        if not isinstance(servers, dict) or server not in servers:
+            names = ", ".join(sorted(servers)) if isinstance(servers, dict) else "none"
+            raise UpstreamConfigError(f"no server {server!r} in {path} (mcpServers: {names})")
+        entry = servers[server]
+        if not isinstance(entry, dict):
+            raise UpstreamConfigError(f"mcpServers.{server} in {path} must be an object")
+        if isinstance(entry.get("url"), str):
+            return cls.http(entry["url"], entry.get("headers") or {})
+        command = entry.get("command")
+        if not isinstance(command, str):
+            raise UpstreamConfigError(f"mcpServers.{server} in {path} has no command or url")
+        args = [str(a) for a in entry.get("args") or []]
+        return cls(command=(command, *args), env=dict(entry.get("env") or {}), cwd=entry.get("cwd"))
+
+    @property
+    def name(self) -> str:
+        """A file-name-safe name for this upstream (the default store is named after it)."""
+        words = self.command if self.command else (self.url or "",)
+        # Skip runners and flags (`npx -y @scope/server-memory` names `server-memory`).
+        picked = [
+            w for w in words if not w.startswith("-") and Path(w).name not in _RUNNERS
+        ] or list(words)
+        base = picked[0].rstrip("/").rsplit("/", 1)[-1] if self.command else picked[0]
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")
+        return slug[:80] or "upstream"
+
+    def transport(self) -> ClientTransport:
+        """A fresh FastMCP transport to the upstream (a new child for stdio)."""
+        from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
+
+        if self.url is not None:
+            return StreamableHttpTransport(self.url, headers=dict(self.headers))
+        command, *args = self.command
+        # The child sees the proxy's environment (a desktop client's config sets it for the
+        # proxy), plus what the config entry names; its stderr is ours (log_file=None).
+        env = {**os.environ, **self.env}
+        return StdioTransport(command, args, env=env, cwd=self.cwd, keep_alive=False)
+
+
+#: Launchers whose first non-flag argument names the server.
+_RUNNERS = frozenset({"npx", "uvx", "node", "python", "python3", "bunx", "deno", "pnpm", "dlx"})
+
+
+class UpstreamLink:
+    """One live session to the upstream, replaced when it dies, shared by listing and calls.
+
+    Enter it (`async with`) for as long as the proxy serves."""
+
+    def __init__(self, upstream: Upstream, retry: RetryPolicy | None = None) -> None:
+        self.upstream = upstream
+        self.retry = retry or RetryPolicy(trust_annotations=False)
+        if self.retry.trust_annotations:
+            raise ValueError("the proxy's retry policy must not trust the upstream's annotations")
+        self._session = RetryingSession(connect=self._connect, policy=self.retry)
+
+    def _connect(self) -> Client[Any]:
+        from fastmcp.server.providers.proxy import ProxyClient
+
+        return ProxyClient(self.upstream.transport())
+
+    @property
+    def connects(self) -> int:
+        """Upstream sessions opened so far (one per stdio child)."""
+        return self._session.connects
+
+    async def __aenter__(self) -> UpstreamLink:
+        await self._session.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._session.__aexit__(*exc_info)
+
+    def alive(self) -> bool:
+        """Whether the current session can still send (False before the first connect, and once
+        the SDK has seen a stdio child's pipes close)."""
+        current = self._session.session
+        return current is not None and not tool_session(current).closed()
+
+    async def client(self) -> Client[Any]:
+        """The connected `fastmcp.Client` of the current session, reconnecting a dead one."""
+        from fastmcp import Client
+
+        current = self._session.session
+        if not (isinstance(current, Client) and current.is_connected()):
+            await self._session.refresh_tools()  # acquires: replaces a dead session first
+            current = self._session.session
+        assert isinstance(current, Client)
+        return current
+
+    async def call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        key: str,
+        *,
+        resend: bool,
+        progress: ProgressFnT | None = None,
+    ) -> CallToolResult:
+        """Call `name` upstream under `key` (in `_meta`, the same on every re-send).
+
+        Raises `NotExecuted` (never reached the upstream), `OutcomeUnknown` (may have run; with
+        `resend`, only once the deadline is spent), `ToolCallError` (the upstream's refusal)."""
+        deadline = anyio.current_time() + self.retry.deadline
+        while True:
+            try:
+                return await self._session.call_tool(
+                    name, arguments, progress_callback=progress, idempotency_key=key
+                )
+            except OutcomeUnknown as exc:
+                # Only the proxy's policy may open this gate: the upstream tool runs twice safely.
+                if not resend or exc.reason == "server" or anyio.current_time() >= deadline:
+                    raise

@@ -1,0 +1,42 @@
+"""Fixtures of the proxy tests: the npm packages (the TypeScript SDK our ledger server is written
+with, the reference `server-memory`), installed once under the pytest cache, and node.
+
+Without node or npm the real-process tests skip loudly; under CI (CI=true) that is a failure.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from npm_install import npm_install
+from proxy_kit import NodeServers
+from unavailable import unavailable
+
+PINS = {"@modelcontextprotocol/sdk": "1.32.2", "@modelcontextprotocol/server-memory": "2026.8.31"}
+
+
+def _unavailable(reason: str) -> NoReturn:
+    unavailable(f"NODE NOT AVAILABLE — the proxy's upstream tests cannot run: {reason}", "node")
+
+
+@pytest.fixture(scope="session")
+def node_servers(request: pytest.FixtureRequest) -> NodeServers:
+    node = shutil.which("node")
+    if node is None:
+        _unavailable("node is not on PATH")
+    cache = getattr(request.config, "cache", None)
+    home = (
+        cache.mkdir("mcp-once-proxy-npm")
+        if cache is not None
+        else request.getfixturevalue("tmp_path_factory").mktemp("mcp-once-proxy-npm")
+    )
+    prefix = home / "npm"
+    npm_install(prefix, [f"{name}@{version}" for name, version in PINS.items()], _unavailable)
+    return NodeServers(node=node, prefix=prefix)

@@ -1,0 +1,133 @@
+"""What the proxy tests share: the upstream command lines, the ledger's counts, the proxy as a
+process, and the answers' markers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mcp_types import CallToolResult
+
+HERE = Path(__file__).parent
+LEDGER_SERVER = HERE / "ledger_server.mjs"
+TAP = HERE / "tap.py"
+MARKER = "io.github.mcp-once/idempotency"
+KEY = "io.github.mcp-once/idempotency-key"
+
+
+@dataclass(frozen=True)
+class NodeServers:
+    node: str
+    prefix: Path
+
+    def ledger(self, ledger: Path, *http: str) -> list[str]:
+        """The ledger server's command line (stdio; `"--port", "0"` for HTTP)."""
+        return [self.node, str(LEDGER_SERVER), str(self.prefix), str(ledger), *http]
+
+    def memory(self) -> list[str]:
+        """The npm reference server `@modelcontextprotocol/server-memory`."""
+        entry = self.prefix / "node_modules/@modelcontextprotocol/server-memory/dist/index.js"
+        return [self.node, str(entry)]
+
+
+def tapped(count_file: Path, command: list[str]) -> list[str]:
+    """`command` behind a tap counting the `tools/call` requests it is sent."""
+    return [sys.executable, str(TAP), str(count_file), "--", *command]
+
+
+def lines(path: Path) -> int:
+    """Lines in a ledger file (0 when it does not exist yet)."""
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def proxy_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mcp_once", "proxy", *args]
+
+
+def status(result: CallToolResult) -> str | None:
+    """`executed` or `replayed` from the guard's marker; None when the call was not guarded."""
+    marker = (result.meta or {}).get(MARKER)
+    return marker.get("status") if isinstance(marker, dict) else None
+
+
+def text(result: CallToolResult) -> str:
+    first = result.content[0]
+    return str(getattr(first, "text", ""))
+
+
+@contextmanager
+def announced(command: list[str], prefix: str, *, stream: str = "stderr") -> Iterator[str]:
+    """Run `command` until the block ends; yield the rest of the first line starting with
+    `prefix` on its `stream` (its address: the process prints it once it listens)."""
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    try:
+        out = process.stderr if stream == "stderr" else process.stdout
+        assert out is not None
+        for line in out:
+            if line.startswith(prefix):
+                yield line.removeprefix(prefix).strip()
+                break
+        else:
+            raise RuntimeError(f"{command[:4]} exited before announcing {prefix!r}")
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def http_url(announcement: str) -> str:
+    """`http://host:port/mcp` from the proxy's `... at URL (store: ...)` line."""
+    return announcement.split()[0]
+
+
+def node_port_url(announcement: str) -> str:
+    return f"http://127.0.0.1:{announcement}/mcp"
+
+
+def meta_key(key: str) -> dict[str, Any]:
+    return {KEY: key}
+
+
+class InProcess:
+    """A FastMCP client of an in-process proxy with the SDK client's `call_tool` shape (the
+    SDK's `Client` cannot serve a FastMCP server in process)."""
+
+    def __init__(self, server: Any) -> None:
+        from fastmcp import Client
+
+        self._client = Client(server)
+
+    async def __aenter__(self) -> InProcess:
+        await self._client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._client.__aexit__(*exc_info)
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> CallToolResult:
+        return await self._client.call_tool_mcp(name, arguments, meta=meta)
+
+
+def desktop_configs() -> list[dict[str, Any]]:
+    """The `mcpServers` entries of docs/proxy.md's desktop-client snippets (each JSON block after
+    a `<!-- proxy-config -->` comment)."""
+    import json
+    import re
+
+    page = (HERE.parents[1] / "docs" / "proxy.md").read_text()
+    blocks = re.findall(r"<!-- proxy-config -->\n```json\n(.*?)\n```", page, flags=re.S)
+    return [entry for block in blocks for entry in json.loads(block)["mcpServers"].values()]

@@ -1,0 +1,50 @@
+"""A stdio tap: `python tap.py COUNT_FILE -- COMMAND ARGS...` runs COMMAND with its stdin and
+stdout passed through, and appends one line to COUNT_FILE (fsynced) for every `tools/call` request
+written to it: the upstream link's own count, for servers we cannot instrument (npm packages).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+
+def _count(path: str, line: bytes) -> None:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return
+    if isinstance(message, dict) and message.get("method") == "tools/call":
+        name = message.get("params", {}).get("name", "")
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{name}\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def main() -> int:
+    count_file, separator, *command = sys.argv[1:]
+    assert separator == "--" and command, "usage: tap.py COUNT_FILE -- COMMAND ARGS..."
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    to_child, from_child = child.stdin, child.stdout
+
+    def pump_out() -> None:
+        for line in iter(from_child.readline, b""):
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+
+    threading.Thread(target=pump_out, daemon=True).start()
+    for line in iter(sys.stdin.buffer.readline, b""):
+        _count(count_file, line)  # counted before it is written: a count never lags the upstream
+        to_child.write(line)
+        to_child.flush()
+    to_child.close()
+    return child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""`mcp-once proxy` in front of servers it did not write, as real processes (the slow tier).
+
+The upstreams: `ledger_server.mjs` (the TypeScript SDK, an effect ledger the server appends to and
+fsyncs before answering, so what is counted is what happened) and the npm reference
+`server-memory` behind a tap that counts the `tools/call` requests on the upstream link. The
+proxy runs as the `mcp-once proxy` command (stdio front, `--listen` HTTP front) or, where a test
+must watch the upstream link itself, in this process through the Python API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import MCPError, StdioServerParameters
+from mcp.client import Client
+from proxy_kit import (
+    MARKER,
+    InProcess,
+    NodeServers,
+    announced,
+    desktop_configs,
+    http_url,
+    lines,
+    meta_key,
+    node_port_url,
+    proxy_command,
+    status,
+    tapped,
+    text,
+)
+
+from idempotency import MemoryKeyStore, open_store, wire
+from mcp_once.proxy import OnceProxy, Upstream, build_proxy, parse_policy
+from orchestrator import RetryingSession, RetryPolicy, streamable_http_transport
+from orchestrator.chaos import Chaos, Fault, FaultPlan
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+#: Long enough for a call through the proxy to a node child; the lost answer waits this long.
+ATTEMPT = 5.0
+WAIT = 30.0
+
+
+def _stdio(command: list[str]) -> StdioServerParameters:
+    return StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    folder = tmp_path / "ledger"
+    folder.mkdir()
+    return folder
+
+
+@asynccontextmanager
+async def ledger_proxy(
+    node_servers: NodeServers, ledger: Path, **options: Any
+) -> AsyncIterator[tuple[OnceProxy, InProcess]]:
+    """The proxy in this process (so a test can watch its upstream link) in front of a stdio
+    ledger server, and a client of it."""
+    upstream = Upstream.stdio(*node_servers.ledger(ledger))
+    store = options.pop("store", None) or MemoryKeyStore()
+    proxy = build_proxy(upstream, store, **options)
+    async with proxy.opened(), InProcess(proxy) as client:
+        yield proxy, client
+
+
+async def _lost_answer_then_replay(target: StdioServerParameters | str, ledger: Path) -> None:
+    """The first answer is lost on the caller's link; the caller's retry re-sends the same key;
+    the upstream got one `tools/call`, the caller gets the replay. A read passes through."""
+    chaos = Chaos(FaultPlan(schedule={1: Fault.LOST_ACK}, tools={"charge"}), seed=1)
+    async with Client(chaos.wrap(target)) as client:
+        retrying = RetryingSession(client, policy=RetryPolicy(attempt_timeout=ATTEMPT))
+        result = await retrying.call_tool("charge", {"amount": 5}, idempotency_key="order-1")
+        assert not result.is_error and text(result) == "charged 5 (#1)"
+        assert status(result) == "replayed"
+        assert [a.failure for a in retrying.last_report.attempts] == ["maybe_executed", None]
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+        sent = json.loads((ledger / "calls").read_text())
+        assert sent["key"].startswith("mcp-once:") and "order-1" not in sent["key"]
+        # The same key once more: still one effect, the record's answer.
+        again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+        assert status(again) == "replayed" and lines(ledger / "calls") == 1
+        # A read-only tool passes through: no record, no marker, the upstream answers.
+        read = await client.call_tool("balance", {}, meta=meta_key("read-1"))
+        assert text(read) == "1" and status(read) is None
+
+
+async def test_stdio_front_stdio_upstream_lost_answer(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    command = proxy_command("--store", store, "--", *node_servers.ledger(ledger))
+    await _lost_answer_then_replay(_stdio(command), ledger)
+
+
+async def test_http_front_http_upstream_lost_answer(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    with announced(node_servers.ledger(ledger, "--port", "0"), "PORT ", stream="stdout") as port:
+        store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+        command = proxy_command(
+            "--store", store, "--listen", "127.0.0.1:0", "--upstream", node_port_url(port)
+        )
+        with announced(command, "mcp-once proxy at ") as announcement:
+            await _lost_answer_then_replay(http_url(announcement), ledger)
+
+
+async def test_npm_reference_server_behind_the_proxy(
+    node_servers: NodeServers, tmp_path: Path
+) -> None:
+    """`@modelcontextprotocol/server-memory`: one `tools/call` on the upstream link per key."""
+    count = tmp_path / "tools-calls"
+    upstream = tapped(count, node_servers.memory())
+    env = {**os.environ, "MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
+    command = proxy_command("--store", "memory://", "--", *upstream)
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    entity = {"entities": [{"name": "a", "entityType": "t", "observations": ["x"]}]}
+    async with Client(params) as client:
+        first = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
+        second = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
+        assert (status(first), status(second)) == ("executed", "replayed")
+        assert second.content == first.content
+        assert count.read_text().splitlines() == ["create_entities"]
+        graph = await client.call_tool("read_graph", {}, meta=meta_key("k-2"))  # read-only
+        assert status(graph) is None
+        assert count.read_text().splitlines() == ["create_entities", "read_graph"]
+
+
+async def test_is_error_result_is_stored_and_replayed(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    async with ledger_proxy(node_servers, ledger) as (_, client):
+        first = await client.call_tool("charge", {"amount": -1}, meta=meta_key("declined"))
+        again = await client.call_tool("charge", {"amount": -1}, meta=meta_key("declined"))
+        assert first.is_error and again.is_error and text(again) == "declined"
+        assert (status(first), status(again)) == ("executed", "replayed")
+        assert lines(ledger / "calls") == 1
+
+
+async def test_upstream_killed_after_its_effect_is_outcome_unknown(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """SIGKILLed after the effect, before the answer: -32012, nothing stored, the record settles
+    with `mcp-once keys settle`; the next call starts a new child."""
+    store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    command = proxy_command("--store", store, "--", *node_servers.ledger(ledger))
+    async with Client(_stdio(command)) as client:
+        first_pid = text(await client.call_tool("pid", {}))
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool(
+                "charge", {"amount": 6, "crash": "after"}, meta=meta_key("crashed")
+            )
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / "effects") == 1
+        after = await client.call_tool("charge", {"amount": 7}, meta=meta_key("next"))
+        assert status(after) == "executed" and lines(ledger / "effects") == 2
+        assert text(await client.call_tool("pid", {})) != first_pid
+
+
+async def test_upstream_dead_before_the_write_is_sent_to_a_new_child(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """The child died before the proxy wrote the call: the call goes to a fresh child, once."""
+    async with ledger_proxy(node_servers, ledger) as (proxy, client):
+        pid = int(text(await client.call_tool("pid", {})))
+        os.kill(pid, signal.SIGKILL)
+        with anyio.fail_after(WAIT):
+            while proxy.link.alive():  # noqa: ASYNC110 (the SDK's closed flag has no event)
+                await anyio.sleep(0.01)
+        result = await client.call_tool("charge", {"amount": 8}, meta=meta_key("after-death"))
+        assert status(result) == "executed" and text(result) == "charged 8 (#1)"
+        assert lines(ledger / "effects") == 1 and proxy.link.connects == 2
+
+
+async def test_concurrent_duplicates_get_one_effect(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """A client that double-dispatches: both copies answered, one effect (rule 5)."""
+    answers = []
+    async with ledger_proxy(node_servers, ledger) as (_, client):
+
+        async def call() -> None:
+            answers.append(await client.call_tool("charge", {"amount": 9}, meta=meta_key("dup")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            tg.start_soon(call)
+    assert sorted(status(a) or "" for a in answers) == ["executed", "replayed"]
+    assert lines(ledger / "effects") == 1
+
+
+async def test_in_doubt_record_turns_unknown_and_settles(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """After a maybe-executed failure the record is left to its lease, then UNKNOWN (-32012 to a
+    re-send), until `mcp-once keys settle` completes it with the effect that happened."""
+    from mcp_once._cli import main
+
+    lease = 0.5
+    url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    store = open_store(url)
+    async with ledger_proxy(node_servers, ledger, store=store, lease=lease) as (proxy, client):
+        crash = {"amount": 6, "crash": "after"}
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+        await anyio.sleep(lease * 1.5)  # the lease of the dead attempt runs out
+        with pytest.raises(MCPError) as again:
+            await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        assert again.value.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / "calls") == 1  # never re-sent upstream
+        record = ["--client-key", "crashed", "--tool", "charge", "--server", proxy.name]
+        verdict = ["--result-text", "charged 6 (#1)"]
+        settled = await anyio.to_thread.run_sync(
+            main, ["keys", "settle", "--store", url, *record, *verdict]
+        )
+        assert settled == 0
+        replay = await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        assert text(replay) == "charged 6 (#1)" and status(replay) == "replayed"
+        assert lines(ledger / "calls") == 1
+
+
+async def test_tools_command_lists_what_the_proxy_does(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """`mcp-once tools --json` against a real upstream, with a policy pattern matching nothing."""
+    policy = ledger / "policy.toml"
+    policy.write_text('[tools."chrage"]\nguard = false\n')
+    command = [sys.executable, "-m", "mcp_once", "tools", "--json", "--policy", str(policy)]
+    with anyio.fail_after(120):
+        done = await anyio.run_process([*command, "--", *node_servers.ledger(ledger)], check=False)
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr
+    rows = {r["name"]: r for r in json.loads(done.stdout)}
+    assert rows["charge"]["action"] == "guarded"
+    assert rows["charge"]["annotations"] == {"destructive": True, "idempotent": False}
+    assert rows["balance"]["action"] == "pass-through"
+    assert "policy pattern 'chrage' matches no tool" in stderr
+
+
+async def test_the_desktop_config_snippet_starts(node_servers: NodeServers, tmp_path: Path) -> None:
+    """docs/proxy.md's first desktop snippet, started as a client would start it (the npx
+    upstream replaced by the same package installed for the tests: no download mid-test)."""
+    entry = desktop_configs()[0]
+    split = entry["args"].index("--")
+    assert entry["args"][split + 1 :] == ["npx", "-y", "@modelcontextprotocol/server-memory"]
+    options = [*entry["args"][1:split], "--store", f"sqlite:///{tmp_path / 'k.sqlite3'}"]
+    command = proxy_command(*options, "--", *node_servers.memory())
+    env = {**os.environ, "MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    async with Client(params) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert {"create_entities", "read_graph"} <= names
+
+
+async def test_upstream_idempotent_tools_are_resent_under_the_same_key(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """The policy says the upstream tool may run twice: after the child died mid-call the proxy
+    re-sends it to a new child under the same upstream key, and the caller gets the answer."""
+    policy = parse_policy({"tools": {"charge": {"upstream_idempotent": True}}})
+    async with ledger_proxy(node_servers, ledger, policy=policy) as (proxy, client):
+        args = {"amount": 3, "crash": "after-once"}
+        result = await client.call_tool("charge", args, meta=meta_key("resent"))
+        assert status(result) == "executed" and not result.is_error
+        sent = [json.loads(line)["key"] for line in (ledger / "calls").read_text().splitlines()]
+        assert len(sent) == 2 and sent[0] == sent[1]  # one upstream key for both sends
+        assert proxy.link.connects == 2
+
+
+async def test_max_run_time_from_the_policy_is_outcome_unknown(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """`max_run_time` in the policy bounds the upstream call: past it, -32012, nothing stored."""
+    policy = parse_policy({"tools": {"charge": {"max_run_time": 0.5}}})
+    async with ledger_proxy(node_servers, ledger, policy=policy) as (_, client):
+        with pytest.raises(MCPError) as caught:
+            slow = {"amount": 4, "wait_ms": 5000}
+            await client.call_tool("charge", slow, meta=meta_key("slow"))
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / "effects") == 1
+
+
+async def test_listen_mode_reads_the_idempotency_key_header(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """`--listen` reads the `Idempotency-Key` header by default: two calls under one header
+    value, no `_meta` key, reach the upstream once."""
+    command = proxy_command("--store", "memory://", "--listen", "127.0.0.1:0", "--")
+    with announced([*command, *node_servers.ledger(ledger)], "mcp-once proxy at ") as line:
+        headers = {"Idempotency-Key": "header-key-1"}
+        async with Client(streamable_http_transport(http_url(line), headers=headers)) as client:
+            first = await client.call_tool("charge", {"amount": 2})
+            second = await client.call_tool("charge", {"amount": 2})
+    assert (status(first), status(second)) == ("executed", "replayed")
+    assert lines(ledger / "calls") == 1
+
+
+TS_CLIENT = Path(__file__).parents[1] / "clients_real" / "ts_sdk_client.mjs"
+
+
+@pytest.mark.parametrize("front", ["stdio", "http"])
+async def test_typescript_sdk_client_through_the_proxy(
+    node_servers: NodeServers, ledger: Path, front: str
+) -> None:
+    """The TypeScript SDK's client, the same key twice: one upstream call, the replay marker."""
+    upstream = node_servers.ledger(ledger)
+    call = {"op": "call", "name": "charge", "arguments": {"amount": 1}, "meta": meta_key("ts-1")}
+    with contextlib.ExitStack() as stack:
+        if front == "stdio":
+            command = proxy_command("--store", "memory://", "--", *upstream)
+            connect = {"op": "connect", "command": command[0], "args": command[1:]}
+        else:
+            command = proxy_command("--store", "memory://", "--listen", "127.0.0.1:0", "--")
+            line = stack.enter_context(announced([*command, *upstream], "mcp-once proxy at "))
+            connect = {"op": "connect", "url": http_url(line)}
+        script = "".join(json.dumps(c) + "\n" for c in (connect, call, call))
+        with anyio.fail_after(120):
+            done = await anyio.run_process(
+                [node_servers.node, str(TS_CLIENT), str(node_servers.prefix)],
+                input=script.encode(),
+                check=False,
+            )
+    answers = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert len(answers) == 3 and all("result" in a for a in answers), done.stderr.decode()
+    first, second = answers[1]["result"], answers[2]["result"]
+    assert first["_meta"][MARKER]["status"] == "executed"
+    assert second["_meta"][MARKER]["status"] == "replayed"
+    assert second["content"] == first["content"]
+    assert lines(ledger / "calls") == 1
+
+
+async def test_proxy_killed_mid_call_and_restarted_on_the_same_store(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """The proxy itself SIGKILLed while the upstream runs the call: its lease runs out, and a new
+    proxy on the same store answers the re-send -32012 (UNKNOWN), never a second effect."""
+    store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    pid_file = tmp_path / "proxy.pid"
+    script = str(Path(__file__).parent / "proxy_process.py")
+    command = [sys.executable, script, store, "1.0", str(pid_file), "--"]
+    command += node_servers.ledger(ledger)
+    slow = {"amount": 5, "wait_ms": 20000}
+    upstream_pid = 0
+    async with Client(_stdio(command)) as first:
+        upstream_pid = int(text(await first.call_tool("pid", {})))
+
+        async def doomed() -> None:
+            with contextlib.suppress(Exception):
+                await first.call_tool("charge", slow, meta=meta_key("mid-call"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(doomed)
+            with anyio.fail_after(WAIT):
+                while lines(ledger / "effects") < 1:  # noqa: ASYNC110 (a file is the only signal)
+                    await anyio.sleep(0.01)
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(upstream_pid, signal.SIGKILL)  # the first proxy's orphaned child
+    async with Client(_stdio(command)) as second:
+        with pytest.raises(MCPError) as caught:
+            await second.call_tool("charge", slow, meta=meta_key("mid-call"))
+        assert caught.value.code == wire.OUTCOME_UNKNOWN
+    assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+
+
+async def test_proxy_from_a_desktop_config_entry(
+    node_servers: NodeServers, ledger: Path, tmp_path: Path
+) -> None:
+    """`--config FILE --server NAME`: the entry's command, args and env start the upstream."""
+    node, *args = node_servers.ledger(ledger)
+    entry = {"command": node, "args": args, "env": {"LEDGER_NOTE": "from-config"}}
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"ledger": entry}}))
+    command = proxy_command("--store", "memory://", "--config", str(config), "--server", "ledger")
+    async with Client(_stdio(command)) as client:
+        result = await client.call_tool("charge", {"amount": 1}, meta=meta_key("cfg-1"))
+        assert status(result) == "executed" and lines(ledger / "effects") == 1

@@ -1,0 +1,186 @@
+"""The proxy's parts that need no process: the policy file, the upstream's names, the
+classification of its failures, `mcp-once tools`' rows, and the CLI's usage errors (fast tier)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastmcp.exceptions import ToolError
+from mcp import MCPError
+from mcp_types import Tool, ToolAnnotations
+
+from idempotency import Interrupted, MemoryKeyStore, wire
+from idempotency._integrations.fastmcp.results import judged
+from mcp_once._cli import main
+from mcp_once.proxy import PolicyError, Upstream, UpstreamConfigError, load_policy, parse_policy
+from mcp_once.proxy.failures import UpstreamNotSent, UpstreamRefused, caller_error
+from mcp_once.proxy.middleware import ProxyGuardMiddleware
+from mcp_once.proxy.report import row
+
+
+def test_an_unknown_policy_key_is_an_error_naming_it() -> None:
+    with pytest.raises(PolicyError, match="key_arg") as caught:
+        parse_policy({"tools": {"charge": {"key_arg": "id"}}})
+    assert "charge" in str(caught.value)
+    with pytest.raises(PolicyError, match="servers"):
+        parse_policy({"servers": {}})
+    with pytest.raises(PolicyError, match="guard must be true or false"):
+        parse_policy({"tools": {"x": {"guard": "no"}}})
+
+
+def test_exact_names_win_over_globs_and_unmatched_patterns_are_reported() -> None:
+    policy = parse_policy(
+        {
+            "tools": {
+                "create_*": {"keys": "required", "upstream_idempotent": True},
+                "create_order": {"keys": "optional"},
+                "serch": {"guard": False},
+            }
+        }
+    )
+    order = policy.for_tool("create_order")
+    assert order.options == {"keys": "optional"} and order.upstream_idempotent
+    assert order.set_by == ("create_*", "create_order")
+    assert policy.for_tool("search").guard is None
+    assert policy.unmatched(["create_order", "search"]) == ["serch"]
+
+
+def test_read_only_tools_pass_through_unless_the_policy_says_otherwise() -> None:
+    plain = parse_policy({}).for_tool("t")
+    assert plain.guarded(read_only=True) is False and plain.guarded(read_only=False) is True
+    forced = parse_policy({"tools": {"t": {"guard": True}}}).for_tool("t")
+    assert forced.guarded(read_only=True) is True
+
+
+def test_policy_file_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "p.toml"
+    bad.write_text("[tools.x\n")
+    with pytest.raises(PolicyError, match="not valid TOML"):
+        load_policy(bad)
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "missing.toml")
+
+
+def test_a_bad_guard_option_fails_at_start_up() -> None:
+    guard = ProxyGuardMiddleware(
+        MemoryKeyStore(), parse_policy({"tools": {"charge": {"keys": "sometimes"}}})
+    )
+    with pytest.raises((TypeError, ValueError)):
+        guard.check(["charge"])
+
+
+def test_upstreams_from_a_desktop_config(tmp_path: Path) -> None:
+    config = tmp_path / "claude_desktop_config.json"
+    servers = {
+        "memory": {
+            "command": "npx",
+            "args": ["-y", "@modelcontextprotocol/server-memory"],
+            "env": {"A": "1"},
+        },
+        "remote": {"url": "https://example.test/mcp", "headers": {"X": "y"}},
+    }
+    config.write_text(json.dumps({"mcpServers": servers}))
+    memory = Upstream.from_config(config, "memory")
+    assert memory.command == ("npx", "-y", "@modelcontextprotocol/server-memory")
+    assert memory.env == {"A": "1"} and memory.name == "server-memory"
+    assert Upstream.from_config(config, "remote").url == "https://example.test/mcp"
+    with pytest.raises(UpstreamConfigError, match="memory, remote"):
+        Upstream.from_config(config, "nope")
+
+
+def test_upstream_failures_as_the_caller_sees_them() -> None:
+    refusal = MCPError(-32602, "bad amount", {"field": "amount"})
+    wrapped = ToolError("Error calling tool 'charge'")
+    wrapped.__cause__ = UpstreamRefused(refusal)
+    passed = caller_error(wrapped)
+    assert passed is not None
+    assert (passed.code, passed.message, passed.data) == (-32602, "bad amount", {"field": "amount"})
+    unreachable = caller_error(UpstreamNotSent("no child"))
+    assert unreachable is not None and unreachable.code == wire.STORE_UNAVAILABLE
+    assert caller_error(ValueError("x")) is None
+
+
+def test_a_tool_saying_interrupted_is_never_stored() -> None:
+    """FastMCP wraps what a tool raises; the guard still sees the tool's `Interrupted`."""
+    cut = Interrupted("the upstream may have run it")
+    wrapped = ToolError("Error calling tool 'charge'")
+    wrapped.__cause__ = cut
+    assert judged(wrapped, (), body_started=True) is cut
+
+
+def _tool(name: str, **hints: bool) -> Tool:
+    annotations = ToolAnnotations(**hints) if hints else None
+    return Tool(name=name, input_schema={"type": "object"}, annotations=annotations)
+
+
+def test_tools_rows_say_what_and_why_and_flag_contradictions() -> None:
+    policy = parse_policy({"tools": {"search": {"guard": True}}})
+    bare = row(_tool("bare"), policy)
+    assert bare.action == "guarded" and bare.flags == ["no annotations at all"]
+    odd = row(_tool("odd", read_only_hint=True, destructive_hint=True), policy)
+    assert odd.action == "pass-through"
+    assert "readOnlyHint and destructiveHint contradict each other" in odd.flags
+    risky = row(_tool("wipe", destructive_hint=True, idempotent_hint=True), policy)
+    assert any("no key place" in flag for flag in risky.flags)
+    forced = row(_tool("search", read_only_hint=True), policy)
+    assert forced.action == "guarded" and "set by the policy" in forced.why
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["proxy"], "name one upstream"),
+        (["proxy", "--upstream", "http://x/mcp", "--", "node", "s.js"], "name one upstream"),
+        (["proxy", "--config", "c.json"], "--config and --server go together"),
+        (["tools", "--listen", "x"], "unrecognized arguments"),
+    ],
+)
+def test_cli_usage_errors(argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_cli_refuses_an_unknown_policy_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[tools."charge"]\nidempotent = true\n')
+    with pytest.raises(SystemExit) as caught:
+        main(["proxy", "--policy", str(policy), "--", "node", "server.js"])
+    assert caught.value.code == 2
+    assert 'unknown policy key(s) in [tools."charge"]: idempotent' in capsys.readouterr().err
+
+
+def test_the_desktop_config_snippets_run_the_proxy() -> None:
+    """Each snippet of docs/proxy.md parses, and names `mcp-once proxy ... -- COMMAND`."""
+    from proxy_kit import desktop_configs
+
+    from mcp_once._cli import build_parser
+
+    entries = desktop_configs()
+    assert len(entries) == 2
+    for entry in entries:
+        assert entry["command"] == "mcp-once" and entry["args"][0] == "proxy"
+        split = entry["args"].index("--")
+        assert entry["args"][split + 1 :], "an upstream command after --"
+        build_parser().parse_args(entry["args"][:split])  # the options exist as written
+
+
+def test_the_default_store_is_named_after_the_upstream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp_once._cli import build_parser
+    from mcp_once._cli._proxy import _store_url
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MCP_ONCE_STORE", raising=False)
+    args = build_parser().parse_args(["proxy"])
+    upstream = Upstream.stdio("npx", "-y", "@modelcontextprotocol/server-memory")
+    assert _store_url(args, upstream) == "sqlite:///.mcp-once/proxy-server-memory.sqlite3"
+    assert (tmp_path / ".mcp-once").is_dir()
+    monkeypatch.setenv("MCP_ONCE_STORE", "memory://")
+    assert _store_url(build_parser().parse_args(["proxy"]), upstream) == "memory://"
