@@ -5,7 +5,9 @@ and `idempotent_call_tool` (a low-level `Server`), each with the options of `Pol
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
 `current_claim()` is the claim it runs under, for fencing its own downstream writes. The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
-source) each time a call is answered from its record (docs/observability.md).
+source) each time a call is answered from its record (docs/observability.md). The `reconcile`
+option takes a `Reconciler` (or a mapping from tool name to one): asked with an `InDoubt` about an
+execution whose outcome is unknown, it answers with a `Reconciled` (docs/reconcile.md).
 
 Key stores: `open_store(url)`, or `MemoryKeyStore`, `SQLiteKeyStore`, `RedisKeyStore` directly;
 anything implementing `KeyStore` will do. Records (`Record`, `RecordState`) and the store errors
@@ -32,6 +34,7 @@ from ._guard.fingerprint import fingerprint
 from ._guard.hooks import Replay, ReplayHook
 from ._guard.mint import KeySource
 from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
+from ._guard.reconcile import InDoubt, ReconcileOption, Reconciled, Reconciler
 from ._guard.replay import (
     StoredResult,
     UnreadableResult,
@@ -75,6 +78,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "InDoubt",
     "KeyMode",
     "KeySource",
     "KeyStore",
@@ -84,6 +88,9 @@ __all__ = [
     "PolicyOptions",
     "Record",
     "RecordState",
+    "ReconcileOption",
+    "Reconciled",
+    "Reconciler",
     "RedisKeyStore",
     "Replay",
     "ReplayHook",

@@ -345,6 +345,7 @@ class IdempotencyMiddleware(Middleware):
                 passthrough=passthrough,
                 render=to_fastmcp,
                 admit=admit,
+                convert=lambda value: to_guard(tool.convert_result(value)),
             )
         finally:
             _guarding.reset(token)

@@ -47,6 +47,7 @@ from .._stores.store import (
     ClaimStatus,
     CorruptRecord,
     KeyStore,
+    ReconcilingStore,
     Record,
     RecordState,
     StoreError,
@@ -63,6 +64,16 @@ from .keyplaces import found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from .policy import Policy
+from .reconcile import (
+    Applied,
+    Convert,
+    Verdict,
+    apply,
+    as_call_result,
+    ask,
+    in_doubt,
+    reconciler_for,
+)
 from .replay import UnreadableResult, decode_result, stamped
 from .scope import CallScope, default_scope, principal_of, store_key
 from .telemetry import (
@@ -155,6 +166,10 @@ class _Ticket:
     #: The request, for a derived key: where a give-up shows (`caller.cancel_requested`).
     request: ServerRequestContext[Any, Any] | None = None
     trace: Trace = NO_TRACE
+    #: The call's arguments and its entry point's conversion of a return value: what a
+    #: reconciler is told, and how its `happened` value is stored (`reconcile.py`).
+    arguments: Mapping[str, Any] | None = None
+    convert: Convert = as_call_result
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -218,6 +233,11 @@ class Guard:
         #: Whether a claim can be cut short by a cancellation (then it is shielded).
         self._claim_suspends = suspends(store.claim)
         self._derives = _knows_resends(store)
+        if policy.reconcile is not None and not isinstance(store, ReconcilingStore):
+            raise TypeError(
+                f"reconcile= needs a store that takes a reconciler's verdict (rule 19);"
+                f" {type(store).__name__} has no reconcile()"
+            )
         if not self._derives and policy.keys == "derived":
             logger.warning(
                 "%s keeps no delivery mark (rule 15: no resend_only claim, delivered complete"
@@ -235,13 +255,16 @@ class Guard:
         passthrough: Callable[[], Awaitable[N]],
         render: Callable[[ToolResult], N],
         admit: Callable[[], Awaitable[None]] | None = None,
+        convert: Convert | None = None,
     ) -> N:
         """The tool's result, first-hand or replayed (`render`ed), one of the contract's
         `MCPError`s, or — where the guard protects nothing — exactly what `passthrough` (the
         framework's own call) returns or raises.
 
         `admit` is the framework's authorization, asked before the guard answers anything of
-        its own (a refused key, a claim, a replay): what it raises is the caller's answer."""
+        its own (a refused key, a claim, a replay): what it raises is the caller's answer.
+        `convert` turns a reconciler's `happened` value into the result, as the framework turns
+        the tool's own return value (default: a `CallToolResult`, or a mapping of one)."""
         try:
             ticket = self._ticket(call)
         except MCPError:
@@ -264,6 +287,9 @@ class Guard:
                     attempt=attempt_of(call.meta),
                 )
             ticket.trace = trace
+            ticket.arguments = call.arguments
+            if convert is not None:
+                ticket.convert = convert
             answer = await self._claim_loop(ticket, execute, error_result, takeover)
         if answer is None:  # the store is down and the author chose fail-open
             return await passthrough()
@@ -376,6 +402,7 @@ class Guard:
         started = loop_time()
         deadline = started + self.policy.wait
         held_elsewhere = False  # another attempt was found holding the claim
+        reconciled = False  # a call asks its reconciler at most once
         if t.derived and answers.marking:
             await answers.settled(t.store_key)  # a late cancel of this record's last answer
         while True:
@@ -408,6 +435,19 @@ class Guard:
                 t.trace.outcome(Outcome.CONFLICT)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
+                if not reconciled and reconciler_for(self.policy.reconcile, t.tool) is not None:
+                    reconciled = True
+                    claimed_at = loop_time()
+                    applied = await self._reconcile(t)
+                    if applied is None or applied.lost:
+                        continue  # resolved elsewhere first: claiming again finds its answer
+                    resolved = applied.outcome
+                    if resolved is not None and resolved.status is ClaimStatus.CLAIMED:
+                        return await self._run(
+                            t, resolved, execute, error_result, takeover, claimed_at
+                        )
+                    if resolved is not None:
+                        return self._reconciled(t, resolved)
                 t.trace.outcome(Outcome.UNKNOWN)
                 raise errors.outcome_unknown(
                     t.key,
@@ -440,6 +480,68 @@ class Guard:
                 await self._answered(t, found.fence, delivered=True)
                 return replay
             started = loop_time()
+
+    async def _reconcile(self, t: _Ticket) -> Applied | None:
+        """Ask the tool's reconciler about its UNKNOWN record and apply the verdict (rule 19);
+        None when the record is no longer UNKNOWN by the time it is read."""
+        reconciler = reconciler_for(self.policy.reconcile, t.tool)
+        assert reconciler is not None and isinstance(self.store, ReconcilingStore)
+        record = await self._peek(t)
+        if (
+            record is None
+            or record.state is not RecordState.UNKNOWN
+            or record.fingerprint != t.fingerprint
+        ):
+            return None
+        logger.info(
+            "asking the reconciler of tool %r about record %s", t.tool, record_name(t.store_key)
+        )
+        doubt = in_doubt(record, tool=t.tool, key=t.key, arguments=t.arguments)
+        answer = await ask(reconciler, doubt, timeout=self.policy.reconcile_timeout)
+        try:
+            applied = await apply(
+                self.store,
+                record,
+                answer,
+                tool=t.tool,
+                convert=t.convert,
+                lease=self.policy.lease,
+                retention=t.retention,
+            )
+        except CorruptRecord:
+            raise self._corrupt(t, "the stored record is unreadable") from None
+        except Exception as exc:
+            t.trace.store_error("reconcile", exc)
+            logger.warning(
+                "could not write the reconciler's verdict on record %s: %r; it stays UNKNOWN",
+                record_name(t.store_key),
+                exc,
+            )
+            return Applied(Verdict.UNKNOWN, None)
+        if t.trace.recording:
+            t.trace.set(reconciled=applied.answer.value if not applied.lost else "lost")
+        return applied
+
+    def _reconciled(self, t: _Ticket, outcome: ClaimOutcome) -> CallToolResult:
+        """The answer a `happened` verdict stored: a replay, marked reconciled."""
+        assert outcome.result is not None
+        try:
+            stored = decode_result(outcome.result)
+        except UnreadableResult as exc:
+            raise self._corrupt(t, str(exc)) from None
+        executed_at = stored.executed_at
+        if executed_at is None:
+            executed_at = outcome.completed_at if outcome.completed_at is not None else time.time()
+        t.trace.outcome(Outcome.RECONCILED)
+        return stamped(
+            stored.result,
+            key=t.key,
+            key_source=t.source.value,
+            status="replayed",
+            executed_at=executed_at,
+            attempts=outcome.attempts,
+            reconciled=True,
+        )
 
     def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
         """The store's claim of the ticket's record (naming the tool where the store can)."""

@@ -158,6 +158,34 @@ class MemoryKeyStore:
         self._write(key, new)
         return True
 
+    @never_suspends
+    async def reconcile(
+        self,
+        key: str,
+        fingerprint: str,
+        fence: int,
+        *,
+        result: bytes | None,
+        lease: float,
+        retention: float,
+    ) -> ClaimOutcome | None:
+        if result is not None:
+            self._limits.check_result(result)
+        new, outcome = rules.reconcile(
+            self._records.get(key),
+            fingerprint,
+            fence,
+            result,
+            now=self._clock(),
+            token=secrets.token_hex(16),
+            lease=lease,
+            retention=retention,
+            orphan_retention=self._orphan_retention,
+        )
+        if new is not None:
+            self._write(key, new)
+        return outcome
+
     async def purge_expired(self) -> int:
         now = self._clock()
         gone = [k for k, r in self._records.items() if rules.live(r, now) is None]

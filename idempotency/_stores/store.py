@@ -291,3 +291,28 @@ class KeyStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ReconcilingStore(Protocol):
+    """A key store that takes the system of record's verdict on an UNKNOWN record (rule 19):
+    every store of this release. A protocol of its own rather than a `KeyStore` method, so that
+    a `KeyStore` written before it keeps working wherever no `reconcile=` is configured."""
+
+    async def reconcile(
+        self,
+        key: str,
+        fingerprint: str,
+        fence: int,
+        *,
+        result: bytes | None,
+        lease: float,
+        retention: float,
+    ) -> ClaimOutcome | None:
+        """Resolve the UNKNOWN record of `key`, if it is still UNKNOWN under `fence` (and
+        `fingerprint`): `result` (the effect happened) completes it and keeps it for
+        `retention` seconds, answered as a REPLAY; None (it did not) claims it, IN_PROGRESS
+        under a new token with the fence one higher, for `lease` seconds, answered as CLAIMED
+        (`took_over`). None when the record is anything else: another resolver (a replica, an
+        operator's `settle`) acted first, and nothing changed. Safe to re-send."""
+        ...

@@ -263,3 +263,75 @@ def settle(
         expires_at=now + retention,
         delivered=False,  # its caller never had an answer: a re-send of it gets this one
     )
+
+
+def reconcile(
+    record: Record | None,
+    fingerprint: str,
+    fence: int,
+    result: bytes | None,
+    *,
+    now: float,
+    token: str,
+    lease: float,
+    retention: float,
+    orphan_retention: float,
+) -> tuple[Record | None, ClaimOutcome | None]:
+    """The system of record's verdict on an UNKNOWN record (rule 19, `KeyStore.reconcile`).
+
+    Fenced on the UNKNOWN record's `fence` and `fingerprint`: `result` (it happened) completes
+    it, None (it did not) takes it over as IN_PROGRESS under `token` with the fence one higher.
+    Any other record (already reconciled or settled, another fence) is left alone: `(None,
+    None)`. The verdict's own effect, sent again after a lost reply, answers as the first did.
+    """
+    record = live(record, now)
+    if record is None or record.fingerprint != fingerprint:
+        return None, None
+    if record.state is RecordState.UNKNOWN and record.fence == fence:
+        if result is not None:
+            done = _successor(
+                record,
+                now,
+                state=RecordState.COMPLETED,
+                result=result,
+                lease_deadline=None,
+                completed_at=now,
+                expires_at=now + retention,
+                delivered=False,
+            )
+            return done, _replay_of(done)
+        taken = _successor(
+            record,
+            now,
+            state=RecordState.IN_PROGRESS,
+            token=token,
+            retake=True,
+            lease_deadline=now + lease,
+            expires_at=now + lease + orphan_retention,
+        )
+        return taken, _taken_by(taken, token)
+    if result is not None and record.state is RecordState.COMPLETED and record.result == result:
+        return None, _replay_of(record)
+    if result is None and record.state is RecordState.IN_PROGRESS and record.token == token:
+        return None, _taken_by(record, token)
+    return None, None
+
+
+def _replay_of(record: Record) -> ClaimOutcome:
+    return ClaimOutcome(
+        ClaimStatus.REPLAY,
+        fence=record.fence,
+        result=record.result,
+        completed_at=record.completed_at,
+        attempts=record.attempts,
+    )
+
+
+def _taken_by(record: Record, token: str) -> ClaimOutcome:
+    return ClaimOutcome(
+        ClaimStatus.CLAIMED,
+        token=token,
+        fence=record.fence,
+        attempts=record.attempts,
+        took_over=True,
+    )
