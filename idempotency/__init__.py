@@ -34,7 +34,7 @@ from ._guard.fingerprint import fingerprint
 from ._guard.hooks import Replay, ReplayHook
 from ._guard.mint import KeySource
 from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
-from ._guard.reconcile import InDoubt, ReconcileOption, Reconciled, Reconciler
+from ._guard.reconcile import InDoubt, Reconciled, ReconcileOption, Reconciler
 from ._guard.replay import (
     StoredResult,
     UnreadableResult,
@@ -86,11 +86,11 @@ __all__ = [
     "MemoryKeyStore",
     "Policy",
     "PolicyOptions",
-    "Record",
-    "RecordState",
     "ReconcileOption",
     "Reconciled",
     "Reconciler",
+    "Record",
+    "RecordState",
     "RedisKeyStore",
     "Replay",
     "ReplayHook",

@@ -65,14 +65,13 @@ from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from .policy import Policy
 from .reconcile import (
-    Applied,
+    LOST,
     Convert,
+    Resolution,
     Verdict,
-    apply,
     as_call_result,
-    ask,
-    in_doubt,
     reconciler_for,
+    resolve,
 )
 from .replay import UnreadableResult, decode_result, stamped
 from .scope import CallScope, default_scope, principal_of, store_key
@@ -222,6 +221,13 @@ def _claim_names_the_tool(store: KeyStore) -> bool:
     return any(p.name == "tool" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
+def _takes_verdicts(store: KeyStore) -> bool:
+    """Whether the store takes a reconciler's verdict (`ReconcilingStore`: every store of this
+    release). Asked once per guard that has `reconcile=`; without one, a `KeyStore` of one's
+    own written before rule 19 keeps working."""
+    return all(callable(getattr(store, name, None)) for name in ("reconcile", "leave_unknown"))
+
+
 class Guard:
     """Runs tool calls at most once per (scope, tool, key) against one key store."""
 
@@ -233,7 +239,7 @@ class Guard:
         #: Whether a claim can be cut short by a cancellation (then it is shielded).
         self._claim_suspends = suspends(store.claim)
         self._derives = _knows_resends(store)
-        if policy.reconcile is not None and not isinstance(store, ReconcilingStore):
+        if policy.reconcile is not None and not _takes_verdicts(store):
             raise TypeError(
                 f"reconcile= needs a store that takes a reconciler's verdict (rule 19);"
                 f" {type(store).__name__} has no reconcile()"
@@ -438,16 +444,15 @@ class Guard:
                 if not reconciled and reconciler_for(self.policy.reconcile, t.tool) is not None:
                     reconciled = True
                     claimed_at = loop_time()
-                    applied = await self._reconcile(t)
-                    if applied is None or applied.lost:
-                        continue  # resolved elsewhere first: claiming again finds its answer
-                    resolved = applied.outcome
-                    if resolved is not None and resolved.status is ClaimStatus.CLAIMED:
+                    resolution = await self._reconcile(t)
+                    if resolution is None or resolution.answer == LOST.answer:
+                        continue  # resolved (or being resolved) elsewhere: claim again
+                    if resolution.claim is not None:  # not happened: run it, once
                         return await self._run(
-                            t, resolved, execute, error_result, takeover, claimed_at
+                            t, resolution.claim, execute, error_result, takeover, claimed_at
                         )
-                    if resolved is not None:
-                        return self._reconciled(t, resolved)
+                    if resolution.replay is not None:
+                        return self._reconciled(t, resolution.replay)
                 t.trace.outcome(Outcome.UNKNOWN)
                 raise errors.outcome_unknown(
                     t.key,
@@ -481,11 +486,13 @@ class Guard:
                 return replay
             started = loop_time()
 
-    async def _reconcile(self, t: _Ticket) -> Applied | None:
-        """Ask the tool's reconciler about its UNKNOWN record and apply the verdict (rule 19);
-        None when the record is no longer UNKNOWN by the time it is read."""
+    async def _reconcile(self, t: _Ticket) -> Resolution | None:
+        """Reconcile the ticket's UNKNOWN record with the tool's reconciler (rule 19); None when
+        the record is no longer UNKNOWN by the time it is read. A store failure leaves the
+        record as it is: the answer is then -32012, as without a reconciler."""
         reconciler = reconciler_for(self.policy.reconcile, t.tool)
-        assert reconciler is not None and isinstance(self.store, ReconcilingStore)
+        store = self.store
+        assert reconciler is not None and isinstance(store, ReconcilingStore)
         record = await self._peek(t)
         if (
             record is None
@@ -493,18 +500,17 @@ class Guard:
             or record.fingerprint != t.fingerprint
         ):
             return None
-        logger.info(
-            "asking the reconciler of tool %r about record %s", t.tool, record_name(t.store_key)
-        )
-        doubt = in_doubt(record, tool=t.tool, key=t.key, arguments=t.arguments)
-        answer = await ask(reconciler, doubt, timeout=self.policy.reconcile_timeout)
+        logger.info("asking tool %r's reconciler about record %s", t.tool, record_name(t.store_key))
         try:
-            applied = await apply(
-                self.store,
+            resolution = await resolve(
+                store,
                 record,
-                answer,
+                reconciler,
                 tool=t.tool,
+                key=t.key,
+                arguments=t.arguments,
                 convert=t.convert,
+                timeout=self.policy.reconcile_timeout,
                 lease=self.policy.lease,
                 retention=t.retention,
             )
@@ -513,14 +519,14 @@ class Guard:
         except Exception as exc:
             t.trace.store_error("reconcile", exc)
             logger.warning(
-                "could not write the reconciler's verdict on record %s: %r; it stays UNKNOWN",
+                "could not reconcile record %s: %r; it stays as it was",
                 record_name(t.store_key),
                 exc,
             )
-            return Applied(Verdict.UNKNOWN, None)
+            return Resolution(Verdict.UNKNOWN.value)
         if t.trace.recording:
-            t.trace.set(reconciled=applied.answer.value if not applied.lost else "lost")
-        return applied
+            t.trace.set(reconciled=resolution.answer)
+        return resolution
 
     def _reconciled(self, t: _Ticket, outcome: ClaimOutcome) -> CallToolResult:
         """The answer a `happened` verdict stored: a replay, marked reconciled."""

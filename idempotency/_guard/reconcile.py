@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 from mcp_types import CallToolResult
 
-from .._stores.store import ClaimOutcome, ReconcilingStore, Record
+from .._stores.store import ClaimOutcome, ClaimStatus, ReconcilingStore, Record
 from .replay import encode_result
 from .telemetry import count_reconciliation, logger, record_name
 
@@ -230,51 +230,94 @@ def encoded(answer: Reconciled, convert: Convert, tool: str) -> bytes | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Applied:
-    """What became of a verdict: the answer as finally counted, and the store's outcome (a
-    REPLAY for happened, CLAIMED for not happened; None when the record stays, or another
-    resolver acted first: `lost`)."""
+class Resolution:
+    """What became of one reconciliation of an UNKNOWN record."""
 
-    answer: Verdict
-    outcome: ClaimOutcome | None
-    lost: bool = False
+    #: `happened`, `not_happened`, `unknown`, or `lost`: another resolver held or resolved the
+    #: record first, and this one changed nothing (the telemetry's answer values).
+    answer: str
+    #: not_happened: the claim the reconciliation holds, fence one higher: its holder runs the
+    #: tool under it (the guard) or releases it so the next retry runs it (`keys reconcile`).
+    claim: ClaimOutcome | None = None
+    #: happened: the stored answer, shaped as a claim's REPLAY.
+    replay: ClaimOutcome | None = None
 
 
-async def apply(
+LOST = Resolution("lost")
+
+
+async def resolve(
     store: ReconcilingStore,
     record: Record,
-    answer: Reconciled,
+    reconciler: Reconciler,
     *,
     tool: str,
+    key: str | None,
+    arguments: Mapping[str, Any] | None,
     convert: Convert,
+    timeout: float,
     lease: float,
     retention: float,
-) -> Applied:
-    """The verdict written to the store in one fenced transition, and counted. An `unknown`
-    writes nothing (the record is UNKNOWN already); so does a happened value that cannot be
-    converted."""
+) -> Resolution:
+    """Reconcile the UNKNOWN `record` (rule 19): claim it (`ReconcilingStore.reconcile`, fenced
+    on its fence, so of concurrent resolvers one goes on and the others wait for its answer),
+    ask the reconciler while holding it, and write the verdict: `complete` (happened),
+    `leave_unknown` (unknown), or hand the claim back to the caller (not happened). Counted.
+
+    Store failures propagate (the caller answers them); a cancellation while the record is held
+    gives it back UNKNOWN first."""
+    # Held for at least as long as the reconciler may take, so no one else takes it meanwhile.
+    held_for = max(lease, timeout + lease / 3)
+    with anyio.CancelScope(shield=True):  # a claim won but not heard would be an orphan
+        taken = await store.reconcile(
+            record.key,
+            record.fingerprint,
+            record.fence,
+            result=None,
+            lease=held_for,
+            retention=retention,
+        )
+    if taken is None:
+        count_reconciliation(tool, LOST.answer)
+        return LOST
+    token = taken.token
+    assert token is not None
+    try:
+        doubt = in_doubt(record, tool=tool, key=key, arguments=arguments)
+        answer = await ask(reconciler, doubt, timeout=timeout)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await store.leave_unknown(record.key, token)
+        raise
     verdict = answer.verdict
     result: bytes | None = None
     if verdict is Verdict.HAPPENED:
         result = encoded(answer, convert, tool)
         if result is None:
             verdict = Verdict.UNKNOWN
-    if verdict is Verdict.UNKNOWN:
+    if verdict is Verdict.NOT_HAPPENED:
         count_reconciliation(tool, verdict.value)
-        return Applied(verdict, None)
-    with anyio.CancelScope(shield=True):  # a verdict won but not heard would be an orphan
-        outcome = await store.reconcile(
-            record.key,
-            record.fingerprint,
-            record.fence,
-            result=result,
-            lease=lease,
-            retention=retention,
-        )
-    count_reconciliation(tool, verdict.value if outcome is not None else "lost")
-    if outcome is None:
-        logger.info(
-            "record %s was resolved by another resolver first; this verdict changed nothing",
+        return Resolution(verdict.value, claim=taken)
+    with anyio.CancelScope(shield=True):
+        if result is None:
+            held = await store.leave_unknown(record.key, token)
+        else:
+            held = await store.complete(record.key, token, result, retention=retention)
+    if not held:  # paused past its hold and taken from it: this verdict changed nothing
+        count_reconciliation(tool, LOST.answer)
+        logger.warning(
+            "the reconciliation of record %s outlived its hold; its verdict changed nothing",
             record_name(record.key),
         )
-    return Applied(verdict, outcome, lost=outcome is None)
+        return LOST
+    count_reconciliation(tool, verdict.value)
+    if result is None:
+        return Resolution(verdict.value)
+    replay = ClaimOutcome(
+        ClaimStatus.REPLAY,
+        fence=taken.fence,
+        result=result,
+        completed_at=time.time(),
+        attempts=taken.attempts,
+    )
+    return Resolution(verdict.value, replay=replay)

@@ -320,6 +320,13 @@ class SQLiteKeyStore:
 
         return await self._transition(key, decide)
 
+    async def leave_unknown(self, key: str, token: str) -> bool:
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.leave_unknown(record, token, now=self._clock())
+            return new, new is not None
+
+        return await self._transition(key, decide)
+
     # -- reads -------------------------------------------------------------------------------
 
     async def wait(self, key: str, *, timeout: float) -> Record | None:

@@ -294,7 +294,7 @@ class KeyStore(Protocol):
 
 
 @runtime_checkable
-class ReconcilingStore(Protocol):
+class ReconcilingStore(KeyStore, Protocol):
     """A key store that takes the system of record's verdict on an UNKNOWN record (rule 19):
     every store of this release. A protocol of its own rather than a `KeyStore` method, so that
     a `KeyStore` written before it keeps working wherever no `reconcile=` is configured."""
@@ -314,5 +314,14 @@ class ReconcilingStore(Protocol):
         `retention` seconds, answered as a REPLAY; None (it did not) claims it, IN_PROGRESS
         under a new token with the fence one higher, for `lease` seconds, answered as CLAIMED
         (`took_over`). None when the record is anything else: another resolver (a replica, an
-        operator's `settle`) acted first, and nothing changed. Safe to re-send."""
+        operator's `settle`) acted first, and nothing changed. Safe to re-send.
+
+        The guard claims with None before it asks the reconciler, so that concurrent retries
+        wait for one answer instead of each asking; the verdict then lands with `complete`
+        (happened), by running the tool (not happened), or with `leave_unknown`."""
+        ...
+
+    async def leave_unknown(self, key: str, token: str) -> bool:
+        """Turn the record `token` holds (claimed by `reconcile`) UNKNOWN again: the system of
+        record could not tell. False, and nothing changed, if `token` no longer holds it."""
         ...

@@ -317,6 +317,15 @@ def reconcile(
     return None, None
 
 
+def leave_unknown(record: Record | None, token: str, *, now: float) -> Record | None:
+    """A reconciler that held the record could not tell (`ReconcilingStore.leave_unknown`): it
+    is UNKNOWN again, kept until resolved. None when `token` no longer holds it."""
+    held = _held(record, token, now)
+    if held is None:
+        return None
+    return _successor(held, now, state=RecordState.UNKNOWN, token=None, expires_at=None)
+
+
 def _replay_of(record: Record) -> ClaimOutcome:
     return ClaimOutcome(
         ClaimStatus.REPLAY,

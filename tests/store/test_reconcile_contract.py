@@ -142,3 +142,36 @@ async def test_of_concurrent_resolvers_exactly_one_acts(backend: Backend) -> Non
         for n in range(12):
             tg.start_soon(resolve, n)
     assert len(won) + settled.count(True) == 1, (won, settled)
+
+
+async def test_a_held_reconciliation_that_cannot_tell_leaves_it_unknown(backend: Backend) -> None:
+    fence = await in_doubt(backend)
+    taken = await verdict(backend.store, fence, None)
+    assert taken is not None and taken.token is not None
+    assert await reconciling(backend.store).leave_unknown(KEY, taken.token)
+    record = await backend.store.get(KEY)
+    assert record is not None
+    assert (record.state, record.fence, record.token, record.expires_at) == (
+        RecordState.UNKNOWN,
+        fence + 1,
+        None,
+        None,
+    )
+    assert not await reconciling(backend.store).leave_unknown(KEY, taken.token)
+    again = await verdict(backend.store, fence + 1, b"found it after all")
+    assert again is not None and again.result == b"found it after all"
+
+
+async def test_a_reconciler_paused_past_its_hold_changes_nothing(backend: Backend) -> None:
+    fence = await in_doubt(backend)
+    paused = await verdict(backend.store, fence, None)
+    assert paused is not None and paused.token is not None
+    await backend.advance(LEASE + 1)  # its hold ran out: the next claim finds it in doubt again
+    lost = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert lost.status is ClaimStatus.UNKNOWN and lost.fence == fence + 1
+    other = await verdict(backend.store, fence + 1, None)
+    assert other is not None and other.token is not None
+    before = await backend.store.get(KEY)
+    assert not await reconciling(backend.store).leave_unknown(KEY, paused.token)
+    assert not await backend.store.complete(KEY, paused.token, b"stale", retention=RETENTION)
+    assert await backend.store.get(KEY) == before

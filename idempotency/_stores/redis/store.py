@@ -552,6 +552,12 @@ class RedisKeyStore:
             return None
         return _claim_outcome(key, reply)
 
+    async def leave_unknown(self, key: str, token: str) -> bool:
+        if not self._fits(key):
+            return False
+        args = (token,)
+        return _done(key, await self._script(lua.LEAVE_UNKNOWN, self._rkey(key), args, args))
+
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, key: str) -> Record | None:
