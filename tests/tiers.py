@@ -55,6 +55,7 @@ SLOW_PLACES = (
     "tests/cli/test_help.py",  # every command's help, each a run of the console script
     "tests/client/test_transport_failures.py",  # refusals, DNS, TLS, timeouts, with retries
     "tests/test_silent_library.py",  # programs run as processes, with and without logging
+    "tests/server/test_reconcile_processes.py",  # payments servers killed mid-charge, restarted
 )
 
 #: Test names that say they start and race or kill processes, or drive the console script.

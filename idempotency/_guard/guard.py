@@ -500,7 +500,6 @@ class Guard:
             or record.fingerprint != t.fingerprint
         ):
             return None
-        logger.info("asking tool %r's reconciler about record %s", t.tool, record_name(t.store_key))
         try:
             resolution = await resolve(
                 store,
@@ -524,6 +523,12 @@ class Guard:
                 exc,
             )
             return Resolution(Verdict.UNKNOWN.value)
+        logger.info(
+            "tool %r's reconciler on record %s: %s",
+            t.tool,
+            record_name(t.store_key),
+            resolution.answer,
+        )
         if t.trace.recording:
             t.trace.set(reconciled=resolution.answer)
         return resolution

@@ -1,0 +1,119 @@
+"""Rule 19 with real processes: the payments server of `examples/reconcile.py` SIGKILLs itself in
+the middle of `charge` (before or after the provider charged), is restarted on the same key store
+(SQLite, then Redis), and the client retries with the same key.
+
+The ledger is the payment provider (`examples/payment_provider.py`), a process of its own with its
+own SQLite file: its charges, and how many charge requests reached it per key, are what the
+guarded server cannot fake. Nothing sleeps: the restarted server waits for the dead one's 2 s
+lease inside its own bounded wait (10 s).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from subprocess import Popen
+
+import anyio
+import pytest
+from mcp import MCPError
+from mcp.client import Client
+from server_kit import marker, meta
+
+from idempotency import RecordState, open_store, wire
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+from payment_provider import ProviderClient  # the example's provider: the tests' ledger
+from reconcile import server_params, start_provider
+
+pytestmark = pytest.mark.anyio
+
+#: Process start-up (Python + the SDK) on a loaded 2-core machine can take a few seconds.
+STARTUP_BOUND = 120.0
+CALL = {"order": "A-1", "cents": 500}
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Iterator[str]:
+    proc: Popen[str]
+    proc, url = start_provider(tmp_path / "charges.db")
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "keys.db")
+    url = str(request.getfixturevalue("redis_url"))
+    prefix = f"{request.getfixturevalue('redis_namespace')}:"
+    return f"{url}{'&' if '?' in url else '?'}prefix={prefix}"
+
+
+async def killed_mid_charge(store: str, provider: str, die: str, key: str) -> None:
+    """A server that dies (SIGKILL, by its own hand) at `die` in a `charge` under `key`."""
+    with pytest.raises(Exception) as broke:  # noqa: PT011 - the transport of a dead child
+        async with Client(server_params(store, provider, "--die", die)) as client:
+            await client.call_tool("charge", CALL, meta=meta(key))
+    assert not isinstance(broke.value, AssertionError)
+
+
+async def unknown_records(store: str) -> int:
+    opened = open_store(store)
+    try:
+        return len(await opened.list_records(state=RecordState.UNKNOWN))
+    finally:
+        await opened.aclose()
+
+
+async def test_killed_after_the_charge_the_retry_gets_the_providers_charge(
+    store_url: str, provider: str
+) -> None:
+    with anyio.fail_after(STARTUP_BOUND):
+        await killed_mid_charge(store_url, provider, "after-charge", "k-after")
+        charges = ProviderClient(provider).charges()
+        assert [(c["order"], c["requests"]) for c in charges] == [("A-1", 1)]
+        async with Client(server_params(store_url, provider)) as client:
+            retry = await client.call_tool("charge", CALL, meta=meta("k-after"))
+            again = await client.call_tool("charge", CALL, meta=meta("k-after"))
+    assert retry.structured_content == {"charge": charges[0]["id"], "order": "A-1", "amount": 500}
+    assert marker(retry)["status"] == "replayed" and marker(retry)[wire.MARKER_RECONCILED]
+    assert again.structured_content == retry.structured_content
+    # One charge, and no second charge request: the body did not run again.
+    assert [(c["id"], c["requests"]) for c in ProviderClient(provider).charges()] == [
+        (charges[0]["id"], 1)
+    ]
+    assert await unknown_records(store_url) == 0
+
+
+async def test_killed_before_the_charge_the_tool_runs_once(store_url: str, provider: str) -> None:
+    with anyio.fail_after(STARTUP_BOUND):
+        await killed_mid_charge(store_url, provider, "before-charge", "k-before")
+        assert ProviderClient(provider).charges() == []
+        async with Client(server_params(store_url, provider)) as client:
+            retry = await client.call_tool("charge", CALL, meta=meta("k-before"))
+            again = await client.call_tool("charge", CALL, meta=meta("k-before"))
+    charges = ProviderClient(provider).charges()
+    assert [(c["order"], c["requests"]) for c in charges] == [("A-1", 1)]
+    assert retry.structured_content == {"charge": charges[0]["id"], "order": "A-1", "amount": 500}
+    assert marker(retry)["status"] == "executed" and marker(retry)["attempts"] == 2
+    assert marker(again)["status"] == "replayed"
+    assert await unknown_records(store_url) == 0
+
+
+async def test_without_reconcile_the_retry_gets_outcome_unknown(
+    store_url: str, provider: str
+) -> None:
+    with anyio.fail_after(STARTUP_BOUND):
+        await killed_mid_charge(store_url, provider, "after-charge", "k-plain")
+        async with Client(server_params(store_url, provider, "--no-reconcile")) as client:
+            with pytest.raises(MCPError) as unknown:
+                await client.call_tool("charge", CALL, meta=meta("k-plain"))
+    assert unknown.value.error.code == wire.OUTCOME_UNKNOWN
+    assert [c["requests"] for c in ProviderClient(provider).charges()] == [1]
+    assert await unknown_records(store_url) == 1
