@@ -54,7 +54,7 @@ from idempotency import (
     wire,
 )
 
-from . import _durations, _grace
+from . import _durations, _grace, _reconcile
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -96,7 +96,7 @@ _EPILOG = (
 def add_parser(commands: Any) -> None:
     keys = commands.add_parser(
         "keys",
-        help="list, show, settle and purge idempotency records",
+        help="list, show, settle, reconcile and purge idempotency records",
         description="See and settle the records of guarded tool calls.",
         epilog=_EPILOG,
     )
@@ -190,6 +190,7 @@ def add_parser(commands: Any) -> None:
 
     for parser in (listing, show, settle, purge):
         add_store_option(parser)
+    _reconcile.add_parser(actions, _run)
 
 
 def _add_key_arguments(parser: argparse.ArgumentParser) -> None:

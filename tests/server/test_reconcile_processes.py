@@ -23,8 +23,7 @@ from server_kit import marker, meta
 
 from idempotency import RecordState, open_store, wire
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-sys.path.insert(0, str(EXAMPLES))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from payment_provider import ProviderClient  # the example's provider: the tests' ledger
 from reconcile import server_params, start_provider
 
@@ -57,7 +56,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 async def killed_mid_charge(store: str, provider: str, die: str, key: str) -> None:
     """A server that dies (SIGKILL, by its own hand) at `die` in a `charge` under `key`."""
-    with pytest.raises(Exception) as broke:  # noqa: PT011 - the transport of a dead child
+    with pytest.raises(Exception) as broke:  # the transport of a dead child
         async with Client(server_params(store, provider, "--die", die)) as client:
             await client.call_tool("charge", CALL, meta=meta(key))
     assert not isinstance(broke.value, AssertionError)

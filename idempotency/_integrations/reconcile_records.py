@@ -1,0 +1,183 @@
+"""`reconcile_unknown(app, store)`: every in-doubt record of a server, put to its tool's reconciler
+without waiting for a client's retry (what `mcp-once keys reconcile --app MODULE:ATTR` runs).
+
+The app is the server object the guard was installed on, as uvicorn names an app: an `MCPServer`
+(tools under `@idempotent` or `install()`), a FastMCP server with `IdempotencyMiddleware`, or the
+`GuardedCallTool` that `idempotent_call_tool` returned. Its guards hold the `reconcile=` option
+and know how each tool's return value is converted; nothing else is needed. No call brings the
+arguments, and records keep keys hashed only: a reconciler asked from here gets `key=None` and
+`arguments=None`, and looks the effect up by `InDoubt.record` (the key the tool handed its system
+of record).
+
+What each verdict does here: happened completes the record (the client's retry replays it);
+not happened releases it, so the client's retry runs the tool (nothing runs it from here);
+unknown leaves it UNKNOWN. Each is the same fenced transition as on a retry (rule 19).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._guard.guard import Guard
+from .._guard.reconcile import (
+    Convert,
+    Verdict,
+    as_call_result,
+    ask,
+    encoded,
+    in_doubt,
+    reconciler_for,
+    resolve,
+)
+from .._stores.store import ClaimStatus, KeyStore, ReconcilingStore, Record, RecordState
+from .lowlevel import GuardedCallTool
+
+#: The answer of a record whose tool has no reconciler (or is not a tool of this app).
+NO_RECONCILER = "no_reconciler"
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """What became of one in-doubt record (`reconcile_unknown`)."""
+
+    #: The record's store key (as `mcp-once keys list` prints it).
+    record: str
+    #: The tool the record names (None: written by a release that did not store it).
+    tool: str | None
+    #: `happened`, `not_happened`, `unknown`, `lost` (resolved elsewhere meanwhile), or
+    #: `no_reconciler`. Under `dry_run`, what the reconciler said; nothing was written.
+    answer: str
+    #: Whether the store was changed (never under `dry_run`).
+    applied: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Guarded:
+    guard: Guard
+    convert: Convert
+
+
+async def _guards_of(app: object) -> Callable[[str], _Guarded | None]:
+    """The guard (and conversion) of each tool of `app`, by the tool name records keep."""
+    if isinstance(app, GuardedCallTool):
+        guarded = _Guarded(app.guard, as_call_result)
+        return lambda name: guarded if app.guards(name) else None
+    found: dict[str, _Guarded] = {}
+    from mcp.server.mcpserver import MCPServer
+
+    if isinstance(app, MCPServer):
+        from .mcpserver.sdk import converter, tool_manager
+        from .mcpserver.stamp import stamp_of
+
+        for tool in tool_manager(app).list_tools():
+            stamp = stamp_of(tool.fn)
+            if stamp is not None:
+                found[tool.name] = _Guarded(stamp.guard, converter(tool))
+    elif type(app).__module__.startswith("fastmcp"):
+        found = await _fastmcp_guards(app)
+    else:
+        raise TypeError(
+            f"{type(app).__name__} is not a server mcp-once guards: give an MCPServer, a FastMCP"
+            " server with IdempotencyMiddleware, or what idempotent_call_tool returned"
+        )
+    return lambda name: found.get(name) or found.get(name.partition("@")[0])
+
+
+async def _fastmcp_guards(app: Any) -> dict[str, _Guarded]:
+    from ..fastmcp import IdempotencyMiddleware
+    from .fastmcp.results import to_guard
+
+    found: dict[str, _Guarded] = {}
+    for middleware in getattr(app, "middleware", []):
+        if not isinstance(middleware, IdempotencyMiddleware):
+            continue
+        for tool in await app.list_tools(run_middleware=False):
+            if tool.name not in found and middleware.guards(tool):
+
+                def convert(value: Any, tool: Any = tool) -> object:
+                    return to_guard(tool.convert_result(value))
+
+                found[tool.name] = _Guarded(middleware.guard, convert)
+    return found
+
+
+async def _in_doubt(store: KeyStore, tool: str | None, limit: int) -> list[Record]:
+    """UNKNOWN records, and IN_PROGRESS ones whose lease ran out (UNKNOWN in all but name: the
+    store turns them so at the next claim), oldest first."""
+    now = time.time()
+    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
+    found = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
+    found += [r for r in running if r.lease_deadline is not None and r.lease_deadline <= now]
+    return sorted(found, key=lambda r: r.created_at)[:limit]
+
+
+async def _now_unknown(store: KeyStore, record: Record) -> Record | None:
+    """The record turned UNKNOWN as a client's retry would (the store's own claim, without
+    takeover, on the store's clock); None if it is not in doubt after all."""
+    if record.state is RecordState.IN_PROGRESS:
+        outcome = await store.claim(
+            record.key, record.fingerprint, lease=1.0, takeover=False, tool=record.tool
+        )
+        if outcome.status is ClaimStatus.CLAIMED and outcome.token is not None:
+            await store.release(record.key, outcome.token)  # released meanwhile: not ours
+            return None
+    now = await store.get(record.key)
+    return now if now is not None and now.state is RecordState.UNKNOWN else None
+
+
+async def reconcile_unknown(
+    app: object,
+    store: KeyStore,
+    *,
+    tool: str | None = None,
+    dry_run: bool = False,
+    limit: int = 1000,
+) -> list[Reconciliation]:
+    """Ask each in-doubt record's reconciler (only `tool`'s records, if given) and apply its
+    verdict; `dry_run`: ask, and write nothing. `store` is the store the app's guards use (as
+    `mcp-once keys --store` names it)."""
+    lookup = await _guards_of(app)
+    done: list[Reconciliation] = []
+    for record in await _in_doubt(store, tool, limit):
+        name = record.tool or ""
+        guarded = lookup(name) if name else None
+        policy = guarded.guard.policy if guarded is not None else None
+        reconciler = reconciler_for(policy.reconcile, name) if policy is not None else None
+        if guarded is None or policy is None or reconciler is None:
+            done.append(Reconciliation(record.key, record.tool, NO_RECONCILER, False))
+            continue
+        if dry_run:
+            doubt = in_doubt(record, tool=name, key=None, arguments=None)
+            answer = await ask(reconciler, doubt, timeout=policy.reconcile_timeout)
+            said = answer.verdict
+            if said is Verdict.HAPPENED and encoded(answer, guarded.convert, name) is None:
+                said = Verdict.UNKNOWN
+            done.append(Reconciliation(record.key, record.tool, said.value, False))
+            continue
+        if not isinstance(store, ReconcilingStore):
+            raise TypeError(f"{type(store).__name__} cannot take a reconciler's verdict")
+        doubtful = await _now_unknown(store, record)
+        if doubtful is None:
+            done.append(Reconciliation(record.key, record.tool, "lost", False))
+            continue
+        resolution = await resolve(
+            store,
+            doubtful,
+            reconciler,
+            tool=name,
+            key=None,
+            arguments=None,
+            convert=guarded.convert,
+            timeout=policy.reconcile_timeout,
+            lease=policy.lease,
+            retention=policy.retention,
+        )
+        if resolution.claim is not None and resolution.claim.token is not None:
+            # Not happened: nothing runs the tool from here. Released, the retry runs it.
+            await store.release(record.key, resolution.claim.token)
+        applied = resolution.answer in (Verdict.HAPPENED.value, Verdict.NOT_HAPPENED.value)
+        done.append(Reconciliation(record.key, record.tool, resolution.answer, applied))
+    return done
