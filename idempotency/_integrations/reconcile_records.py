@@ -17,9 +17,8 @@ unknown leaves it UNKNOWN. Each is the same fenced transition as on a retry (rul
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .._guard.guard import Guard
 from .._guard.reconcile import (
@@ -55,53 +54,54 @@ class Reconciliation:
 
 
 @dataclass(frozen=True, slots=True)
-class _Guarded:
+class GuardedTool:
+    """A guarded tool as reconciliation needs it: its guard, and its return conversion."""
+
     guard: Guard
     convert: Convert
 
 
-async def _guards_of(app: object) -> Callable[[str], _Guarded | None]:
+#: Finds the guarded tools of a server of a framework the core does not name (rule 2: the
+#: adapters plug into the core): None when `app` is not one of its servers. FastMCP's middleware
+#: module adds its own when imported, as every app using it has done.
+Finder = Callable[[object], Awaitable[dict[str, GuardedTool] | None]]
+_finders: list[Finder] = []
+
+
+def add_finder(finder: Finder) -> None:
+    """Let `reconcile_unknown` find the guarded tools of another framework's servers."""
+    if finder not in _finders:
+        _finders.append(finder)
+
+
+async def _guards_of(app: object) -> Callable[[str], GuardedTool | None]:
     """The guard (and conversion) of each tool of `app`, by the tool name records keep."""
     if isinstance(app, GuardedCallTool):
-        guarded = _Guarded(app.guard, as_call_result)
+        guarded = GuardedTool(app.guard, as_call_result)
         return lambda name: guarded if app.guards(name) else None
-    found: dict[str, _Guarded] = {}
+    found: dict[str, GuardedTool] | None = None
     from mcp.server.mcpserver import MCPServer
 
     if isinstance(app, MCPServer):
         from .mcpserver.sdk import converter, tool_manager
         from .mcpserver.stamp import stamp_of
 
+        found = {}
         for tool in tool_manager(app).list_tools():
             stamp = stamp_of(tool.fn)
             if stamp is not None:
-                found[tool.name] = _Guarded(stamp.guard, converter(tool))
-    elif type(app).__module__.startswith("fastmcp"):
-        found = await _fastmcp_guards(app)
-    else:
+                found[tool.name] = GuardedTool(stamp.guard, converter(tool))
+    for finder in _finders:
+        if found is not None:
+            break
+        found = await finder(app)
+    if found is None:
         raise TypeError(
             f"{type(app).__name__} is not a server mcp-once guards: give an MCPServer, a FastMCP"
             " server with IdempotencyMiddleware, or what idempotent_call_tool returned"
         )
-    return lambda name: found.get(name) or found.get(name.partition("@")[0])
-
-
-async def _fastmcp_guards(app: Any) -> dict[str, _Guarded]:
-    from ..fastmcp import IdempotencyMiddleware
-    from .fastmcp.results import to_guard
-
-    found: dict[str, _Guarded] = {}
-    for middleware in getattr(app, "middleware", []):
-        if not isinstance(middleware, IdempotencyMiddleware):
-            continue
-        for tool in await app.list_tools(run_middleware=False):
-            if tool.name not in found and middleware.guards(tool):
-
-                def convert(value: Any, tool: Any = tool) -> object:
-                    return to_guard(tool.convert_result(value))
-
-                found[tool.name] = _Guarded(middleware.guard, convert)
-    return found
+    tools = found
+    return lambda name: tools.get(name) or tools.get(name.partition("@")[0])
 
 
 async def _in_doubt(store: KeyStore, tool: str | None, limit: int) -> list[Record]:

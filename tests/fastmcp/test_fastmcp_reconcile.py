@@ -17,7 +17,8 @@ ARGS = {"order": "o-1", "cents": 500}
 async def in_doubt(store: MemoryKeyStore, key: str) -> None:
     """A worker that claimed `key` and vanished: its lease already ran out."""
     name = record_key("shop", "charge", key)
-    lost = await store.claim(name, call_fingerprint("charge", ARGS), lease=1e-9, takeover=False)
+    fp = call_fingerprint("charge", ARGS)
+    lost = await store.claim(name, fp, lease=1e-9, takeover=False, tool="charge")
     assert lost.status.value == "claimed"
 
 
@@ -46,3 +47,26 @@ async def test_the_middleware_reconciles_an_in_doubt_retry(says: str) -> None:
         assert marker(first)[wire.MARKER_RECONCILED] is True
     else:
         assert effects.count == 1 and marker(first)["status"] == "executed"
+
+
+async def test_reconcile_unknown_finds_the_middlewares_reconciler() -> None:
+    """What `mcp-once keys reconcile --app` runs, on a FastMCP server: the reconciler and the
+    tool's return conversion are found through the middleware."""
+    from idempotency import reconcile_unknown
+
+    store = MemoryKeyStore()
+    effects = Effects()
+    server = charge_server(
+        store, effects, gated=False, reconcile=lambda _: Reconciled.happened("found")
+    )
+    await in_doubt(store, "k-2")
+    name = record_key("shop", "charge", "k-2")
+    # The lease ran out, but no claim turned it UNKNOWN yet: reconcile_unknown does, as a
+    # retry would.
+    dry = await reconcile_unknown(server, store, dry_run=True)
+    assert [(d.record, d.answer, d.applied) for d in dry] == [(name, "happened", False)]
+    done = await reconcile_unknown(server, store)
+    assert [(d.record, d.answer, d.applied) for d in done] == [(name, "happened", True)]
+    async with serving(server, "memory") as connect, connect() as client:
+        replay = await client.call_tool_mcp("charge", ARGS, meta=meta("k-2"))
+    assert body(replay)["content"][0]["text"] == "found" and effects.count == 0
