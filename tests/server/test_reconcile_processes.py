@@ -10,15 +10,20 @@ lease inside its own bounded wait (10 s).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import anyio
 import pytest
 from mcp import MCPError
 from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp_types import CallToolResult
 from server_kit import marker, meta
 
 from idempotency import RecordState, open_store, wire
@@ -116,3 +121,60 @@ async def test_without_reconcile_the_retry_gets_outcome_unknown(
     assert unknown.value.error.code == wire.OUTCOME_UNKNOWN
     assert [c["requests"] for c in ProviderClient(provider).charges()] == [1]
     assert await unknown_records(store_url) == 1
+
+
+REPLICA = Path(__file__).with_name("reconcile_replica_server.py")
+
+
+def replica(store: str, provider: str, *extra: str) -> StdioServerParameters:
+    argv = [str(REPLICA), "--store", store, "--provider", provider, *extra]
+    return StdioServerParameters(command=sys.executable, args=argv, env=dict(os.environ))
+
+
+async def test_a_reconciler_paused_past_its_hold_changes_nothing(
+    store_url: str, provider: str
+) -> None:
+    """Replica A claims the in-doubt record to reconcile it and is frozen (SIGSTOP) while asking.
+    Its hold runs out; replica B's retry reconciles the record under a higher fence and gets
+    the provider's charge. A, resumed, changes nothing: its caller gets B's answer."""
+    with anyio.fail_after(STARTUP_BOUND):
+        await killed_mid_charge(store_url, provider, "after-charge", "k-paused")
+        async with (
+            Client(replica(store_url, provider, "--gated")) as a,
+            Client(replica(store_url, provider)) as b,
+            anyio.create_task_group() as tg,
+        ):
+            late: list[CallToolResult] = []
+
+            async def a_retries() -> None:
+                late.append(await a.call_tool("charge", CALL, meta=meta("k-paused")))
+
+            tg.start_soon(a_retries)
+            asked = await a.call_tool("wait_asked", {"count": 1})
+            assert asked.structured_content is not None
+            pid = int(asked.structured_content["result"])
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                answer = await b.call_tool("charge", CALL, meta=meta("k-paused"))
+                settled = await record_of(store_url)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await a.call_tool("open_gate")
+    assert answer.structured_content is not None
+    assert answer.structured_content["charge"] == "ch_1"
+    assert marker(answer)[wire.MARKER_RECONCILED] is True
+    assert settled is not None and settled.state is RecordState.COMPLETED
+    assert settled.fence == 3  # the dead worker's 1, A's hold 2, B's reconciliation 3
+    assert await record_of(store_url) == settled  # A's late verdict changed nothing
+    assert late and late[0].structured_content == answer.structured_content
+    assert [(c["id"], c["requests"]) for c in ProviderClient(provider).charges()] == [("ch_1", 1)]
+
+
+async def record_of(store: str) -> Any:
+    opened = open_store(store)
+    try:
+        records = await opened.list_records()
+    finally:
+        await opened.aclose()
+    assert len(records) == 1
+    return records[0]
