@@ -451,8 +451,11 @@ class Guard:
                         return await self._run(
                             t, resolution.claim, execute, error_result, takeover, claimed_at
                         )
-                    if resolution.replay is not None:
-                        return self._reconciled(t, resolution.replay)
+                    done = resolution.replay
+                    if done is not None and done.result is not None:
+                        return self._replayed(
+                            t, done.result, done.completed_at, done.attempts, reconciled=True
+                        )
                 t.trace.outcome(Outcome.UNKNOWN)
                 raise errors.outcome_unknown(
                     t.key,
@@ -532,27 +535,6 @@ class Guard:
         if t.trace.recording:
             t.trace.set(reconciled=resolution.answer)
         return resolution
-
-    def _reconciled(self, t: _Ticket, outcome: ClaimOutcome) -> CallToolResult:
-        """The answer a `happened` verdict stored: a replay, marked reconciled."""
-        assert outcome.result is not None
-        try:
-            stored = decode_result(outcome.result)
-        except UnreadableResult as exc:
-            raise self._corrupt(t, str(exc)) from None
-        executed_at = stored.executed_at
-        if executed_at is None:
-            executed_at = outcome.completed_at if outcome.completed_at is not None else time.time()
-        t.trace.outcome(Outcome.RECONCILED)
-        return stamped(
-            stored.result,
-            key=t.key,
-            key_source=t.source.value,
-            status="replayed",
-            executed_at=executed_at,
-            attempts=outcome.attempts,
-            reconciled=True,
-        )
 
     def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
         """The store's claim of the ticket's record (naming the tool where the store can)."""
@@ -911,8 +893,17 @@ class Guard:
         )
 
     def _replayed(
-        self, t: _Ticket, data: bytes, completed_at: float | None, attempts: int
+        self,
+        t: _Ticket,
+        data: bytes,
+        completed_at: float | None,
+        attempts: int,
+        *,
+        reconciled: bool = False,
     ) -> CallToolResult:
+        """The stored answer, stamped as a replay. `reconciled`: the answer a reconciler's
+        `happened` just stored (rule 19), marked so; it is the system of record's answer, not a
+        replay of the record's, so `on_replay` is not called for it."""
         try:
             stored = decode_result(data)
         except UnreadableResult as exc:
@@ -920,9 +911,12 @@ class Guard:
         executed_at = stored.executed_at
         if executed_at is None:
             executed_at = completed_at if completed_at is not None else time.time()
-        t.trace.outcome(Outcome.REPLAYED)
-        event = Replay(t.tool, max(0.0, time.time() - executed_at), attempts, t.source.value)
-        replayed(self.policy.on_replay, event)
+        if reconciled:
+            t.trace.outcome(Outcome.RECONCILED)
+        else:
+            t.trace.outcome(Outcome.REPLAYED)
+            event = Replay(t.tool, max(0.0, time.time() - executed_at), attempts, t.source.value)
+            replayed(self.policy.on_replay, event)
         return stamped(
             stored.result,
             key=t.key,
@@ -930,6 +924,7 @@ class Guard:
             status="replayed",
             executed_at=executed_at,
             attempts=attempts,
+            reconciled=reconciled,
         )
 
     def _corrupt(self, t: _Ticket, why: str) -> MCPError:

@@ -12,8 +12,10 @@ author's reconciler is asked, with an `InDoubt`, and answers with a `Reconciled`
 
 This module holds the vocabulary and the asking (bounded by a timeout; a failure or a timeout is
 an `unknown`, logged by exception class only, never with the arguments). The verdict is applied by
-the store in one fenced transition (`ReconcilingStore.reconcile`): of concurrent resolvers
-(replicas, an operator's `settle`) exactly one acts, and a stale one changes nothing.
+the store with fenced transitions: the record is claimed for its reconciliation
+(`ReconcilingStore.reconcile`, fenced on the fence it was found UNKNOWN under) before the
+reconciler is asked, and the verdict lands under that claim. Of concurrent resolvers (replicas,
+an operator's `settle`) exactly one acts, and a stale one changes nothing.
 """
 
 from __future__ import annotations
@@ -269,14 +271,7 @@ async def resolve(
     # Held for at least as long as the reconciler may take, so no one else takes it meanwhile.
     held_for = max(lease, timeout + lease / 3)
     with anyio.CancelScope(shield=True):  # a claim won but not heard would be an orphan
-        taken = await store.reconcile(
-            record.key,
-            record.fingerprint,
-            record.fence,
-            result=None,
-            lease=held_for,
-            retention=retention,
-        )
+        taken = await store.reconcile(record.key, record.fingerprint, record.fence, lease=held_for)
     if taken is None:
         count_reconciliation(tool, LOST.answer)
         return LOST

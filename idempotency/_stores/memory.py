@@ -160,27 +160,16 @@ class MemoryKeyStore:
 
     @never_suspends
     async def reconcile(
-        self,
-        key: str,
-        fingerprint: str,
-        fence: int,
-        *,
-        result: bytes | None,
-        lease: float,
-        retention: float,
+        self, key: str, fingerprint: str, fence: int, *, lease: float
     ) -> ClaimOutcome | None:
-        if result is not None:
-            self._limits.check_result(result)
         new, outcome = rules.reconcile(
             self._records.get(key),
             fingerprint,
             fence,
-            result,
             now=self._clock(),
             token=secrets.token_hex(16),
             lease=lease,
-            retention=retention,
-            orphan_retention=self._orphan_retention,
+            retention=self._orphan_retention,
         )
         if new is not None:
             self._write(key, new)

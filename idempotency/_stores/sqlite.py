@@ -292,17 +292,8 @@ class SQLiteKeyStore:
         return await self._transition(key, decide)
 
     async def reconcile(
-        self,
-        key: str,
-        fingerprint: str,
-        fence: int,
-        *,
-        result: bytes | None,
-        lease: float,
-        retention: float,
+        self, key: str, fingerprint: str, fence: int, *, lease: float
     ) -> ClaimOutcome | None:
-        if result is not None:
-            self._limits.check_result(result)
         token = secrets.token_hex(16)
 
         def decide(record: Record | None) -> tuple[Record | None, ClaimOutcome | None]:
@@ -310,12 +301,10 @@ class SQLiteKeyStore:
                 record,
                 fingerprint,
                 fence,
-                result,
                 now=self._clock(),
                 token=token,
                 lease=lease,
-                retention=retention,
-                orphan_retention=self._orphan_retention,
+                retention=self._orphan_retention,
             )
 
         return await self._transition(key, decide)

@@ -300,25 +300,18 @@ class ReconcilingStore(KeyStore, Protocol):
     a `KeyStore` written before it keeps working wherever no `reconcile=` is configured."""
 
     async def reconcile(
-        self,
-        key: str,
-        fingerprint: str,
-        fence: int,
-        *,
-        result: bytes | None,
-        lease: float,
-        retention: float,
+        self, key: str, fingerprint: str, fence: int, *, lease: float
     ) -> ClaimOutcome | None:
-        """Resolve the UNKNOWN record of `key`, if it is still UNKNOWN under `fence` (and
-        `fingerprint`): `result` (the effect happened) completes it and keeps it for
-        `retention` seconds, answered as a REPLAY; None (it did not) claims it, IN_PROGRESS
-        under a new token with the fence one higher, for `lease` seconds, answered as CLAIMED
-        (`took_over`). None when the record is anything else: another resolver (a replica, an
-        operator's `settle`) acted first, and nothing changed. Safe to re-send.
+        """Claim the UNKNOWN record of `key` for its reconciliation, if it is still UNKNOWN under
+        `fence` (and `fingerprint`): IN_PROGRESS under a new token with the fence one higher,
+        held for `lease` seconds, answered as CLAIMED (`took_over`). None, and nothing changed,
+        when the record is anything else: another resolver (a replica, an operator's `settle`)
+        acted first. Safe to re-send.
 
-        The guard claims with None before it asks the reconciler, so that concurrent retries
-        wait for one answer instead of each asking; the verdict then lands with `complete`
-        (happened), by running the tool (not happened), or with `leave_unknown`."""
+        The reconciler is asked while the claim is held, so that concurrent retries wait for
+        its one answer instead of each asking; the verdict then lands with `complete` (it
+        happened), by running the tool under the claim (it did not; `release` where nothing
+        runs it), or with `leave_unknown` (nobody can tell)."""
         ...
 
     async def leave_unknown(self, key: str, token: str) -> bool:

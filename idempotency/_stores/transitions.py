@@ -269,52 +269,36 @@ def reconcile(
     record: Record | None,
     fingerprint: str,
     fence: int,
-    result: bytes | None,
     *,
     now: float,
     token: str,
     lease: float,
     retention: float,
-    orphan_retention: float,
 ) -> tuple[Record | None, ClaimOutcome | None]:
-    """The system of record's verdict on an UNKNOWN record (rule 19, `KeyStore.reconcile`).
+    """An UNKNOWN record claimed for its reconciliation (rule 19, `ReconcilingStore.reconcile`):
+    IN_PROGRESS under `token`, the fence one higher, held for `lease` seconds.
 
-    Fenced on the UNKNOWN record's `fence` and `fingerprint`: `result` (it happened) completes
-    it, None (it did not) takes it over as IN_PROGRESS under `token` with the fence one higher.
-    Any other record (already reconciled or settled, another fence) is left alone: `(None,
-    None)`. The verdict's own effect, sent again after a lost reply, answers as the first did.
+    Fenced on the UNKNOWN record's `fence` and `fingerprint`: any other record (reconciled or
+    settled meanwhile, another fence) is left alone, `(None, None)`. The claim sent again after a
+    lost reply finds its own token and answers as the first did.
     """
     record = live(record, now)
     if record is None or record.fingerprint != fingerprint:
         return None, None
-    if record.state is RecordState.UNKNOWN and record.fence == fence:
-        if result is not None:
-            done = _successor(
-                record,
-                now,
-                state=RecordState.COMPLETED,
-                result=result,
-                lease_deadline=None,
-                completed_at=now,
-                expires_at=now + retention,
-                delivered=False,
-            )
-            return done, _replay_of(done)
-        taken = _successor(
-            record,
-            now,
-            state=RecordState.IN_PROGRESS,
-            token=token,
-            retake=True,
-            lease_deadline=now + lease,
-            expires_at=now + lease + orphan_retention,
-        )
-        return taken, _taken_by(taken, token)
-    if result is not None and record.state is RecordState.COMPLETED and record.result == result:
-        return None, _replay_of(record)
-    if result is None and record.state is RecordState.IN_PROGRESS and record.token == token:
+    if record.state is RecordState.IN_PROGRESS and record.token == token:
         return None, _taken_by(record, token)
-    return None, None
+    if record.state is not RecordState.UNKNOWN or record.fence != fence:
+        return None, None
+    taken = _successor(
+        record,
+        now,
+        state=RecordState.IN_PROGRESS,
+        token=token,
+        retake=True,
+        lease_deadline=now + lease,
+        expires_at=now + lease + retention,
+    )
+    return taken, _taken_by(taken, token)
 
 
 def leave_unknown(record: Record | None, token: str, *, now: float) -> Record | None:
@@ -324,16 +308,6 @@ def leave_unknown(record: Record | None, token: str, *, now: float) -> Record | 
     if held is None:
         return None
     return _successor(held, now, state=RecordState.UNKNOWN, token=None, expires_at=None)
-
-
-def _replay_of(record: Record) -> ClaimOutcome:
-    return ClaimOutcome(
-        ClaimStatus.REPLAY,
-        fence=record.fence,
-        result=record.result,
-        completed_at=record.completed_at,
-        attempts=record.attempts,
-    )
 
 
 def _taken_by(record: Record, token: str) -> ClaimOutcome:

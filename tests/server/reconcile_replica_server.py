@@ -14,7 +14,6 @@ the example, so both address the same records.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from mcp.server.mcpserver import MCPServer
 from idempotency import InDoubt, Reconciled, current_claim, idempotent, open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from effect_server import Progress, serve_stdio
 from payment_provider import ProviderClient
 from reconcile import receipt
 
@@ -33,15 +33,11 @@ async def serve(args: argparse.Namespace) -> None:
     store = open_store(args.store)
     provider = ProviderClient(args.provider)
     server = MCPServer("payments")
-    asked = 0
-    changed = anyio.Event()
+    asked = Progress()
     gate = anyio.Event()
 
     async def look_up(doubt: InDoubt) -> Reconciled:
-        nonlocal asked, changed
-        asked += 1
-        changed.set()
-        changed = anyio.Event()
+        asked.step()
         if args.gated:
             await gate.wait()
         charge = await provider.find(doubt.record)
@@ -60,20 +56,14 @@ async def serve(args: argparse.Namespace) -> None:
 
     @server.tool()
     async def wait_asked(count: int = 1) -> int:
-        while asked < count:
-            await changed.wait()
-        return os.getpid()
+        return await asked.wait_for(count)
 
     @server.tool()
     async def open_gate() -> str:
         gate.set()
         return "open"
 
-    try:
-        await server.run_stdio_async()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await store.aclose()
+    await serve_stdio(server, store)
 
 
 def main() -> None:

@@ -39,90 +39,81 @@ async def in_doubt(backend: Backend) -> int:
     return lost.fence
 
 
-async def verdict(
-    store: KeyStore, fence: int, result: bytes | None, fingerprint: str = FP
-) -> ClaimOutcome | None:
-    return await reconciling(store).reconcile(
-        KEY, fingerprint, fence, result=result, lease=LEASE, retention=RETENTION
-    )
+async def take(store: KeyStore, fence: int, fingerprint: str = FP) -> ClaimOutcome | None:
+    """Claim the in-doubt record for its reconciliation, under the fence it was found with."""
+    return await reconciling(store).reconcile(KEY, fingerprint, fence, lease=LEASE)
 
 
-async def test_happened_completes_the_record_and_replays_it(backend: Backend) -> None:
+def token_of(outcome: ClaimOutcome | None) -> str:
+    assert outcome is not None and outcome.token is not None
+    return outcome.token
+
+
+async def test_happened_completes_the_record_under_the_reconciliation(backend: Backend) -> None:
     fence = await in_doubt(backend)
-    done = await verdict(backend.store, fence, b"charge ch_1")
-    assert done is not None and done.status is ClaimStatus.REPLAY
-    assert (done.result, done.fence, done.attempts) == (b"charge ch_1", fence, 1)
-    replay = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
-    assert replay.status is ClaimStatus.REPLAY and replay.result == b"charge ch_1"
-    record = await backend.store.get(KEY)
-    assert record is not None and record.state is RecordState.COMPLETED
-    assert not record.delivered  # the lost attempt's caller never had it: its re-send gets it
-
-
-async def test_not_happened_takes_it_over_with_a_higher_fence(backend: Backend) -> None:
-    fence = await in_doubt(backend)
-    taken = await verdict(backend.store, fence, None)
+    taken = await take(backend.store, fence)
     assert taken is not None and taken.status is ClaimStatus.CLAIMED and taken.took_over
     assert (taken.fence, taken.attempts) == (fence + 1, 2)
-    assert taken.token is not None
     busy = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
-    assert busy.status is ClaimStatus.BUSY  # held, exactly as a claim holds it
-    assert await backend.store.complete(KEY, taken.token, b"ran once", retention=RETENTION)
+    assert busy.status is ClaimStatus.BUSY  # held: a retry waits for the one answer
+    assert await backend.store.complete(KEY, token_of(taken), b"ch_1", retention=RETENTION)
     replay = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
-    assert replay.result == b"ran once"
+    assert replay.status is ClaimStatus.REPLAY and replay.result == b"ch_1"
 
 
-async def test_a_stale_verdict_changes_nothing(backend: Backend) -> None:
+async def test_not_happened_runs_under_it_and_nothing_can_run_it_twice(backend: Backend) -> None:
     fence = await in_doubt(backend)
-    taken = await verdict(backend.store, fence, None)
-    assert taken is not None and taken.token is not None
-    await backend.advance(LEASE + 1)  # the reconciled run dies too: UNKNOWN again, one fence up
+    taken = await take(backend.store, fence)
+    assert await take(backend.store, fence) is None  # a second resolver: lost, nothing changed
+    assert await backend.store.renew(KEY, token_of(taken), lease=LEASE)
+    assert await backend.store.complete(KEY, token_of(taken), b"ran once", retention=RETENTION)
+    record = await backend.store.get(KEY)
+    assert record is not None and (record.state, record.fence) == (RecordState.COMPLETED, 2)
+
+
+async def test_a_stale_reconciliation_changes_nothing(backend: Backend) -> None:
+    fence = await in_doubt(backend)
+    taken = await take(backend.store, fence)
+    await backend.advance(LEASE + 1)  # its hold ran out: UNKNOWN again at the next claim
     again = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
     assert again.status is ClaimStatus.UNKNOWN and again.fence == fence + 1
     before = await backend.store.get(KEY)
-    assert await verdict(backend.store, fence, b"late") is None
-    assert await verdict(backend.store, fence, None) is None
+    assert await take(backend.store, fence) is None  # the fence it read is gone
+    assert not await backend.store.complete(KEY, token_of(taken), b"late", retention=RETENTION)
+    assert not await reconciling(backend.store).leave_unknown(KEY, token_of(taken))
     assert await backend.store.get(KEY) == before
 
 
 async def test_settle_and_reconcile_never_both_win(backend: Backend) -> None:
     fence = await in_doubt(backend)
     assert await backend.store.settle(KEY, result=b"operator", retention=RETENTION)
-    assert await verdict(backend.store, fence, b"provider") is None
-    assert await verdict(backend.store, fence, None) is None
+    assert await take(backend.store, fence) is None
     replay = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
     assert replay.result == b"operator"
 
 
 async def test_reconcile_first_then_settle_is_refused(backend: Backend) -> None:
     fence = await in_doubt(backend)
-    assert await verdict(backend.store, fence, b"provider") is not None
+    taken = await take(backend.store, fence)
     assert not await backend.store.settle(KEY, result=b"operator", retention=RETENTION)
     assert not await backend.store.settle(KEY, result=None, retention=RETENTION)
+    assert await backend.store.complete(KEY, token_of(taken), b"provider", retention=RETENTION)
     replay = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
     assert replay.result == b"provider"
 
 
-async def test_only_an_unknown_record_of_the_same_call_takes_a_verdict(backend: Backend) -> None:
+async def test_only_an_unknown_record_of_the_same_call_is_taken(backend: Backend) -> None:
     store = backend.store
-    assert await verdict(store, 1, b"nothing here") is None  # absent
+    assert await take(store, 1) is None  # absent
     held = await store.claim(KEY, FP, lease=LEASE, takeover=False)
     assert held.fence is not None
-    assert await verdict(store, held.fence, None) is None  # running, lease live
+    assert await take(store, held.fence) is None  # running, lease live
     await backend.advance(LEASE + 1)
     lost = await store.claim(KEY, FP, lease=LEASE, takeover=False)
     assert lost.fence is not None
-    assert await verdict(store, lost.fence, None, fingerprint="fp-other") is None
-    assert (await store.get(KEY)) is not None
-
-
-async def test_a_verdict_sent_again_answers_as_the_first(backend: Backend) -> None:
-    """Rule 12: a reconcile re-sent after its reply was lost finds its own effect."""
-    fence = await in_doubt(backend)
-    first = await verdict(backend.store, fence, b"charge ch_1")
-    again = await verdict(backend.store, fence, b"charge ch_1")
-    assert first is not None and again is not None
-    assert (again.status, again.result, again.fence) == (ClaimStatus.REPLAY, b"charge ch_1", fence)
+    assert await take(store, lost.fence, fingerprint="fp-other") is None
+    record = await store.get(KEY)
+    assert record is not None and record.state is RecordState.UNKNOWN
 
 
 async def test_of_concurrent_resolvers_exactly_one_acts(backend: Backend) -> None:
@@ -134,7 +125,7 @@ async def test_of_concurrent_resolvers_exactly_one_acts(backend: Backend) -> Non
         if n == 0:
             settled.append(await backend.store.settle(KEY, result=None, retention=RETENTION))
             return
-        outcome = await verdict(backend.store, fence, None if n % 2 else b"r%d" % n)
+        outcome = await take(backend.store, fence)
         if outcome is not None:
             won.append(outcome)
 
@@ -146,9 +137,8 @@ async def test_of_concurrent_resolvers_exactly_one_acts(backend: Backend) -> Non
 
 async def test_a_held_reconciliation_that_cannot_tell_leaves_it_unknown(backend: Backend) -> None:
     fence = await in_doubt(backend)
-    taken = await verdict(backend.store, fence, None)
-    assert taken is not None and taken.token is not None
-    assert await reconciling(backend.store).leave_unknown(KEY, taken.token)
+    taken = await take(backend.store, fence)
+    assert await reconciling(backend.store).leave_unknown(KEY, token_of(taken))
     record = await backend.store.get(KEY)
     assert record is not None
     assert (record.state, record.fence, record.token, record.expires_at) == (
@@ -157,21 +147,6 @@ async def test_a_held_reconciliation_that_cannot_tell_leaves_it_unknown(backend:
         None,
         None,
     )
-    assert not await reconciling(backend.store).leave_unknown(KEY, taken.token)
-    again = await verdict(backend.store, fence + 1, b"found it after all")
-    assert again is not None and again.result == b"found it after all"
-
-
-async def test_a_reconciler_paused_past_its_hold_changes_nothing(backend: Backend) -> None:
-    fence = await in_doubt(backend)
-    paused = await verdict(backend.store, fence, None)
-    assert paused is not None and paused.token is not None
-    await backend.advance(LEASE + 1)  # its hold ran out: the next claim finds it in doubt again
-    lost = await backend.store.claim(KEY, FP, lease=LEASE, takeover=False)
-    assert lost.status is ClaimStatus.UNKNOWN and lost.fence == fence + 1
-    other = await verdict(backend.store, fence + 1, None)
-    assert other is not None and other.token is not None
-    before = await backend.store.get(KEY)
-    assert not await reconciling(backend.store).leave_unknown(KEY, paused.token)
-    assert not await backend.store.complete(KEY, paused.token, b"stale", retention=RETENTION)
-    assert await backend.store.get(KEY) == before
+    assert not await reconciling(backend.store).leave_unknown(KEY, token_of(taken))
+    again = await take(backend.store, fence + 1)  # the next retry may ask again
+    assert again is not None and again.fence == fence + 2

@@ -523,30 +523,14 @@ class RedisKeyStore:
         return _done(key, await self._script(lua.SETTLE, self._rkey(key), args, resent))
 
     async def reconcile(
-        self,
-        key: str,
-        fingerprint: str,
-        fence: int,
-        *,
-        result: bytes | None,
-        lease: float,
-        retention: float,
+        self, key: str, fingerprint: str, fence: int, *, lease: float
     ) -> ClaimOutcome | None:
-        if result is not None:
-            self._limits.check_result(result)
         if not self._fits(key):
             return None
-        args = (
-            _pack_fingerprint(fingerprint),
-            fence,
-            0 if result is None else 1,
-            b"" if result is None else result,
-            _micros("lease", lease),
-            _micros("retention", retention),
-            self._orphan_retention_us,
-            os.urandom(16).hex(),
-        )
-        # Always safe to re-send as it is (reconcile.lua recognises its own effect).
+        token = os.urandom(16).hex()
+        lease_us = _micros("lease", lease)
+        args = (_pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token)
+        # Always safe to re-send as it is: reconcile.lua recognises its own token.
         reply = await self._script(lua.RECONCILE, self._rkey(key), args, args)
         if reply == [b"lost"]:
             return None
