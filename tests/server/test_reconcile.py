@@ -8,6 +8,7 @@ its lease run out). Effects are counted by the tool body (`Effects`); asks by th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -340,3 +341,29 @@ async def test_the_low_level_handler_takes_a_call_tool_result(doubtful: Doubtful
     async with Client(server, mode="legacy") as client:
         first = await call(client, "k-9")
     assert body(first)["content"][0]["text"] == "ch_1"
+
+
+@pytest.mark.parametrize(
+    ("says", "counted"),
+    [
+        (lambda _: Reconciled.happened("found"), ["happened"]),
+        (lambda _: Reconciled.not_happened(), ["not_happened"]),
+        (lambda _: None, ["unknown"]),
+        (secret_raiser, ["unknown"]),
+    ],
+    ids=["happened", "not_happened", "unknown", "raises"],
+)
+async def test_every_answer_is_counted(
+    doubtful: Doubtful, says: Any, counted: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mcp_once.server.reconciliations` by answer (docs/observability.md)."""
+    from idempotency._guard import reconcile as module
+
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(module, "count_reconciliation", lambda tool, a: seen.append((tool, a)))
+    server = effect_server(doubtful.store, Effects(), gated=False, reconcile=says)
+    await lost_worker(doubtful, "k-10")
+    async with Client(server, mode="legacy") as client:
+        with contextlib.suppress(MCPError):
+            await call(client, "k-10")
+    assert seen == [("charge", answer) for answer in counted]
