@@ -20,7 +20,8 @@ listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`
 `domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
 settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
-per record) puts every in-doubt record of a server to its tool's reconciler.
+per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
+record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -48,7 +49,7 @@ from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
 from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
-from ._integrations.reconcile_records import Reconciliation, reconcile_unknown
+from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -117,5 +118,6 @@ __all__ = [
     "reconcile_unknown",
     "rfc3339",
     "store_key",
+    "turn_unknown",
     "unreadable_records",
 ]

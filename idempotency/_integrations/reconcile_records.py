@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .._guard.guard import Guard
+from .._guard.policy import DEFAULT_LEASE
 from .._guard.reconcile import (
     Convert,
     Verdict,
@@ -114,16 +115,23 @@ async def _in_doubt(store: KeyStore, tool: str | None, limit: int) -> list[Recor
     return sorted(found, key=lambda r: r.created_at)[:limit]
 
 
+async def turn_unknown(store: KeyStore, record: Record) -> None:
+    """Turn a record whose lease ran out UNKNOWN exactly as a client's retry would have: the
+    store's claim, without takeover, which decides on the store's own clock (and writes the
+    transition as every claim does). Should the record have been released in between, that
+    claim makes a fresh one, given up again at once with its own token. What `keys settle` and
+    `keys reconcile` do first for a record IN_PROGRESS under a lease that ran out."""
+    outcome = await store.claim(
+        record.key, record.fingerprint, lease=DEFAULT_LEASE, takeover=False, tool=record.tool
+    )
+    if outcome.status is ClaimStatus.CLAIMED and outcome.token is not None:
+        await store.release(record.key, outcome.token)
+
+
 async def _now_unknown(store: KeyStore, record: Record) -> Record | None:
-    """The record turned UNKNOWN as a client's retry would (the store's own claim, without
-    takeover, on the store's clock); None if it is not in doubt after all."""
+    """The record, turned UNKNOWN first if its lease ran out; None if it is not in doubt."""
     if record.state is RecordState.IN_PROGRESS:
-        outcome = await store.claim(
-            record.key, record.fingerprint, lease=1.0, takeover=False, tool=record.tool
-        )
-        if outcome.status is ClaimStatus.CLAIMED and outcome.token is not None:
-            await store.release(record.key, outcome.token)  # released meanwhile: not ours
-            return None
+        await turn_unknown(store, record)
     now = await store.get(record.key)
     return now if now is not None and now.state is RecordState.UNKNOWN else None
 

@@ -34,9 +34,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from idempotency import (
-    DEFAULT_LEASE,
     CallScope,
-    ClaimStatus,
     CorruptRecord,
     KeyStore,
     LimitExceeded,
@@ -50,6 +48,7 @@ from idempotency import (
     encode_result,
     rfc3339,
     store_key,
+    turn_unknown,
     unreadable_records,
     wire,
 )
@@ -488,7 +487,7 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
     if record is not None and _grace.lease_ran_out(record):
-        await _turn_unknown(store, record)
+        await turn_unknown(store, record)
     if await store.settle(args.key, result=result, retention=args.retention):
         verdict = "released (the next call runs again)" if result is None else "completed"
         print(f"settled {args.key}: {verdict}")
@@ -502,18 +501,6 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_PROBLEM
-
-
-async def _turn_unknown(store: KeyStore, record: Record) -> None:
-    """Turn a record whose lease ran out UNKNOWN exactly as a client's retry would have: the
-    store's claim, without takeover, which decides on the store's own clock and writes the
-    transition's event. Should the record have been released in between, that claim makes a
-    fresh one, given up again at once with its own token."""
-    outcome = await store.claim(
-        record.key, record.fingerprint, lease=DEFAULT_LEASE, takeover=False, tool=record.tool
-    )
-    if outcome.status is ClaimStatus.CLAIMED and outcome.token is not None:
-        await store.release(record.key, outcome.token)
 
 
 async def _purge(store: KeyStore, args: argparse.Namespace) -> int:
