@@ -5,7 +5,8 @@ the example, so both address the same records.
 - `charge(order, cents)`: as in the example (the provider's key is `current_claim().record`).
 - the reconciler counts its questions; with `--gated` it holds until `open_gate` (bounded by
   `--reconcile-timeout`, as every reconciler is).
-- `wait_asked(count)`: returns this process's pid once its reconciler was asked `count` times.
+- `wait_asked(count)`: returns this process's pid once its reconciler was asked `count` times;
+  `asked_count()`: how often it was asked.
 - `open_gate()`: lets a held reconciler answer.
 
 `python reconcile_replica_server.py --store URL --provider URL [--gated]` (stdio).
@@ -45,7 +46,11 @@ async def serve(args: argparse.Namespace) -> None:
             return Reconciled.not_happened()
         return Reconciled.happened(receipt(charge))
 
-    options: dict[str, Any] = {"lease": args.lease, "reconcile_timeout": args.reconcile_timeout}
+    options: dict[str, Any] = {
+        "lease": args.lease,
+        "wait": args.wait,
+        "reconcile_timeout": args.reconcile_timeout,
+    }
 
     @server.tool()
     @idempotent(store, reconcile={"charge": look_up}, **options)
@@ -57,6 +62,10 @@ async def serve(args: argparse.Namespace) -> None:
     @server.tool()
     async def wait_asked(count: int = 1) -> int:
         return await asked.wait_for(count)
+
+    @server.tool()
+    async def asked_count() -> int:
+        return asked.count
 
     @server.tool()
     async def open_gate() -> str:
@@ -73,6 +82,7 @@ def main() -> None:
     parser.add_argument("--gated", action="store_true")
     parser.add_argument("--lease", type=float, default=1.0)
     parser.add_argument("--reconcile-timeout", type=float, default=1.0)
+    parser.add_argument("--wait", type=float, default=10.0)
     anyio.run(serve, parser.parse_args())
 
 

@@ -170,6 +170,12 @@ async def test_a_reconciler_paused_past_its_hold_changes_nothing(
     assert [(c["id"], c["requests"]) for c in ProviderClient(provider).charges()] == [("ch_1", 1)]
 
 
+async def count_asks(client: Client) -> int:
+    counted = await client.call_tool("asked_count")
+    assert counted.structured_content is not None
+    return int(counted.structured_content["result"])
+
+
 async def record_of(store: str) -> Any:
     opened = open_store(store)
     try:
@@ -178,3 +184,42 @@ async def record_of(store: str) -> Any:
         await opened.aclose()
     assert len(records) == 1
     return records[0]
+
+
+@pytest.mark.parametrize("die", ["after-charge", "before-charge"])
+async def test_two_replicas_retrying_at_once_share_one_reconciliation(
+    store_url: str, provider: str, die: str
+) -> None:
+    """Replica A's retry holds the in-doubt record while its reconciler asks (held until the
+    test opens it). Replica B's retry meanwhile finds it held (B does not wait: -32010) and does
+    not ask. Once A answers, B's retry gets A's answer. One reconciliation across replicas; a
+    not_happened runs the tool once."""
+    with anyio.fail_after(STARTUP_BOUND):
+        await killed_mid_charge(store_url, provider, die, "k-twice")
+        slow = ("--gated", "--reconcile-timeout", "60")
+        async with (
+            Client(replica(store_url, provider, *slow)) as a,
+            Client(replica(store_url, provider, "--wait", "0")) as b,
+        ):
+            answers: list[CallToolResult] = []
+
+            async def a_retries() -> None:
+                answers.append(await a.call_tool("charge", CALL, meta=meta("k-twice")))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a_retries)
+                await a.call_tool("wait_asked", {"count": 1})
+                with pytest.raises(MCPError) as held:
+                    await b.call_tool("charge", CALL, meta=meta("k-twice"))
+                await a.call_tool("open_gate")
+            answers.append(await b.call_tool("charge", CALL, meta=meta("k-twice")))
+            asked = [await count_asks(replica) for replica in (a, b)]
+    assert held.value.error.code == wire.IN_PROGRESS  # B found A's reconciliation holding it
+    assert asked == [1, 0]  # one reconciliation, on A
+    assert len(answers) == 2 and answers[0].structured_content == answers[1].structured_content
+    charges = ProviderClient(provider).charges()
+    assert [(c["id"], c["requests"]) for c in charges] == [("ch_1", 1)]
+    first = marker(answers[0])
+    assert first["status"] == ("replayed" if die == "after-charge" else "executed")
+    assert marker(answers[1])["status"] == "replayed"
+    assert await unknown_records(store_url) == 0
