@@ -7,7 +7,9 @@ server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
 own downstream call broke after it may have been received (a proxy's upstream link) raises
 `Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error. The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
-source) each time a call is answered from its record (docs/observability.md).
+source) each time a call is answered from its record (docs/observability.md). The `reconcile`
+option takes a `Reconciler` (or a mapping from tool name to one): asked with an `InDoubt` about an
+execution whose outcome is unknown, it answers with a `Reconciled` (docs/reconcile.md).
 
 Key stores: `open_store(url)`, or `MemoryKeyStore`, `SQLiteKeyStore`, `RedisKeyStore` directly;
 anything implementing `KeyStore` will do. Records (`Record`, `RecordState`) and the store errors
@@ -19,7 +21,9 @@ and `purge_expired` read and settle records, and `unreadable_records()` reports 
 listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
 `domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
-settling a record as failed is counted in.
+settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
+per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
+record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -35,6 +39,7 @@ from ._guard.guard import Interrupted
 from ._guard.hooks import Replay, ReplayHook
 from ._guard.mint import KeySource
 from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
+from ._guard.reconcile import InDoubt, Reconciled, ReconcileOption, Reconciler
 from ._guard.replay import (
     StoredResult,
     UnreadableResult,
@@ -47,6 +52,7 @@ from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
 from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
+from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -78,6 +84,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "InDoubt",
     "Interrupted",
     "KeyMode",
     "KeySource",
@@ -86,6 +93,10 @@ __all__ = [
     "MemoryKeyStore",
     "Policy",
     "PolicyOptions",
+    "ReconcileOption",
+    "Reconciled",
+    "Reconciler",
+    "Reconciliation",
     "Record",
     "RecordState",
     "RedisKeyStore",
@@ -108,7 +119,9 @@ __all__ = [
     "idempotent_call_tool",
     "install",
     "open_store",
+    "reconcile_unknown",
     "rfc3339",
     "store_key",
+    "turn_unknown",
     "unreadable_records",
 ]

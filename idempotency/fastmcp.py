@@ -62,6 +62,7 @@ from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from fastmcp import FastMCP
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import extract_version_spec
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -84,6 +85,7 @@ from ._guard.policy import PolicyOptions, make_policy
 from ._guard.telemetry import logger
 from ._integrations.fastmcp.body import install_body_watch, watching_body
 from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
+from ._integrations.reconcile_records import GuardedTool, add_finder
 from ._stores.store import KeyStore
 
 __all__ = ["IdempotencyMiddleware"]
@@ -345,6 +347,7 @@ class IdempotencyMiddleware(Middleware):
                 passthrough=passthrough,
                 render=to_fastmcp,
                 admit=admit,
+                convert=lambda value: to_guard(tool.convert_result(value)),
             )
         finally:
             _guarding.reset(token)
@@ -418,3 +421,25 @@ class IdempotencyMiddleware(Middleware):
                 " IdempotencyMiddleware, so cached tool lists and results would bypass the"
                 " idempotency guard. Add IdempotencyMiddleware first; nothing was run.",
             )
+
+
+async def _guarded_tools(app: object) -> dict[str, GuardedTool] | None:
+    """The tools of a FastMCP server its `IdempotencyMiddleware` guards (`reconcile_unknown`);
+    None when `app` is not a FastMCP server."""
+    if not isinstance(app, FastMCP):
+        return None
+    found: dict[str, GuardedTool] = {}
+    for middleware in app.middleware:
+        if not isinstance(middleware, IdempotencyMiddleware):
+            continue
+        for tool in await app.list_tools(run_middleware=False):
+            if tool.name not in found and middleware.guards(tool):
+
+                def convert(value: Any, tool: Tool = tool) -> object:
+                    return to_guard(tool.convert_result(value))
+
+                found[tool.name] = GuardedTool(middleware.guard, convert)
+    return found
+
+
+add_finder(_guarded_tools)

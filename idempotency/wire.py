@@ -21,6 +21,10 @@ KEY_META: Final = NAMESPACE + "idempotency-key"
 ATTEMPT_META: Final = NAMESPACE + "attempt"
 #: Result `_meta` (how this answer came about) and tool definition `_meta` (the tool's policy).
 IDEMPOTENCY_META: Final = NAMESPACE + "idempotency"
+#: Result `_meta` marker field, `true` only on the answer a reconciler produced (rule 19): the
+#: record was in doubt, the system of record said the effect happened, and this is its result
+#: (`status` is "replayed"). Absent on every other answer.
+MARKER_RECONCILED: Final = "reconciled"
 
 #: The tool definition `_meta` entry's `keys` values. Every one of them honours a key the client
 #: sends; they differ in what happens to a keyless call: refused (-32602), run unprotected, or run

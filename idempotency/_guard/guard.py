@@ -47,6 +47,7 @@ from .._stores.store import (
     ClaimStatus,
     CorruptRecord,
     KeyStore,
+    ReconcilingStore,
     Record,
     RecordState,
     StoreError,
@@ -63,6 +64,15 @@ from .keyplaces import found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
 from .mint import KeySource, attempt_of, derive_key, input_round, resolve_key
 from .policy import Policy
+from .reconcile import (
+    LOST,
+    Convert,
+    Resolution,
+    Verdict,
+    as_call_result,
+    reconciler_for,
+    resolve,
+)
 from .replay import UnreadableResult, decode_result, stamped
 from .scope import CallScope, default_scope, principal_of, store_key
 from .telemetry import (
@@ -157,6 +167,10 @@ class _Ticket:
     #: The request, for a derived key: where a give-up shows (`caller.cancel_requested`).
     request: ServerRequestContext[Any, Any] | None = None
     trace: Trace = NO_TRACE
+    #: The call's arguments and its entry point's conversion of a return value: what a
+    #: reconciler is told, and how its `happened` value is stored (`reconcile.py`).
+    arguments: Mapping[str, Any] | None = None
+    convert: Convert = as_call_result
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -209,6 +223,13 @@ def _claim_names_the_tool(store: KeyStore) -> bool:
     return any(p.name == "tool" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
+def _takes_verdicts(store: KeyStore) -> bool:
+    """Whether the store takes a reconciler's verdict (`ReconcilingStore`: every store of this
+    release). Asked once per guard that has `reconcile=`; without one, a `KeyStore` of one's
+    own written before rule 19 keeps working."""
+    return all(callable(getattr(store, name, None)) for name in ("reconcile", "leave_unknown"))
+
+
 class Guard:
     """Runs tool calls at most once per (scope, tool, key) against one key store."""
 
@@ -220,6 +241,11 @@ class Guard:
         #: Whether a claim can be cut short by a cancellation (then it is shielded).
         self._claim_suspends = suspends(store.claim)
         self._derives = _knows_resends(store)
+        if policy.reconcile is not None and not _takes_verdicts(store):
+            raise TypeError(
+                f"reconcile= needs a store that takes a reconciler's verdict (rule 19);"
+                f" {type(store).__name__} has no reconcile()"
+            )
         if not self._derives and policy.keys == "derived":
             logger.warning(
                 "%s keeps no delivery mark (rule 15: no resend_only claim, delivered complete"
@@ -237,13 +263,16 @@ class Guard:
         passthrough: Callable[[], Awaitable[N]],
         render: Callable[[ToolResult], N],
         admit: Callable[[], Awaitable[None]] | None = None,
+        convert: Convert | None = None,
     ) -> N:
         """The tool's result, first-hand or replayed (`render`ed), one of the contract's
         `MCPError`s, or — where the guard protects nothing — exactly what `passthrough` (the
         framework's own call) returns or raises.
 
         `admit` is the framework's authorization, asked before the guard answers anything of
-        its own (a refused key, a claim, a replay): what it raises is the caller's answer."""
+        its own (a refused key, a claim, a replay): what it raises is the caller's answer.
+        `convert` turns a reconciler's `happened` value into the result, as the framework turns
+        the tool's own return value (default: a `CallToolResult`, or a mapping of one)."""
         try:
             ticket = self._ticket(call)
         except MCPError:
@@ -266,6 +295,9 @@ class Guard:
                     attempt=attempt_of(call.meta),
                 )
             ticket.trace = trace
+            ticket.arguments = call.arguments
+            if convert is not None:
+                ticket.convert = convert
             answer = await self._claim_loop(ticket, execute, error_result, takeover)
         if answer is None:  # the store is down and the author chose fail-open
             return await passthrough()
@@ -378,6 +410,7 @@ class Guard:
         started = loop_time()
         deadline = started + self.policy.wait
         held_elsewhere = False  # another attempt was found holding the claim
+        reconciled = False  # a call asks its reconciler at most once
         if t.derived and answers.marking:
             await answers.settled(t.store_key)  # a late cancel of this record's last answer
         while True:
@@ -410,6 +443,21 @@ class Guard:
                 t.trace.outcome(Outcome.CONFLICT)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
+                if not reconciled and reconciler_for(self.policy.reconcile, t.tool) is not None:
+                    reconciled = True
+                    claimed_at = loop_time()
+                    resolution = await self._reconcile(t)
+                    if resolution is None or resolution.answer == LOST.answer:
+                        continue  # resolved (or being resolved) elsewhere: claim again
+                    if resolution.claim is not None:  # not happened: run it, once
+                        return await self._run(
+                            t, resolution.claim, execute, error_result, takeover, claimed_at
+                        )
+                    done = resolution.replay
+                    if done is not None and done.result is not None:
+                        return self._replayed(
+                            t, done.result, done.completed_at, done.attempts, reconciled=True
+                        )
                 t.trace.outcome(Outcome.UNKNOWN)
                 raise errors.outcome_unknown(
                     t.key,
@@ -442,6 +490,53 @@ class Guard:
                 await self._answered(t, found.fence, delivered=True)
                 return replay
             started = loop_time()
+
+    async def _reconcile(self, t: _Ticket) -> Resolution | None:
+        """Reconcile the ticket's UNKNOWN record with the tool's reconciler (rule 19); None when
+        the record is no longer UNKNOWN by the time it is read. A store failure leaves the
+        record as it is: the answer is then -32012, as without a reconciler."""
+        reconciler = reconciler_for(self.policy.reconcile, t.tool)
+        store = self.store
+        assert reconciler is not None and isinstance(store, ReconcilingStore)
+        record = await self._peek(t)
+        if (
+            record is None
+            or record.state is not RecordState.UNKNOWN
+            or record.fingerprint != t.fingerprint
+        ):
+            return None
+        try:
+            resolution = await resolve(
+                store,
+                record,
+                reconciler,
+                tool=t.tool,
+                key=t.key,
+                arguments=t.arguments,
+                convert=t.convert,
+                timeout=self.policy.reconcile_timeout,
+                lease=self.policy.lease,
+                retention=t.retention,
+            )
+        except CorruptRecord:
+            raise self._corrupt(t, "the stored record is unreadable") from None
+        except Exception as exc:
+            t.trace.store_error("reconcile", exc)
+            logger.warning(
+                "could not reconcile record %s: %r; it stays as it was",
+                record_name(t.store_key),
+                exc,
+            )
+            return Resolution(Verdict.UNKNOWN.value)
+        logger.info(
+            "tool %r's reconciler on record %s: %s",
+            t.tool,
+            record_name(t.store_key),
+            resolution.answer,
+        )
+        if t.trace.recording:
+            t.trace.set(reconciled=resolution.answer)
+        return resolution
 
     def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
         """The store's claim of the ticket's record (naming the tool where the store can)."""
@@ -800,8 +895,17 @@ class Guard:
         )
 
     def _replayed(
-        self, t: _Ticket, data: bytes, completed_at: float | None, attempts: int
+        self,
+        t: _Ticket,
+        data: bytes,
+        completed_at: float | None,
+        attempts: int,
+        *,
+        reconciled: bool = False,
     ) -> CallToolResult:
+        """The stored answer, stamped as a replay. `reconciled`: the answer a reconciler's
+        `happened` just stored (rule 19), marked so; it is the system of record's answer, not a
+        replay of the record's, so `on_replay` is not called for it."""
         try:
             stored = decode_result(data)
         except UnreadableResult as exc:
@@ -809,9 +913,12 @@ class Guard:
         executed_at = stored.executed_at
         if executed_at is None:
             executed_at = completed_at if completed_at is not None else time.time()
-        t.trace.outcome(Outcome.REPLAYED)
-        event = Replay(t.tool, max(0.0, time.time() - executed_at), attempts, t.source.value)
-        replayed(self.policy.on_replay, event)
+        if reconciled:
+            t.trace.outcome(Outcome.RECONCILED)
+        else:
+            t.trace.outcome(Outcome.REPLAYED)
+            event = Replay(t.tool, max(0.0, time.time() - executed_at), attempts, t.source.value)
+            replayed(self.policy.on_replay, event)
         return stamped(
             stored.result,
             key=t.key,
@@ -819,6 +926,7 @@ class Guard:
             status="replayed",
             executed_at=executed_at,
             attempts=attempts,
+            reconciled=reconciled,
         )
 
     def _corrupt(self, t: _Ticket, why: str) -> MCPError:

@@ -16,6 +16,8 @@ from .. import wire
 from .fingerprint import FingerprintOption, check_option
 from .hooks import ReplayHook
 from .keyplaces import check_header_name
+from .reconcile import DEFAULT_RECONCILE_TIMEOUT, ReconcileOption, check_timeout
+from .reconcile import check_option as check_reconcile
 from .scope import ScopeFn, default_scope
 
 KeyMode = Literal["required", "optional", "derived"]
@@ -60,6 +62,8 @@ class PolicyOptions(TypedDict, total=False):
     key_header: str | None
     fingerprint: FingerprintOption | None
     on_replay: ReplayHook | None
+    reconcile: ReconcileOption | None
+    reconcile_timeout: float
 
 
 def _positive(name: str, value: object) -> float:
@@ -147,6 +151,13 @@ class Policy:
     #: or the result) each time a call is answered from its record. Runs inline; an exception
     #: from it is logged by type and swallowed, so a hook never breaks a call.
     on_replay: ReplayHook | None = None
+    #: Asks the system of record what became of an execution whose outcome is unknown (rule 19,
+    #: `reconcile.py`): one reconciler for every tool, or a mapping from tool name. Asked by a
+    #: call that finds the record UNKNOWN (or its lease run out on a tool that may not be taken
+    #: over), and by `mcp-once keys reconcile`. None (default): such calls get -32012.
+    reconcile: ReconcileOption | None = None
+    #: Seconds a reconciler may take; past them (or if it raises) its answer is `unknown`.
+    reconcile_timeout: float = DEFAULT_RECONCILE_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.keys not in KEY_MODES:
@@ -174,6 +185,9 @@ class Policy:
         if self.fingerprint is not None:
             check_option(self.fingerprint)
         wire.check_hook("on_replay", self.on_replay)
+        if self.reconcile is not None:
+            check_reconcile(self.reconcile)
+        object.__setattr__(self, "reconcile_timeout", check_timeout(self.reconcile_timeout))
         size = self.max_result_bytes
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"max_result_bytes must be a positive int, not {size!r}")

@@ -114,12 +114,14 @@ def stamped(
     executed_at: float,
     attempts: int,
     stored: bool = True,
+    reconciled: bool = False,
 ) -> CallToolResult:
     """`result` with the contract's marker in its `_meta`; the author's entries are kept.
 
     `stored=False` (an executed result the guard could not store, rule 11) adds `stored: false`:
     the caller holds the only copy, and a retry will get OUTCOME_UNKNOWN (or, for a tool that may
-    run twice, run it again) instead of a replay.
+    run twice, run it again) instead of a replay. `reconciled=True` (with status "replayed")
+    adds `reconciled: true`: the answer is what a reconciler said the lost execution produced.
     """
     marker: dict[str, object] = {
         "key": key,
@@ -130,6 +132,8 @@ def stamped(
     }
     if not stored:
         marker["stored"] = False
+    if reconciled:  # answered from what the system of record said happened (rule 19)
+        marker[wire.MARKER_RECONCILED] = True
     meta = {**(result.meta or {}), wire.IDEMPOTENCY_META: marker}
     return result.model_copy(update={"meta": meta})
 

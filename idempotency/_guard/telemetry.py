@@ -45,6 +45,11 @@ _store_errors = _meter.create_counter(
     unit="{error}",
     description="Key store operations that failed",
 )
+_reconciliations = _meter.create_counter(
+    "mcp_once.server.reconciliations",
+    unit="{reconciliation}",
+    description="Reconcilers asked about in-doubt records, by answer (and lost races)",
+)
 _duration = _meter.create_histogram(
     "mcp.server.operation.duration",
     unit="s",
@@ -66,6 +71,8 @@ class Outcome(enum.StrEnum):
     ABORTED = "aborted"
     STALE = "stale"
     INVALID = "invalid"
+    #: Answered from a record the system of record said happened (`reconcile=`, rule 19).
+    RECONCILED = "reconciled"
 
 
 def crash_report(exc: BaseException) -> str:
@@ -159,6 +166,13 @@ def count_outcome(tool: str, outcome: Outcome) -> None:
     alone (`Outcome.UNPROTECTED`): no span, no log line."""
     if _metrics_on():
         _outcomes.add(1, {TOOL: tool, "mcp_once.outcome": outcome.value})
+
+
+def count_reconciliation(tool: str, answer: str) -> None:
+    """Count one reconciler's answer (`happened`, `not_happened`, `unknown`), or `lost`: its
+    verdict found the record already resolved by another resolver, and changed nothing."""
+    if _metrics_on():
+        _reconciliations.add(1, {TOOL: tool, "mcp_once.reconcile.answer": answer})
 
 
 class traced:

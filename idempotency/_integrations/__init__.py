@@ -10,6 +10,8 @@ results and errors, and the stores (`_stores/`) no framework at all.
   (`install.py`), the one module that touches `MCPServer` internals (`sdk.py`) and the per-caller
   tools/list answer (`listing.py`);
 - `lowlevel.py`: the mcp SDK's low-level `Server` (`idempotent_call_tool`);
+- `reconcile_records.py`: `reconcile_unknown(app, store)`, every in-doubt record of a server put
+  to its tool's reconciler, found through the guards the app carries (rule 19);
 - `fastmcp/`: the internals of the FastMCP middleware, whose public home is
   `idempotency/fastmcp.py` (imported only by those who install the `fastmcp` extra).
 """

@@ -158,6 +158,30 @@ class MemoryKeyStore:
         self._write(key, new)
         return True
 
+    @never_suspends
+    async def reconcile(
+        self, key: str, fingerprint: str, fence: int, *, lease: float
+    ) -> ClaimOutcome | None:
+        new, outcome = rules.reconcile(
+            self._records.get(key),
+            fingerprint,
+            fence,
+            now=self._clock(),
+            token=secrets.token_hex(16),
+            lease=lease,
+            retention=self._orphan_retention,
+        )
+        if new is not None:
+            self._write(key, new)
+        return outcome
+
+    async def leave_unknown(self, key: str, token: str) -> bool:
+        new = rules.leave_unknown(self._records.get(key), token, now=self._clock())
+        if new is None:
+            return False
+        self._write(key, new)
+        return True
+
     async def purge_expired(self) -> int:
         now = self._clock()
         gone = [k for k, r in self._records.items() if rules.live(r, now) is None]

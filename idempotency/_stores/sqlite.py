@@ -291,6 +291,31 @@ class SQLiteKeyStore:
 
         return await self._transition(key, decide)
 
+    async def reconcile(
+        self, key: str, fingerprint: str, fence: int, *, lease: float
+    ) -> ClaimOutcome | None:
+        token = secrets.token_hex(16)
+
+        def decide(record: Record | None) -> tuple[Record | None, ClaimOutcome | None]:
+            return rules.reconcile(
+                record,
+                fingerprint,
+                fence,
+                now=self._clock(),
+                token=token,
+                lease=lease,
+                retention=self._orphan_retention,
+            )
+
+        return await self._transition(key, decide)
+
+    async def leave_unknown(self, key: str, token: str) -> bool:
+        def decide(record: Record | None) -> tuple[Record | None, bool]:
+            new = rules.leave_unknown(record, token, now=self._clock())
+            return new, new is not None
+
+        return await self._transition(key, decide)
+
     # -- reads -------------------------------------------------------------------------------
 
     async def wait(self, key: str, *, timeout: float) -> Record | None:

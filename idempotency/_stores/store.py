@@ -291,3 +291,30 @@ class KeyStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ReconcilingStore(KeyStore, Protocol):
+    """A key store that takes the system of record's verdict on an UNKNOWN record (rule 19):
+    every store of this release. A protocol of its own rather than a `KeyStore` method, so that
+    a `KeyStore` written before it keeps working wherever no `reconcile=` is configured."""
+
+    async def reconcile(
+        self, key: str, fingerprint: str, fence: int, *, lease: float
+    ) -> ClaimOutcome | None:
+        """Claim the UNKNOWN record of `key` for its reconciliation, if it is still UNKNOWN under
+        `fence` (and `fingerprint`): IN_PROGRESS under a new token with the fence one higher,
+        held for `lease` seconds, answered as CLAIMED (`took_over`). None, and nothing changed,
+        when the record is anything else: another resolver (a replica, an operator's `settle`)
+        acted first. Safe to re-send.
+
+        The reconciler is asked while the claim is held, so that concurrent retries wait for
+        its one answer instead of each asking; the verdict then lands with `complete` (it
+        happened), by running the tool under the claim (it did not; `release` where nothing
+        runs it), or with `leave_unknown` (nobody can tell)."""
+        ...
+
+    async def leave_unknown(self, key: str, token: str) -> bool:
+        """Turn the record `token` holds (claimed by `reconcile`) UNKNOWN again: the system of
+        record could not tell. False, and nothing changed, if `token` no longer holds it."""
+        ...

@@ -263,3 +263,58 @@ def settle(
         expires_at=now + retention,
         delivered=False,  # its caller never had an answer: a re-send of it gets this one
     )
+
+
+def reconcile(
+    record: Record | None,
+    fingerprint: str,
+    fence: int,
+    *,
+    now: float,
+    token: str,
+    lease: float,
+    retention: float,
+) -> tuple[Record | None, ClaimOutcome | None]:
+    """An UNKNOWN record claimed for its reconciliation (rule 19, `ReconcilingStore.reconcile`):
+    IN_PROGRESS under `token`, the fence one higher, held for `lease` seconds.
+
+    Fenced on the UNKNOWN record's `fence` and `fingerprint`: any other record (reconciled or
+    settled meanwhile, another fence) is left alone, `(None, None)`. The claim sent again after a
+    lost reply finds its own token and answers as the first did.
+    """
+    record = live(record, now)
+    if record is None or record.fingerprint != fingerprint:
+        return None, None
+    if record.state is RecordState.IN_PROGRESS and record.token == token:
+        return None, _taken_by(record, token)
+    if record.state is not RecordState.UNKNOWN or record.fence != fence:
+        return None, None
+    taken = _successor(
+        record,
+        now,
+        state=RecordState.IN_PROGRESS,
+        token=token,
+        retake=True,
+        lease_deadline=now + lease,
+        expires_at=now + lease + retention,
+    )
+    return taken, _taken_by(taken, token)
+
+
+def leave_unknown(record: Record | None, token: str, *, now: float) -> Record | None:
+    """A reconciler that held the record could not tell (`ReconcilingStore.leave_unknown`): it
+    is UNKNOWN again, kept until resolved. None when `token` no longer holds it."""
+    held = _held(record, token, now)
+    if held is None:
+        return None
+    return _successor(held, now, state=RecordState.UNKNOWN, token=None, expires_at=None)
+
+
+def _taken_by(record: Record, token: str) -> ClaimOutcome:
+    return ClaimOutcome(
+        ClaimStatus.CLAIMED,
+        token=token,
+        fence=record.fence,
+        attempts=record.attempts,
+        took_over=True,
+    )

@@ -48,6 +48,7 @@ from ._common import (
 
 if TYPE_CHECKING:
     from mcp_once.scenarios import CallRecord, Mode, PipelineTotals, Report, Scenario
+    from mcp_once.scenarios._in_doubt import InDoubtRun
 
 #: A shell's status for a command ended by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
@@ -76,6 +77,21 @@ _PIPELINE_EXPLANATION = (
     " same run id until it finishes: first with fresh keys per process (what a plain agent"
     " loop has today), then with orchestrator.Run (keys from the run id and the call's"
     " position, journalled)."
+)
+
+_IN_DOUBT_EXPLANATION = (
+    "Then the in-doubt payment: a server SIGKILLed right after `pay` charged and before its"
+    " record completed, restarted on the same key store, and the payment retried with the same"
+    " key: once without reconcile= (the record is UNKNOWN: every retry gets -32012 until an"
+    " operator settles it), once with a reconciler that looks the payment up by the record's"
+    " key (rule 19)."
+)
+
+_IN_DOUBT_ROWS: tuple[tuple[str, str], ...] = (
+    ("payments made", "effects"),
+    ("duplicate effects", "duplicates"),
+    ("UNKNOWN records left", "unknown_left"),
+    ("the retry got", "answer"),
 )
 
 _PIPELINE_ROWS: tuple[tuple[str, str], ...] = (
@@ -134,6 +150,13 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_PIPELINES,
         help="agent pipelines killed and resumed, per mode (0: skip that part;"
         " default: %(default)s)",
+    )
+    demo.add_argument(
+        "--in-doubt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also kill a server right after a payment, without and with reconcile= (default:"
+        " on; two server processes, killed and restarted)",
     )
     demo.add_argument("--json", action="store_true", help="print a machine-readable summary")
     demo.add_argument("--verbose", action="store_true", help="show the library's log output")
@@ -246,7 +269,7 @@ def _side_by_side(
 ) -> str:
     """Two columns of figures under `heads`, one row per (label, key); both tables of the demo
     share the label width, so they line up."""
-    label_width = max(len(label) for label, _ in _ROWS + _PIPELINE_ROWS)
+    label_width = max(len(label) for label, _ in _ROWS + _PIPELINE_ROWS + _IN_DOUBT_ROWS)
     lines = [f"{'':<{label_width}}  {heads[0]:>12}  {heads[1]:>10}"]
     for label, key in rows:
         lines.append(f"{label:<{label_width}}  {left[key]:>12}  {right[key]:>10}")
@@ -274,6 +297,38 @@ def _pipeline_verdict(fresh: PipelineTotals, journalled: PipelineTotals) -> str:
         f" again. Run: none, with {journalled.replays} answer(s) replayed by key; the"
         f" {journalled.outcome_unknown} OutcomeUnknown are notifications (unguarded) a kill"
         " left in doubt or already sent, never sent again."
+    )
+
+
+def _in_doubt_table(plain: InDoubtRun, reconciled: InDoubtRun) -> str:
+    heads = ("without", "reconcile=")
+    return _side_by_side(_IN_DOUBT_ROWS, heads, _shown(plain), _shown(reconciled))
+
+
+def _shown(run: InDoubtRun) -> dict[str, Any]:
+    answers = {"-32012": "-32012", "reconciled": "the payment"}
+    return {**run.to_dict(), "answer": answers.get(run.answer, run.answer)}
+
+
+def _in_doubt_ok(plain: InDoubtRun, reconciled: InDoubtRun) -> bool:
+    return (
+        plain.duplicates == reconciled.duplicates == 0
+        and reconciled.unknown_left == 0
+        and reconciled.answer == "reconciled"
+    )
+
+
+def _in_doubt_verdict(plain: InDoubtRun, reconciled: InDoubtRun) -> str:
+    if not _in_doubt_ok(plain, reconciled):
+        return (
+            f"FAILED: with reconcile= {reconciled.duplicates} duplicate(s),"
+            f" {reconciled.unknown_left} UNKNOWN record(s) left, the retry got"
+            f" {reconciled.answer}. Please report this."
+        )
+    return (
+        f"without reconcile=: {plain.unknown_left} UNKNOWN record for an operator, the retry got"
+        " -32012. With it: the retry got the payment from the system of record, 0 duplicates,"
+        " 0 UNKNOWN left."
     )
 
 
@@ -307,6 +362,7 @@ def _summary(
     baseline: Report,
     once: Report,
     pipelines: tuple[PipelineTotals, PipelineTotals] | None,
+    in_doubt: tuple[InDoubtRun, InDoubtRun] | None,
     seconds: float,
 ) -> dict[str, Any]:
     pipeline: dict[str, Any] | None = None
@@ -340,17 +396,48 @@ def _summary(
         "baseline_retries": baseline.retries,
         "baseline_effects": baseline.effects,
         "baseline_duplicate_effects": baseline.duplicates,
-        "ok": once.ok and (pipeline is None or pipeline["ok"]),
+        "ok": once.ok
+        and (pipeline is None or pipeline["ok"])
+        and (in_doubt is None or _in_doubt_ok(*in_doubt)),
         "seconds": round(seconds, 2),
         "mcp_once": once.to_dict(),
         "baseline": baseline.to_dict(),
         "pipeline": pipeline,
+        "in_doubt": None
+        if in_doubt is None
+        else {
+            "without_reconcile": in_doubt[0].to_dict(),
+            "with_reconcile": in_doubt[1].to_dict(),
+            "ok": _in_doubt_ok(*in_doubt),
+        },
     }
+
+
+async def _in_doubt(workdir: Path, store: str) -> tuple[InDoubtRun, InDoubtRun]:
+    """The in-doubt payment without and with reconcile=, side by side (both at once)."""
+    from mcp_once.scenarios._in_doubt import run_in_doubt
+
+    print("  in-doubt payment: a server killed after paying", file=sys.stderr, flush=True)
+    runs: dict[bool, InDoubtRun] = {}
+    async with anyio.create_task_group() as tg:
+
+        async def one(reconcile: bool) -> None:
+            runs[reconcile] = await run_in_doubt(workdir, store, reconcile=reconcile)
+
+        tg.start_soon(one, False)
+        tg.start_soon(one, True)
+    return runs[False], runs[True]
 
 
 async def _run(
     args: argparse.Namespace, workdir: Path
-) -> tuple[Report, Report, tuple[PipelineTotals, PipelineTotals] | None, str]:
+) -> tuple[
+    Report,
+    Report,
+    tuple[PipelineTotals, PipelineTotals] | None,
+    tuple[InDoubtRun, InDoubtRun] | None,
+    str,
+]:
     from mcp_once.scenarios import (
         PIPELINE_AGENT,
         Scenario,
@@ -395,7 +482,10 @@ async def _run(
             )
             seeds = range(args.seed, args.seed + args.pipelines)
             pipelines = await run_pipelines(seeds, folder, zygote=zygote)
-    return reports[0], reports[1], pipelines, store
+    in_doubt = None
+    if args.in_doubt and not store.startswith("memory:"):  # server processes share the store
+        in_doubt = await _in_doubt(workdir, store)
+    return reports[0], reports[1], pipelines, in_doubt, store
 
 
 class _TerminateAsInterrupt:
@@ -435,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
     terminated = _TerminateAsInterrupt()
     try:
         with terminated, tempfile.TemporaryDirectory(prefix="mcp-once-demo-") as tmp:
-            baseline, once, pipelines, store = anyio.run(_run, args, Path(tmp))
+            baseline, once, pipelines, in_doubt, store = anyio.run(_run, args, Path(tmp))
     except KeyboardInterrupt:
         if terminated.signalled:
             print("\nmcp-once: demo terminated", file=sys.stderr)
@@ -448,7 +538,7 @@ def run(args: argparse.Namespace) -> int:
             removed = _clean_up(args.store, json_output=args.json)
     seconds = time.monotonic() - started
     shown_store = redacted(store) if args.store is not None else "a temporary SQLite file"
-    summary = _summary(args, shown_store, baseline, once, pipelines, seconds)
+    summary = _summary(args, shown_store, baseline, once, pipelines, in_doubt, seconds)
     summary["demo_records_removed"] = removed
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -468,5 +558,12 @@ def run(args: argparse.Namespace) -> int:
             print(_pipeline_table(fresh, journalled))
             print()
             print(_pipeline_verdict(fresh, journalled))
+        if in_doubt is not None:
+            print()
+            print(_IN_DOUBT_EXPLANATION)
+            print()
+            print(_in_doubt_table(*in_doubt))
+            print()
+            print(_in_doubt_verdict(*in_doubt))
         print(f"seed {args.seed}, store: {shown_store}, {seconds:.1f} s")
     return EXIT_OK if summary["ok"] else EXIT_PROBLEM

@@ -34,9 +34,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from idempotency import (
-    DEFAULT_LEASE,
     CallScope,
-    ClaimStatus,
     CorruptRecord,
     KeyStore,
     LimitExceeded,
@@ -50,11 +48,12 @@ from idempotency import (
     encode_result,
     rfc3339,
     store_key,
+    turn_unknown,
     unreadable_records,
     wire,
 )
 
-from . import _durations, _grace
+from . import _durations, _grace, _reconcile
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -96,7 +95,7 @@ _EPILOG = (
 def add_parser(commands: Any) -> None:
     keys = commands.add_parser(
         "keys",
-        help="list, show, settle and purge idempotency records",
+        help="list, show, settle, reconcile and purge idempotency records",
         description="See and settle the records of guarded tool calls.",
         epilog=_EPILOG,
     )
@@ -190,6 +189,7 @@ def add_parser(commands: Any) -> None:
 
     for parser in (listing, show, settle, purge):
         add_store_option(parser)
+    _reconcile.add_parser(actions, _run)
 
 
 def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
@@ -487,7 +487,7 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
     if record is not None and _grace.lease_ran_out(record):
-        await _turn_unknown(store, record)
+        await turn_unknown(store, record)
     if await store.settle(args.key, result=result, retention=args.retention):
         verdict = "released (the next call runs again)" if result is None else "completed"
         print(f"settled {args.key}: {verdict}")
@@ -501,18 +501,6 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_PROBLEM
-
-
-async def _turn_unknown(store: KeyStore, record: Record) -> None:
-    """Turn a record whose lease ran out UNKNOWN exactly as a client's retry would have: the
-    store's claim, without takeover, which decides on the store's own clock and writes the
-    transition's event. Should the record have been released in between, that claim makes a
-    fresh one, given up again at once with its own token."""
-    outcome = await store.claim(
-        record.key, record.fingerprint, lease=DEFAULT_LEASE, takeover=False, tool=record.tool
-    )
-    if outcome.status is ClaimStatus.CLAIMED and outcome.token is not None:
-        await store.release(record.key, outcome.token)
 
 
 async def _purge(store: KeyStore, args: argparse.Namespace) -> int:

@@ -65,6 +65,7 @@ def server_command(
     wait: float = 10.0,
     hold: float = 0.0,
     retention: float | None = None,
+    reconcile: bool = False,
 ) -> list[str]:
     """The argv that runs the workload server in a process of its own."""
     argv = [
@@ -86,6 +87,8 @@ def server_command(
         argv += ["--store", store_url]
     if retention is not None:
         argv += ["--retention", repr(retention)]
+    if reconcile:
+        argv.append("--reconcile")
     if transport == "http":
         argv += ["--port", str(port)]
     return argv

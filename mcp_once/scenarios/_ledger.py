@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS effects (
     key TEXT,
     attempt INTEGER,
     pid INTEGER NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    record TEXT
 );
 CREATE INDEX IF NOT EXISTS effects_by_call ON effects (call_id);
 CREATE TABLE IF NOT EXISTS events (
@@ -101,13 +102,29 @@ class Ledger:
         *,
         key: str | None = None,
         attempt: int | None = None,
+        record: str | None = None,
     ) -> None:
-        """Record one execution of `tool`'s effect for logical call `call_id`."""
+        """Record one execution of `tool`'s effect for logical call `call_id`; `record` is the
+        downstream key it was made under (`current_claim().record`), as a payment provider
+        keeps an idempotency key: what a reconciler looks the effect up by."""
         self._write(
-            "INSERT INTO effects (call_id, tool, result, key, attempt, pid, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (call_id, tool, result, key, attempt, os.getpid(), time.time()),
+            "INSERT INTO effects (call_id, tool, result, key, attempt, pid, at, record)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (call_id, tool, result, key, attempt, os.getpid(), time.time(), record),
         )
+
+    def made_under(self, record: str, tool: str) -> str | None:
+        """The result of the first `tool` effect made under `record`, or None: the lookup a
+        system of record answers a reconciler with (rule 19)."""
+        conn = self._connect()
+        try:
+            row = conn.execute(
+                "SELECT result FROM effects WHERE record = ? AND tool = ? ORDER BY seq LIMIT 1",
+                (record, tool),
+            ).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else str(row[0])
 
     def event(self, kind: str, call_id: str | None = None) -> None:
         """Note something a process did (`server_up`, `started`, `finished`) for tests to see."""

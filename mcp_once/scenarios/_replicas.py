@@ -154,14 +154,22 @@ async def open_replicas(
     lease: float = 30.0,
     wait: float = 10.0,
     hold: float = 0.0,
+    reconcile: bool = False,
 ) -> AsyncIterator[Replicas]:
     """`replicas` workload server processes on the store at `store_url` (None: unguarded, the
     baseline), each logging next to the ledger (`ledger.replica-N.log`), for as long as the block
-    runs."""
+    runs. `reconcile`: `pay` reconciles in-doubt records with the ledger (rule 19)."""
 
     def argv(port: int) -> list[str]:
         return server_command(
-            "http", ledger, store_url, port=port, lease=lease, wait=wait, hold=hold
+            "http",
+            ledger,
+            store_url,
+            port=port,
+            lease=lease,
+            wait=wait,
+            hold=hold,
+            reconcile=reconcile,
         )
 
     made: list[ServerProcess] = []

@@ -25,6 +25,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--wait", type=float, default=10.0)
     parser.add_argument("--hold", type=float, default=0.0)
     parser.add_argument("--retention", type=float, default=None)
+    parser.add_argument("--reconcile", action="store_true", help="pay asks the ledger (rule 19)")
     return parser.parse_args(argv)
 
 
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         wait=args.wait,
         hold=args.hold,
         retention=args.retention,
+        reconcile=args.reconcile,
     )
     ledger.event("server_up")
     if args.transport == "stdio":

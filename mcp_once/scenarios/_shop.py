@@ -22,7 +22,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 
-from idempotency import KeyStore, idempotent, wire
+from idempotency import InDoubt, KeyStore, Reconciled, current_claim, idempotent, wire
 from mcp_once.scenarios._ledger import Ledger
 
 __all__ = [
@@ -70,8 +70,18 @@ class ShopEffects:
         self, call_id: str, account: str, cents: int, key: str | None, attempt: int | None
     ) -> str:
         receipt = f"receipt {uuid.uuid4().hex[:12]} {cents} to {account}"
-        self._ledger.record(call_id, "pay", receipt, key=key, attempt=attempt)
+        claim = current_claim()
+        record = None if claim is None else claim.record
+        self._ledger.record(call_id, "pay", receipt, key=key, attempt=attempt, record=record)
         return receipt
+
+    def paid(self, doubt: InDoubt) -> Reconciled:
+        """`pay`'s reconciler: the payment made under the in-doubt record, looked up in the
+        ledger as a provider is asked by its idempotency key (sync: run in a worker thread)."""
+        found = self._ledger.made_under(doubt.record, "pay")
+        call_id = (doubt.arguments or {}).get("call_id")
+        self._ledger.event("reconciled" if found else "reconciled_absent", call_id)
+        return Reconciled.not_happened() if found is None else Reconciled.happened(found)
 
     def set_value(
         self, call_id: str, name: str, value: int, key: str | None, attempt: int | None
@@ -99,18 +109,25 @@ def build_server(
     hold: float = 0.0,
     hold_tools: frozenset[str] = frozenset({"pay", "set_value"}),
     retention: float | None = None,
+    reconcile: bool = False,
 ) -> MCPServer:
     """The workload server over `ledger`; guarded by `store`, or the unguarded baseline (None).
 
     `hold` > 0 makes the first attempt of a `hold_tools` call pause that many seconds right
     after its effect (announcing it with a progress notification carrying the pid and a
     `started` ledger event): the window in which process-level faults strike mid-tool.
+
+    `reconcile`: `pay` has a reconciler (rule 19) that asks the ledger for the payment made under
+    the in-doubt record, so a payment a dead or frozen worker left in doubt is resolved by the
+    retry instead of answered -32012.
     """
     server = MCPServer(name)
     effects = ShopEffects(ledger)
     options: dict[str, Any] = {"lease": lease, "wait": wait}
     if retention is not None:  # seconds a completed record is kept (a short one, for tests)
         options["retention"] = retention
+    if reconcile:
+        options["reconcile"] = {"pay": effects.paid}
 
     def guard(fn: Any) -> Any:
         return fn if store is None else idempotent(store, **options)(fn)

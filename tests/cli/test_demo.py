@@ -32,7 +32,13 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
         ]
     )
     return subprocess.run(
-        [*command, "demo", *args], capture_output=True, text=True, timeout=TIMEOUT, check=False
+        # The in-doubt payment (two server processes killed and restarted) has its own test,
+        # in the full tier: test_demo_in_doubt.py.
+        [*command, "demo", "--no-in-doubt", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
     )
 
 
@@ -136,7 +142,7 @@ def test_a_duplicate_under_mcp_once_exits_1(
         return report
 
     monkeypatch.setattr(mcp_once.scenarios, "run_scenario", fake)
-    assert main(["demo", "--calls", "3", "--pipelines", "0", "--json"]) == 1
+    assert main(["demo", "--calls", "3", "--pipelines", "0", "--no-in-doubt", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["duplicate_effects"] == 1 and data["ok"] is False
     assert data["pipeline"] is None
@@ -158,7 +164,7 @@ def test_a_duplicate_under_run_in_the_pipelines_exits_1(
 
     monkeypatch.setattr(mcp_once.scenarios, "run_scenario", calls)
     monkeypatch.setattr(mcp_once.scenarios, "run_pipelines", pipelines)
-    assert main(["demo", "--calls", "3", "--pipelines", "1", "--json"]) == 1
+    assert main(["demo", "--calls", "3", "--pipelines", "1", "--no-in-doubt", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["duplicate_effects"] == 0 and data["ok"] is False
     assert data["pipeline"]["duplicate_effects"] == 1 and data["pipeline"]["ok"] is False

@@ -66,6 +66,35 @@ class Ledger:
             db.close()
 
 
+class Progress:
+    """A count of what this process did that a test waits for over MCP (`wait_for`), without
+    polling: each step wakes the waiters."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = anyio.Event()
+
+    def step(self) -> None:
+        self.count += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, count: int) -> int:
+        """This process's pid, once `count` steps happened here."""
+        while self.count < count:
+            await self._changed.wait()
+        return os.getpid()
+
+
+async def serve_stdio(server: MCPServer, store: KeyStore) -> None:
+    """Serve over stdio until the client leaves; the store is closed even on cancellation."""
+    try:
+        await server.run_stdio_async()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.aclose()
+
+
 def _store(args: argparse.Namespace) -> KeyStore:
     if args.store.startswith("redis://"):
         return RedisKeyStore.from_url(args.store, prefix=args.redis_prefix)
@@ -75,19 +104,15 @@ def _store(args: argparse.Namespace) -> KeyStore:
 async def serve(args: argparse.Namespace) -> None:
     ledger = Ledger(Path(args.ledger))
     store = _store(args)
-    started = 0
-    changed = anyio.Event()
+    started = Progress()
     gate = anyio.Event()
     thread_gate = threading.Event()
     provider = FencedTable(args.provider) if args.provider else None
     server = MCPServer(args.name)
 
     async def act(order: str) -> str:
-        nonlocal started, changed
         ledger.write(order, "started")
-        started += 1
-        changed.set()
-        changed = anyio.Event()
+        started.step()
         if args.gated:
             await gate.wait()
         execution = ledger.write(order, "done")
@@ -106,13 +131,10 @@ async def serve(args: argparse.Namespace) -> None:
     @server.tool()
     @idempotent(store, lease=args.lease, wait=args.wait)
     async def fenced_effect(order: str) -> str:
-        nonlocal started, changed
         claim = current_claim()
         assert claim is not None and provider is not None
         ledger.write(order, "started")
-        started += 1
-        changed.set()
-        changed = anyio.Event()
+        started.step()
 
         def write() -> None:
             if args.gated:
@@ -125,9 +147,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     @server.tool()
     async def wait_started(count: int = 1) -> int:
-        while started < count:
-            await changed.wait()
-        return os.getpid()
+        return await started.wait_for(count)
 
     @server.tool()
     async def open_gate() -> str:
@@ -135,11 +155,7 @@ async def serve(args: argparse.Namespace) -> None:
         thread_gate.set()
         return "open"
 
-    try:
-        await server.run_stdio_async()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await store.aclose()
+    await serve_stdio(server, store)
 
 
 def main() -> None:

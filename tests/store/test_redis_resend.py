@@ -46,7 +46,7 @@ async def stores(
     through = RedisKeyStore.from_url(proxy.url, prefix=prefix)
     observer = RedisKeyStore.from_url(redis_url, prefix=prefix)
     assert await observer.get("warm-up") is None
-    for script in (lua.CLAIM, lua.COMPLETE, lua.RELEASE, lua.RENEW, lua.SETTLE):
+    for script in (lua.CLAIM, lua.COMPLETE, lua.RELEASE, lua.RENEW, lua.SETTLE, lua.RECONCILE):
         await observer._plain(lua_load(script))  # cached: the cut hits EVALSHA, not NOSCRIPT
     try:
         yield through, observer
@@ -178,3 +178,22 @@ async def test_a_re_sent_write_never_claims_another_attempts_effect(
     assert proxy.cut.is_set()
     record = await observer.get("k")
     assert record is not None and record.result == b"fresh"
+
+
+async def test_a_reconcile_whose_reply_was_lost_finds_its_own_claim(
+    proxy: LossyProxy, stores: tuple[RedisKeyStore, RedisKeyStore]
+) -> None:
+    """Rule 12 for rule 19: the claim of an in-doubt record for its reconciliation, re-sent
+    after its reply was lost, finds its own token and answers CLAIMED, not lost."""
+    store, observer = stores
+    await held(observer, "r", lease=1.0)
+    store.advance_clock_for_testing(2.0)
+    unknown = await store.claim("r", FP, lease=1.0, takeover=False)
+    assert unknown.status is ClaimStatus.UNKNOWN and unknown.fence is not None
+    proxy.cut_reply_to(lua.RECONCILE.sha.encode())
+    taken = await store.reconcile("r", FP, unknown.fence, lease=LEASE)
+    assert proxy.cut.is_set()
+    assert taken is not None and taken.status is ClaimStatus.CLAIMED
+    record = await observer.get("r")
+    assert record is not None and record.state is RecordState.IN_PROGRESS
+    assert (record.token, record.fence) == (taken.token, unknown.fence + 1)

@@ -147,6 +147,7 @@ def wrap_tool_function(
             takeover=calls.takeover,
             passthrough=functools.partial(call_original, args, kwargs),
             render=as_is,
+            convert=convert,
         )
 
     if hidden:

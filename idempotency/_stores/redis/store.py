@@ -522,6 +522,26 @@ class RedisKeyStore:
         )
         return _done(key, await self._script(lua.SETTLE, self._rkey(key), args, resent))
 
+    async def reconcile(
+        self, key: str, fingerprint: str, fence: int, *, lease: float
+    ) -> ClaimOutcome | None:
+        if not self._fits(key):
+            return None
+        token = os.urandom(16).hex()
+        lease_us = _micros("lease", lease)
+        args = (_pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token)
+        # Always safe to re-send as it is: reconcile.lua recognises its own token.
+        reply = await self._script(lua.RECONCILE, self._rkey(key), args, args)
+        if reply == [b"lost"]:
+            return None
+        return _claim_outcome(key, reply)
+
+    async def leave_unknown(self, key: str, token: str) -> bool:
+        if not self._fits(key):
+            return False
+        args = (token,)
+        return _done(key, await self._script(lua.LEAVE_UNKNOWN, self._rkey(key), args, args))
+
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, key: str) -> Record | None:

@@ -1,0 +1,20 @@
+-- leave_unknown(KEYS[1]; ARGV: offset_us, token)
+-- Mirrors idempotency._stores.transitions.leave_unknown: a reconciler that claimed the record
+-- (reconcile.lua) could not tell, so the record is UNKNOWN again, kept until resolved.
+-- Replies {'ok'}, {'lost'} or {'corrupt', why}. Not flagged for re-sends: a lost reply reads as
+-- lost, and the caller's answer (-32012) is the same either way.
+local key, token = KEYS[1], ARGV[2]
+local now = clock()
+local r, refused = load_held(key, token, now, false, function(found)
+    return false
+end)
+if refused then
+    return refused
+end
+r.state = UNKNOWN
+r.token = ''
+r.updated = now
+r.expires = 0
+save(key, r, now)
+announce(key, r)
+return {'ok'}

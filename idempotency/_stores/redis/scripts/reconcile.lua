@@ -1,0 +1,31 @@
+-- reconcile(KEYS[1]; ARGV: offset_us, fingerprint, fence, lease_us, orphan_retention_us, token)
+-- Mirrors idempotency._stores.transitions.reconcile: a record still UNKNOWN under `fence` is
+-- claimed for its reconciliation (IN_PROGRESS under `token`, the fence one higher). Replies
+-- {'claimed', token, fence, attempts, 1}, {'lost'} (anything else: another resolver acted
+-- first, nothing changed) or {'corrupt', why}. Safe to re-send: a record already held under
+-- this claim's own token answers as the first try did.
+local key, fp, fence, token = KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[6]
+local lease, retention = tonumber(ARGV[4]), tonumber(ARGV[5])
+local now = clock()
+local stored, why = load(key)
+if why then
+    return {'corrupt', why}
+end
+local r = live(stored, now)
+if r == nil or r.fp ~= fp then
+    return {'lost'}
+end
+if not (r.state == IN_PROGRESS and r.token == token) then
+    if r.state ~= UNKNOWN or r.fence ~= fence then
+        return {'lost'}
+    end
+    r.state = IN_PROGRESS
+    r.token = token
+    r.fence = r.fence + 1
+    r.attempts = r.attempts + 1
+    r.updated = now
+    r.lease = now + lease
+    r.expires = now + lease + retention
+    save(key, r, now)
+end
+return {'claimed', r.token, r.fence, r.attempts, 1}
