@@ -183,8 +183,8 @@ def events(
     if before.state is RecordState.UNKNOWN and after.state is not RecordState.UNKNOWN:
         if told.reconciled is not None:
             return [("K", after.fence, after.attempts, details(a=told.reconciled))]
-        verdict = "done" if after.state is RecordState.COMPLETED else "failed"
-        return [("S", before.fence, before.attempts, details(a=verdict, b=told.by, r=told.reason))]
+        info = settled(after.state is RecordState.COMPLETED, told)
+        return [("S", before.fence, before.attempts, info)]
     if before.state is not RecordState.IN_PROGRESS:
         return []
     if after.state is RecordState.COMPLETED:
@@ -220,6 +220,11 @@ def _claim_events(
     if code is None or before is None:
         return []
     return [("X", before.fence, before.attempts, details(c=code))]
+
+
+def settled(done: bool, told: Said) -> str:
+    """DETAILS of a settled event: as done or failed, by whom, why."""
+    return details(a="done" if done else "failed", b=told.by, r=told.reason)
 
 
 def details(**pairs: str | None) -> str:

@@ -192,3 +192,111 @@ end
 local function announce(key, r)
     redis.call('PUBLISH', key, r.state)
 end
+
+-- History and audit stream (rule 20; idempotency._stores.history is the reference: the same
+-- line format, chaining, counting and bounds, read back by one parser in Python).
+-- Scripts that record events get two more arguments at the end: ARGV[#ARGV - 1], what the
+-- caller said (DETAILS, already encoded: a scope digest, why released, who settled), and
+-- ARGV[#ARGV], the audit stream's key ('' when the store keeps no history). The history is one
+-- string beside the record (KEYS[1] .. ':h', same slot), kept while the record is plus a grace.
+local HISTORY_MAX = 32
+local HISTORY_GRACE_MS = 86400000
+local AUDIT_MAX = 100000
+local DIGEST_CHARS = 16
+
+local function said()
+    return ARGV[#ARGV - 1]
+end
+
+local function history_lines(hkey)
+    local text = redis.call('GET', hkey)
+    local lines = {}
+    if text then
+        for line in string.gmatch(text, '[^\n]+') do
+            lines[#lines + 1] = line
+        end
+    end
+    return lines
+end
+
+-- (anchor or nil, at, code, fence, info, digest) of a history line.
+local function split_line(line)
+    local anchor
+    if string.sub(line, 1, 1) == '^' then
+        anchor = string.sub(line, 2, 1 + DIGEST_CHARS)
+        line = string.sub(line, 3 + DIGEST_CHARS)
+    end
+    local at, code, fence, info, digest = string.match(line, '^(%d+)|(%a)|(%d+)|%d+|([^|]*)|(%x+)$')
+    return anchor, at, code, fence, info, digest
+end
+
+local function chained(prev, body)
+    return string.sub(redis.sha1hex(prev .. '|' .. body), 1, DIGEST_CHARS)
+end
+
+-- Append one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history and
+-- the audit stream. `counted`: a replay or refusal, which replaces a last line it repeats.
+local function record_event(key, r, code, info, now, counted)
+    local audit = ARGV[#ARGV]
+    if audit == '' then
+        return
+    end
+    local hkey = key .. ':h'
+    local lines = history_lines(hkey)
+    local at = int(math.floor(now / 1000))
+    local prev, anchored = '', false
+    local last = lines[#lines]
+    if last then
+        local anchor, lat, lcode, lfence, linfo, ldigest = split_line(last)
+        local base = string.gsub(string.gsub(linfo or '', ',?n=%d+', ''), ',?l=%d+', '')
+        if counted and lcode == code and tonumber(lfence) == r.fence and base == info then
+            local count = tonumber(string.match(linfo, 'n=(%d+)') or '1') + 1
+            info = (info ~= '' and (info .. ',') or '') .. 'n=' .. int(count) .. ',l=' .. at
+            at = lat
+            lines[#lines] = nil
+            if anchor then
+                prev, anchored = anchor, true
+            elseif #lines > 0 then
+                local _, _, _, _, _, d = split_line(lines[#lines])
+                prev = d
+            end
+        else
+            prev = ldigest
+        end
+    end
+    if code == 'D' then
+        for i = #lines, 1, -1 do
+            local _, cat, ccode = split_line(lines[i])
+            if ccode == 'C' then
+                info = info .. ',d=' .. int(tonumber(at) - tonumber(cat))
+                break
+            end
+        end
+    end
+    local body = at .. '|' .. code .. '|' .. int(r.fence) .. '|' .. int(r.attempts) .. '|' .. info
+    local line = body .. '|' .. chained(prev, body)
+    if anchored then
+        line = '^' .. prev .. '|' .. line
+    end
+    lines[#lines + 1] = line
+    if #lines > HISTORY_MAX then
+        local _, _, _, _, _, dropped = split_line(lines[#lines - HISTORY_MAX])
+        local kept = {}
+        for i = #lines - HISTORY_MAX + 1, #lines do
+            kept[#kept + 1] = lines[i]
+        end
+        if string.sub(kept[1], 1, 1) ~= '^' then
+            kept[1] = '^' .. dropped .. '|' .. kept[1]
+        end
+        lines = kept
+    end
+    local text = table.concat(lines, '\n')
+    if r.expires == 0 then
+        redis.call('SET', hkey, text)
+    else
+        local ttl = math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS
+        redis.call('SET', hkey, text, 'PX', int(ttl))
+    end
+    redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
+        'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', lines[#lines])
+end
