@@ -44,6 +44,11 @@ from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
 from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
+from ._stores.history import AuditedStore, AuditEntry
+from ._stores.history import Event as HistoryEvent
+from ._stores.history import parse as parse_history
+from ._stores.history import saying as history_saying
+from ._stores.history import verify as verify_history
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -68,6 +73,8 @@ logging.getLogger("idempotency").addHandler(logging.NullHandler())
 
 __all__ = [
     "DEFAULT_LEASE",
+    "AuditEntry",
+    "AuditedStore",
     "CallScope",
     "Claim",
     "ClaimOutcome",
@@ -75,6 +82,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "HistoryEvent",
     "KeyMode",
     "KeySource",
     "KeyStore",
@@ -100,11 +108,14 @@ __all__ = [
     "domain_form",
     "encode_result",
     "fingerprint",
+    "history_saying",
     "idempotent",
     "idempotent_call_tool",
     "install",
     "open_store",
+    "parse_history",
     "rfc3339",
     "store_key",
     "unreadable_records",
+    "verify_history",
 ]

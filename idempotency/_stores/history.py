@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
 
 from .store import ClaimOutcome, ClaimStatus, Record, RecordState
@@ -155,6 +156,24 @@ def said() -> Said:
 def scope_digest(scope: str) -> str:
     """The caller's scope as the history keeps it: a digest, never the principal itself."""
     return hashlib.sha256(scope.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+@runtime_checkable
+class AuditedStore(Protocol):
+    """A store that keeps histories and an audit stream (every store this package ships; a
+    store of one's own need not: the `KeyStore` protocol does not ask for it)."""
+
+    async def history(self, key: str) -> str | None:
+        """The record's history as stored (`parse` reads it); None: it has none."""
+        ...
+
+    async def histories(self) -> list[tuple[str, str]]:
+        """Every history kept, (record key, history)."""
+        ...
+
+    async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
+        """The audit stream from `since` (seconds, store clock) on, oldest first."""
+        ...
 
 
 # -- which events a transition leaves ------------------------------------------------------------
