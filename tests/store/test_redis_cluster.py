@@ -149,7 +149,13 @@ async def test_records_spread_over_every_master(
         m.port: await in_thread(functools.partial(names_on, redis_cluster, m, prefix))
         for m in masters
     }
-    counts = {port: len(names) for port, names in per_master.items()}
+    # Records only; each one's history (`:h`) and its slot's audit stream sit beside it (rule 20),
+    # on the same owner, which the loop below checks for every name.
+    record = prefix.encode() + b"{"
+    counts = {
+        port: sum(1 for n in names if n.startswith(record) and n.endswith(b"}"))
+        for port, names in per_master.items()
+    }
     assert len(counts) == 3 and sum(counts.values()) == 300, counts
     assert min(counts.values()) >= 60, counts  # about a third each (CRC16 spreads them)
     owners = await in_thread(redis_cluster.slot_owners)

@@ -664,7 +664,10 @@ class RedisKeyStore:
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
         """The audit stream from `since` (seconds, Redis clock) on, oldest first: of every
         slot's stream on a cluster, merged by time."""
-        start = b"-" if since is None else str(max(0, math.floor(since * 1000))).encode()
+        # Entry ids are the Redis clock's milliseconds, without this store's test offset.
+        start = b"-"
+        if since is not None:
+            start = str(max(0, math.floor(since * 1000 - self._offset_us / 1000))).encode()
         here = self._here()
         keys = [self._prefix_bytes + b"audit"]
         if self._cluster is not None:
@@ -676,7 +679,8 @@ class RedisKeyStore:
             node = here if self._cluster is None else await self._owner(here, stream)
             step = command(b"XRANGE", stream, start, b"+", b"COUNT", limit)
             streams.append(audit_stream.entries(await self._plain(step, here=node)))
-        return audit_stream.merged(streams, limit)
+        found = audit_stream.merged(streams, limit)
+        return [e for e in found if since is None or e.event.at >= since]
 
     # -- plumbing ----------------------------------------------------------------------------
 
