@@ -20,7 +20,7 @@ class Script:
     sha: str
     #: `EVALSHA <sha> 1` as bytes, the head of every call on one key: encoded once, not per call.
     evalsha: tuple[bytes, bytes, bytes]
-    #: Records history events: called with two more trailing arguments (lib.lua: said, audit).
+    #: Records history events: two more trailing arguments (lib.lua: said, audit).
     audited: bool = False
 
 

@@ -636,12 +636,13 @@ class RedisKeyStore:
     # -- history (rule 20) -------------------------------------------------------------------
 
     def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes]:
-        """An audited script's two last arguments (lib.lua): what the caller said, and the
-        audit stream of `rkey`'s slot ('' when this store keeps no history)."""
+        """An audited script's two last arguments (lib.lua): what the caller said, and where
+        the audit stream is ('' when this store keeps no history; '-' on a cluster, where the
+        histories are the audit trail: `history.py`)."""
+        del rkey
         if not self._history:
             return b"", b""
-        stream = audit_stream.stream_key(self._prefix_bytes, rkey, self._cluster is not None)
-        return said.encode(), stream
+        return said.encode(), b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
 
     async def history(self, key: str) -> str | None:
         """The record's history as stored (`history.parse` reads it); None: it has none."""
@@ -662,24 +663,18 @@ class RedisKeyStore:
         return sorted(found)
 
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
-        """The audit stream from `since` (seconds, Redis clock) on, oldest first: of every
-        slot's stream on a cluster, merged by time."""
+        """The audit stream from `since` (seconds, Redis clock) on, oldest first; on a
+        cluster, every history's events merged by time (`history.py`)."""
+        if self._cluster is not None:
+            tools = {r.key: r.tool for r in await self.list_records(limit=1_000_000_000)}
+            kept = [(key, tools.get(key), text) for key, text in await self.histories()]
+            return audit_stream.from_histories(kept, since, limit)
         # Entry ids are the Redis clock's milliseconds, without this store's test offset.
         start = b"-"
         if since is not None:
             start = str(max(0, math.floor(since * 1000 - self._offset_us / 1000))).encode()
-        here = self._here()
-        keys = [self._prefix_bytes + b"audit"]
-        if self._cluster is not None:
-            keys = []
-            async for batch in self._scan(_glob_escape(self._prefix_bytes) + b"audit{*}"):
-                keys.extend(batch)
-        streams = []
-        for stream in keys:
-            node = here if self._cluster is None else await self._owner(here, stream)
-            step = command(b"XRANGE", stream, start, b"+", b"COUNT", limit)
-            streams.append(audit_stream.entries(await self._plain(step, here=node)))
-        found = audit_stream.merged(streams, limit)
+        step = command(b"XRANGE", self._prefix_bytes + b"audit", start, b"+", b"COUNT", limit)
+        found = audit_stream.entries(await self._plain(step))
         return [e for e in found if since is None or e.event.at >= since]
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -805,7 +800,11 @@ class RedisKeyStore:
             await self._check_durability()
         asking = b""  # ASKING, for the one command sent after an ASK redirect
         redirects = 0
-        body: tuple[bytes | str | int, ...] = (*script.evalsha, rkey, self._offset_us)
+        body: tuple[bytes | str | int, ...] = (
+            *script.evalsha,
+            rkey,
+            self._offset_us,
+        )
         again = False
         written = False  # whether the first try's bytes were handed to the socket
         while True:
@@ -962,9 +961,7 @@ class RedisKeyStore:
         for _ in range(2):
             chunk = b"".join(
                 command(
-                    b"EVALSHA",
-                    script.sha,
-                    1,
+                    *script.evalsha,
                     rkey,
                     self._offset_us,
                     *(self._trailer(rkey, "") if script.audited else ()),

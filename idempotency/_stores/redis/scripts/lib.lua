@@ -195,10 +195,15 @@ end
 
 -- History and audit stream (rule 20; idempotency._stores.history is the reference: the same
 -- line format, chaining, counting and bounds, read back by one parser in Python).
--- Scripts that record events get two more arguments at the end: ARGV[#ARGV - 1], what the
--- caller said (DETAILS, already encoded: a scope digest, why released, who settled), and
--- ARGV[#ARGV], the audit stream's key ('' when the store keeps no history). The history is one
--- string beside the record (KEYS[1] .. ':h', same slot), kept while the record is plus a grace.
+-- A record's history is one string beside it, KEYS[1] .. ':h' (the record's hash tag, so its
+-- slot), kept while the record is plus a grace. It is not declared (a script declaring two keys
+-- could not create a record while its slot migrates: TRYAGAIN), so it is read and written with
+-- pcall: in the moment a migration has moved one of the pair and not the other, the cluster
+-- refuses the access and the transition, already saved, goes without its event rather than
+-- fail half done. Scripts that record events get two more arguments at the end: ARGV[#ARGV - 1], what the caller said (DETAILS, already encoded: a scope
+-- digest, why released, who settled), and ARGV[#ARGV], the audit stream's key: '' when the store
+-- keeps no history, '-' on a Redis Cluster, where the histories are the audit trail (a stream
+-- shared by a slot's records would be a key no script declares, split from them by a migration).
 local HISTORY_MAX = 32
 local HISTORY_GRACE_MS = 86400000
 local AUDIT_MAX = 100000
@@ -209,8 +214,11 @@ local function said()
 end
 
 local function history_lines(hkey)
-    local text = redis.call('GET', hkey)
+    local text = redis.pcall('GET', hkey)
     local lines = {}
+    if type(text) == 'table' then
+        return nil -- refused (a slot migration split the pair): no event this time
+    end
     if text then
         for line in string.gmatch(text, '[^\n]+') do
             lines[#lines + 1] = line
@@ -243,6 +251,9 @@ local function record_event(key, r, code, info, now, counted)
     end
     local hkey = key .. ':h'
     local lines = history_lines(hkey)
+    if lines == nil then
+        return
+    end
     local at = int(math.floor(now / 1000))
     local prev, anchored = '', false
     local last = lines[#lines]
@@ -297,6 +308,8 @@ local function record_event(key, r, code, info, now, counted)
         local ttl = math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS
         redis.call('SET', hkey, text, 'PX', int(ttl))
     end
-    redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
-        'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', lines[#lines])
+    if audit ~= '-' then
+        redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
+            'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', lines[#lines])
+    end
 end
