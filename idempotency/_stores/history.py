@@ -18,6 +18,13 @@ A line is ``[^PREV|]AT|KIND|FENCE|ATTEMPT|DETAILS|DIGEST``:
 Never an argument, a result or a raw key: sizes, durations, codes, digests. The record's key is
 already a digest of (scope, tool, key), and is the history's name, not part of its lines.
 
+A transition this module does not know yet wires in without touching it: issue 36's reconcile
+runs its fenced transition inside ``saying(reconciled="happened")`` (or ``"not_happened"``); on
+memory and SQLite `events` then writes ``reconciled`` (and ``claimed`` for the new fence when it
+is taken over); a Redis script calls ``record_event(key, r, 'K', 'a=' .. answer, now, false)``
+from `scripts/lib.lua` after its ``save``, with the two trailing arguments every audited script
+takes (`lua.Script.audited`).
+
 Replays and refusals are counted, not listed (rule 20): one of them that repeats the last line
 (same kind, fence and code) replaces it with its count and last time, so a hot key's history does
 not grow. The replaced line is re-chained from the same predecessor.
@@ -195,13 +202,19 @@ def events(
     duration. Renewals (lease upkeep) and delivery marks leave none: they decide nothing about
     the call."""
     told = said or _said.get() or _NOTHING_SAID
+    if (
+        told.reconciled is not None
+        and before is not None
+        and after is not None
+        and before.state is RecordState.UNKNOWN
+        and after.state is not RecordState.UNKNOWN
+    ):
+        return _reconciled(before, after, told)
     if isinstance(answer, ClaimOutcome):
         return _claim_events(before, after, answer, told)
     if after is None or before is None:
         return []
     if before.state is RecordState.UNKNOWN and after.state is not RecordState.UNKNOWN:
-        if told.reconciled is not None:
-            return [("K", after.fence, after.attempts, details(a=told.reconciled))]
         info = settled(after.state is RecordState.COMPLETED, told)
         return [("S", before.fence, before.attempts, info)]
     if before.state is not RecordState.IN_PROGRESS:
@@ -213,6 +226,15 @@ def events(
     if after.state is RecordState.RELEASED:
         return [("R", before.fence, before.attempts, details(w=told.why or "released"))]
     return []
+
+
+def _reconciled(before: Record, after: Record, told: Said) -> list[tuple[str, int, int, str]]:
+    """An UNKNOWN record resolved by the system of record (rule 19, issue 36's `reconcile=`):
+    happened (completed with its value), or not (taken over: claimed again, fence + 1)."""
+    found = [("K", before.fence, before.attempts, details(a=told.reconciled))]
+    if after.state is RecordState.IN_PROGRESS:
+        found.append(("C", after.fence, after.attempts, details(p=told.scope)))
+    return found
 
 
 def _claim_events(
@@ -428,12 +450,6 @@ def note(
 def purged(text: str, record: Record, now: float) -> str:
     """`text` with a purged event: the record is gone from the store, its history is kept."""
     return append(text, "G", record.fence, record.attempts, "", now)
-
-
-def reconciled(text: str, record: Record, answer: str, now: float) -> str:
-    """`text` with a reconciled event (issue 36's transition calls this on memory and SQLite;
-    `record_event(key, r, 'K', 'a=' .. answer, now)` in Lua). `answer`: happened, not_happened."""
-    return append(text, "K", record.fence, record.attempts, details(a=answer), now)
 
 
 class Trail:

@@ -284,3 +284,24 @@ async def overwrite_history(backend: Backend, key: str, text: str) -> None:
         with sync_redis_client(backend.location) as client:
             name = f"{backend.prefix}{{{key}}}:h"
             client.set(name, text, keepttl=True)
+
+
+def test_a_reconciliation_is_its_own_event() -> None:
+    """Issue 36's transition, wired by `history_saying(reconciled=...)` (pure rules here)."""
+    from idempotency import Record, RecordState
+
+    unknown = Record(
+        "k", RecordState.UNKNOWN, "fp", 3, 3, None, 1.0, 2.0, None, None, None, None, TOOL
+    )
+    done = Record(
+        "k", RecordState.COMPLETED, "fp", 3, 3, None, 1.0, 3.0, None, 3.0, 9.0, b"r", TOOL
+    )
+    rerun = Record(
+        "k", RecordState.IN_PROGRESS, "fp", 4, 4, "t", 1.0, 3.0, 5.0, None, 9.0, None, TOOL
+    )
+    with history_saying(reconciled="happened"):
+        assert chain.events(unknown, done, True) == [("K", 3, 3, "a=happened")]
+    with history_saying(reconciled="not_happened"):
+        assert [e[0] for e in chain.events(unknown, rerun, True)] == ["K", "C"]
+    text, added = chain.note("", unknown, done, True, 3.0, chain.Said(reconciled="happened"))
+    assert [e.kind for e in parse_history(text)] == ["reconciled"] and len(added) == 1
