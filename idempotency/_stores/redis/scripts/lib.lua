@@ -208,17 +208,16 @@ local HISTORY_MAX = 32
 local HISTORY_GRACE_MS = 86400000
 local AUDIT_MAX = 100000
 local DIGEST_CHARS = 16
+-- Histories shorter than this take `append_fast` (at most some 22 lines: below HISTORY_MAX).
+local FAST_BYTES = 1024
 
 local function said()
     return ARGV[#ARGV - 1]
 end
 
 local function history_lines(hkey)
-    local text = redis.pcall('GET', hkey)
+    local text = redis.call('GET', hkey)
     local lines = {}
-    if type(text) == 'table' then
-        return nil -- refused (a slot migration split the pair): no event this time
-    end
     if text then
         for line in string.gmatch(text, '[^\n]+') do
             lines[#lines + 1] = line
@@ -242,18 +241,57 @@ local function chained(prev, body)
     return string.sub(redis.sha1hex(prev .. '|' .. body), 1, DIGEST_CHARS)
 end
 
--- Append one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history and
--- the audit stream. `counted`: a replay or refusal, which replaces a last line it repeats.
-local function record_event(key, r, code, info, now, counted)
-    local audit = ARGV[#ARGV]
-    if audit == '' then
-        return
+-- The history's key expires with its record, plus the grace (never while the record is UNKNOWN).
+local function keep_history(hkey, r, now)
+    if r.expires == 0 then
+        redis.call('PERSIST', hkey)
+    else
+        local ttl = math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS
+        redis.call('PEXPIRE', hkey, int(ttl))
     end
-    local hkey = key .. ':h'
+end
+
+-- The common case, without reading the whole history: an event that is not counted, on a history
+-- short enough that it needs no trimming, chains to the last 16 characters (the last digest) and
+-- is APPENDed. A completion finds its claim's time in the last lines; nil: use `append_full`.
+local function append_fast(hkey, size, r, code, info, now)
+    local at = int(math.floor(now / 1000))
+    local prev, tail = '', ''
+    if size > 0 then
+        tail = redis.call('GETRANGE', hkey, math.max(0, size - 256), -1)
+        prev = string.sub(tail, -DIGEST_CHARS)
+        if size > 256 then
+            tail = string.match(tail, '\n(.*)$') or '' -- the first line may be cut: not read
+        end
+    end
+    if code == 'D' then
+        local claimed
+        for line in string.gmatch(tail, '[^\n]+') do
+            local _, cat, ccode = split_line(line)
+            if ccode == 'C' then
+                claimed = cat
+            end
+        end
+        if claimed == nil then
+            return nil
+        end
+        info = info .. ',d=' .. int(tonumber(at) - tonumber(claimed))
+    end
+    local body = at .. '|' .. code .. '|' .. int(r.fence) .. '|' .. int(r.attempts) .. '|' .. info
+    local line = body .. '|' .. chained(prev, body)
+    if size > 0 then
+        redis.call('APPEND', hkey, '\n' .. line)
+    else
+        redis.call('SET', hkey, line)
+    end
+    keep_history(hkey, r, now)
+    return line
+end
+
+-- Any event, reading and rewriting the whole history: counted ones replace a last line they
+-- repeat, and a history past HISTORY_MAX lines drops its oldest (anchoring the first kept).
+local function append_full(hkey, r, code, info, now, counted)
     local lines = history_lines(hkey)
-    if lines == nil then
-        return
-    end
     local at = int(math.floor(now / 1000))
     local prev, anchored = '', false
     local last = lines[#lines]
@@ -301,15 +339,32 @@ local function record_event(key, r, code, info, now, counted)
         end
         lines = kept
     end
-    local text = table.concat(lines, '\n')
-    if r.expires == 0 then
-        redis.call('SET', hkey, text)
-    else
-        local ttl = math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS
-        redis.call('SET', hkey, text, 'PX', int(ttl))
+    redis.call('SET', hkey, table.concat(lines, '\n'))
+    keep_history(hkey, r, now)
+    return lines[#lines]
+end
+
+-- Append one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history and
+-- the audit stream. `counted`: a replay or refusal, which replaces a last line it repeats.
+local function record_event(key, r, code, info, now, counted)
+    local audit = ARGV[#ARGV]
+    if audit == '' then
+        return
+    end
+    local hkey = key .. ':h'
+    local size = redis.pcall('STRLEN', hkey)
+    if type(size) == 'table' then
+        return -- refused (a slot migration split the pair): no event this time
+    end
+    local line
+    if not counted and size < FAST_BYTES then
+        line = append_fast(hkey, size, r, code, info, now)
+    end
+    if line == nil then
+        line = append_full(hkey, r, code, info, now, counted)
     end
     if audit ~= '-' then
         redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
-            'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', lines[#lines])
+            'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', line)
     end
 end
