@@ -44,6 +44,7 @@ from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
 from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
+from ._stores.audit_log import export as export_audit_logs
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
 from ._stores.history import parse as parse_history
@@ -107,6 +108,7 @@ __all__ = [
     "default_scope",
     "domain_form",
     "encode_result",
+    "export_audit_logs",
     "fingerprint",
     "history_saying",
     "idempotent",

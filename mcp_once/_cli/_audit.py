@@ -32,6 +32,7 @@ from idempotency import (
     AuditEntry,
     HistoryEvent,
     KeyStore,
+    export_audit_logs,
     parse_history,
     rfc3339,
     verify_history,
@@ -125,6 +126,12 @@ def add_parser(commands: Any, run: Runner) -> None:
         "--follow", action="store_true", help="keep printing new events as they arrive"
     )
     audit.add_argument("--json", action="store_true", help="one JSON object a line")
+    audit.add_argument(
+        "--otel",
+        action="store_true",
+        help="also emit each event as an OpenTelemetry log record, to the logs pipeline the"
+        " environment configures (e.g. under opentelemetry-instrument)",
+    )
     add_store_option(audit)
     audit.set_defaults(run=run(_audit))
     actions = audit.add_subparsers(dest="audit_action", metavar="ACTION")
@@ -214,7 +221,10 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
     while True:
         found = await audited.audit(since=since, limit=_READ_ALL)
         fresh = [entry for entry in found if entry.id not in seen]
-        _print_entries([entry for entry in fresh if _wanted(entry, args)], args, header=first)
+        shown = [entry for entry in fresh if _wanted(entry, args)]
+        _print_entries(shown, args, header=first)
+        if args.otel:
+            export_audit_logs(shown)
         first = False
         if not args.follow:
             return 0

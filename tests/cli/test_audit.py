@@ -192,3 +192,33 @@ async def test_audit_into_head_exits_quietly_through_the_console_script(
     first, status = ran.stdout.decode().splitlines()
     assert json.loads(first)["event"] == "claimed"
     assert status in ("status 0", "status 141")
+
+
+async def test_audit_entries_export_as_opentelemetry_log_records(store_url: str) -> None:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    from idempotency import export_audit_logs, open_store
+
+    exporter = InMemoryLogRecordExporter()
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+    store = open_store(store_url)
+    try:
+        assert isinstance(store, SQLiteKeyStore)
+        entries = await store.audit()
+    finally:
+        await store.aclose()
+    assert export_audit_logs(entries, provider.get_logger("test")) == len(entries)
+    records = [data.log_record for data in exporter.get_finished_logs()]
+    assert [r.attributes["mcp_once.event"] for r in records if r.attributes] == [
+        e.event.kind for e in entries
+    ]
+    completed = next(
+        r for r in records if r.attributes and r.attributes["mcp_once.event"] == "completed"
+    )
+    assert completed.attributes is not None
+    assert completed.attributes["gen_ai.tool.name"] == "charge"
+    assert completed.attributes["mcp_once.record"] == record_of("charge", "order-1")
+    assert "mcp_once.result_bytes" in completed.attributes
+    assert SECRET not in repr([dict(r.attributes or {}) for r in records])
