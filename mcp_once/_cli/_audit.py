@@ -133,7 +133,7 @@ def add_parser(commands: Any, run: Runner) -> None:
         " environment configures (e.g. under opentelemetry-instrument)",
     )
     add_store_option(audit)
-    audit.set_defaults(run=run(_audit))
+    audit.set_defaults(run=_stopped_quietly(run(_audit)))
     actions = audit.add_subparsers(dest="audit_action", metavar="ACTION")
     verify = actions.add_parser(
         "verify",
@@ -144,6 +144,24 @@ def add_parser(commands: Any, run: Runner) -> None:
     )
     add_store_option(verify)
     verify.set_defaults(run=run(_verify))
+
+
+#: What a shell shows for a command ended by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+def _stopped_quietly(
+    command: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """`--follow` runs until Ctrl-C: the normal way to end it, so no traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+    return run
 
 
 def _since(text: str) -> float:
