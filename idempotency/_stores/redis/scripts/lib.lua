@@ -215,13 +215,10 @@ local function said()
     return ARGV[#ARGV - 1]
 end
 
-local function history_lines(hkey)
-    local text = redis.call('GET', hkey)
+local function history_lines(text)
     local lines = {}
-    if text then
-        for line in string.gmatch(text, '[^\n]+') do
-            lines[#lines + 1] = line
-        end
+    for line in string.gmatch(text, '[^\n]+') do
+        lines[#lines + 1] = line
     end
     return lines
 end
@@ -255,9 +252,8 @@ end
 -- The common case, without splitting the history into lines: an event that is not counted, on a
 -- history short enough that it needs no trimming, chains to the last 16 characters (the last
 -- digest). A completion finds its claim's time in the last lines; nil: use `append_full`.
-local function append_fast(hkey, r, code, info, now)
+local function append_fast(hkey, text, r, code, info, now)
     local at = int(math.floor(now / 1000))
-    local text = redis.call('GET', hkey) or ''
     local prev = string.sub(text, -DIGEST_CHARS)
     if code == 'D' then
         local tail = string.sub(text, -256)
@@ -284,8 +280,8 @@ end
 
 -- Any event, reading and rewriting the whole history: counted ones replace a last line they
 -- repeat, and a history past HISTORY_MAX lines drops its oldest (anchoring the first kept).
-local function append_full(hkey, r, code, info, now, counted)
-    local lines = history_lines(hkey)
+local function append_full(hkey, text, r, code, info, now, counted)
+    local lines = history_lines(text)
     local at = int(math.floor(now / 1000))
     local prev, anchored = '', false
     local last = lines[#lines]
@@ -345,16 +341,17 @@ local function record_event(key, r, code, info, now, counted)
         return
     end
     local hkey = key .. ':h'
-    local size = redis.pcall('STRLEN', hkey)
-    if type(size) == 'table' then
+    local text = redis.pcall('GET', hkey)
+    if type(text) == 'table' then
         return -- refused (a slot migration split the pair): no event this time
     end
+    text = text or ''
     local line
-    if not counted and size < FAST_BYTES then
-        line = append_fast(hkey, r, code, info, now)
+    if not counted and #text < FAST_BYTES then
+        line = append_fast(hkey, text, r, code, info, now)
     end
     if line == nil then
-        line = append_full(hkey, r, code, info, now, counted)
+        line = append_full(hkey, text, r, code, info, now, counted)
     end
     if audit ~= '-' then
         redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
