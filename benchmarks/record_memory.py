@@ -13,6 +13,12 @@ name the server guard uses (prefix + hashed 64-hex key), and read with `MEMORY U
   sizes is the fair figure.
 
 AWS Powertools' record for the same N-byte result is measured alongside.
+
+Issue 37: each record's history (claimed, completed) is a string beside it (`{key}:h`), and on one
+Redis the audit stream holds the same events. `history` reports the history's MEMORY USAGE per
+completed record, the record with its history against the record alone (target: at most
+`HISTORY_TARGET` times), and the audit stream's bytes per entry (MEMORY USAGE of the stream over
+its length), separately: the stream is capped and trimmed by retention, the history is not.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from ._scale import Scale
 
 SIZES = (16, 200, 1_000, 10_000, 100_000)
 TARGET_OVERHEAD = 300
+HISTORY_TARGET = 1.5
 
 
 def sweep_sizes(count: int) -> list[int]:
@@ -42,7 +49,8 @@ def sweep_sizes(count: int) -> list[int]:
 
 
 async def _ours(url: str, sizes: list[int], run: str) -> list[tuple[int, int, int]]:
-    """(N, record MEMORY USAGE, bare string MEMORY USAGE) per size."""
+    """(N, record MEMORY USAGE, bare string MEMORY USAGE) per size; each record's history
+    MEMORY USAGE is noted in `_HISTORIES` (N -> bytes)."""
     store = RedisKeyStore.from_url(url, prefix=_workload.PREFIX)
     admin = aioredis.Redis.from_url(url)
     found = []
@@ -56,6 +64,7 @@ async def _ours(url: str, sizes: list[int], run: str) -> list[tuple[int, int, in
             await store.complete(key, outcome.token, result, retention=_workload.RETENTION)
             rkey = _workload.PREFIX + "{" + key + "}"
             record = int(await admin.memory_usage(rkey, samples=0) or 0)
+            _HISTORIES[size] = int(await admin.memory_usage(rkey + ":h", samples=0) or 0)
             await admin.delete(rkey)
             await admin.set(rkey, result, ex=int(_workload.RETENTION))
             bare = int(await admin.memory_usage(rkey, samples=0) or 0)
@@ -64,6 +73,23 @@ async def _ours(url: str, sizes: list[int], run: str) -> list[tuple[int, int, in
         await store.aclose()
         await admin.aclose()
     return found
+
+
+#: The last `_ours` run's history MEMORY USAGE per result size.
+_HISTORIES: dict[int, int] = {}
+
+
+async def _stream_bytes_per_entry(url: str) -> float | None:
+    """The audit stream's MEMORY USAGE over its length, after `_ours` filled it."""
+    admin = aioredis.Redis.from_url(url)
+    try:
+        stream = _workload.PREFIX + "audit"
+        length = int(await admin.xlen(stream))
+        if not length:
+            return None
+        return round(int(await admin.memory_usage(stream, samples=0) or 0) / length, 1)
+    finally:
+        await admin.aclose()
 
 
 def _powertools_usage(url: str, sizes: tuple[int, ...]) -> dict[int, int]:
@@ -89,7 +115,9 @@ def measure(scale: Scale) -> dict[str, Any]:
     sweep = sweep_sizes(scale.memory_sweep)
     with RedisServer() as server:
         rows_raw = anyio.run(_ours, server.url, list(SIZES), "table")
+        histories = dict(_HISTORIES)
         sweep_raw = anyio.run(_ours, server.url, sweep, "sweep")
+        per_entry = anyio.run(_stream_bytes_per_entry, server.url)
         powertools = _powertools_usage(server.url, SIZES) if _powertools.available() else {}
     rows = []
     for size, record, bare in rows_raw:
@@ -107,7 +135,18 @@ def measure(scale: Scale) -> dict[str, Any]:
     typical = next(row for row in rows if row["result_bytes"] == _workload.RESULT_BYTES)
     beyond = [record - bare for _, record, bare in sweep_raw]
     total = [record - size for size, record, _ in sweep_raw]
+    history = histories[_workload.RESULT_BYTES]
+    record = typical["mcp_once_memory_usage"]
     return {
+        "history": {
+            "history_bytes_per_completed_record": history,
+            "record_with_history_vs_record": round((record + history) / record, 3),
+            "overhead_with_history_vs_without": round(
+                (typical["mcp_once_overhead"] + history) / typical["mcp_once_overhead"], 3
+            ),
+            "audit_stream_bytes_per_event": per_entry,
+            "target": HISTORY_TARGET,
+        },
         "unit": "bytes (Redis MEMORY USAGE key SAMPLES 0; jemalloc)",
         "rows": rows,
         "typical_result_bytes": _workload.RESULT_BYTES,

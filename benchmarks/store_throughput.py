@@ -69,8 +69,13 @@ from ._timing import WARMUP_OPS, async_rate, thread_rate
 
 CONCURRENCY = (1, 16, 64)
 CONTENDERS = (
-    "mcp_once", "raw_redis_py", "bare_asyncio", "powertools", "redis_benchmark", "sqlite"
+    "mcp_once", "raw_redis_py", "bare_asyncio", "powertools", "redis_benchmark", "sqlite",
+    "mcp_once_no_history", "sqlite_no_history",
 )  # fmt: skip
+#: Issue 37's pairs: each store with its histories and audit stream (the default) and without,
+#: side by side in each round; with must reach `HISTORY_TARGET` of without at 16 callers.
+HISTORY_PAIRS = {"mcp_once": "mcp_once_no_history", "sqlite": "sqlite_no_history"}
+HISTORY_TARGET = 0.95
 #: SQLite is measured at 1 and 16 callers (its target is at 16): a store committing one
 #: transition at a time is bound by the same fsync rate at 64, where warming up 64 callers
 #: alone costs seconds on a loaded disk.
@@ -87,17 +92,21 @@ CEILINGS = (*REDIS_CEILINGS, "fsync")
 SQLITE_BASELINE = {"16": 2100.0}
 
 
-async def _mcp_once(url: str, concurrency: int, duration: float, run: str) -> float:
-    return await _store_pairs(
-        RedisKeyStore.from_url(url, prefix=_workload.PREFIX), concurrency, duration, run
-    )
+async def _mcp_once(
+    url: str, concurrency: int, duration: float, run: str, history: bool = True
+) -> float:
+    store = RedisKeyStore.from_url(url, prefix=_workload.PREFIX, history=history)
+    return await _store_pairs(store, concurrency, duration, run)
 
 
-async def _sqlite(folder: str, concurrency: int, duration: float, run: str) -> float:
+async def _sqlite(
+    folder: str, concurrency: int, duration: float, run: str, history: bool = True
+) -> float:
     """On a fresh file per measurement, as Redis is flushed before each."""
     path = Path(folder) / f"{run}.db"
     try:
-        return await _store_pairs(SQLiteKeyStore(path), concurrency, duration, run)
+        store = SQLiteKeyStore(path, history=history)
+        return await _store_pairs(store, concurrency, duration, run)
     finally:
         for leftover in path.parent.glob(f"{path.name}*"):
             leftover.unlink()
@@ -366,7 +375,9 @@ def measure(scale: Scale) -> dict[str, Any]:
         for round_no in range(rounds):
             for concurrency in CONCURRENCY:
                 order = [
-                    c for c in CONTENDERS if c != "sqlite" or concurrency in SQLITE_CONCURRENCY
+                    c
+                    for c in CONTENDERS
+                    if not c.startswith("sqlite") or concurrency in SQLITE_CONCURRENCY
                 ]
                 order += CEILINGS if concurrency == 1 else ()
                 shuffle.shuffle(order)
@@ -381,6 +392,12 @@ def measure(scale: Scale) -> dict[str, Any]:
                         rate = run_async(scale, _bare, server.port, concurrency, duration, run)
                     elif contender == "sqlite":
                         rate = run_async(scale, _sqlite, folder, concurrency, duration, run)
+                    elif contender == "mcp_once_no_history":
+                        rate = run_async(
+                            scale, _mcp_once, server.url, concurrency, duration, run, False
+                        )
+                    elif contender == "sqlite_no_history":
+                        rate = run_async(scale, _sqlite, folder, concurrency, duration, run, False)
                     elif contender == "ceiling_blocking":
                         rate = _ceiling_blocking(server.port, duration, run)
                     elif contender == "fsync":
@@ -466,6 +483,17 @@ def _report(
         ),
     }
     out["ceiling"] = ceiling_summary(samples)
+    out["history_on_vs_off"] = {
+        on: {
+            str(level): spread(
+                [a / b for a, b in zip(samples[on][level], samples[off][level], strict=True)]
+            )["median"]
+            for level in CONCURRENCY
+            if samples[on][level] and samples[off][level]
+        }
+        for on, off in HISTORY_PAIRS.items()
+    }
+    out["history_target"] = HISTORY_TARGET
     sqlite = samples["sqlite"]
     out["sqlite_vs_baseline"] = {
         level: round(statistics.median(sqlite[int(level)]) / baseline, 3)

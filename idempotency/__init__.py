@@ -53,6 +53,12 @@ from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
 from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
+from ._stores.audit_log import export as export_audit_logs
+from ._stores.history import AuditedStore, AuditEntry
+from ._stores.history import Event as HistoryEvent
+from ._stores.history import parse as parse_history
+from ._stores.history import saying as history_saying
+from ._stores.history import verify as verify_history
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -77,6 +83,8 @@ logging.getLogger("idempotency").addHandler(logging.NullHandler())
 
 __all__ = [
     "DEFAULT_LEASE",
+    "AuditEntry",
+    "AuditedStore",
     "CallScope",
     "Claim",
     "ClaimOutcome",
@@ -84,6 +92,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "HistoryEvent",
     "InDoubt",
     "Interrupted",
     "KeyMode",
@@ -114,14 +123,18 @@ __all__ = [
     "default_scope",
     "domain_form",
     "encode_result",
+    "export_audit_logs",
     "fingerprint",
+    "history_saying",
     "idempotent",
     "idempotent_call_tool",
     "install",
     "open_store",
+    "parse_history",
     "reconcile_unknown",
     "rfc3339",
     "store_key",
     "turn_unknown",
     "unreadable_records",
+    "verify_history",
 ]

@@ -42,6 +42,7 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
 from .. import wire
+from .._stores.history import saying, scope_digest
 from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
@@ -171,6 +172,8 @@ class _Ticket:
     #: reconciler is told, and how its `happened` value is stored (`reconcile.py`).
     arguments: Mapping[str, Any] | None = None
     convert: Convert = as_call_result
+    #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
+    scope_digest: str | None = None
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -368,6 +371,7 @@ class Guard:
             policy.retention_for(derived),
             derived,
             call.request if derived else None,
+            scope_digest=scope_digest(scope),
         )
 
     def _scope(self, call: ToolCall) -> str:
@@ -418,11 +422,12 @@ class Guard:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
                 # (A claim that never suspends cannot be cut short: it needs no scope.)
-                if self._claim_suspends:
-                    with anyio.CancelScope(shield=True):
+                with saying(scope=t.scope_digest):  # for the claimed event (rule 20)
+                    if self._claim_suspends:
+                        with anyio.CancelScope(shield=True):
+                            outcome = await self._claim(t, takeover)
+                    else:
                         outcome = await self._claim(t, takeover)
-                else:
-                    outcome = await self._claim(t, takeover)
             except CorruptRecord:
                 raise self._corrupt(t, "the stored record is unreadable") from None
             except Exception as exc:
@@ -621,7 +626,7 @@ class Guard:
             await anyio.lowlevel.checkpoint_if_cancelled()
         except anyio.get_cancelled_exc_class():
             # Cancelled before its tool started: the fresh claim is given back, nothing ran.
-            await self._release(t, token, "cancelled before the tool started")
+            await self._release(t, token, "cancelled before the tool started", "cancelled")
             raise
         policy = self.policy
         if outcome.took_over:
@@ -692,7 +697,7 @@ class Guard:
             elif isinstance(result, InputRequiredResult):
                 # An input_required round is a question, not an outcome: never stored (rule 8).
                 keeper.end()
-                await self._release(t, token, "the tool asked for client input")
+                await self._release(t, token, "the tool asked for client input", "input_required")
                 trace.outcome(Outcome.RELEASED)
                 return result
             else:
@@ -812,20 +817,22 @@ class Guard:
         must not repeat happened, the claim released and the exception raised in its place."""
         if isinstance(exc, NothingDone):
             keeper.end()
-            await self._release(t, token, f"nothing was done ({exc})")
+            await self._release(t, token, f"nothing was done ({exc})", "before_body")
             t.trace.outcome(Outcome.RELEASED)
             raise exc.raised
         # A JSON-RPC error from the tool is a refusal, and an effect-free exception was declared
         # to happen before any effect: either way a retry must be free to run the tool again.
         if isinstance(exc, (MCPError, *self.policy.effect_free)):
             keeper.end()
-            await self._release(t, token, f"the tool raised {type(exc).__name__}")
+            code = "tool_error" if isinstance(exc, MCPError) else "effect_free"
+            await self._release(t, token, f"the tool raised {type(exc).__name__}", code)
             t.trace.outcome(Outcome.RELEASED)
             raise exc
         return error_result(exc)
 
-    async def _release(self, t: _Ticket, token: str, why: str) -> None:
-        with anyio.CancelScope(shield=True):
+    async def _release(self, t: _Ticket, token: str, why: str, code: str) -> None:
+        """Give the claim back; `code` is why, as the record's released event says it."""
+        with anyio.CancelScope(shield=True), saying(why=code):
             try:
                 await self.store.release(t.store_key, token)
             except Exception as exc:

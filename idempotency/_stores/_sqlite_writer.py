@@ -63,6 +63,11 @@ Step = Callable[[Record | None], tuple[Record | None, T]]
 Load = Callable[[sqlite3.Connection, list[str]], dict[str, tuple[object, ...]]]
 Decode = Callable[[str, tuple[object, ...]], Record]
 Save = Callable[[sqlite3.Connection, list[Record]], None]
+#: What a transition leaves besides its record (its history events): `observe` runs in the
+#: caller's context after the step, with (key, record before, record after, answer); `keep`
+#: writes what the batch observed, in the batch's transaction, after the records.
+Observe = Callable[[str, Record | None, Record | None, Any], Any]
+Keep = Callable[[sqlite3.Connection, list[Any]], None]
 
 
 class _Job(Generic[T]):
@@ -118,8 +123,12 @@ class Writer:
         load: Load,
         decode: Decode,
         save: Save,
+        observe: Observe | None = None,
+        keep: Keep | None = None,
     ) -> None:
         self._name = name
+        self._observe = observe
+        self._keep = keep
         self._connect = connect
         self._failure_of = failure
         self._load = load
@@ -312,6 +321,7 @@ class Writer:
             self._load(conn, list(dict.fromkeys(job.key for job in members)))
         )
         changed: dict[str, Record] = {}
+        seen: list[Any] = []
         for job in members:
             current = found.get(job.key)
             try:
@@ -321,11 +331,15 @@ class Writer:
                 job.value, job.error = None, self._failure(exc)
                 continue
             job.value = (new is not None, answer)
+            if self._observe is not None:
+                seen.append(job.context.run(self._observe, job.key, record, new, answer))
             if new is not None:
                 # A later member on the same key sees this one's record, as it would in order.
                 found[job.key] = changed[job.key] = new
         if changed:
             self._save(conn, list(changed.values()))
+        if seen and self._keep is not None:
+            self._keep(conn, seen)
 
     def _connection(self, job: _Job[Any]) -> sqlite3.Connection | None:
         """The open connection, opening it if needed; None with `job` failed if it cannot be

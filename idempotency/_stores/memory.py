@@ -9,6 +9,7 @@ import time
 import anyio
 
 from . import transitions as rules
+from .history import AuditEntry, Trail
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -36,12 +37,21 @@ class MemoryKeyStore:
         max_key_bytes: int = DEFAULT_MAX_KEY_BYTES,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
+        history: bool = True,
     ) -> None:
+        """`history`: keep each record's history and the audit stream (rule 20; on by
+        default, off only to measure what it costs)."""
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
         self._records: dict[str, Record] = {}
         self._changed: dict[str, anyio.Event] = {}
+        self._trail = Trail() if history else None
+
+    def _note(self, key: str, new: Record | None, answer: object) -> None:
+        """The transition's events, in the same step as its write (nothing runs in between)."""
+        if self._trail is not None:
+            self._trail.note(key, self._records.get(key), new, answer, self._clock())
 
     def _write(self, key: str, record: Record) -> None:
         self._records[key] = record
@@ -73,6 +83,7 @@ class MemoryKeyStore:
             tool=tool_label(tool),
             resend_only=resend_only,
         )
+        self._note(key, new, outcome)
         if new is not None:
             self._write(key, new)
         return outcome
@@ -104,6 +115,7 @@ class MemoryKeyStore:
         )
         if new is None:
             return False
+        self._note(key, new, True)
         self._write(key, new)
         return True
 
@@ -120,6 +132,7 @@ class MemoryKeyStore:
         )
         if new is None:
             return False
+        self._note(key, new, True)
         self._write(key, new)
         return True
 
@@ -155,6 +168,7 @@ class MemoryKeyStore:
         new = rules.settle(self._records.get(key), result, now=self._clock(), retention=retention)
         if new is None:
             return False
+        self._note(key, new, True)
         self._write(key, new)
         return True
 
@@ -186,8 +200,26 @@ class MemoryKeyStore:
         now = self._clock()
         gone = [k for k, r in self._records.items() if rules.live(r, now) is None]
         for key in gone:
-            del self._records[key]
+            record = self._records.pop(key)
+            if self._trail is not None:
+                self._trail.purged(key, record, now)
+        if self._trail is not None:
+            self._trail.forget_before(now)
         return len(gone)
+
+    # -- history (rule 20) -----------------------------------------------------------------
+
+    async def history(self, key: str) -> str | None:
+        """The record's history as stored (`history.parse` reads it); None: it has none."""
+        return None if self._trail is None else self._trail.histories.get(key)
+
+    async def histories(self) -> list[tuple[str, str]]:
+        """Every history kept, (record key, history), for `mcp-once audit verify`."""
+        return [] if self._trail is None else sorted(self._trail.histories.items())
+
+    async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
+        """The audit stream from `since` (seconds, store clock) on, oldest first."""
+        return [] if self._trail is None else self._trail.read(since, limit)
 
     async def aclose(self) -> None:
         return None

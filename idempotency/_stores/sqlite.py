@@ -27,8 +27,10 @@ from typing import Literal, TypeVar
 
 import anyio
 
+from . import _sqlite_history as trail
 from . import transitions as rules
 from ._sqlite_writer import Writer
+from .history import AuditEntry
 from .memory import DEFAULT_ORPHAN_RETENTION
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -44,7 +46,7 @@ from .store import (
     pass_over,
     tool_label,
 )
-from .url_options import Parser, integer, number, take_options
+from .url_options import Parser, boolean, integer, number, take_options
 
 T = TypeVar("T")
 
@@ -58,6 +60,7 @@ URL_OPTIONS: dict[str, Parser] = {
     "orphan_retention": number,
     "busy_timeout": number,
     "synchronous": str,  # checked by the constructor: "full" or "normal"
+    "history": boolean,
 }
 
 #: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
@@ -160,7 +163,11 @@ class SQLiteKeyStore:
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
+        history: bool = True,
     ) -> None:
+        """`history`: keep each record's history and the audit stream (rule 20; tables
+        `history` and `audit`, written in the transitions' own transactions). On by default;
+        off only to measure what it costs."""
         if not os.fspath(path):
             raise ValueError("the SQLite key store needs a file path")
         if busy_timeout < 0:
@@ -184,7 +191,10 @@ class SQLiteKeyStore:
             load=_load_many,
             decode=_decode,
             save=_save_many,
+            observe=self._observe if history else None,
+            keep=trail.keep if history else None,
         )
+        self._history = history
         self._wakeups = _Wakeups()
 
     @classmethod
@@ -198,6 +208,7 @@ class SQLiteKeyStore:
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
+        history: bool = True,
     ) -> SQLiteKeyStore:
         """`sqlite:///relative/file.db` or `sqlite:////absolute/file.db` (the SQLAlchemy and
         dj-database-url convention: three slashes, then the path as written).
@@ -388,11 +399,14 @@ class SQLiteKeyStore:
                 gone = []
                 for row in rows:
                     try:
-                        _decode(str(row[0]), row[1:])
+                        gone.append(_decode(str(row[0]), row[1:]))
                     except CorruptRecord:
                         continue
-                    gone.append((row[0],))
-                conn.executemany("DELETE FROM records WHERE key = ?", gone)
+                conn.executemany(
+                    "DELETE FROM records WHERE key = ?", [(record.key,) for record in gone]
+                )
+                if self._history:
+                    trail.purged(conn, gone, now)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -411,6 +425,27 @@ class SQLiteKeyStore:
             if not last:
                 return purged
             after = (last[_EXPIRES_AT], str(last[0]))
+
+    # -- history (rule 20) ---------------------------------------------------------------
+
+    def _observe(
+        self, key: str, before: Record | None, after: Record | None, answer: object
+    ) -> trail.Seen:
+        """Run by the writer in the caller's context, inside the write lock (so the clock
+        is read as the transition's own is)."""
+        return trail.observe(key, before, after, answer, self._clock())
+
+    async def history(self, key: str) -> str | None:
+        """The record's history as stored (`history.parse` reads it); None: it has none."""
+        return await self._writer.run(lambda conn: trail.history(conn, key))
+
+    async def histories(self) -> list[tuple[str, str]]:
+        """Every history kept, (record key, history), for `mcp-once audit verify`."""
+        return await self._writer.run(trail.histories)
+
+    async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
+        """The audit stream from `since` (seconds, store clock) on, oldest first."""
+        return await self._writer.run(lambda conn: trail.audit(conn, since, limit))
 
     async def aclose(self) -> None:
         """Finishes and answers everything already queued, then closes the connection."""
@@ -521,7 +556,11 @@ def sqlite_path_from_url(url: str) -> str:
 
 
 def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
-    if _schema_state(conn, where) == "ours" and not _missing_columns(conn):
+    if (
+        _schema_state(conn, where) == "ours"
+        and not _missing_columns(conn)
+        and not trail.missing(conn)
+    ):
         return
     # An empty file gets the schema, a file of an earlier release the columns added since: under
     # the write lock, re-checking in case another process got there first.
@@ -533,6 +572,8 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
                     conn.execute(statement)
         for column in _missing_columns(conn):
             conn.execute(f"ALTER TABLE records ADD COLUMN {column} {_ADDED_COLUMNS[column]}")
+        # Tables added since, made in place: a release before ignores tables it does not know.
+        trail.create(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

@@ -46,6 +46,7 @@ from idempotency import (
     default_scope,
     domain_form,
     encode_result,
+    history_saying,
     rfc3339,
     store_key,
     turn_unknown,
@@ -53,7 +54,7 @@ from idempotency import (
     wire,
 )
 
-from . import _durations, _grace, _reconcile
+from . import _audit, _durations, _grace, _reconcile
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -176,6 +177,7 @@ def add_parser(commands: Any) -> None:
         " expires (default: %(default)s, 24 h, as a completed record)",
     )
     _grace.add_arguments(settle)
+    _audit.add_settle_arguments(settle)
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 
     purge = actions.add_parser(
@@ -187,7 +189,9 @@ def add_parser(commands: Any) -> None:
     )
     purge.set_defaults(run=_run(_purge))
 
-    for parser in (listing, show, settle, purge):
+    history = _audit.add_history_parser(actions, _add_key_arguments, _run)
+
+    for parser in (listing, show, settle, purge, history):
         add_store_option(parser)
     _reconcile.add_parser(actions, _run)
 
@@ -488,7 +492,9 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
             return EXIT_PROBLEM
     if record is not None and _grace.lease_ran_out(record):
         await turn_unknown(store, record)
-    if await store.settle(args.key, result=result, retention=args.retention):
+    with history_saying(**_audit.settled_by(args)):
+        settled = await store.settle(args.key, result=result, retention=args.retention)
+    if settled:
         verdict = "released (the next call runs again)" if result is None else "completed"
         print(f"settled {args.key}: {verdict}")
         return 0
@@ -509,4 +515,7 @@ async def _purge(store: KeyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["EXIT_UNREACHABLE", "add_parser"]
+#: `mcp-once audit` opens its store as `keys` does, with this.
+run_on_store = _run
+
+__all__ = ["EXIT_UNREACHABLE", "add_parser", "run_on_store"]

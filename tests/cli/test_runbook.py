@@ -89,16 +89,27 @@ async def test_the_runbooks_reading_commands_run_against_the_example_servers_rec
         assert not result.is_error
     finally:
         await store.aclose()
-    # settle writes; reconcile names the reader's own app (`--app`), tested in test_keys_reconcile
+    # settle writes; reconcile names the reader's own app (`--app`), tested in
+    # test_keys_reconcile; `audit --follow` runs until stopped: its options are read by the others.
     writing = (["keys", "settle"], ["keys", "reconcile"])
-    reading = [argv for argv in runbook_commands() if argv[:2] not in writing]
+    reading = [
+        argv for argv in runbook_commands() if argv[:2] not in writing and "--follow" not in argv
+    ]
     assert {tuple(argv[:2]) for argv in reading} == {
         ("keys", "list"),
         ("keys", "show"),
         ("keys", "purge"),
+        ("keys", "history"),
+        ("audit", "--since"),
+        ("audit", "verify"),
     }
     for argv in reading:
         ran = await cli(capsys, *argv, "--store", f"sqlite:///{path}")
         assert ran.code == 0, (argv, ran.err)
         if argv[1] == "show":
             assert "state: completed" in ran.out and "tool: charge" in ran.out
+        if argv[1] == "history":
+            assert [line.split()[1] for line in ran.out.splitlines()[1:]] == [
+                "claimed",
+                "completed",
+            ]

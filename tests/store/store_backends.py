@@ -201,7 +201,10 @@ def _redis_damage_now(backend: Backend, key: str, how: str) -> None:
     """Overwrite the record's key: with a garbage string, or with another Redis type."""
     with _redis_client(backend) as client:
         names = _redis_names(client, backend, key)
-        records = [name for name in names if client.type(name) == b"string"]
+        # A record's history (`:h`, rule 20) is a string beside it, not the record.
+        records = [
+            name for name in names if client.type(name) == b"string" and not name.endswith(b":h")
+        ]
         assert len(records) == 1, f"expected one record for {key!r}, found {names}"
         name = records[0]
         ttl = client.pttl(name)

@@ -37,6 +37,7 @@ from idempotency import (
     StoreUnavailable,
     encode_result,
     open_store,
+    parse_history,
 )
 from mcp_once._cli import _common, main
 
@@ -80,7 +81,8 @@ async def ours_in_slot(cluster: LocalCluster, node: RedisServer, slot: int, pref
     """How many of this test's records (`prefix`) `node` holds in `slot`. Not COUNTKEYSINSLOT:
     the cluster is shared by the session, and other tests' random keys land in any slot."""
     names = await admin(cluster, node, "CLUSTER", "GETKEYSINSLOT", slot, 10_000)
-    return sum(1 for name in names if name.decode().startswith(prefix))
+    # Records, not their histories (`:h`, rule 20), which move with them.
+    return sum(1 for n in names if n.decode().startswith(prefix) and not n.endswith(b":h"))
 
 
 def stats(cluster: LocalCluster, node: RedisServer, section: str) -> dict[str, Any]:
@@ -149,7 +151,13 @@ async def test_records_spread_over_every_master(
         m.port: await in_thread(functools.partial(names_on, redis_cluster, m, prefix))
         for m in masters
     }
-    counts = {port: len(names) for port, names in per_master.items()}
+    # Records only; each one's history (`:h`) and its slot's audit stream sit beside it (rule 20),
+    # on the same owner, which the loop below checks for every name.
+    record = prefix.encode() + b"{"
+    counts = {
+        port: sum(1 for n in names if n.startswith(record) and n.endswith(b"}"))
+        for port, names in per_master.items()
+    }
     assert len(counts) == 3 and sum(counts.values()) == 300, counts
     assert min(counts.values()) >= 60, counts  # about a third each (CRC16 spreads them)
     owners = await in_thread(redis_cluster.slot_owners)
@@ -317,10 +325,14 @@ async def test_a_slot_migrated_mid_run_loses_no_record_and_grants_no_second_clai
 async def migrate(
     cluster: LocalCluster, source: RedisServer, target: RedisServer, prefix: str, keys: list[str]
 ) -> None:
-    """Move `keys` from `source` to `target`, one MIGRATE per key (each is atomic)."""
+    """Move `keys` from `source` to `target`, one MIGRATE per key (each is atomic), each with its
+    history (rule 20), as the pair they are."""
     for key in keys:
         name = f"{prefix}{{{key}}}"
-        await admin(cluster, source, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", name)
+        await admin(
+            cluster, source, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
+            "KEYS", name, f"{name}:h",
+        )  # fmt: skip
 
 
 # -- waits, scans, durability ----------------------------------------------------------------------
@@ -392,7 +404,12 @@ async def test_list_and_purge_cover_every_shard(
     assert await store.purge_expired() == 90
     assert await store.list_records() == []
     for master in await in_thread(redis_cluster.masters):
-        assert await in_thread(functools.partial(names_on, redis_cluster, master, prefix)) == []
+        names = await in_thread(functools.partial(names_on, redis_cluster, master, prefix))
+        # Only histories stay, for their grace (rule 20), each ending with its purged event.
+        assert all(name.endswith(b":h") for name in names), names
+    assert {e.kind for _, text in await store.histories() for e in parse_history(text)[-1:]} == {
+        "purged"
+    }
 
 
 async def test_the_keys_cli_lists_and_purges_every_shard(

@@ -489,10 +489,15 @@ async def test_every_key_the_store_writes_carries_a_hash_tag(
             lost = await store.claim(key, FP, lease=1.0, takeover=False)
             assert lost.status is ClaimStatus.UNKNOWN
     names = sorted([name async for name in raw.scan_iter(match=f"{prefix}*")])
-    assert names == sorted(rkey(prefix, key) for key in keys)
-    for name in names:
+    records = sorted(rkey(prefix, key) for key in keys)
+    # Each record's history beside it (rule 20), and the one audit stream of a lone Redis (on a
+    # cluster, one per slot, each tagged: tests/store/test_history.py).
+    histories = [record + b":h" for record in records]
+    assert names == sorted([*records, *histories, prefix.encode() + b"audit"])
+    for name in records:
         assert name.startswith(prefix.encode() + b"{") and name.endswith(b"}")
         assert hash_tag(name)  # one record, one slot, in a cluster too
+        assert hash_tag(name + b":h") == hash_tag(name)
 
 
 async def test_physical_expiry_follows_logical_expiry_and_unknown_never_expires(

@@ -20,25 +20,28 @@ class Script:
     sha: str
     #: `EVALSHA <sha> 1` as bytes, the head of every call on one key: encoded once, not per call.
     evalsha: tuple[bytes, bytes, bytes]
+    #: Records history events: two more trailing arguments (lib.lua: said, audit).
+    audited: bool = False
 
 
-def _load(name: str) -> Script:
+def _load(name: str, *, audited: bool = False) -> Script:
     folder = resources.files(__package__ or "idempotency._stores.redis").joinpath("scripts")
     prelude = folder.joinpath("lib.lua").read_text(encoding="utf-8")
     body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     source = f"{prelude}\n{body}"
     sha = hashlib.sha1(source.encode()).hexdigest()
-    return Script(name, source, sha, (b"EVALSHA", sha.encode(), b"1"))
+    return Script(name, source, sha, (b"EVALSHA", sha.encode(), b"1"), audited)
 
 
-CLAIM = _load("claim")
+CLAIM = _load("claim", audited=True)
 RENEW = _load("renew")
-COMPLETE = _load("complete")
-RELEASE = _load("release")
-SETTLE = _load("settle")
+COMPLETE = _load("complete", audited=True)
+RELEASE = _load("release", audited=True)
+SETTLE = _load("settle", audited=True)
 ABANDON = _load("abandon")
 RECONCILE = _load("reconcile")
 LEAVE_UNKNOWN = _load("leave_unknown")
 READ = _load("read")
-PURGE = _load("purge")
+PURGE = _load("purge", audited=True)
 FORGET = _load("forget")
+HISTORY = _load("history")

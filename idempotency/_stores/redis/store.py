@@ -77,7 +77,9 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._system_task import current_loop, loop_alive
+from .. import history as chain
 from .. import transitions as rules
+from ..history import AuditEntry
 from ..memory import DEFAULT_ORPHAN_RETENTION
 from ..store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -104,6 +106,7 @@ from ..url_options import (
     string,
     take_options,
 )
+from . import history as audit_stream
 from . import lua
 from .cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
 from .cluster import redirect as _redirect
@@ -152,6 +155,7 @@ URL_OPTIONS: Final = {
     "wait_timeout": number,
     "wait_aof": boolean,
     "socket_timeout": number_or_none,
+    "history": boolean,
 }
 #: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
 _TRANSIENT_REPLIES: Final = (
@@ -258,6 +262,7 @@ class RedisKeyStore:
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
+        history: bool = True,
     ) -> None:
         """Connect where `client` connects, as it would (URL, TLS, credentials, database,
         timeouts, Sentinel). The store opens connections of its own and never uses the
@@ -270,6 +275,9 @@ class RedisKeyStore:
 
         The client must return bytes (`decode_responses=False`), as a sign it is configured
         for binary results like the store's own connections.
+
+        `history`: keep each record's history and the audit stream (rule 20, `history.py`),
+        written by the transition's own script. On by default; off only to measure its cost.
         """
         if "{" in prefix or "}" in prefix:
             raise ValueError(
@@ -316,6 +324,7 @@ class RedisKeyStore:
         self._wait_aof = wait_aof
         self._durable = durable
         self._durability_checked = False
+        self._history = history
         # wait(): the first re-read after no news, doubling up to the cap (missed messages).
         self._poll_first = 0.05
         self._poll_cap = 1.0
@@ -332,6 +341,7 @@ class RedisKeyStore:
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
+        history: bool = True,
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
         **redis_kwargs: Any,
     ) -> RedisKeyStore:
@@ -441,6 +451,8 @@ class RedisKeyStore:
         )
         # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
         first, again = _resendable(doubted is not None, *args)
+        trailer = self._trailer(rkey, chain.details(p=chain.said().scope))
+        first, again = (*first, *trailer), (*again, *trailer)
         try:
             if not self._durable:
                 reply = await self._script(lua.CLAIM, rkey, first, again, doubt=("claim", token))
@@ -483,7 +495,8 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
-        args, resent = (*args, mark), (*resent, mark)
+        trailer = self._trailer(rkey, "")
+        args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
         reply, acks = await self._script(
@@ -503,6 +516,8 @@ class RedisKeyStore:
         doubt = ("release", token)
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, self._orphan_retention_us)
+        trailer = self._trailer(rkey, chain.details(w=chain.said().why))
+        args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
 
     async def abandon(self, key: str, fence: int) -> bool:
@@ -520,7 +535,10 @@ class RedisKeyStore:
         args, resent = _resendable(
             False, 0 if result is None else 1, retention_us, b"" if result is None else result
         )
-        return _done(key, await self._script(lua.SETTLE, self._rkey(key), args, resent))
+        rkey = self._rkey(key)
+        trailer = self._trailer(rkey, chain.settled(result is not None, chain.said()))
+        args, resent = (*args, *trailer), (*resent, *trailer)
+        return _done(key, await self._script(lua.SETTLE, rkey, args, resent))
 
     async def reconcile(
         self, key: str, fingerprint: str, fence: int, *, lease: float
@@ -635,6 +653,50 @@ class RedisKeyStore:
             here.close()
         await anyio.lowlevel.checkpoint()
 
+    # -- history (rule 20) -------------------------------------------------------------------
+
+    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes]:
+        """An audited script's two last arguments (lib.lua): what the caller said, and where
+        the audit stream is ('' when this store keeps no history; '-' on a cluster, where the
+        histories are the audit trail: `history.py`)."""
+        del rkey
+        if not self._history:
+            return b"", b""
+        return said.encode(), b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
+
+    async def history(self, key: str) -> str | None:
+        """The record's history as stored (`history.parse` reads it); None: it has none."""
+        if not self._fits(key):
+            return None
+        found = await self._script(lua.HISTORY, self._rkey(key), (), ())
+        return None if found is None else _text(found)
+
+    async def histories(self) -> list[tuple[str, str]]:
+        """Every history kept, (record key, history), for `mcp-once audit verify`."""
+        found: list[tuple[str, str]] = []
+        async for batch in self._scan(_glob_escape(self._prefix_bytes) + b"{*}:h"):
+            for hkey in batch:
+                # Read on the record's slot owner, as the record itself would be.
+                text = await self._script(lua.HISTORY, hkey[:-2], (), ())
+                if text is not None:
+                    found.append((self._key_of(hkey[:-2]), _text(text)))
+        return sorted(found)
+
+    async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
+        """The audit stream from `since` (seconds, Redis clock) on, oldest first; on a
+        cluster, every history's events merged by time (`history.py`)."""
+        if self._cluster is not None:
+            tools = {r.key: r.tool for r in await self.list_records(limit=1_000_000_000)}
+            kept = [(key, tools.get(key), text) for key, text in await self.histories()]
+            return audit_stream.from_histories(kept, since, limit)
+        # Entry ids are the Redis clock's milliseconds, without this store's test offset.
+        start = b"-"
+        if since is not None:
+            start = str(max(0, math.floor(since * 1000 - self._offset_us / 1000))).encode()
+        step = command(b"XRANGE", self._prefix_bytes + b"audit", start, b"+", b"COUNT", limit)
+        found = audit_stream.entries(await self._plain(step))
+        return [e for e in found if since is None or e.event.at >= since]
+
     # -- plumbing ----------------------------------------------------------------------------
 
     def _fits(self, key: str) -> bool:
@@ -675,8 +737,9 @@ class RedisKeyStore:
             here = self._loops[loop] = _Here(self._endpoint, self._traffic)
         return here
 
-    async def _scan(self) -> AsyncIterator[list[bytes]]:
-        """Every key under the prefix, in batches: of the one Redis, or of every master."""
+    async def _scan(self, pattern: bytes | None = None) -> AsyncIterator[list[bytes]]:
+        """Every record key under the prefix (or every key matching `pattern`), in batches:
+        of the one Redis, or of every master."""
         here = self._here()
         cluster = self._cluster
         if cluster is None:
@@ -685,7 +748,7 @@ class RedisKeyStore:
             if not cluster.masters():
                 await self._refresh(here, cluster.generation)
             nodes = [here.node(cluster, node) for node in cluster.masters()]
-        pattern = _glob_escape(self._prefix_bytes) + b"{*}"
+        pattern = pattern or _glob_escape(self._prefix_bytes) + b"{*}"
         seen: set[bytes] = set()  # SCAN may repeat a key, and a migrating key sit on two nodes
         for node_here in nodes:
             cursor = b"0"
@@ -757,7 +820,11 @@ class RedisKeyStore:
             await self._check_durability()
         asking = b""  # ASKING, for the one command sent after an ASK redirect
         redirects = 0
-        body: tuple[bytes | str | int, ...] = (*script.evalsha, rkey, self._offset_us)
+        body: tuple[bytes | str | int, ...] = (
+            *script.evalsha,
+            rkey,
+            self._offset_us,
+        )
         again = False
         written = False  # whether the first try's bytes were handed to the socket
         while True:
@@ -913,7 +980,13 @@ class RedisKeyStore:
         they may be redirects, and raised on one Redis."""
         for _ in range(2):
             chunk = b"".join(
-                command(b"EVALSHA", script.sha, 1, rkey, self._offset_us) for rkey in rkeys
+                command(
+                    *script.evalsha,
+                    rkey,
+                    self._offset_us,
+                    *(self._trailer(rkey, "") if script.audited else ()),
+                )
+                for rkey in rkeys
             )
             replies = await self._plain(chunk, len(rkeys), here=here)
             if len(rkeys) == 1:

@@ -1,5 +1,5 @@
 -- claim(KEYS[1]; ARGV: offset_us, fingerprint, lease_us, takeover 1|0, orphan_retention_us, token,
---       tool name ('' for none; at most 255 bytes), resend_only 1|0, resent 1|0)
+--       tool name ('' for none; at most 255 bytes), resend_only 1|0, resent 1|0, said, audit)
 -- Mirrors idempotency._stores.transitions.claim. Replies:
 --   {'claimed', token, fence, attempts, took_over 1|0}
 --   {'replay', fence, attempts, completed_us, result}
@@ -36,14 +36,17 @@ if r == nil or r.state == RELEASED or repeated then
     local fence = (r and r.fence or 0) + 1
     -- a deliberate repeat is a call of its own: its executions are counted afresh
     local attempts = (r and not repeated and r.attempts or 0) + 1
-    save(key, {
+    local fresh = {
         state = IN_PROGRESS, fence = fence, attempts = attempts, created = now, updated = now,
         lease = now + lease, completed = 0, expires = now + lease + retention,
         fp = fp, token = token, tool = tool, result = '',
-    }, now)
+    }
+    save(key, fresh, now)
+    record_event(key, fresh, 'C', said(), now, false)
     return {'claimed', token, fence, attempts, 0}
 end
 if r.fp ~= fp then
+    record_event(key, r, 'X', 'c=key_reused', now, true)
     return {'mismatch'}
 end
 if r.state == COMPLETED then
@@ -52,12 +55,15 @@ if r.state == COMPLETED then
         r.updated = now
         save(key, r, now)
     end
+    record_event(key, r, 'P', '', now, true)
     return {'replay', r.fence, r.attempts, r.completed, r.result}
 end
 if r.state == UNKNOWN then
+    record_event(key, r, 'X', 'c=unknown', now, true)
     return {'unknown', r.fence, r.attempts}
 end
 if now < r.lease then
+    record_event(key, r, 'X', 'c=in_progress', now, true)
     return {'busy', r.fence, r.lease - now}
 end
 -- A record written without a tool name (the previous release) takes it from the claim that
@@ -66,6 +72,7 @@ if r.tool == '' then
     r.tool = tool
 end
 if takeover then
+    record_event(key, r, 'L', 'w=taken_over', now, false)
     r.token = token
     r.fence = r.fence + 1
     r.attempts = r.attempts + 1
@@ -73,6 +80,7 @@ if takeover then
     r.lease = now + lease
     r.expires = now + lease + retention
     save(key, r, now)
+    record_event(key, r, 'C', said(), now, false)
     return {'claimed', token, r.fence, r.attempts, 1}
 end
 r.state = UNKNOWN
@@ -80,5 +88,6 @@ r.token = ''
 r.updated = now
 r.expires = 0
 save(key, r, now)
+record_event(key, r, 'L', 'w=unknown', now, false)
 announce(key, r)
 return {'unknown', r.fence, r.attempts}

@@ -1,4 +1,4 @@
--- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0)
+-- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0, said, audit)
 -- Mirrors idempotency._stores.transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this complete is sent again after its first reply was lost: then a record
 -- already COMPLETED with this very result is its own effect and answers {'ok'} (the result the
@@ -19,5 +19,6 @@ r.lease = ARGV[6] == '1' and DELIVERED or 0
 r.completed = now
 r.expires = now + retention
 save(key, r, now)
+record_event(key, r, 'D', 's=' .. int(#result), now, false)
 announce(key, r)
 return {'ok'}

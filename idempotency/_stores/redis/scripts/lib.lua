@@ -192,3 +192,169 @@ end
 local function announce(key, r)
     redis.call('PUBLISH', key, r.state)
 end
+
+-- History and audit stream (rule 20; idempotency._stores.history is the reference: the same
+-- line format, chaining, counting and bounds, read back by one parser in Python).
+-- A record's history is one string beside it, KEYS[1] .. ':h' (the record's hash tag, so its
+-- slot), kept while the record is plus a grace. It is not declared (a script declaring two keys
+-- could not create a record while its slot migrates: TRYAGAIN), so it is read and written with
+-- pcall: in the moment a migration has moved one of the pair and not the other, the cluster
+-- refuses the access and the transition, already saved, goes without its event rather than
+-- fail half done. Scripts that record events get two more arguments at the end: ARGV[#ARGV - 1], what the caller said (DETAILS, already encoded: a scope
+-- digest, why released, who settled), and ARGV[#ARGV], the audit stream's key: '' when the store
+-- keeps no history, '-' on a Redis Cluster, where the histories are the audit trail (a stream
+-- shared by a slot's records would be a key no script declares, split from them by a migration).
+local HISTORY_MAX = 32
+local HISTORY_GRACE_MS = 86400000
+local AUDIT_MAX = 100000
+local DIGEST_CHARS = 16
+-- Histories shorter than this take `append_fast` (at most some 22 lines: below HISTORY_MAX).
+local FAST_BYTES = 1024
+
+local function said()
+    return ARGV[#ARGV - 1]
+end
+
+local function history_lines(text)
+    local lines = {}
+    for line in string.gmatch(text, '[^\n]+') do
+        lines[#lines + 1] = line
+    end
+    return lines
+end
+
+-- (anchor or nil, at, code, fence, info, digest) of a history line.
+local function split_line(line)
+    local anchor
+    if string.sub(line, 1, 1) == '^' then
+        anchor = string.sub(line, 2, 1 + DIGEST_CHARS)
+        line = string.sub(line, 3 + DIGEST_CHARS)
+    end
+    local at, code, fence, info, digest = string.match(line, '^(%d+)|(%a)|(%d+)|%d+|([^|]*)|(%x+)$')
+    return anchor, at, code, fence, info, digest
+end
+
+local function chained(prev, body)
+    return string.sub(redis.sha1hex(prev .. '|' .. body), 1, DIGEST_CHARS)
+end
+
+-- Write the history, expiring with its record plus the grace (never while it is UNKNOWN). One SET
+-- of the whole text, not APPEND: APPEND leaves room to grow, a third more memory per history.
+local function save_history(hkey, text, r, now)
+    if r.expires == 0 then
+        redis.call('SET', hkey, text)
+    else
+        local ttl = math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS
+        redis.call('SET', hkey, text, 'PX', int(ttl))
+    end
+end
+
+-- The common case, without splitting the history into lines: an event that is not counted, on a
+-- history short enough that it needs no trimming, chains to the last 16 characters (the last
+-- digest). A completion finds its claim's time in the last lines; nil: use `append_full`.
+local function append_fast(hkey, text, r, code, info, now)
+    local at = int(math.floor(now / 1000))
+    local prev = string.sub(text, -DIGEST_CHARS)
+    if code == 'D' then
+        local tail = string.sub(text, -256)
+        if #text > 256 then
+            tail = string.match(tail, '\n(.*)$') or '' -- the first line may be cut: not read
+        end
+        local claimed
+        for line in string.gmatch(tail, '[^\n]+') do
+            local _, cat, ccode = split_line(line)
+            if ccode == 'C' then
+                claimed = cat
+            end
+        end
+        if claimed == nil then
+            return nil
+        end
+        info = info .. ',d=' .. int(tonumber(at) - tonumber(claimed))
+    end
+    local body = at .. '|' .. code .. '|' .. int(r.fence) .. '|' .. int(r.attempts) .. '|' .. info
+    local line = body .. '|' .. chained(prev, body)
+    save_history(hkey, #text > 0 and (text .. '\n' .. line) or line, r, now)
+    return line
+end
+
+-- Any event, reading and rewriting the whole history: counted ones replace a last line they
+-- repeat, and a history past HISTORY_MAX lines drops its oldest (anchoring the first kept).
+local function append_full(hkey, text, r, code, info, now, counted)
+    local lines = history_lines(text)
+    local at = int(math.floor(now / 1000))
+    local prev, anchored = '', false
+    local last = lines[#lines]
+    if last then
+        local anchor, lat, lcode, lfence, linfo, ldigest = split_line(last)
+        local base = string.gsub(string.gsub(linfo or '', ',?n=%d+', ''), ',?l=%d+', '')
+        if counted and lcode == code and tonumber(lfence) == r.fence and base == info then
+            local count = tonumber(string.match(linfo, 'n=(%d+)') or '1') + 1
+            info = (info ~= '' and (info .. ',') or '') .. 'n=' .. int(count) .. ',l=' .. at
+            at = lat
+            lines[#lines] = nil
+            if anchor then
+                prev, anchored = anchor, true
+            elseif #lines > 0 then
+                local _, _, _, _, _, d = split_line(lines[#lines])
+                prev = d
+            end
+        else
+            prev = ldigest
+        end
+    end
+    if code == 'D' then
+        for i = #lines, 1, -1 do
+            local _, cat, ccode = split_line(lines[i])
+            if ccode == 'C' then
+                info = info .. ',d=' .. int(tonumber(at) - tonumber(cat))
+                break
+            end
+        end
+    end
+    local body = at .. '|' .. code .. '|' .. int(r.fence) .. '|' .. int(r.attempts) .. '|' .. info
+    local line = body .. '|' .. chained(prev, body)
+    if anchored then
+        line = '^' .. prev .. '|' .. line
+    end
+    lines[#lines + 1] = line
+    if #lines > HISTORY_MAX then
+        local _, _, _, _, _, dropped = split_line(lines[#lines - HISTORY_MAX])
+        local kept = {}
+        for i = #lines - HISTORY_MAX + 1, #lines do
+            kept[#kept + 1] = lines[i]
+        end
+        if string.sub(kept[1], 1, 1) ~= '^' then
+            kept[1] = '^' .. dropped .. '|' .. kept[1]
+        end
+        lines = kept
+    end
+    save_history(hkey, table.concat(lines, '\n'), r, now)
+    return lines[#lines]
+end
+
+-- Append one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history and
+-- the audit stream. `counted`: a replay or refusal, which replaces a last line it repeats.
+local function record_event(key, r, code, info, now, counted)
+    local audit = ARGV[#ARGV]
+    if audit == '' then
+        return
+    end
+    local hkey = key .. ':h'
+    local text = redis.pcall('GET', hkey)
+    if type(text) == 'table' then
+        return -- refused (a slot migration split the pair): no event this time
+    end
+    text = text or ''
+    local line
+    if not counted and #text < FAST_BYTES then
+        line = append_fast(hkey, text, r, code, info, now)
+    end
+    if line == nil then
+        line = append_full(hkey, text, r, code, info, now, counted)
+    end
+    if audit ~= '-' then
+        redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
+            'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', line)
+    end
+end

@@ -1,4 +1,4 @@
--- purge(KEYS[1]; ARGV: offset_us) -> 1 when a logically expired record was deleted, else 0.
+-- purge(KEYS[1]; ARGV: offset_us, said (unused), audit) -> 1 when a logically expired record was deleted, else 0.
 -- A record that cannot be read as ours is left for an operator, never deleted.
 local now = clock()
 local r, why = load(KEYS[1])
@@ -6,4 +6,6 @@ if why or r == nil or live(r, now) ~= nil then
     return 0
 end
 redis.call('DEL', KEYS[1])
+r.expires = now -- gone: its history stays for the grace
+record_event(KEYS[1], r, 'G', '', now, false)
 return 1

@@ -1,4 +1,4 @@
--- settle(KEYS[1]; ARGV: offset_us, has_result 1|0, retention_us, result, resent 1|0)
+-- settle(KEYS[1]; ARGV: offset_us, has_result 1|0, retention_us, result, resent 1|0, said, audit)
 -- Mirrors idempotency._stores.transitions.settle: only an UNKNOWN record takes an operator's
 -- verdict.
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}.
@@ -35,5 +35,6 @@ else
     tombstone(r, now, retention)
 end
 save(key, r, now)
+record_event(key, r, 'S', said(), now, false)
 announce(key, r)
 return {'ok'}

@@ -1,0 +1,56 @@
+"""Audit entries as OpenTelemetry log records, with the same fields, for a SIEM (issue 37).
+
+The events are written by the stores (on Redis, by Lua scripts the process never sees run), so
+they are exported where they are read: `mcp-once audit --follow --otel` under an OpenTelemetry
+logs pipeline (`opentelemetry-instrument`, or any configured `LoggerProvider`) turns the stream
+into log records as it arrives. Without a configured provider the API's no-op logger drops them.
+
+Attributes are the event's own fields under `mcp_once.*` (the record is named by its store key,
+a digest; the tool by `gen_ai.tool.name`, as the guard's spans do): never an argument, a result
+or a raw key, as in the stream itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opentelemetry._logs import Logger, LogRecord, SeverityNumber, get_logger
+
+from .history import AuditEntry
+
+_logger = get_logger("mcp-once.audit")
+
+
+def attributes(found: AuditEntry) -> dict[str, str | int]:
+    """The log record's attributes for one audit entry."""
+    event = found.event
+    fields: dict[str, str | int] = {
+        "mcp_once.audit.id": found.id,
+        "mcp_once.record": found.key,
+        "mcp_once.event": event.kind,
+        "mcp_once.fence": event.fence,
+        "mcp_once.attempt": event.attempt,
+        "mcp_once.digest": event.digest,
+    }
+    if found.tool:
+        fields["gen_ai.tool.name"] = found.tool
+    fields.update({f"mcp_once.{name}": value for name, value in event.details.items()})
+    return fields
+
+
+def export(entries: Iterable[AuditEntry], logger: Logger | None = None) -> int:
+    """Emit one log record per entry (at the event's own time); returns how many."""
+    target = logger or _logger
+    count = 0
+    for found in entries:
+        target.emit(
+            LogRecord(
+                timestamp=round(found.event.at * 1e9),
+                severity_number=SeverityNumber.INFO,
+                severity_text="INFO",
+                body=f"{found.event.kind}: record {found.key}",
+                attributes=attributes(found),
+            )
+        )
+        count += 1
+    return count

@@ -1,0 +1,502 @@
+"""A record's history (rule 20): one line per decision, hash-chained, written with the transition.
+
+Why a text of lines, the same on every backend: the memory store keeps it in a dict, SQLite in a
+row of its `history` table, Redis in one string beside the record (`scripts/lib.lua` mirrors
+`append` in Lua), so one parser (`parse`) and one checker (`verify`) read them all, and what
+`mcp-once keys history` prints does not depend on where the store lives.
+
+A line is ``[^PREV|]AT|KIND|FENCE|ATTEMPT|DETAILS|DIGEST``:
+
+* AT: milliseconds since the epoch (store clock). KIND: one letter (`KINDS`).
+* DETAILS: ``k=v`` pairs joined by ``,`` (percent-encoded values), per kind (`Event.details`).
+* DIGEST: the first 16 hex digits of SHA-1 over ``PREV|`` plus the line up to DETAILS, where
+  PREV is the digest of the line before ("" for a record's first event). Each event thus carries
+  the digest of the one before: changing, removing or reordering one breaks the chain there.
+* ``^PREV|``: only on the first line kept once older lines were dropped (a history is bounded,
+  `MAX_EVENTS`), so the chain still starts from a known digest.
+
+Never an argument, a result or a raw key: sizes, durations, codes, digests. The record's key is
+already a digest of (scope, tool, key), and is the history's name, not part of its lines.
+
+A transition this module does not know yet wires in without touching it: issue 36's reconcile
+runs its fenced transition inside ``saying(reconciled="happened")`` (or ``"not_happened"``); on
+memory and SQLite `events` then writes ``reconciled`` (and ``claimed`` for the new fence when it
+is taken over); a Redis script calls ``record_event(key, r, 'K', 'a=' .. answer, now, false)``
+from `scripts/lib.lua` after its ``save``, with the two trailing arguments every audited script
+takes (`lua.Script.audited`).
+
+Replays and refusals are counted, not listed (rule 20): one of them that repeats the last line
+(same kind, fence and code) replaces it with its count and last time, so a hot key's history does
+not grow. The replaced line is re-chained from the same predecessor.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+from urllib.parse import quote, unquote
+
+from .store import ClaimOutcome, ClaimStatus, Record, RecordState
+
+#: Events a record's history keeps; older ones are dropped (the chain is anchored, see above).
+MAX_EVENTS = 32
+#: Seconds a history outlives its record, so that "what happened to this key" can still be
+#: answered for a while after the record expired or was purged.
+HISTORY_GRACE = 24 * 3600.0
+#: Entries an audit stream keeps (per Redis stream; the SQLite table and memory list too).
+AUDIT_MAX_ENTRIES = 100_000
+DIGEST_CHARS = 16
+
+#: Event kinds as operators read them (issue 37 names them: a contract) and as stored.
+KINDS: dict[str, str] = {
+    "C": "claimed",
+    "D": "completed",
+    "P": "replayed",
+    "X": "refused",
+    "R": "released",
+    "L": "lease ran out",
+    "K": "reconciled",
+    "S": "settled",
+    "G": "purged",
+}
+CODES = {name: code for code, name in KINDS.items()}
+#: Kinds counted rather than listed: a repeat of the last line replaces it.
+COUNTED = frozenset({"P", "X"})
+
+#: Refusal codes of a claim, by the claim's status.
+REFUSED = {
+    ClaimStatus.MISMATCH: "key_reused",
+    ClaimStatus.BUSY: "in_progress",
+    ClaimStatus.UNKNOWN: "unknown",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of a history, read back (`parse`)."""
+
+    at: float
+    kind: str  #: one of `KINDS`' values
+    fence: int
+    attempt: int
+    details: dict[str, str]
+    digest: str
+    #: The digest of the event before, as the chain says it is.
+    prev: str
+    #: Position in the history as kept (0: the oldest kept), for naming it.
+    index: int = 0
+    line: str = field(default="", repr=False)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "at": self.at,
+            "event": self.kind,
+            "fence": self.fence,
+            "attempt": self.attempt,
+            **self.details,
+            "digest": self.digest,
+            **({"prev": self.prev} if self.prev else {}),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One event in the audit stream: which record (its store key, a digest), which tool."""
+
+    id: str
+    key: str
+    tool: str | None
+    event: Event
+
+    def as_json(self) -> dict[str, object]:
+        return {"id": self.id, "record": self.key, "tool": self.tool, **self.event.as_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """What the caller of a transition says about it that the store cannot see (`saying`)."""
+
+    #: released: why (effect_free, nothing_done, cancelled, ...).
+    why: str | None = None
+    #: claimed: a digest of the caller's scope.
+    scope: str | None = None
+    #: settled: by whom, and why.
+    by: str | None = None
+    reason: str | None = None
+    #: A transition that is a reconciliation (issue 36): the system of record's answer.
+    reconciled: str | None = None
+
+
+_NOTHING_SAID = Said()
+_said: contextvars.ContextVar[Said | None] = contextvars.ContextVar(
+    "mcp_once_history_said", default=None
+)
+
+
+@contextmanager
+def saying(**said: str | None) -> Iterator[None]:
+    """Tell the store's history what it cannot see about the transitions inside the block:
+
+    ```python
+    with saying(by="ops@host", reason="ticket 812 shows it charged"):
+        await store.settle(key, result=..., retention=...)
+    ```
+
+    A side channel (like `unreadable_records`), so that the store protocol stays as it is; the
+    SQLite writer runs each step in its caller's context, so it reaches every backend."""
+    token = _said.set(Said(**said))
+    try:
+        yield
+    finally:
+        _said.reset(token)
+
+
+def said() -> Said:
+    return _said.get() or _NOTHING_SAID
+
+
+def scope_digest(scope: str) -> str:
+    """The caller's scope as the history keeps it: a digest, never the principal itself."""
+    return hashlib.sha256(scope.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+@runtime_checkable
+class AuditedStore(Protocol):
+    """A store that keeps histories and an audit stream (every store this package ships; a
+    store of one's own need not: the `KeyStore` protocol does not ask for it)."""
+
+    async def history(self, key: str) -> str | None:
+        """The record's history as stored (`parse` reads it); None: it has none."""
+        ...
+
+    async def histories(self) -> list[tuple[str, str]]:
+        """Every history kept, (record key, history)."""
+        ...
+
+    async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
+        """The audit stream from `since` (seconds, store clock) on, oldest first."""
+        ...
+
+
+# -- which events a transition leaves ------------------------------------------------------------
+
+
+def events(
+    before: Record | None,
+    after: Record | None,
+    answer: object,
+    *,
+    said: Said | None = None,
+    started: float | None = None,
+) -> list[tuple[str, int, int, str]]:
+    """The events of one transition, as (kind code, fence, attempt, details), read off the record
+    before and after it and its answer: the one place that knows, for the stores that apply the
+    pure rules (memory, SQLite). `scripts/lib.lua`'s callers make the same decisions in Lua.
+
+    `started`: when the execution being completed was claimed (its claimed event), for the
+    duration. Renewals (lease upkeep) and delivery marks leave none: they decide nothing about
+    the call."""
+    told = said or _said.get() or _NOTHING_SAID
+    if (
+        told.reconciled is not None
+        and before is not None
+        and after is not None
+        and before.state is RecordState.UNKNOWN
+        and after.state is not RecordState.UNKNOWN
+    ):
+        return _reconciled(before, after, told)
+    if isinstance(answer, ClaimOutcome):
+        return _claim_events(before, after, answer, told)
+    if after is None or before is None:
+        return []
+    if before.state is RecordState.UNKNOWN and after.state is not RecordState.UNKNOWN:
+        info = settled(after.state is RecordState.COMPLETED, told)
+        return [("S", before.fence, before.attempts, info)]
+    if before.state is not RecordState.IN_PROGRESS:
+        return []
+    if after.state is RecordState.COMPLETED:
+        size = len(after.result or b"")
+        took = round((after.updated_at - (started or before.created_at)) * 1000)
+        return [("D", after.fence, after.attempts, details(s=str(size), d=str(took)))]
+    if after.state is RecordState.RELEASED:
+        return [("R", before.fence, before.attempts, details(w=told.why or "released"))]
+    return []
+
+
+def _reconciled(before: Record, after: Record, told: Said) -> list[tuple[str, int, int, str]]:
+    """An UNKNOWN record resolved by the system of record (rule 19, issue 36's `reconcile=`):
+    happened (completed with its value), or not (taken over: claimed again, fence + 1)."""
+    found = [("K", before.fence, before.attempts, details(a=told.reconciled))]
+    if after.state is RecordState.IN_PROGRESS:
+        found.append(("C", after.fence, after.attempts, details(p=told.scope)))
+    return found
+
+
+def _claim_events(
+    before: Record | None, after: Record | None, outcome: ClaimOutcome, told: Said
+) -> list[tuple[str, int, int, str]]:
+    status = outcome.status
+    if status is ClaimStatus.CLAIMED:
+        assert outcome.fence is not None
+        claimed = ("C", outcome.fence, outcome.attempts, details(p=told.scope))
+        if outcome.took_over and before is not None:
+            lost = ("L", before.fence, before.attempts, details(w="taken_over"))
+            return [lost, claimed]
+        return [claimed]
+    if status is ClaimStatus.REPLAY:
+        return [("P", outcome.fence or 0, outcome.attempts, "")]
+    if (
+        status is ClaimStatus.UNKNOWN
+        and after is not None
+        and before is not None
+        and before.state is RecordState.IN_PROGRESS
+    ):
+        return [("L", before.fence, before.attempts, details(w="unknown"))]
+    code = REFUSED.get(status)
+    if code is None or before is None:
+        return []
+    return [("X", before.fence, before.attempts, details(c=code))]
+
+
+def settled(done: bool, told: Said) -> str:
+    """DETAILS of a settled event: as done or failed, by whom, why."""
+    return details(a="done" if done else "failed", b=told.by, r=told.reason)
+
+
+def details(**pairs: str | None) -> str:
+    """DETAILS as stored: the pairs given (None left out), in the order given, values
+    percent-encoded so that no separator of the line appears inside one."""
+    return ",".join(f"{k}={quote(v, safe='@.-_:/ ')}" for k, v in pairs.items() if v is not None)
+
+
+# -- the chain -----------------------------------------------------------------------------------
+
+
+def digest(prev: str, body: str) -> str:
+    """The digest an event carries: SHA-1 over its predecessor's digest and its own body (the
+    same as `redis.sha1hex` in lib.lua; tamper evidence, not a signature)."""
+    return hashlib.sha1(f"{prev}|{body}".encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def append(text: str, code: str, fence: int, attempt: int, info: str, now: float) -> str:
+    """`text` (a history, "" for none) with one more event, chained, counted or bounded."""
+    at = str(round(now * 1000))
+    lines = text.split("\n") if text else []
+    last = _split(lines[-1]) if lines else None
+    if last is not None and code in COUNTED and _repeats(last, code, fence, info):
+        count = int(_pairs(last[5]).get("n", "1")) + 1
+        info = ",".join(p for p in (info, f"n={count}", f"l={at}") if p)
+        lines.pop()
+        prev = last[0] if last[0] is not None else (_split(lines[-1])[6] if lines else "")
+        anchored = last[0] is not None
+        at = last[1]  # a counted line keeps its first time; `l` is the last one
+    else:
+        prev = last[6] if last is not None else ""
+        anchored = False
+    body = f"{at}|{code}|{fence}|{attempt}|{info}"
+    line = f"{body}|{digest(prev, body)}"
+    lines.append(f"^{prev}|{line}" if anchored else line)
+    if len(lines) > MAX_EVENTS:
+        # The first line kept names its predecessor's digest: the chain stays checkable.
+        dropped = _split(lines[-MAX_EVENTS - 1])
+        lines = lines[-MAX_EVENTS:]
+        if not lines[0].startswith("^"):
+            lines[0] = f"^{dropped[6]}|{lines[0]}"
+    return "\n".join(lines)
+
+
+def _repeats(last: tuple[str | None, ...], code: str, fence: int, info: str) -> bool:
+    if last[2] != code or last[3] != str(fence):
+        return False
+    mine = {k: v for k, v in _pairs(last[5] or "").items() if k not in ("n", "l")}
+    return mine == _pairs(info)
+
+
+def _pairs(info: str | None) -> dict[str, str]:
+    if not info:
+        return {}
+    return dict(pair.split("=", 1) for pair in info.split(","))
+
+
+def _split(line: str) -> tuple[str | None, str, str, str, str, str, str]:
+    """(anchor prev or None, at, code, fence, attempt, details, digest)."""
+    anchor: str | None = None
+    if line.startswith("^"):
+        anchor, _, line = line[1:].partition("|")
+    parts = line.split("|")
+    if len(parts) != 6:
+        raise ValueError(f"not a history line: {line!r}")
+    at, code, fence, attempt, info, dig = parts
+    return anchor, at, code, fence, attempt, info, dig
+
+
+def parse(text: str | None) -> list[Event]:
+    """The events of a history, oldest first; none for a record written before histories (or
+    whose history is gone). A line that cannot be read raises `ValueError` naming it."""
+    if not text:
+        return []
+    found: list[Event] = []
+    prev = ""
+    for index, line in enumerate(text.split("\n")):
+        try:
+            anchor, at, code, fence, attempt, info, dig = _split(line)
+            event = Event(
+                at=int(at) / 1000,
+                kind=KINDS.get(code, code),
+                fence=int(fence),
+                attempt=int(attempt),
+                details=_named(code, _pairs(info)),
+                digest=dig,
+                prev=anchor if anchor is not None else prev,
+                index=index,
+                line=line,
+            )
+        except ValueError as exc:
+            raise ValueError(f"event {index}: {exc}") from exc
+        found.append(event)
+        prev = dig
+    return found
+
+
+#: DETAILS' keys as operators read them.
+NAMES = {
+    "p": "scope",
+    "s": "result_bytes",
+    "d": "duration_ms",
+    "n": "count",
+    "l": "last_at",
+    "c": "code",
+    "w": "why",
+    "a": "answer",
+    "b": "by",
+    "r": "reason",
+}
+
+
+def _named(code: str, pairs: dict[str, str]) -> dict[str, str]:
+    named = {NAMES.get(k, k): unquote(v) for k, v in pairs.items()}
+    if code in COUNTED:
+        named.setdefault("count", "1")
+        if "last_at" in named:
+            named["last_at"] = str(int(named["last_at"]) / 1000)
+    return named
+
+
+def verify(text: str | None) -> str | None:
+    """None when the history's chain holds; else which event breaks it and how."""
+    try:
+        found = parse(text)
+    except ValueError as exc:
+        return f"unreadable: {exc}"
+    prev = ""
+    for event in found:
+        anchor, at, code, fence, attempt, info, dig = _split(event.line)
+        if anchor is not None:
+            if event.index != 0:
+                return f"event {event.index} ({event.kind}) claims a new start mid-chain"
+            prev = anchor
+        body = f"{at}|{code}|{fence}|{attempt}|{info}"
+        if digest(prev, body) != dig:
+            return (
+                f"event {event.index} ({event.kind} at {event.at:.3f}) does not match its digest"
+                f" {dig}: changed, or chained to another predecessor"
+            )
+        prev = dig
+    return None
+
+
+def claimed_at(text: str) -> float | None:
+    """When the newest claimed event of a history happened (seconds), if it has one."""
+    for line in reversed(text.split("\n") if text else []):
+        fields = _split(line)
+        if fields[2] == "C":
+            return int(fields[1]) / 1000
+    return None
+
+
+def last_line(text: str) -> str:
+    """The newest line of a history (what the audit stream receives)."""
+    return text.rpartition("\n")[2]
+
+
+def entry(id: str, key: str, tool: str | None, line: str) -> AuditEntry:
+    """An audit stream entry read back; its line may be an anchored one."""
+    return AuditEntry(id, key, tool or None, parse(line)[0])
+
+
+def note(
+    text: str,
+    before: Record | None,
+    after: Record | None,
+    answer: object,
+    now: float,
+    said: Said | None = None,
+) -> tuple[str, list[str]]:
+    """`text` with the events of one transition appended, and the lines added (for the audit
+    stream): the whole of what memory and SQLite do per transition."""
+    added: list[str] = []
+    started = claimed_at(text) if isinstance(answer, bool) else None
+    for code, fence, attempt, info in events(before, after, answer, said=said, started=started):
+        text = append(text, code, fence, attempt, info, now)
+        added.append(last_line(text))
+    return text, added
+
+
+def purged(text: str, record: Record, now: float) -> str:
+    """`text` with a purged event: the record is gone from the store, its history is kept."""
+    return append(text, "G", record.fence, record.attempts, "", now)
+
+
+class Trail:
+    """Histories and the audit stream of the memory store: a dict and a bounded list."""
+
+    def __init__(self, grace: float = HISTORY_GRACE) -> None:
+        self.histories: dict[str, str] = {}
+        #: (id, at, key, tool, line), oldest first; at most AUDIT_MAX_ENTRIES.
+        self.stream: deque[tuple[int, float, str, str | None, str]] = deque(
+            maxlen=AUDIT_MAX_ENTRIES
+        )
+        #: When the histories of records that are gone may go too.
+        self._forget_at: dict[str, float] = {}
+        self._grace = grace
+        self._next_id = 1
+
+    def note(
+        self, key: str, before: Record | None, after: Record | None, answer: object, now: float
+    ) -> None:
+        text, added = note(self.histories.get(key, ""), before, after, answer, now)
+        if added:
+            record = after or before
+            self._keep(key, text, record.tool if record else None, added, now)
+
+    def purged(self, key: str, record: Record, now: float) -> None:
+        text = purged(self.histories.get(key, ""), record, now)
+        self._keep(key, text, record.tool, [last_line(text)], now)
+        self._forget_at[key] = now + self._grace
+
+    def forget_before(self, now: float) -> None:
+        for key in [k for k, at in self._forget_at.items() if at <= now]:
+            del self._forget_at[key]
+            self.histories.pop(key, None)
+
+    def read(self, since: float | None, limit: int) -> list[AuditEntry]:
+        found = []
+        for id, at, key, tool, line in self.stream:
+            if since is not None and at < since:
+                continue
+            found.append(entry(str(id), key, tool, line))
+            if len(found) >= limit:
+                break
+        return found
+
+    def _keep(self, key: str, text: str, tool: str | None, added: list[str], now: float) -> None:
+        self.histories[key] = text
+        self._forget_at.pop(key, None)
+        for line in added:
+            self.stream.append((self._next_id, now, key, tool, line))
+            self._next_id += 1

@@ -1,0 +1,52 @@
+"""The Redis store's audit stream (rule 20), read back.
+
+A record's history is one string beside it (`{prefix}{key}:h`, the record's own hash tag, so the
+same slot), declared by the scripts that decide (`scripts/lib.lua`, `record_event`) and written by
+them. On one Redis (or a primary behind Sentinel) the same script also appends the event to the
+audit stream, `{prefix}audit`, capped at `AUDIT_MAX_ENTRIES` (approximately: `MAXLEN ~`).
+
+On a Redis Cluster there is no stream: a stream shared by the records of a slot is a key their
+scripts would touch without declaring it, and a slot migration moves keys one batch at a time, so
+a script could append to a stream already moved (a second stream, and a slot that cannot be
+handed over). The histories, which move with their records, are the audit trail there: reading
+it merges every history's events by time (`from_histories`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from ..history import AuditEntry, entry, parse
+
+
+def entries(stream: Iterable[tuple[bytes, list[bytes]]]) -> list[AuditEntry]:
+    """XRANGE's reply as audit entries, in the stream's order."""
+    found = []
+    for id, fields in stream:
+        values = dict(zip(fields[::2], fields[1::2], strict=True))
+        found.append(
+            entry(
+                id.decode(),
+                values[b"k"].decode(errors="replace"),
+                values[b"t"].decode(errors="replace"),
+                values[b"e"].decode(errors="replace"),
+            )
+        )
+    return found
+
+
+def from_histories(
+    histories: Iterable[tuple[str, str | None, str]], since: float | None, limit: int
+) -> list[AuditEntry]:
+    """Every event of (record key, tool, history), merged by time, from `since` on."""
+    runs = [
+        [
+            AuditEntry(f"{key}:{event.index}", key, tool, event)
+            for event in parse(text)
+            if since is None or event.at >= since
+        ]
+        for key, tool, text in histories
+    ]
+    merged = heapq.merge(*runs, key=lambda found: (found.event.at, found.key))
+    return [found for _, found in zip(range(limit), merged, strict=False)]

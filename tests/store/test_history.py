@@ -1,0 +1,307 @@
+"""Rule 20 on every backend: each transition leaves its event in the record's history and the
+audit stream, in the same store operation; replays and refusals are counted; the chain is
+checkable; nothing stored there is an argument, a result or a raw key.
+
+The `backend` fixture runs each test on memory, SQLite, Redis (asyncio and trio), a Redis
+Cluster and Redis through Sentinel (the last two in the full tier).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+import pytest
+from store_backends import Backend, sync_redis_client
+
+from idempotency import (
+    AuditedStore,
+    MemoryKeyStore,
+    RedisKeyStore,
+    SQLiteKeyStore,
+    history_saying,
+    parse_history,
+    verify_history,
+)
+from idempotency._stores import history as chain
+
+pytestmark = pytest.mark.anyio
+
+#: Values that must never appear in a history or the audit stream.
+SECRET_RESULT = b"result-SENTINEL-7f3a9c"
+SECRET_FINGERPRINT = "fingerprint-SENTINEL-51d2e0"
+TOOL = "charge"
+
+
+def audited(backend: Backend) -> AuditedStore:
+    assert isinstance(backend.store, AuditedStore)
+    return backend.store
+
+
+async def kinds(backend: Backend, key: str) -> list[str]:
+    return [event.kind for event in parse_history(await audited(backend).history(key))]
+
+
+async def test_a_key_tells_its_story(backend: Backend) -> None:
+    store = backend.store
+    claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    await backend.advance(0.25)
+    assert await store.complete("k", claimed.token, b"x" * 200, retention=600)
+    for _ in range(3):
+        await store.claim("k", "fp", lease=30, takeover=False)
+    await store.claim("k", "other", lease=30, takeover=False)
+    text = await audited(backend).history("k")
+    events = parse_history(text)
+    assert [e.kind for e in events] == ["claimed", "completed", "replayed", "refused"]
+    assert events[1].details["result_bytes"] == "200"
+    assert 240 <= int(events[1].details["duration_ms"]) <= 300
+    assert events[2].details["count"] == "3"  # one entry for three replays
+    assert events[3].details["code"] == "key_reused"
+    assert {e.fence for e in events} == {1}
+    assert verify_history(text) is None
+
+
+async def test_a_busy_refusal_and_a_release_say_why(backend: Backend) -> None:
+    store = backend.store
+    held = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert held.token is not None
+    for _ in range(2):
+        await store.claim("k", "fp", lease=30, takeover=False)
+    with history_saying(why="effect_free"):
+        assert await store.release("k", held.token)
+    events = parse_history(await audited(backend).history("k"))
+    assert [e.kind for e in events] == ["claimed", "refused", "released"]
+    assert (events[1].details["code"], events[1].details["count"]) == ("in_progress", "2")
+    assert events[2].details["why"] == "effect_free"
+
+
+async def test_a_lost_lease_then_an_operator_settles(backend: Backend) -> None:
+    store = backend.store
+    await store.claim("k", "fp", lease=1, takeover=False, tool=TOOL)
+    await backend.advance(2)
+    await store.claim("k", "fp", lease=1, takeover=False)  # the lease ran out: UNKNOWN
+    await store.claim("k", "fp", lease=1, takeover=False)  # refused: unknown
+    with history_saying(by="ops@host", reason="ticket 812: charged"):
+        assert await store.settle("k", result=SECRET_RESULT, retention=600)
+    events = parse_history(await audited(backend).history("k"))
+    assert [e.kind for e in events] == ["claimed", "lease ran out", "refused", "settled"]
+    assert events[1].details["why"] == "unknown"
+    assert events[2].details["code"] == "unknown"
+    assert events[3].details == {
+        "answer": "done",
+        "by": "ops@host",
+        "reason": "ticket 812: charged",
+    }
+
+
+async def test_a_takeover_shows_the_lease_lost_and_the_new_fence(backend: Backend) -> None:
+    store = backend.store
+    await store.claim("k", "fp", lease=1, takeover=True, tool=TOOL)
+    await backend.advance(2)
+    taken = await store.claim("k", "fp", lease=1, takeover=True)
+    assert taken.took_over
+    events = parse_history(await audited(backend).history("k"))
+    assert [(e.kind, e.fence) for e in events] == [
+        ("claimed", 1),
+        ("lease ran out", 1),
+        ("claimed", 2),
+    ]
+    assert events[1].details["why"] == "taken_over"
+
+
+async def test_the_audit_stream_holds_every_event_in_order_naming_record_and_tool(
+    backend: Backend,
+) -> None:
+    store = backend.store
+    for key in ("a", "b"):
+        await backend.advance(1)
+        claimed = await store.claim(key, "fp", lease=30, takeover=False, tool=f"tool-{key}")
+        assert claimed.token is not None
+        await store.complete(key, claimed.token, b"r", retention=600)
+    found = await audited(backend).audit()
+    assert [(e.key, e.tool, e.event.kind) for e in found] == [
+        ("a", "tool-a", "claimed"),
+        ("a", "tool-a", "completed"),
+        ("b", "tool-b", "claimed"),
+        ("b", "tool-b", "completed"),
+    ]
+    later = await audited(backend).audit(since=found[2].event.at)
+    assert [e.key for e in later] == ["b", "b"]
+
+
+async def test_no_argument_result_or_fingerprint_is_kept(backend: Backend) -> None:
+    store = backend.store
+    claimed = await store.claim("k", SECRET_FINGERPRINT, lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    await store.complete("k", claimed.token, SECRET_RESULT, retention=600)
+    await store.claim("k", SECRET_FINGERPRINT, lease=30, takeover=False)
+    seen = json.dumps(
+        [
+            await audited(backend).history("k"),
+            await audited(backend).histories(),
+            [e.as_json() for e in await audited(backend).audit()],
+            *raw_history_storage(backend),
+        ]
+    )
+    for secret in (SECRET_RESULT.decode(), SECRET_FINGERPRINT):
+        assert secret not in seen
+
+
+async def test_verify_passes_then_names_the_event_a_changed_byte_broke(backend: Backend) -> None:
+    store = backend.store
+    claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    await store.complete("k", claimed.token, b"r" * 10, retention=600)
+    await store.claim("k", "fp", lease=30, takeover=False)
+    for key, text in await audited(backend).histories():
+        assert verify_history(text) is None, key
+    text = await audited(backend).history("k")
+    assert text is not None
+    tampered = text.replace("s=10", "s=11")  # one byte of the completed event
+    assert tampered != text
+    await overwrite_history(backend, "k", tampered)
+    problem = verify_history(await audited(backend).history("k"))
+    assert problem is not None and problem.startswith("event 1 (completed"), problem
+
+
+async def test_a_history_is_bounded_and_stays_checkable(backend: Backend) -> None:
+    store = backend.store
+    for _ in range(chain.MAX_EVENTS):
+        claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+        assert claimed.token is not None
+        assert await store.release("k", claimed.token)
+    text = await audited(backend).history("k")
+    assert text is not None
+    events = parse_history(text)
+    assert len(events) == chain.MAX_EVENTS
+    assert text.startswith("^")  # anchored: the first kept names the digest before it
+    assert events[-1].fence == chain.MAX_EVENTS
+    assert verify_history(text) is None
+
+
+async def test_a_purged_record_leaves_its_history(backend: Backend) -> None:
+    store = backend.store
+    claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    await store.complete("k", claimed.token, b"r", retention=1)
+    await backend.advance(5)
+    assert await store.purge_expired() == 1
+    assert await store.get("k") is None
+    assert await kinds(backend, "k") == ["claimed", "completed", "purged"]
+
+
+async def test_a_record_without_history_reads_as_having_none(backend: Backend) -> None:
+    assert await audited(backend).history("never-written") is None
+    assert parse_history(None) == []
+    assert verify_history(None) is None
+
+
+# -- one backend at a time ----------------------------------------------------------------------
+
+
+async def test_without_history_nothing_is_written(tmp_path: Any) -> None:
+    memory = MemoryKeyStore(history=False)
+    sqlite = SQLiteKeyStore(tmp_path / "k.db", history=False)
+    for store in (memory, sqlite):
+        claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+        assert claimed.token is not None
+        await store.complete("k", claimed.token, b"r", retention=600)
+        assert await store.history("k") is None
+        assert await store.audit() == []
+    await sqlite.aclose()
+
+
+async def test_an_earlier_releases_sqlite_file_gains_the_tables_in_place(tmp_path: Any) -> None:
+    path = tmp_path / "k.db"
+    store = SQLiteKeyStore(path)
+    claimed = await store.claim("old", "fp", lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    await store.aclose()
+    with sqlite3.connect(path) as conn:  # as the previous release left it: no history tables
+        conn.execute("DROP TABLE history")
+        conn.execute("DROP TABLE audit")
+    store = SQLiteKeyStore(path)
+    assert await store.history("old") is None  # written before: no history, no error
+    assert await store.complete("old", claimed.token, b"r", retention=600)
+    assert await kinds_of(store, "old") == ["completed"]
+    await store.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1  # still readable by it
+
+
+async def kinds_of(store: AuditedStore, key: str) -> list[str]:
+    return [event.kind for event in parse_history(await store.history(key))]
+
+
+async def test_sqlite_writes_the_events_in_the_transitions_commit(tmp_path: Any) -> None:
+    store = SQLiteKeyStore(tmp_path / "k.db")
+    claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    await store.complete("k", claimed.token, b"r", retention=600)
+    await store.claim("k", "fp", lease=30, takeover=False)
+    assert store._writer.commits == 3  # one per transition, events included
+    assert await kinds_of(store, "k") == ["claimed", "completed", "replayed"]
+    await store.aclose()
+
+
+# -- reaching into the stored data --------------------------------------------------------------
+
+
+def raw_history_storage(backend: Backend) -> list[str]:
+    """Everything the backend stored for histories and the audit stream, as text."""
+    store = backend.store
+    if isinstance(store, MemoryKeyStore):
+        trail = store._trail
+        assert trail is not None
+        return [repr(trail.histories), repr(list(trail.stream))]
+    if isinstance(store, SQLiteKeyStore):
+        with sqlite3.connect(backend.location) as conn:
+            rows = [*conn.execute("SELECT * FROM history"), *conn.execute("SELECT * FROM audit")]
+        return [repr(rows)]
+    assert isinstance(store, RedisKeyStore)
+    with sync_redis_client(backend.location) as client:
+        found = []
+        for name in client.scan_iter(match=f"{backend.prefix}*"):
+            kind = client.type(name)
+            if kind == b"stream":
+                found.append(repr(client.xrange(name)))
+            elif name.endswith(b":h"):
+                found.append(repr(client.get(name)))
+        return found
+
+
+async def overwrite_history(backend: Backend, key: str, text: str) -> None:
+    store = backend.store
+    if isinstance(store, MemoryKeyStore):
+        assert store._trail is not None
+        store._trail.histories[key] = text
+    elif isinstance(store, SQLiteKeyStore):
+        with sqlite3.connect(backend.location) as conn:
+            conn.execute("UPDATE history SET lines = ? WHERE key = ?", (text, key))
+    else:
+        with sync_redis_client(backend.location) as client:
+            name = f"{backend.prefix}{{{key}}}:h"
+            client.set(name, text, keepttl=True)
+
+
+def test_a_reconciliation_is_its_own_event() -> None:
+    """Issue 36's transition, wired by `history_saying(reconciled=...)` (pure rules here)."""
+    from idempotency import Record, RecordState
+
+    unknown = Record(
+        "k", RecordState.UNKNOWN, "fp", 3, 3, None, 1.0, 2.0, None, None, None, None, TOOL
+    )
+    done = Record(
+        "k", RecordState.COMPLETED, "fp", 3, 3, None, 1.0, 3.0, None, 3.0, 9.0, b"r", TOOL
+    )
+    rerun = Record(
+        "k", RecordState.IN_PROGRESS, "fp", 4, 4, "t", 1.0, 3.0, 5.0, None, 9.0, None, TOOL
+    )
+    with history_saying(reconciled="happened"):
+        assert chain.events(unknown, done, True) == [("K", 3, 3, "a=happened")]
+    with history_saying(reconciled="not_happened"):
+        assert [e[0] for e in chain.events(unknown, rerun, True)] == ["K", "C"]
+    text, added = chain.note("", unknown, done, True, 3.0, chain.Said(reconciled="happened"))
+    assert [e.kind for e in parse_history(text)] == ["reconciled"] and len(added) == 1
