@@ -455,9 +455,11 @@ class Guard:
                     if resolution is None or resolution.answer == LOST.answer:
                         continue  # resolved (or being resolved) elsewhere: claim again
                     if resolution.claim is not None:  # not happened: run it, once
-                        return await self._run(
-                            t, resolution.claim, execute, error_result, takeover, claimed_at
-                        )
+                        # Its completion (or release) writes the answer in the history.
+                        with saying(reconciled=resolution.answer):
+                            return await self._run(
+                                t, resolution.claim, execute, error_result, takeover, claimed_at
+                            )
                     done = resolution.replay
                     if done is not None and done.result is not None:
                         return self._replayed(

@@ -33,6 +33,7 @@ import anyio
 import anyio.to_thread
 from mcp_types import CallToolResult
 
+from .._stores.history import saying
 from .._stores.store import ClaimOutcome, ClaimStatus, ReconcilingStore, Record
 from .replay import encode_result
 from .telemetry import count_reconciliation, logger, record_name
@@ -281,7 +282,7 @@ async def resolve(
         doubt = in_doubt(record, tool=tool, key=key, arguments=arguments)
         answer = await ask(reconciler, doubt, timeout=timeout)
     except BaseException:
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), saying(reconciled=Verdict.UNKNOWN.value):
             await store.leave_unknown(record.key, token)
         raise
     verdict = answer.verdict
@@ -293,7 +294,8 @@ async def resolve(
     if verdict is Verdict.NOT_HAPPENED:
         count_reconciliation(tool, verdict.value)
         return Resolution(verdict.value, claim=taken)
-    with anyio.CancelScope(shield=True):
+    # The verdict's transition writes it in the record's history (rule 20).
+    with anyio.CancelScope(shield=True), saying(reconciled=verdict.value):
         if result is None:
             held = await store.leave_unknown(record.key, token)
         else:

@@ -32,6 +32,7 @@ from .._guard.reconcile import (
     reconciler_for,
     resolve,
 )
+from .._stores.history import saying
 from .._stores.store import ClaimStatus, KeyStore, ReconcilingStore, Record, RecordState
 from .lowlevel import GuardedCallTool
 
@@ -185,7 +186,8 @@ async def reconcile_unknown(
         )
         if resolution.claim is not None and resolution.claim.token is not None:
             # Not happened: nothing runs the tool from here. Released, the retry runs it.
-            await store.release(record.key, resolution.claim.token)
+            with saying(reconciled=resolution.answer):
+                await store.release(record.key, resolution.claim.token)
         applied = resolution.answer in (Verdict.HAPPENED.value, Verdict.NOT_HAPPENED.value)
         done.append(Reconciliation(record.key, record.tool, resolution.answer, applied))
     return done

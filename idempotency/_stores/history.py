@@ -18,12 +18,13 @@ A line is ``[^PREV|]AT|KIND|FENCE|ATTEMPT|DETAILS|DIGEST``:
 Never an argument, a result or a raw key: sizes, durations, codes, digests. The record's key is
 already a digest of (scope, tool, key), and is the history's name, not part of its lines.
 
-A transition this module does not know yet wires in without touching it: issue 36's reconcile
-runs its fenced transition inside ``saying(reconciled="happened")`` (or ``"not_happened"``); on
-memory and SQLite `events` then writes ``reconciled`` (and ``claimed`` for the new fence when it
-is taken over); a Redis script calls ``record_event(key, r, 'K', 'a=' .. answer, now, false)``
-from `scripts/lib.lua` after its ``save``, with the two trailing arguments every audited script
-takes (`lua.Script.audited`).
+Rule 19's reconciliation leaves two events. Its claim of the UNKNOWN record (`reconcile`) is a
+``claimed`` event for the new fence, why ``reconcile``; the verdict, written by the transition that
+applies it inside ``saying(reconciled=ANSWER)``, is a ``reconciled`` event with the answer
+(happened, not_happened, unknown) just before that transition's own (completed, released; none
+for the record left UNKNOWN). Redis scripts do the same: `reconcile.lua` writes the claimed event,
+and `complete.lua`, `release.lua` and `leave_unknown.lua` a ``reconciled`` one when the caller
+said ``a=ANSWER``.
 
 Replays and refusals are counted, not listed (rule 20): one of them that repeats the last line
 (same kind, fence and code) replaces it with its count and last time, so a hot key's history does
@@ -205,11 +206,12 @@ def events(
     if (
         told.reconciled is not None
         and before is not None
-        and after is not None
-        and before.state is RecordState.UNKNOWN
-        and after.state is not RecordState.UNKNOWN
+        and before.state is RecordState.IN_PROGRESS
+        and not isinstance(answer, ClaimOutcome)
     ):
-        return _reconciled(before, after, told)
+        verdict = ("K", before.fence, before.attempts, details(a=told.reconciled))
+        after_it = events(before, after, answer, said=Said(why=told.why), started=started)
+        return [verdict, *after_it]
     if isinstance(answer, ClaimOutcome):
         return _claim_events(before, after, answer, told)
     if after is None or before is None:
@@ -228,21 +230,16 @@ def events(
     return []
 
 
-def _reconciled(before: Record, after: Record, told: Said) -> list[tuple[str, int, int, str]]:
-    """An UNKNOWN record resolved by the system of record (rule 19, issue 36's `reconcile=`):
-    happened (completed with its value), or not (taken over: claimed again, fence + 1)."""
-    found = [("K", before.fence, before.attempts, details(a=told.reconciled))]
-    if after.state is RecordState.IN_PROGRESS:
-        found.append(("C", after.fence, after.attempts, details(p=told.scope)))
-    return found
-
-
 def _claim_events(
     before: Record | None, after: Record | None, outcome: ClaimOutcome, told: Said
 ) -> list[tuple[str, int, int, str]]:
     status = outcome.status
     if status is ClaimStatus.CLAIMED:
         assert outcome.fence is not None
+        if outcome.took_over and before is not None and before.state is RecordState.UNKNOWN:
+            # Rule 19: claimed for its reconciliation (`reconcile`); its lost lease is already
+            # in the history.
+            return [("C", outcome.fence, outcome.attempts, details(p=told.scope, w="reconcile"))]
         claimed = ("C", outcome.fence, outcome.attempts, details(p=told.scope))
         if outcome.took_over and before is not None:
             lost = ("L", before.fence, before.attempts, details(w="taken_over"))

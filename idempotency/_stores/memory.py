@@ -186,6 +186,7 @@ class MemoryKeyStore:
             retention=self._orphan_retention,
         )
         if new is not None:
+            self._note(key, new, outcome)
             self._write(key, new)
         return outcome
 
@@ -193,6 +194,7 @@ class MemoryKeyStore:
         new = rules.leave_unknown(self._records.get(key), token, now=self._clock())
         if new is None:
             return False
+        self._note(key, new, True)
         self._write(key, new)
         return True
 

@@ -286,22 +286,32 @@ async def overwrite_history(backend: Backend, key: str, text: str) -> None:
             client.set(name, text, keepttl=True)
 
 
-def test_a_reconciliation_is_its_own_event() -> None:
-    """Issue 36's transition, wired by `history_saying(reconciled=...)` (pure rules here)."""
-    from idempotency import Record, RecordState
-
-    unknown = Record(
-        "k", RecordState.UNKNOWN, "fp", 3, 3, None, 1.0, 2.0, None, None, None, None, TOOL
-    )
-    done = Record(
-        "k", RecordState.COMPLETED, "fp", 3, 3, None, 1.0, 3.0, None, 3.0, 9.0, b"r", TOOL
-    )
-    rerun = Record(
-        "k", RecordState.IN_PROGRESS, "fp", 4, 4, "t", 1.0, 3.0, 5.0, None, 9.0, None, TOOL
-    )
-    with history_saying(reconciled="happened"):
-        assert chain.events(unknown, done, True) == [("K", 3, 3, "a=happened")]
-    with history_saying(reconciled="not_happened"):
-        assert [e[0] for e in chain.events(unknown, rerun, True)] == ["K", "C"]
-    text, added = chain.note("", unknown, done, True, 3.0, chain.Said(reconciled="happened"))
-    assert [e.kind for e in parse_history(text)] == ["reconciled"] and len(added) == 1
+@pytest.mark.parametrize("answer", ["happened", "not_happened", "unknown"])
+async def test_a_reconciliation_leaves_its_claim_and_its_answer(
+    backend: Backend, answer: str
+) -> None:
+    """Rule 19 in the history: the reconciliation's claim (why: reconcile, the next fence), then
+    the answer just before the transition that applies it (the guard and `keys reconcile` write
+    it inside `history_saying(reconciled=...)`)."""
+    store = backend.store
+    await store.claim("k", "fp", lease=1, takeover=False, tool=TOOL)
+    await backend.advance(2)
+    await store.claim("k", "fp", lease=1, takeover=False)  # the lease ran out: UNKNOWN
+    held = await store.reconcile("k", "fp", 1, lease=30)  # type: ignore[attr-defined]
+    assert held is not None and held.token is not None and held.fence == 2
+    with history_saying(reconciled=answer):
+        if answer == "happened":
+            assert await store.complete("k", held.token, SECRET_RESULT, retention=600)
+        elif answer == "not_happened":  # as `keys reconcile` does: the retry runs the tool
+            assert await store.release("k", held.token)
+        else:
+            assert await store.leave_unknown("k", held.token)  # type: ignore[attr-defined]
+    text = await audited(backend).history("k")
+    events = parse_history(text)
+    after = {"happened": ["completed"], "not_happened": ["released"], "unknown": []}[answer]
+    assert [e.kind for e in events] == [
+        "claimed", "lease ran out", "claimed", "reconciled", *after
+    ]  # fmt: skip
+    assert (events[2].fence, events[2].details.get("why")) == (2, "reconcile")
+    assert (events[3].fence, events[3].details) == (2, {"answer": answer})
+    assert verify_history(text) is None

@@ -495,7 +495,7 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
-        trailer = self._trailer(rkey, "")
+        trailer = self._trailer(rkey, chain.details(a=chain.said().reconciled))
         args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
@@ -516,7 +516,11 @@ class RedisKeyStore:
         doubt = ("release", token)
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, self._orphan_retention_us)
-        trailer = self._trailer(rkey, chain.details(w=chain.said().why))
+        told = chain.said()
+        # A reconciliation's verdict (a=...) goes first in release.lua; else why it was released.
+        trailer = self._trailer(
+            rkey, chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+        )
         args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
 
@@ -547,9 +551,14 @@ class RedisKeyStore:
             return None
         token = os.urandom(16).hex()
         lease_us = _micros("lease", lease)
-        args = (_pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token)
+        rkey = self._rkey(key)
+        told = chain.details(p=chain.said().scope, w="reconcile")
+        args = (
+            _pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
+            *self._trailer(rkey, told),
+        )  # fmt: skip
         # Always safe to re-send as it is: reconcile.lua recognises its own token.
-        reply = await self._script(lua.RECONCILE, self._rkey(key), args, args)
+        reply = await self._script(lua.RECONCILE, rkey, args, args)
         if reply == [b"lost"]:
             return None
         return _claim_outcome(key, reply)
@@ -557,8 +566,9 @@ class RedisKeyStore:
     async def leave_unknown(self, key: str, token: str) -> bool:
         if not self._fits(key):
             return False
-        args = (token,)
-        return _done(key, await self._script(lua.LEAVE_UNKNOWN, self._rkey(key), args, args))
+        rkey = self._rkey(key)
+        args = (token, *self._trailer(rkey, chain.details(a=chain.said().reconciled)))
+        return _done(key, await self._script(lua.LEAVE_UNKNOWN, rkey, args, args))
 
     # -- reads -------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
 -- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0, said, audit)
+-- said: '', or a reconciliation's answer (a=...), written as a reconciled event first.
 -- Mirrors idempotency._stores.transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this complete is sent again after its first reply was lost: then a record
 -- already COMPLETED with this very result is its own effect and answers {'ok'} (the result the
@@ -19,6 +20,9 @@ r.lease = ARGV[6] == '1' and DELIVERED or 0
 r.completed = now
 r.expires = now + retention
 save(key, r, now)
+if said() ~= '' then -- a reconciliation's verdict (a=happened, a=not_happened): rule 19
+    record_event(key, r, 'K', said(), now, false)
+end
 record_event(key, r, 'D', 's=' .. int(#result), now, false)
 announce(key, r)
 return {'ok'}

@@ -1,4 +1,4 @@
--- leave_unknown(KEYS[1]; ARGV: offset_us, token)
+-- leave_unknown(KEYS[1]; ARGV: offset_us, token, said, audit)
 -- Mirrors idempotency._stores.transitions.leave_unknown: a reconciler that claimed the record
 -- (reconcile.lua) could not tell, so the record is UNKNOWN again, kept until resolved.
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}. Not flagged for re-sends: a lost reply reads as
@@ -16,5 +16,8 @@ r.token = ''
 r.updated = now
 r.expires = 0
 save(key, r, now)
+if said() ~= '' then
+    record_event(key, r, 'K', said(), now, false)
+end
 announce(key, r)
 return {'ok'}

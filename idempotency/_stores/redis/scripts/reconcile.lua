@@ -1,4 +1,5 @@
--- reconcile(KEYS[1]; ARGV: offset_us, fingerprint, fence, lease_us, orphan_retention_us, token)
+-- reconcile(KEYS[1]; ARGV: offset_us, fingerprint, fence, lease_us, orphan_retention_us, token,
+-- said, audit)
 -- Mirrors idempotency._stores.transitions.reconcile: a record still UNKNOWN under `fence` is
 -- claimed for its reconciliation (IN_PROGRESS under `token`, the fence one higher). Replies
 -- {'claimed', token, fence, attempts, 1}, {'lost'} (anything else: another resolver acted
@@ -27,5 +28,6 @@ if not (r.state == IN_PROGRESS and r.token == token) then
     r.lease = now + lease
     r.expires = now + lease + retention
     save(key, r, now)
+    record_event(key, r, 'C', said(), now, false)
 end
 return {'claimed', r.token, r.fence, r.attempts, 1}
