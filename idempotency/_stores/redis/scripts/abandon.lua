@@ -5,11 +5,10 @@
 -- by a later execution, or gone) or {'corrupt', why}. Safe to re-send: clearing it twice is once.
 local key, fence = KEYS[1], tonumber(ARGV[2])
 local now = clock()
-local stored, why = load(key)
-if why then
-    return {'corrupt', why}
+local r, corrupt = load_live(key, now)
+if corrupt then
+    return corrupt
 end
-local r = live(stored, now)
 if r == nil or r.state ~= COMPLETED or r.fence ~= fence then
     return {'lost'}
 end

@@ -19,11 +19,10 @@ local lease, takeover, retention = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(A
 local tool, resend_only, resent = ARGV[7], ARGV[8] == '1', ARGV[9] == '1'
 
 local now = clock()
-local stored, why = load(key)
-if why then
-    return {'corrupt', why}
+local r, corrupt = load_live(key, now)
+if corrupt then
+    return corrupt
 end
-local r = live(stored, now)
 if r ~= nil and r.state == IN_PROGRESS and r.token == token and r.fp == fp then
     r.lease = now + lease
     r.expires = now + lease + retention
@@ -73,14 +72,7 @@ if r.tool == '' then
 end
 if takeover then
     record_event(key, r, 'L', 'w=taken_over', now, false)
-    r.token = token
-    r.fence = r.fence + 1
-    r.attempts = r.attempts + 1
-    r.updated = now
-    r.lease = now + lease
-    r.expires = now + lease + retention
-    save(key, r, now)
-    record_event(key, r, 'C', said(), now, false)
+    hand_over(key, r, token, lease, retention, now)
     return {'claimed', token, r.fence, r.attempts, 1}
 end
 r.state = UNKNOWN

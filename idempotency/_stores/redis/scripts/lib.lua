@@ -178,6 +178,15 @@ local function load_held(key, token, now, resent, mine)
     return nil, {'lost'}
 end
 
+-- The live record at `key` (nil: none, or expired), or a {'corrupt', why} reply to return.
+local function load_live(key, now)
+    local stored, why = load(key)
+    if why then
+        return nil, {'corrupt', why}
+    end
+    return live(stored, now), nil
+end
+
 local function tombstone(r, now, retention)
     r.state = RELEASED
     r.token = ''
@@ -357,4 +366,20 @@ local function record_event(key, r, code, info, now, counted)
         redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
             'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', line)
     end
+end
+
+-- Hand the record `r` to the holder `token`: the fence and attempts one higher, a new lease,
+-- saved with its claimed event (said(): the claimer's scope digest, and why). A claim's takeover
+-- of an expired lease (claim.lua) and a reconciliation's claim of an UNKNOWN record
+-- (reconcile.lua).
+local function hand_over(key, r, token, lease, retention, now)
+    r.state = IN_PROGRESS
+    r.token = token
+    r.fence = r.fence + 1
+    r.attempts = r.attempts + 1
+    r.updated = now
+    r.lease = now + lease
+    r.expires = now + lease + retention
+    save(key, r, now)
+    record_event(key, r, 'C', said(), now, false)
 end

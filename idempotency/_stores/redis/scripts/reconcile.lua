@@ -8,11 +8,10 @@
 local key, fp, fence, token = KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[6]
 local lease, retention = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock()
-local stored, why = load(key)
-if why then
-    return {'corrupt', why}
+local r, corrupt = load_live(key, now)
+if corrupt then
+    return corrupt
 end
-local r = live(stored, now)
 if r == nil or r.fp ~= fp then
     return {'lost'}
 end
@@ -20,14 +19,6 @@ if not (r.state == IN_PROGRESS and r.token == token) then
     if r.state ~= UNKNOWN or r.fence ~= fence then
         return {'lost'}
     end
-    r.state = IN_PROGRESS
-    r.token = token
-    r.fence = r.fence + 1
-    r.attempts = r.attempts + 1
-    r.updated = now
-    r.lease = now + lease
-    r.expires = now + lease + retention
-    save(key, r, now)
-    record_event(key, r, 'C', said(), now, false)
+    hand_over(key, r, token, lease, retention, now)
 end
 return {'claimed', r.token, r.fence, r.attempts, 1}

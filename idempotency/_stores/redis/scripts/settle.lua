@@ -7,11 +7,10 @@
 -- for a failed verdict) is its own effect and answers ok.
 local key, has_result, retention = KEYS[1], ARGV[2] == '1', tonumber(ARGV[3])
 local now = clock()
-local stored, why = load(key)
-if why then
-    return {'corrupt', why}
+local r, corrupt = load_live(key, now)
+if corrupt then
+    return corrupt
 end
-local r = live(stored, now)
 if r == nil or r.state ~= UNKNOWN then
     local mine
     if has_result then
