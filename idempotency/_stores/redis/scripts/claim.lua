@@ -75,11 +75,7 @@ if takeover then
     hand_over(key, r, token, lease, retention, now)
     return {'claimed', token, r.fence, r.attempts, 1}
 end
-r.state = UNKNOWN
-r.token = ''
-r.updated = now
-r.expires = 0
-save(key, r, now)
+to_unknown(key, r, now)
 record_event(key, r, 'L', 'w=unknown', now, false)
 announce(key, r)
 return {'unknown', r.fence, r.attempts}

@@ -11,11 +11,7 @@ end)
 if refused then
     return refused
 end
-r.state = UNKNOWN
-r.token = ''
-r.updated = now
-r.expires = 0
-save(key, r, now)
+to_unknown(key, r, now)
 if said() ~= '' then
     record_event(key, r, 'K', said(), now, false)
 end

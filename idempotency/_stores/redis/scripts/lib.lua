@@ -187,6 +187,15 @@ local function load_live(key, now)
     return live(stored, now), nil
 end
 
+-- The record `r` in doubt: UNKNOWN, held by no one, kept until someone resolves it (rule 9).
+local function to_unknown(key, r, now)
+    r.state = UNKNOWN
+    r.token = ''
+    r.updated = now
+    r.expires = 0
+    save(key, r, now)
+end
+
 local function tombstone(r, now, retention)
     r.state = RELEASED
     r.token = ''
