@@ -575,6 +575,34 @@ async def test_wait_replicas_without_replicas_withdraws_the_claim(
         await durable.aclose()
 
 
+async def test_wait_replicas_without_replicas_gives_a_reconciliation_back(
+    redis_url: str, prefix: str, raw: aioredis.Redis
+) -> None:
+    """A reconciliation's hold (rule 19) meets the durability bar as a claim does: unconfirmed,
+    it is given back UNKNOWN and the resolver fails closed, asking nothing."""
+    await load_scripts(raw)
+    durable = RedisKeyStore.from_url(redis_url, prefix=prefix, wait_replicas=1, wait_timeout=0.2)
+    plain = RedisKeyStore.from_url(redis_url, prefix=prefix)
+    try:
+        first = await plain.claim(KEY, FP, lease=1, takeover=False)
+        assert first.token is not None
+        plain.advance_clock_for_testing(2.0)  # its lease runs out
+        assert (await plain.claim(KEY, FP, lease=LEASE, takeover=False)).status is (
+            ClaimStatus.UNKNOWN
+        )
+        with pytest.raises(ReplicationUnconfirmed) as caught:
+            await durable.reconcile(KEY, FP, 1, lease=LEASE)
+        assert caught.value.applied is False
+        record = await plain.get(KEY)
+        assert record is not None and record.state is RecordState.UNKNOWN
+        assert record.fence == 2  # given back under the hold's fence: a stale hold is fenced out
+        held = await plain.reconcile(KEY, FP, 2, lease=LEASE)
+        assert held is not None and held.fence == 3
+    finally:
+        await plain.aclose()
+        await durable.aclose()
+
+
 async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
     private_server: RedisServer, tmp_path: Path
 ) -> None:

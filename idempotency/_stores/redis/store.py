@@ -558,10 +558,22 @@ class RedisKeyStore:
             *self._trailer(rkey, told),
         )  # fmt: skip
         # Always safe to re-send as it is: reconcile.lua recognises its own token.
-        reply = await self._script(lua.RECONCILE, rkey, args, args)
+        if not self._durable:
+            reply = await self._script(lua.RECONCILE, rkey, args, args)
+            return None if reply == [b"lost"] else _claim_outcome(key, reply)
+        reply, acks = await self._script(lua.RECONCILE, rkey, args, args, durable=True)
         if reply == [b"lost"]:
             return None
-        return _claim_outcome(key, reply)
+        outcome = _claim_outcome(key, reply)
+        problem = self._unconfirmed(acks)
+        if problem is not None:
+            # As a claim is withdrawn: a failover could lose this hold, and a second resolver
+            # would then ask too. Given back UNKNOWN; failing that, the hold runs out.
+            assert outcome.token is not None
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError):
+                await self.leave_unknown(key, outcome.token)
+            raise self._replication_error(key, problem, acks, applied=False)
+        return outcome
 
     async def leave_unknown(self, key: str, token: str) -> bool:
         if not self._fits(key):
