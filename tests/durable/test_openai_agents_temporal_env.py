@@ -41,7 +41,8 @@ def test_openai_agents_on_temporal_in_its_own_environment(tmp_path: Path) -> Non
         [*pytest_in_env, "-p", "no:cacheprovider", "-q", "-rs", str(PROJECT / "tests")],
         # This suite's OpenAI Agents tests on 0.22, at the same time: they mostly wait out
         # attempt timeouts (seconds of wall time, little CPU).
-        [*pytest_in_env, "-p", "no:cacheprovider", "-q", "-rs",
+        # That environment has no pytest-xdist: our addopts' `-n` would be refused there.
+        [*pytest_in_env, "-p", "no:cacheprovider", "-q", "-rs", "-o", "addopts=-ra",
          "tests/frameworks/test_openai_agents.py", "-k", "not stdio"],
     ]  # fmt: skip
     # Both at once (on a first run, uv's lock on the environment makes one wait for the sync).

@@ -662,10 +662,14 @@ class RedisKeyStore:
 
         For a prefix one owner has to itself (a demo run, a test): on a prefix live servers
         share, it forgets the claims they hold and the results they would replay, so a retry
-        runs the tool again. `mcp-once demo` uses it to leave a user's Redis as it found it."""
+        runs the tool again. `mcp-once demo` uses it to leave a user's Redis as it found it.
+        Each record's history goes with it, and so does the prefix's audit stream (rule 20)."""
         deleted = 0
         async for rkeys in self._scan():
             deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
+        if self._cluster is None:  # a cluster keeps no stream (its histories are its trail)
+            with self._reaching():
+                await self._plain(command(b"UNLINK", self._prefix_bytes + b"audit"))
         return deleted
 
     async def aclose(self) -> None:
