@@ -34,6 +34,7 @@ not grow. The replaced line is re-chained from the same predecessor.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import hashlib
 from collections import deque
 from collections.abc import Iterator
@@ -149,8 +150,10 @@ def saying(**said: str | None) -> Iterator[None]:
     ```
 
     A side channel (like `unreadable_records`), so that the store protocol stays as it is; the
-    SQLite writer runs each step in its caller's context, so it reaches every backend."""
-    token = _said.set(Said(**said))
+    SQLite writer runs each step in its caller's context, so it reaches every backend. A block
+    inside another adds to what the outer one said (a reconciliation's answer stays said when
+    the tool it runs is released, say, with its reason)."""
+    token = _said.set(dataclasses.replace(_said.get() or _NOTHING_SAID, **said))
     try:
         yield
     finally:

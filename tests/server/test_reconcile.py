@@ -53,6 +53,7 @@ from idempotency import (
     idempotent,
     idempotent_call_tool,
     install,
+    parse_history,
     wire,
 )
 
@@ -110,6 +111,11 @@ async def lost_worker(d: Doubtful, key: str, *, unknown: bool = True, tool: str 
             "unknown"
         )
     return name
+
+
+async def story(d: Doubtful, name: str) -> list[str]:
+    """The record's history (rule 20), event kinds in order."""
+    return [e.kind for e in parse_history(await d.store.history(name))]  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -173,6 +179,12 @@ async def test_happened_answers_with_the_providers_result_and_never_runs_the_too
     assert marker(again)["status"] == "replayed" and wire.MARKER_RECONCILED not in marker(again)
     record = await doubtful.store.get(name)
     assert record is not None and record.state is RecordState.COMPLETED
+    # Rule 20: the lost lease (and, found UNKNOWN, the retry refused), the reconciliation's
+    # claim, its answer, then its completion.
+    assert await story(doubtful, name) == [
+        "claimed", "lease ran out", *(["refused"] if unknown else []),
+        "claimed", "reconciled", "completed", "replayed",
+    ]  # fmt: skip
 
 
 async def test_not_happened_runs_the_tool_once_under_a_higher_fence(doubtful: Doubtful) -> None:
@@ -188,6 +200,12 @@ async def test_not_happened_runs_the_tool_once_under_a_higher_fence(doubtful: Do
     assert body(again) == body(first)
     record = await doubtful.store.get(name)
     assert record is not None and (record.state, record.fence) == (RecordState.COMPLETED, 2)
+    events = parse_history(await doubtful.store.history(name))  # type: ignore[attr-defined]
+    assert [(e.kind, e.fence) for e in events] == [
+        ("claimed", 1), ("lease ran out", 1), ("refused", 1), ("claimed", 2),
+        ("reconciled", 2), ("completed", 2), ("replayed", 2),
+    ]  # fmt: skip
+    assert events[4].details == {"answer": "not_happened"}
 
 
 class Boom(Exception):

@@ -315,3 +315,13 @@ async def test_a_reconciliation_leaves_its_claim_and_its_answer(
     assert (events[2].fence, events[2].details.get("why")) == (2, "reconcile")
     assert (events[3].fence, events[3].details) == (2, {"answer": answer})
     assert verify_history(text) is None
+
+
+def test_a_saying_inside_another_adds_to_it() -> None:
+    """A reconciliation's answer stays said when the tool it lets run is released with a reason
+    (the guard's `saying(why=...)` inside its `saying(reconciled=...)`)."""
+    with history_saying(reconciled="not_happened"):
+        with history_saying(why="effect_free"):
+            assert chain.said() == chain.Said(why="effect_free", reconciled="not_happened")
+        assert chain.said() == chain.Said(reconciled="not_happened")
+    assert chain.said() == chain.Said()
