@@ -257,7 +257,10 @@ async def test_a_slot_migrated_mid_run_loses_no_record_and_grants_no_second_clai
     runs = Runs()
     gate = anyio.Event()
     moving = False  # the slot is set MIGRATING/IMPORTING
+    # Another application's key in the same slot, as on any shared cluster: it moves too.
+    stray = f"other-{prefix}{{{keys[0]}}}"
     try:
+        await admin(redis_cluster, source, "SET", stray, "theirs")
         for master in masters:
             await admin(redis_cluster, master, "CONFIG", "RESETSTAT")
         with anyio.fail_after(60):
@@ -283,6 +286,7 @@ async def test_a_slot_migrated_mid_run_loses_no_record_and_grants_no_second_clai
                 gate.set()  # the held claims complete: 3 on the target (ASK), 3 on the source
                 await migrate(redis_cluster, source, target, prefix, early[3:])
             assert await ours_in_slot(redis_cluster, source, slot, prefix) == 0
+            await migrate_strays(redis_cluster, source, target, slot)
             for master in masters:
                 await admin(redis_cluster, master, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
             await in_thread(redis_cluster.wait_healthy)
@@ -299,6 +303,7 @@ async def test_a_slot_migrated_mid_run_loses_no_record_and_grants_no_second_clai
             assert record is not None and record.state is RecordState.COMPLETED
             assert record.result == f"done {key}".encode() and record.fence == 1
         assert await ours_in_slot(redis_cluster, target, slot, prefix) == len(keys)
+        assert await admin(redis_cluster, target, "GET", stray) == b"theirs"
         source_errors = stats(redis_cluster, source, "errorstats")
         target_calls = stats(redis_cluster, target, "commandstats")
         assert errors(source_errors, "ASK") > 0 and calls(target_calls, "asking") > 0
@@ -317,6 +322,7 @@ async def test_a_slot_migrated_mid_run_loses_no_record_and_grants_no_second_clai
             there = set(names_on(redis_cluster, source, prefix))
             left = [key for key in keys if f"{prefix}{{{key}}}".encode() in there]
             await migrate(redis_cluster, source, target, prefix, left)
+            await migrate_strays(redis_cluster, source, target, slot)
             for master in masters:
                 await admin(redis_cluster, master, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
         await in_thread(redis_cluster.wait_healthy)
@@ -333,6 +339,18 @@ async def migrate(
             cluster, source, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
             "KEYS", name, f"{name}:h",
         )  # fmt: skip
+
+
+async def migrate_strays(
+    cluster: LocalCluster, source: RedisServer, target: RedisServer, slot: int
+) -> None:
+    """Move whatever else `source` still holds in `slot` to `target`, as a resharding tool does
+    before the hand-over: the cluster is shared by the session, and another test's key that
+    happens to hash to `slot` makes `SETSLOT NODE` refuse ("I still hold keys")."""
+    while names := await admin(cluster, source, "CLUSTER", "GETKEYSINSLOT", slot, 1000):
+        await admin(
+            cluster, source, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *names
+        )
 
 
 # -- waits, scans, durability ----------------------------------------------------------------------
