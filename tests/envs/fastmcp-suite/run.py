@@ -1002,7 +1002,10 @@ def report(
     work: Path,
     argv: Sequence[str],
     info: dict[str, Any],
+    collected: set[str] | None,
 ) -> str:
+    """The run's report; `collected` is the unguarded collection when only the guarded
+    failures ran unguarded (`--baseline failures`), else None."""
     unguarded, guarded = runs["unguarded"], runs["guarded"]
     code: dict[str, str] = info.get("code", {})
     snapshot = info.get("snapshot")
@@ -1084,14 +1087,13 @@ def report(
     ids_before, ids_after = set(unguarded.results), set(guarded.results)
     only_unguarded = [unguarded.results[i] for i in sorted(ids_before - ids_after)]
     only_guarded = [guarded.results[i] for i in sorted(ids_after - ids_before)]
-    if info.get("baseline") == "failures":
+    if collected is not None:
         # The unguarded run held only the guarded failures: "only guarded" is every test that
         # passed guarded. What the gate checks instead is the unguarded collection.
-        collected = (work / "collected.txt").read_text().splitlines()
         only_guarded = []
         only_unguarded = [
             Result(i, i.split("::", 1)[0], "not run", "collected unguarded, not in the guarded run")
-            for i in collected
+            for i in sorted(collected)
             if i not in ids_after
         ]
     skipped_guarded = [
@@ -1302,7 +1304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.reuse:
         info["code"]["working tree at end"] = code_digest()
         summary.write_text(json.dumps(info, indent=1), encoding="utf-8")
-    text = report(runs, found, verdicts, source_note, work, args_list, info)
+    text = report(runs, found, verdicts, source_note, work, args_list, info, collected)
     gate: Gate | None = None
     if expect_path is not None:
         gate = judge(
