@@ -18,7 +18,7 @@ from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
 from fastmcp.tools.base import Tool, ToolResult
 
-from idempotency import Claim, Interrupted, current_claim
+from idempotency import Claim, OutcomeLost, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
 
 from .failures import UpstreamNotSent, UpstreamRefused
@@ -63,7 +63,9 @@ class OnceProxyTool(ProxyTool):
                 name, arguments, upstream_key(claim), resend=self._resend, progress=progress
             )
         except OutcomeUnknown as exc:
-            raise Interrupted(f"the upstream may have run it ({exc.reason})") from exc
+            # Nothing more will come of this call: the record turns UNKNOWN now, not at the
+            # lease's end (an `upstream_idempotent` tool's is left for a takeover).
+            raise OutcomeLost(f"the upstream may have run it ({exc.reason})") from exc
         except NotExecuted as exc:
             raise UpstreamNotSent(str(exc.reason)) from exc
         except ToolCallError as exc:

@@ -10,10 +10,12 @@ must watch the upstream link itself, in this process through the Python API.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -39,7 +41,7 @@ from proxy_kit import (
     text,
 )
 
-from idempotency import MemoryKeyStore, open_store, wire
+from idempotency import MemoryKeyStore, RecordState, open_store, parse_history, wire
 from mcp_once.proxy import OnceProxy, Upstream, build_proxy, parse_policy
 from orchestrator import RetryingSession, RetryPolicy, streamable_http_transport
 from orchestrator.chaos import Chaos, Fault, FaultPlan
@@ -200,35 +202,67 @@ async def test_concurrent_duplicates_get_one_effect(
     assert lines(ledger / "effects") == 1
 
 
-async def test_in_doubt_record_turns_unknown_and_settles(
-    node_servers: NodeServers, ledger: Path, tmp_path: Path
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store the proxy's in-doubt record must turn UNKNOWN on at once."""
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    redis_url: str = request.getfixturevalue("redis_url")
+    return f"{redis_url}?prefix=px-fail-{uuid.uuid4().hex[:8]}:"
+
+
+async def test_in_doubt_record_turns_unknown_at_once_and_settles(
+    node_servers: NodeServers, ledger: Path, store_url: str
 ) -> None:
-    """After a maybe-executed failure the record is left to its lease, then UNKNOWN (-32012 to a
-    re-send), until `mcp-once keys settle` completes it with the effect that happened."""
+    """The upstream child SIGKILLed after its effect, before its answer: the caller gets -32012
+    at once (the lease is 30 s, the call comes back in a fraction of it), the record is UNKNOWN
+    already (its history says `interrupted`), a re-send gets -32012, never -32010, and is never
+    sent upstream; `mcp-once keys settle` completes it with the effect that happened."""
     from mcp_once._cli import main
 
-    lease = 0.5
-    url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
-    store = open_store(url)
+    lease = 30.0
+    store = open_store(store_url)
     async with ledger_proxy(node_servers, ledger, store=store, lease=lease) as (proxy, client):
         crash = {"amount": 6, "crash": "after"}
+        started = anyio.current_time()
         with pytest.raises(MCPError) as caught:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        took = anyio.current_time() - started
         assert caught.value.code == wire.OUTCOME_UNKNOWN
-        await anyio.sleep(lease * 1.5)  # the lease of the dead attempt runs out
+        assert took < lease / 3, f"the in-doubt answer took {took:.1f} s"
+        (record,) = await store.list_records()
+        assert record.state is RecordState.UNKNOWN and record.tool == "charge"
+        events = parse_history(await store.history(record.key))  # type: ignore[attr-defined]
+        assert [e.kind for e in events] == ["claimed", "interrupted"]
+        assert events[1].details == {"why": "interrupted"}
         with pytest.raises(MCPError) as again:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
-        assert again.value.code == wire.OUTCOME_UNKNOWN
-        assert lines(ledger / "calls") == 1  # never re-sent upstream
-        record = ["--client-key", "crashed", "--tool", "charge", "--server", proxy.name]
+        assert again.value.code == wire.OUTCOME_UNKNOWN  # not IN_PROGRESS (-32010)
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+        if store_url.startswith("memory"):
+            return  # `keys` reads the store from another process's view: not a memory store
+        listed = ["keys", "list", "--store", store_url, "--state", "unknown", "--json"]
+        shown = await anyio.to_thread.run_sync(_stdout_of, main, listed)
+        assert [(r["key"], r["state"]) for r in json.loads(shown)] == [(record.key, "unknown")]
+        named = ["--client-key", "crashed", "--tool", "charge", "--server", proxy.name]
         verdict = ["--result-text", "charged 6 (#1)"]
         settled = await anyio.to_thread.run_sync(
-            main, ["keys", "settle", "--store", url, *record, *verdict]
+            main, ["keys", "settle", "--store", store_url, *named, *verdict]
         )
         assert settled == 0
         replay = await client.call_tool("charge", crash, meta=meta_key("crashed"))
         assert text(replay) == "charged 6 (#1)" and status(replay) == "replayed"
-        assert lines(ledger / "calls") == 1
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+
+
+def _stdout_of(main: Any, argv: list[str]) -> str:
+    """What the CLI's `main(argv)` prints (it must exit 0)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return out.getvalue()
 
 
 async def test_tools_command_lists_what_the_proxy_does(
