@@ -52,14 +52,27 @@ class OnceProxyTool(ProxyTool):
         return adopted
 
     async def run(self, arguments: dict[str, Any], context: Context | None = None) -> ToolResult:
-        claim = current_claim()
-        if claim is None or self._link is None:
+        link = self._link
+        if link is None:
             return await super().run(arguments, context)
+        ctx = context or get_context()
+        # The upstream's log lines and questions reach this call's caller while it runs
+        # (`forwarding.py`); a replay never gets here, so it carries the result only.
+        with link.forwarding.serving(ctx):
+            claim = current_claim()
+            if claim is None:
+                return await super().run(arguments, ctx)
+            return await self._guarded(link, claim, arguments, ctx)
+
+    async def _guarded(
+        self, link: UpstreamLink, claim: Claim, arguments: dict[str, Any], ctx: Context
+    ) -> ToolResult:
+        """The call sent upstream under the record's own key, its failures in the guard's terms."""
         name = self._backend_name or self.name
         # The upstream's progress reaches the caller of the first execution (a replay has none).
-        progress = (context or get_context()).report_progress
+        progress = ctx.report_progress
         try:
-            result = await self._link.call(
+            result = await link.call(
                 name, arguments, upstream_key(claim), resend=self._resend, progress=progress
             )
         except OutcomeUnknown as exc:

@@ -313,6 +313,73 @@ async def test_upstream_idempotent_tools_are_resent_under_the_same_key(
         assert proxy.link.connects == 2
 
 
+#: What `consult` answers, by what it asks its caller (the front client's answers below).
+CONSULTED = {
+    "sampling": "sampling: teal",
+    "elicitation": 'elicitation: accept {"ok":true}',
+    "roots": "roots: file:///work/roots-a",
+}
+
+
+@pytest.mark.parametrize(("ask", "guarded"), [(a, True) for a in CONSULTED] + [("sampling", False)])
+async def test_log_lines_and_questions_reach_the_caller_of_the_first_execution_only(
+    node_servers: NodeServers, ledger: Path, ask: str, guarded: bool
+) -> None:
+    """The upstream's log line and its sampling / elicitation / roots request reach the caller
+    of a guarded call's first execution, over a 2025-era front (the one with server-to-client
+    requests); its replay carries the result only: no log line, no question, no upstream call.
+    A passed-through call forwards them too, each time it runs."""
+    from fastmcp import Client as FastMCPClient
+    from fastmcp.client.elicitation import ElicitResult
+
+    logs: list[Any] = []
+    asked: list[str] = []
+
+    async def on_log(message: Any) -> None:
+        data = message.data  # FastMCP relays a line as {"msg": ..., "extra": ...}
+        logs.append(data["msg"] if isinstance(data, dict) else data)
+
+    async def on_sampling(messages: Any, params: Any, context: Any) -> str:
+        asked.append("sampling")
+        return "teal"
+
+    async def on_elicitation(message: str, kind: Any, params: Any, context: Any) -> Any:
+        asked.append("elicitation")
+        return ElicitResult(action="accept", content={"ok": True})
+
+    async def on_roots(context: Any) -> list[str]:
+        asked.append("roots")
+        return ["file:///work/roots-a"]
+
+    policy = parse_policy({"tools": {"consult": {"guard": guarded}}})
+    proxy = build_proxy(
+        Upstream.stdio(*node_servers.ledger(ledger)), MemoryKeyStore(), policy=policy
+    )
+    front = FastMCPClient(
+        proxy,
+        mode="legacy",
+        log_handler=on_log,
+        sampling_handler=on_sampling,
+        elicitation_handler=on_elicitation,
+        roots=on_roots,
+    )
+    arguments = {"ask": ask}
+    async with proxy.opened(), front:
+        first = await front.call_tool_mcp("consult", arguments, meta=meta_key(f"ask-{ask}"))
+        assert not first.is_error and text(first) == CONSULTED[ask]
+        assert logs == ["consulting #1"] and asked == [ask]
+        again = await front.call_tool_mcp("consult", arguments, meta=meta_key(f"ask-{ask}"))
+        assert text(again) == CONSULTED[ask]
+    if guarded:
+        assert (status(first), status(again)) == ("executed", "replayed")
+        assert len(logs) == 1 and asked == [ask]  # the replay: the result only
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+    else:
+        assert (status(first), status(again)) == (None, None)
+        assert logs == ["consulting #1", "consulting #2"]
+        assert asked == [ask, ask] and lines(ledger / "effects") == 2
+
+
 async def test_max_run_time_from_the_policy_is_outcome_unknown(
     node_servers: NodeServers, ledger: Path
 ) -> None:
