@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types
 import pytest
 from mcp import MCPError, StdioServerParameters
 from mcp.client import Client
@@ -378,6 +379,49 @@ async def test_log_lines_and_questions_reach_the_caller_of_the_first_execution_o
         assert (status(first), status(again)) == (None, None)
         assert logs == ["consulting #1", "consulting #2"]
         assert asked == [ask, ask] and lines(ledger / "effects") == 2
+
+
+@pytest.mark.parametrize("era", ["legacy", "auto"])
+async def test_a_task_augmented_call_passes_through_and_is_never_stored(
+    node_servers: NodeServers, ledger: Path, era: str
+) -> None:
+    """A call carrying `params.task` to a guarded tool passes through unguarded: the upstream
+    runs each copy (two effects under one key), nothing is stored, no marker; the listing says so
+    in each guarded tool's `io.github.mcp-once/proxy` entry. The same key without a task is then
+    guarded as ever (the task-augmented copies left no record to replay)."""
+    from fastmcp import Client as FastMCPClient
+    from pydantic import TypeAdapter
+
+    store = MemoryKeyStore()
+    proxy = build_proxy(Upstream.stdio(*node_servers.ledger(ledger)), store)
+    params = mcp_types.CallToolRequestParams(
+        name="charge",
+        arguments={"amount": 3},
+        task=mcp_types.TaskMetadata(ttl=60_000),
+        _meta=meta_key("task-1"),
+    )
+    answer = TypeAdapter(mcp_types.CallToolResult | mcp_types.CreateTaskResult)
+    async with proxy.opened(), FastMCPClient(proxy, mode=era) as front:
+        listed = {t.name: t for t in await front.list_tools()}
+        assert (listed["charge"].meta or {})[wire.PROXY_META] == {
+            "unguarded": ["task"],
+            "neverStored": ["task", "inputRequired"],
+        }
+        assert wire.PROXY_META not in (listed["balance"].meta or {})  # passed through anyway
+        tasked = [
+            await front.session.send_request(mcp_types.CallToolRequest(params=params), answer)
+            for _ in range(2)
+        ]
+        ran = [r for r in tasked if isinstance(r, mcp_types.CallToolResult)]
+        assert [text(r) for r in ran] == ["charged 3 (#1)", "charged 3 (#2)"]
+        assert [status(r) for r in ran] == [None, None]
+        assert await store.list_records() == []
+        plain = [
+            await front.call_tool_mcp("charge", {"amount": 3}, meta=meta_key("task-1"))
+            for _ in range(2)
+        ]
+        assert [status(r) for r in plain] == ["executed", "replayed"]
+    assert lines(ledger / "effects") == 3
 
 
 async def test_max_run_time_from_the_policy_is_outcome_unknown(
