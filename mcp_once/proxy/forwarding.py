@@ -11,10 +11,10 @@ So the link's client gets handlers of ours (`Forwarding.client_options`): each c
 proxied tool, guarded or passed through, is registered while it runs (`Forwarding.serving`), and a
 message the upstream sends goes to the caller of the one call in flight, through FastMCP's own
 forwarding handlers. A stdio upstream (and a 2025-era HTTP one outside a request's stream) does
-not say which request a log line or a request belongs to; with several calls in flight it cannot
-be told, so it is not forwarded at all (a log line is dropped, a request refused to the upstream)
-rather than sent to a caller it may not belong to. Progress is routed by its token and is not
-concerned. A replay never reaches the upstream, so it carries the result only.
+not say which request a log line or a request belongs to; with several calls in flight, or none,
+it cannot be told, so it is not forwarded at all (a log line is dropped, a request refused to the
+upstream) rather than sent to a caller it may not belong to. Progress is routed by its token and
+is not concerned. A replay never reaches the upstream, so it carries the result only.
 """
 
 from __future__ import annotations
@@ -84,12 +84,14 @@ class Forwarding:
         async def relay(*args: Any, **kwargs: Any) -> Any:
             target = self._only()  # read before any await: the call may end meanwhile
             if target is None:
+                calls = self.in_flight
                 why = (
-                    f"the upstream sent {what} while {self.in_flight} calls were in flight on"
-                    " its session; it cannot be told whose it is, so it was not forwarded"
+                    f"the upstream sent {what} while {calls} calls were in flight on its"
+                    " session; it cannot be told whose it is, so it was not forwarded"
                 )
                 if is_log:
-                    logger.warning("%s", why)
+                    # Between calls (a chatty upstream's idle lines) nobody loses anything.
+                    logger.log(logging.WARNING if calls else logging.DEBUG, "%s", why)
                     return None
                 raise MCPError(INTERNAL_ERROR, f"mcp-once proxy: {why}")
             # FastMCP's own restore (what its proxy tools' stash feeds): the handler then

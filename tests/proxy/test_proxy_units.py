@@ -126,12 +126,14 @@ def test_outcome_lost_is_an_interrupted_the_guard_sees_below_fastmcp() -> None:
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_an_upstream_message_with_several_calls_in_flight_is_forwarded_to_no_one() -> None:
     """A stdio upstream does not say which request a log line or a question belongs to: with
-    two calls in flight on its session, neither caller gets it (a question is refused to the
+    two calls in flight on its session (or none), no caller gets it (a question is refused to the
     upstream, a log line dropped), where one stash slot would hand it to whichever came last."""
     forwarding = Forwarding()
     handlers = forwarding.client_options()
     first: Any = SimpleNamespace(request_context=object(), _fastmcp=None)
     second: Any = SimpleNamespace(request_context=object(), _fastmcp=None)
+    with pytest.raises(MCPError, match="0 calls were in flight"):  # between calls: no one's
+        await handlers["sampling_handler"](None, None, None)
     with forwarding.serving(first), forwarding.serving(second):
         assert forwarding.in_flight == 2
         for name in ("sampling_handler", "elicitation_handler", "roots"):
