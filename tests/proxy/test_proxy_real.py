@@ -231,6 +231,7 @@ async def test_in_doubt_record_turns_unknown_at_once_and_settles(
         with pytest.raises(MCPError) as caught:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
         took = anyio.current_time() - started
+        print(f"[stdio child killed mid-call, {store_url[:6]}] -32012 after {took:.2f} s")
         assert caught.value.code == wire.OUTCOME_UNKNOWN
         assert took < lease / 3, f"the in-doubt answer took {took:.1f} s"
         (record,) = await store.list_records()
@@ -256,6 +257,32 @@ async def test_in_doubt_record_turns_unknown_at_once_and_settles(
         replay = await client.call_tool("charge", crash, meta=meta_key("crashed"))
         assert text(replay) == "charged 6 (#1)" and status(replay) == "replayed"
         assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+
+
+async def test_an_http_upstream_dying_mid_call_turns_the_record_unknown_at_once(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """The HTTP stream broke: the upstream HTTP server SIGKILLed after its effect, before its
+    answer. -32012 at once, the record UNKNOWN at once, a re-send -32012 (not -32010), one
+    effect."""
+    lease = 30.0
+    store = MemoryKeyStore()
+    with announced(node_servers.ledger(ledger, "--port", "0"), "PORT ", stream="stdout") as port:
+        proxy = build_proxy(Upstream.http(node_port_url(port)), store, lease=lease)
+        async with proxy.opened(), InProcess(proxy) as client:
+            crash = {"amount": 2, "crash": "after"}
+            started = anyio.current_time()
+            with pytest.raises(MCPError) as caught:
+                await client.call_tool("charge", crash, meta=meta_key("stream-broke"))
+            took = anyio.current_time() - started
+            with pytest.raises(MCPError) as again:
+                await client.call_tool("charge", crash, meta=meta_key("stream-broke"))
+    print(f"[http upstream killed mid-call] -32012 after {took:.2f} s (lease {lease:g} s)")
+    assert caught.value.code == wire.OUTCOME_UNKNOWN and took < lease / 3
+    assert again.value.code == wire.OUTCOME_UNKNOWN
+    (record,) = await store.list_records()
+    assert record.state is RecordState.UNKNOWN
+    assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
 
 
 def _stdout_of(main: Any, argv: list[str]) -> str:
