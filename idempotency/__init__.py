@@ -5,7 +5,8 @@ and `idempotent_call_tool` (a low-level `Server`), each with the options of `Pol
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
 `current_claim()` is the claim it runs under, for fencing its own downstream writes; a tool whose
 own downstream call broke after it may have been received (a proxy's upstream link) raises
-`Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error. The
+`Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error (`OutcomeLost`,
+when nothing more can come of that call: the record turns UNKNOWN at once). The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
 source) each time a call is answered from its record (docs/observability.md). The `reconcile`
 option takes a `Reconciler` (or a mapping from tool name to one): asked with an `InDoubt` about an
@@ -35,7 +36,7 @@ import logging
 
 from ._guard.current_claim import Claim, current_claim
 from ._guard.fingerprint import fingerprint
-from ._guard.guard import Interrupted
+from ._guard.guard import Interrupted, OutcomeLost
 from ._guard.hooks import Replay, ReplayHook
 from ._guard.mint import KeySource
 from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
@@ -100,6 +101,7 @@ __all__ = [
     "KeyStore",
     "LimitExceeded",
     "MemoryKeyStore",
+    "OutcomeLost",
     "Policy",
     "PolicyOptions",
     "ReconcileOption",

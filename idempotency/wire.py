@@ -26,6 +26,11 @@ IDEMPOTENCY_META: Final = NAMESPACE + "idempotency"
 #: (`status` is "replayed"). Absent on every other answer.
 MARKER_RECONCILED: Final = "reconciled"
 
+#: Tool definition `_meta` of a tool `mcp-once proxy` guards: what of its calls the proxy does not
+#: guard, `{"unguarded": ["task"], "neverStored": ["task", "inputRequired"]}` (a task-augmented
+#: call passes through unguarded; neither it nor an input_required round is ever stored).
+PROXY_META: Final = NAMESPACE + "proxy"
+
 #: The tool definition `_meta` entry's `keys` values. Every one of them honours a key the client
 #: sends; they differ in what happens to a keyless call: refused (-32602), run unprotected, or run
 #: under a key the server derives for that caller.

@@ -130,6 +130,19 @@ class Interrupted(Exception):
         self.why = why
 
 
+class OutcomeLost(Interrupted):
+    """Raised by a tool whose own downstream call may have had its effect and will never say
+    (public as `idempotency.OutcomeLost`): the proxy's upstream child died mid-call, its stream
+    broke. Unlike a plain `Interrupted` (a run cut short by a timeout, whose body may still be
+    finishing in a worker thread), nothing more can come of this execution, so waiting out its
+    lease would only tell re-sends "in progress" (-32010) for an outcome already known to be
+    unknown. The record turns UNKNOWN at once, fenced on the claim's token
+    (`ReconcilingStore.leave_unknown`; an ``interrupted`` event in its history), and the call
+    and every re-send get OUTCOME_UNKNOWN (-32012) until a reconciler or an operator settles it.
+    A tool whose policy allows a takeover (`takeover`) is left to its lease as before: the next
+    claim after it runs the tool again, which such a tool permits."""
+
+
 @dataclass(slots=True)
 class ToolCall:
     """One tools/call as the guard needs it: names, the arguments as sent, the request `_meta`.
@@ -694,7 +707,12 @@ class Guard:
                 keeper.end()
                 cut = raised.why if isinstance(raised, Interrupted) else None
                 return await self._after_abort(
-                    t, token, takeover, lease_lost=keeper.lost, interrupted=cut
+                    t,
+                    token,
+                    takeover,
+                    lease_lost=keeper.lost,
+                    interrupted=cut,
+                    lost=isinstance(raised, OutcomeLost),
                 )
             elif isinstance(result, InputRequiredResult):
                 # An input_required round is a question, not an outcome: never stored (rule 8).
@@ -846,6 +864,26 @@ class Guard:
                     exc,
                 )
 
+    async def _leave_unknown(self, t: _Ticket, token: str) -> bool:
+        """Turn the claim `token` holds UNKNOWN now (`OutcomeLost`); False when the store
+        cannot (a `KeyStore` of one's own without `leave_unknown`: the lease settles it), the
+        token no longer holds the record, or the store failed (logged; the lease settles it)."""
+        leave = getattr(self.store, "leave_unknown", None)
+        if not callable(leave):
+            return False
+        with anyio.CancelScope(shield=True), saying(why="interrupted"):
+            try:
+                return bool(await leave(t.store_key, token))
+            except Exception as exc:
+                t.trace.store_error("leave_unknown", exc)
+                logger.warning(
+                    "could not turn record %s UNKNOWN: %r; it turns UNKNOWN when its lease"
+                    " runs out",
+                    record_name(t.store_key),
+                    exc,
+                )
+        return False
+
     async def _peek(self, t: _Ticket) -> Record | None:
         record: Record | None = None
         with anyio.CancelScope(shield=True):
@@ -863,9 +901,11 @@ class Guard:
         *,
         lease_lost: bool,
         interrupted: str | None = None,
+        lost: bool = False,
     ) -> ToolResult:
         """The run was cut short mid-tool (lost lease, max run time, or the framework's own
-        timeout: `interrupted`): say what is known."""
+        timeout: `interrupted`): say what is known. `lost`: the tool raised `OutcomeLost`, so
+        the record turns UNKNOWN now unless a takeover may run it again."""
         t.trace.outcome(Outcome.ABORTED)
         if lease_lost:
             why = "it lost its lease (another worker took the record over, or it was declared lost)"
@@ -874,6 +914,10 @@ class Guard:
         else:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
         logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
+        if lost and not lease_lost and not takeover and await self._leave_unknown(t, token):
+            raise errors.outcome_unknown(
+                t.key, f"the attempt was cut short mid-execution because {why}"
+            )
         record = await self._peek(t)
         if record is not None and record.fingerprint == t.fingerprint:
             if record.state is RecordState.COMPLETED and record.result is not None:

@@ -26,6 +26,10 @@ for the record left UNKNOWN). Redis scripts do the same: `reconcile.lua` writes 
 and `complete.lua`, `release.lua` and `leave_unknown.lua` a ``reconciled`` one when the caller
 said ``a=ANSWER``.
 
+A holder that gives its execution up as unknown (the guard's `OutcomeLost`: a proxy's upstream
+died mid-call) turns the record UNKNOWN with `leave_unknown` inside ``saying(why=...)``: an
+``interrupted`` event with that why, where a lease that ran out leaves ``lease ran out``.
+
 Replays and refusals are counted, not listed (rule 20): one of them that repeats the last line
 (same kind, fence and code) replaces it with its count and last time, so a hot key's history does
 not grow. The replaced line is re-chained from the same predecessor.
@@ -63,6 +67,7 @@ KINDS: dict[str, str] = {
     "R": "released",
     "L": "lease ran out",
     "K": "reconciled",
+    "I": "interrupted",
     "S": "settled",
     "G": "purged",
 }
@@ -230,6 +235,9 @@ def events(
         return [("D", after.fence, after.attempts, details(s=str(size), d=str(took)))]
     if after.state is RecordState.RELEASED:
         return [("R", before.fence, before.attempts, details(w=told.why or "released"))]
+    if after.state is RecordState.UNKNOWN and told.why is not None:
+        # Its holder gave the execution up as unknown (`OutcomeLost`), before its lease ran out.
+        return [("I", before.fence, before.attempts, details(w=told.why))]
     return []
 
 

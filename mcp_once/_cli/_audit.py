@@ -2,9 +2,10 @@
 
 A record shows where a key stands; its history (rule 20) shows how it got there: claimed by which
 attempt and fence, completed (result size, duration), replayed (a count and the last time), refused
-(the code), released (why), its lease ran out, reconciled, settled (by whom, why), purged. The audit
-stream is the same events across records in arrival order, each naming its record and tool, for an
-operator or a SIEM (`--json`: one object a line). Neither holds an argument, a result or a raw key.
+(the code), released (why), its lease ran out, interrupted (its holder gave it up as unknown),
+reconciled, settled (by whom, why), purged. The audit stream is the same events across records in
+arrival order, each naming its record and tool, for an operator or a SIEM (`--json`: one object a
+line). Neither holds an argument, a result or a raw key.
 
 `audit verify` checks every record's hash chain and names the first event that breaks one, so an
 edited, dropped or reordered event is found. Records an earlier release wrote have no history: they
@@ -49,6 +50,7 @@ EVENTS = (
     "refused",
     "released",
     "lease ran out",
+    "interrupted",
     "reconciled",
     "settled",
     "purged",
@@ -96,7 +98,8 @@ def add_history_parser(
         "history",
         help="show a record's history: every decision on it, oldest first",
         description="Show the events of one record: claimed, completed, replayed (a count and"
-        " the last time), refused (the code), released (why), lease ran out, reconciled,"
+        " the last time), refused (the code), released (why), lease ran out, interrupted,"
+        " reconciled,"
         " settled (by, reason), purged; with fence, attempt and the digest chaining each to"
         " the one before. A record written before histories were kept has none.",
     )

@@ -6,8 +6,9 @@ Rule 18 of the contract, in the guard's own terms (no second judge):
   releases the claim; the caller gets STORE_UNAVAILABLE-coded "not run, retry after backoff"
   (-32013 is the contract's one code for "nothing ran, try again later"; its message says it was
   the upstream, not the store);
-- maybe executed (`OutcomeUnknown`) → the guard's `Interrupted`: OUTCOME_UNKNOWN (-32012), nothing
-  stored;
+- maybe executed (`OutcomeUnknown`) → the guard's `OutcomeLost`: OUTCOME_UNKNOWN (-32012), nothing
+  stored, the record UNKNOWN at once (left to its lease where `upstream_idempotent` allows a
+  takeover);
 - the upstream's own JSON-RPC error (`ToolCallError`) → `UpstreamRefused`, effect-free, released,
   and re-raised to the caller exactly as the upstream sent it (code, message, data);
 - an `isError` result is a result: stored and replayed (rule 8).

@@ -3,22 +3,24 @@
 The guard itself is `IdempotencyMiddleware`, unchanged (same options, rules and errors); this
 module only chooses, per tool, which one: the policy file gives each tool its own options, so each
 distinct set of options gets one `IdempotencyMiddleware` (all on the same store), and a tool the
-policy or its `readOnlyHint` passes through gets none. Failures of the upstream that the guard
-released (never sent, the upstream's own JSON-RPC error) reach the caller as `failures.py` says.
+policy or its `readOnlyHint` passes through gets none, and so does a task-augmented call (each
+guarded tool's listing says so in its `io.github.mcp-once/proxy` `_meta` entry). Failures of the
+upstream that the guard released (never sent, the upstream's own JSON-RPC error) reach the caller
+as `failures.py` says.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import Tool, ToolResult
 from mcp_types import CallToolRequestParams, ListToolsRequest
 
-from idempotency import KeyStore, PolicyOptions
+from idempotency import KeyStore, PolicyOptions, wire
 from idempotency.fastmcp import IdempotencyMiddleware
 
 from .failures import EFFECT_FREE, caller_error
@@ -26,6 +28,13 @@ from .policy import ProxyPolicy, ToolPolicy
 
 _CallContext = MiddlewareContext[CallToolRequestParams]
 _CallNext = CallNext[CallToolRequestParams, ToolResult]
+
+#: What the listing tells a client of each guarded tool: calls the proxy does not guard (a
+#: task-augmented call) and answers it never stores (an input_required round is a question).
+UNGUARDED: dict[str, tuple[str, ...]] = {
+    "unguarded": ("task",),
+    "neverStored": ("task", "inputRequired"),
+}
 
 
 async def _only(tool: Tool, _: MiddlewareContext[ListToolsRequest]) -> Sequence[Tool]:
@@ -35,6 +44,23 @@ async def _only(tool: Tool, _: MiddlewareContext[ListToolsRequest]) -> Sequence[
 
 def _read_only(tool: Tool) -> bool:
     return bool(tool.annotations is not None and tool.annotations.read_only_hint)
+
+
+def _task_augmented(context: _CallContext) -> bool:
+    """Whether the call as sent carries `params.task` (FastMCP's middleware message is rebuilt
+    without it, so the wire request's own params are read)."""
+    ctx = context.fastmcp_context
+    wrapped = None if ctx is None else ctx.request_context
+    params = None if wrapped is None else wrapped._srctx.params
+    if isinstance(params, Mapping):
+        return params.get("task") is not None
+    return getattr(params, "task", None) is not None
+
+
+def _marked(tool: Tool) -> Tool:
+    """`tool` as listed with the proxy's `_meta` entry (a fresh copy: a listing is the caller's)."""
+    entry = {name: list(values) for name, values in UNGUARDED.items()}
+    return tool.model_copy(update={"meta": {**(tool.meta or {}), wire.PROXY_META: entry}})
 
 
 class ProxyGuardMiddleware(Middleware):
@@ -87,14 +113,17 @@ class ProxyGuardMiddleware(Middleware):
                 listed.append(tool)
                 continue
 
-            listed.extend(await guard.on_list_tools(context, functools.partial(_only, tool)))
+            advertised = await guard.on_list_tools(context, functools.partial(_only, tool))
+            listed.extend(_marked(t) for t in advertised)
         return listed
 
     async def on_call_tool(self, context: _CallContext, call_next: _CallNext) -> ToolResult:
         """The call under its tool's guard (or passed through), upstream failures mapped."""
         ctx = context.fastmcp_context
         tool = None if ctx is None else await ctx.fastmcp.get_tool(context.message.name)
-        guard = None if tool is None else self.guard_of(tool)
+        # A task-augmented call passes through, never stored: the proxy's tools run no tasks
+        # (their `execution.taskSupport` is "forbidden"), so it runs as a plain proxied call.
+        guard = None if tool is None or _task_augmented(context) else self.guard_of(tool)
         try:
             if guard is None:
                 return await call_next(context)

@@ -18,7 +18,7 @@ from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
 from fastmcp.tools.base import Tool, ToolResult
 
-from idempotency import Claim, Interrupted, current_claim
+from idempotency import Claim, OutcomeLost, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
 
 from .failures import UpstreamNotSent, UpstreamRefused
@@ -52,18 +52,33 @@ class OnceProxyTool(ProxyTool):
         return adopted
 
     async def run(self, arguments: dict[str, Any], context: Context | None = None) -> ToolResult:
-        claim = current_claim()
-        if claim is None or self._link is None:
+        link = self._link
+        if link is None:
             return await super().run(arguments, context)
+        ctx = context or get_context()
+        # The upstream's log lines and questions reach this call's caller while it runs
+        # (`forwarding.py`); a replay never gets here, so it carries the result only.
+        with link.forwarding.serving(ctx):
+            claim = current_claim()
+            if claim is None:
+                return await super().run(arguments, ctx)
+            return await self._guarded(link, claim, arguments, ctx)
+
+    async def _guarded(
+        self, link: UpstreamLink, claim: Claim, arguments: dict[str, Any], ctx: Context
+    ) -> ToolResult:
+        """The call sent upstream under the record's own key, its failures in the guard's terms."""
         name = self._backend_name or self.name
         # The upstream's progress reaches the caller of the first execution (a replay has none).
-        progress = (context or get_context()).report_progress
+        progress = ctx.report_progress
         try:
-            result = await self._link.call(
+            result = await link.call(
                 name, arguments, upstream_key(claim), resend=self._resend, progress=progress
             )
         except OutcomeUnknown as exc:
-            raise Interrupted(f"the upstream may have run it ({exc.reason})") from exc
+            # Nothing more will come of this call: the record turns UNKNOWN now, not at the
+            # lease's end (an `upstream_idempotent` tool's is left for a takeover).
+            raise OutcomeLost(f"the upstream may have run it ({exc.reason})") from exc
         except NotExecuted as exc:
             raise UpstreamNotSent(str(exc.reason)) from exc
         except ToolCallError as exc:

@@ -10,7 +10,9 @@ own JSON-RPC error is a `ToolCallError`. The upstream's annotations are not trus
 the upstream tool is idempotent (`call(..., resend=True)`), under the same key.
 
 One session, reused across calls (a stdio child is started once, and again only after it died):
-FastMCP's listing reads through the same connected `fastmcp.Client` the calls use.
+FastMCP's listing reads through the same connected `fastmcp.Client` the calls use. What the
+upstream sends besides answers (log lines, sampling, elicitation, roots) goes to the caller of the
+call in flight (`forwarding.py`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, tool_session
+
+from .forwarding import Forwarding
 
 if TYPE_CHECKING:
     from fastmcp import Client
@@ -122,11 +126,13 @@ class UpstreamLink:
         if self.retry.trust_annotations:
             raise ValueError("the proxy's retry policy must not trust the upstream's annotations")
         self._session = RetryingSession(connect=self._connect, policy=self.retry)
+        #: The calls in flight, to which the upstream's log lines and requests are forwarded.
+        self.forwarding = Forwarding()
 
     def _connect(self) -> Client[Any]:
         from fastmcp.server.providers.proxy import ProxyClient
 
-        return ProxyClient(self.upstream.transport())
+        return ProxyClient(self.upstream.transport(), **self.forwarding.client_options())
 
     @property
     def connects(self) -> int:

@@ -27,7 +27,16 @@ from mcp_types import (
 )
 from server_kit import Effects, answer, body, marker, meta, record_key
 
-from idempotency import Claim, KeyStore, MemoryKeyStore, RecordState, current_claim, wire
+from idempotency import (
+    Claim,
+    KeyStore,
+    MemoryKeyStore,
+    OutcomeLost,
+    RecordState,
+    current_claim,
+    parse_history,
+    wire,
+)
 from idempotency.fastmcp import IdempotencyMiddleware
 
 pytestmark = pytest.mark.anyio
@@ -204,6 +213,42 @@ async def test_a_fastmcp_timeout_is_outcome_unknown_never_a_stored_error() -> No
     assert effects.cancelled == 1 and effects.count == 0  # the body ran once, and never again
     (record,) = await records(store)
     assert record.state is RecordState.UNKNOWN
+
+
+@pytest.mark.parametrize("takeover", [False, True], ids=["unknown-at-once", "left-to-lease"])
+async def test_a_tool_that_lost_its_outcome_turns_the_record_unknown_at_once(
+    takeover: bool,
+) -> None:
+    """`OutcomeLost` (its downstream call may have had its effect and will never say): -32012,
+    and the record UNKNOWN at once (`interrupted` in its history), so a re-send within the lease
+    gets -32012, not -32010, and the body never runs again. A tool that allows a takeover is
+    left to its lease, as a cut-off one is: -32010 until the next claim after it runs it again."""
+    store = MemoryKeyStore()
+    runs: list[int] = []
+    server: FastMCP[Any] = FastMCP("shop")
+    server.add_middleware(IdempotencyMiddleware(store, lease=30, wait=0, takeover=takeover))
+
+    @server.tool
+    async def charge(order: str) -> str:
+        runs.append(1)
+        raise OutcomeLost("the payment provider's connection broke after the request")
+
+    async with serving(server, "memory") as connect, connect() as client:
+        codes = []
+        for _ in range(2):
+            with pytest.raises(MCPError) as caught:
+                await client.call_tool_mcp("charge", {"order": "o-1"}, meta=meta("lost"))
+            codes.append(caught.value.code)
+    (record,) = await records(store)
+    history = [e.kind for e in parse_history(await store.history(record.key))]
+    assert runs == [1]
+    if takeover:
+        assert codes == [wire.IN_PROGRESS, wire.IN_PROGRESS]
+        assert record.state is RecordState.IN_PROGRESS and history == ["claimed", "refused"]
+    else:
+        assert codes == [wire.OUTCOME_UNKNOWN, wire.OUTCOME_UNKNOWN]
+        assert record.state is RecordState.UNKNOWN
+        assert history == ["claimed", "interrupted", "refused"]
 
 
 async def test_a_timed_out_naturally_idempotent_tool_is_taken_over() -> None:

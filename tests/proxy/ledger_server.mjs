@@ -12,8 +12,10 @@
 // `charge({amount, crash, wait_ms})`: crash "before" SIGKILLs this process after recording the
 // call and before the effect; "after" after the effect and before the answer; "after-once" as
 // "after" the first time in LEDGER_DIR only (the marker file `crashed`). `wait_ms` holds the
-// answer back after the effect. `pid` and `balance` are read-only. The SDK is resolved from
-// PREFIX (installed there by the test).
+// answer back after the effect. `consult({ask})` is an effect (a line in calls and in effects)
+// that sends its caller a log line (logger "ledger", "consulting #N") and then, by `ask`, a
+// sampling, elicitation or roots request, answering with what it got. `pid` and `balance` are
+// read-only. The SDK is resolved from PREFIX (installed there by the test).
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -46,7 +48,10 @@ function count(file) {
 }
 
 function build() {
-  const server = new McpServer({ name: 'ledger', version: '1.0.0' });
+  const server = new McpServer(
+    { name: 'ledger', version: '1.0.0' },
+    { capabilities: { logging: {} } }
+  );
   server.registerTool(
     'charge',
     {
@@ -73,6 +78,44 @@ function build() {
         return { content: [{ type: 'text', text: 'declined' }], isError: true };
       }
       return { content: [{ type: 'text', text: `charged ${amount} (#${count('effects')})` }] };
+    }
+  );
+  server.registerTool(
+    'consult',
+    {
+      description: 'An effect that asks its caller (a log line, then sampling, elicitation or roots).',
+      inputSchema: { ask: z.string() },
+      annotations: { destructiveHint: true, idempotentHint: false },
+    },
+    async ({ ask }, extra) => {
+      const key = extra?._meta?.['io.github.mcp-once/idempotency-key'] ?? '';
+      record('calls', JSON.stringify({ ask, key }));
+      record('effects', JSON.stringify({ ask, key }));
+      await extra.sendNotification({
+        method: 'notifications/message',
+        params: { level: 'info', logger: 'ledger', data: `consulting #${count('effects')}` },
+      });
+      const related = { relatedRequestId: extra.requestId };
+      let answer = 'nothing asked';
+      if (ask === 'sampling') {
+        const message = { role: 'user', content: { type: 'text', text: 'name a colour' } };
+        const got = await server.server.createMessage(
+          { messages: [message], maxTokens: 10 },
+          related
+        );
+        answer = got.content.text;
+      } else if (ask === 'elicitation') {
+        const schema = { type: 'object', properties: { ok: { type: 'boolean' } } };
+        const got = await server.server.elicitInput(
+          { message: 'approve?', requestedSchema: schema },
+          related
+        );
+        answer = `${got.action} ${JSON.stringify(got.content ?? {})}`;
+      } else if (ask === 'roots') {
+        const got = await server.server.listRoots(undefined, related);
+        answer = got.roots.map((root) => root.uri).join(' ');
+      }
+      return { content: [{ type: 'text', text: `${ask}: ${answer}` }] };
     }
   );
   server.registerTool(

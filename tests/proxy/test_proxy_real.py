@@ -10,16 +10,19 @@ must watch the upstream link itself, in this process through the Python API.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types
 import pytest
 from mcp import MCPError, StdioServerParameters
 from mcp.client import Client
@@ -39,7 +42,7 @@ from proxy_kit import (
     text,
 )
 
-from idempotency import MemoryKeyStore, open_store, wire
+from idempotency import MemoryKeyStore, RecordState, open_store, parse_history, wire
 from mcp_once.proxy import OnceProxy, Upstream, build_proxy, parse_policy
 from orchestrator import RetryingSession, RetryPolicy, streamable_http_transport
 from orchestrator.chaos import Chaos, Fault, FaultPlan
@@ -200,35 +203,94 @@ async def test_concurrent_duplicates_get_one_effect(
     assert lines(ledger / "effects") == 1
 
 
-async def test_in_doubt_record_turns_unknown_and_settles(
-    node_servers: NodeServers, ledger: Path, tmp_path: Path
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store the proxy's in-doubt record must turn UNKNOWN on at once."""
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    redis_url: str = request.getfixturevalue("redis_url")
+    return f"{redis_url}?prefix=px-fail-{uuid.uuid4().hex[:8]}:"
+
+
+async def test_in_doubt_record_turns_unknown_at_once_and_settles(
+    node_servers: NodeServers, ledger: Path, store_url: str
 ) -> None:
-    """After a maybe-executed failure the record is left to its lease, then UNKNOWN (-32012 to a
-    re-send), until `mcp-once keys settle` completes it with the effect that happened."""
+    """The upstream child SIGKILLed after its effect, before its answer: the caller gets -32012
+    at once (the lease is 30 s, the call comes back in a fraction of it), the record is UNKNOWN
+    already (its history says `interrupted`), a re-send gets -32012, never -32010, and is never
+    sent upstream; `mcp-once keys settle` completes it with the effect that happened."""
     from mcp_once._cli import main
 
-    lease = 0.5
-    url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
-    store = open_store(url)
+    lease = 30.0
+    store = open_store(store_url)
     async with ledger_proxy(node_servers, ledger, store=store, lease=lease) as (proxy, client):
         crash = {"amount": 6, "crash": "after"}
+        started = anyio.current_time()
         with pytest.raises(MCPError) as caught:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
+        took = anyio.current_time() - started
+        print(f"[stdio child killed mid-call, {store_url[:6]}] -32012 after {took:.2f} s")
         assert caught.value.code == wire.OUTCOME_UNKNOWN
-        await anyio.sleep(lease * 1.5)  # the lease of the dead attempt runs out
+        assert took < lease / 3, f"the in-doubt answer took {took:.1f} s"
+        (record,) = await store.list_records()
+        assert record.state is RecordState.UNKNOWN and record.tool == "charge"
+        events = parse_history(await store.history(record.key))  # type: ignore[attr-defined]
+        assert [e.kind for e in events] == ["claimed", "interrupted"]
+        assert events[1].details == {"why": "interrupted"}
         with pytest.raises(MCPError) as again:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
-        assert again.value.code == wire.OUTCOME_UNKNOWN
-        assert lines(ledger / "calls") == 1  # never re-sent upstream
-        record = ["--client-key", "crashed", "--tool", "charge", "--server", proxy.name]
+        assert again.value.code == wire.OUTCOME_UNKNOWN  # not IN_PROGRESS (-32010)
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+        if store_url.startswith("memory"):
+            return  # `keys` reads the store from another process's view: not a memory store
+        listed = ["keys", "list", "--store", store_url, "--state", "unknown", "--json"]
+        shown = await anyio.to_thread.run_sync(_stdout_of, main, listed)
+        assert [(r["key"], r["state"]) for r in json.loads(shown)] == [(record.key, "unknown")]
+        named = ["--client-key", "crashed", "--tool", "charge", "--server", proxy.name]
         verdict = ["--result-text", "charged 6 (#1)"]
         settled = await anyio.to_thread.run_sync(
-            main, ["keys", "settle", "--store", url, *record, *verdict]
+            main, ["keys", "settle", "--store", store_url, *named, *verdict]
         )
         assert settled == 0
         replay = await client.call_tool("charge", crash, meta=meta_key("crashed"))
         assert text(replay) == "charged 6 (#1)" and status(replay) == "replayed"
-        assert lines(ledger / "calls") == 1
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+
+
+async def test_an_http_upstream_dying_mid_call_turns_the_record_unknown_at_once(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """The HTTP stream broke: the upstream HTTP server SIGKILLed after its effect, before its
+    answer. -32012 at once, the record UNKNOWN at once, a re-send -32012 (not -32010), one
+    effect."""
+    lease = 30.0
+    store = MemoryKeyStore()
+    with announced(node_servers.ledger(ledger, "--port", "0"), "PORT ", stream="stdout") as port:
+        proxy = build_proxy(Upstream.http(node_port_url(port)), store, lease=lease)
+        async with proxy.opened(), InProcess(proxy) as client:
+            crash = {"amount": 2, "crash": "after"}
+            started = anyio.current_time()
+            with pytest.raises(MCPError) as caught:
+                await client.call_tool("charge", crash, meta=meta_key("stream-broke"))
+            took = anyio.current_time() - started
+            with pytest.raises(MCPError) as again:
+                await client.call_tool("charge", crash, meta=meta_key("stream-broke"))
+    print(f"[http upstream killed mid-call] -32012 after {took:.2f} s (lease {lease:g} s)")
+    assert caught.value.code == wire.OUTCOME_UNKNOWN and took < lease / 3
+    assert again.value.code == wire.OUTCOME_UNKNOWN
+    (record,) = await store.list_records()
+    assert record.state is RecordState.UNKNOWN
+    assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+
+
+def _stdout_of(main: Any, argv: list[str]) -> str:
+    """What the CLI's `main(argv)` prints (it must exit 0)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return out.getvalue()
 
 
 async def test_tools_command_lists_what_the_proxy_does(
@@ -277,6 +339,116 @@ async def test_upstream_idempotent_tools_are_resent_under_the_same_key(
         sent = [json.loads(line)["key"] for line in (ledger / "calls").read_text().splitlines()]
         assert len(sent) == 2 and sent[0] == sent[1]  # one upstream key for both sends
         assert proxy.link.connects == 2
+
+
+#: What `consult` answers, by what it asks its caller (the front client's answers below).
+CONSULTED = {
+    "sampling": "sampling: teal",
+    "elicitation": 'elicitation: accept {"ok":true}',
+    "roots": "roots: file:///work/roots-a",
+}
+
+
+@pytest.mark.parametrize(("ask", "guarded"), [(a, True) for a in CONSULTED] + [("sampling", False)])
+async def test_log_lines_and_questions_reach_the_caller_of_the_first_execution_only(
+    node_servers: NodeServers, ledger: Path, ask: str, guarded: bool
+) -> None:
+    """The upstream's log line and its sampling / elicitation / roots request reach the caller
+    of a guarded call's first execution, over a 2025-era front (the one with server-to-client
+    requests); its replay carries the result only: no log line, no question, no upstream call.
+    A passed-through call forwards them too, each time it runs."""
+    from fastmcp import Client as FastMCPClient
+    from fastmcp.client.elicitation import ElicitResult
+
+    logs: list[Any] = []
+    asked: list[str] = []
+
+    async def on_log(message: Any) -> None:
+        data = message.data  # FastMCP relays a line as {"msg": ..., "extra": ...}
+        logs.append(data["msg"] if isinstance(data, dict) else data)
+
+    async def on_sampling(messages: Any, params: Any, context: Any) -> str:
+        asked.append("sampling")
+        return "teal"
+
+    async def on_elicitation(message: str, kind: Any, params: Any, context: Any) -> Any:
+        asked.append("elicitation")
+        return ElicitResult(action="accept", content={"ok": True})
+
+    async def on_roots(context: Any) -> list[str]:
+        asked.append("roots")
+        return ["file:///work/roots-a"]
+
+    policy = parse_policy({"tools": {"consult": {"guard": guarded}}})
+    proxy = build_proxy(
+        Upstream.stdio(*node_servers.ledger(ledger)), MemoryKeyStore(), policy=policy
+    )
+    front = FastMCPClient(
+        proxy,
+        mode="legacy",
+        log_handler=on_log,
+        sampling_handler=on_sampling,
+        elicitation_handler=on_elicitation,
+        roots=on_roots,
+    )
+    arguments = {"ask": ask}
+    async with proxy.opened(), front:
+        first = await front.call_tool_mcp("consult", arguments, meta=meta_key(f"ask-{ask}"))
+        assert not first.is_error and text(first) == CONSULTED[ask]
+        assert logs == ["consulting #1"] and asked == [ask]
+        again = await front.call_tool_mcp("consult", arguments, meta=meta_key(f"ask-{ask}"))
+        assert text(again) == CONSULTED[ask]
+    if guarded:
+        assert (status(first), status(again)) == ("executed", "replayed")
+        assert len(logs) == 1 and asked == [ask]  # the replay: the result only
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+    else:
+        assert (status(first), status(again)) == (None, None)
+        assert logs == ["consulting #1", "consulting #2"]
+        assert asked == [ask, ask] and lines(ledger / "effects") == 2
+
+
+@pytest.mark.parametrize("era", ["legacy", "auto"])
+async def test_a_task_augmented_call_passes_through_and_is_never_stored(
+    node_servers: NodeServers, ledger: Path, era: str
+) -> None:
+    """A call carrying `params.task` to a guarded tool passes through unguarded: the upstream
+    runs each copy (two effects under one key), nothing is stored, no marker; the listing says so
+    in each guarded tool's `io.github.mcp-once/proxy` entry. The same key without a task is then
+    guarded as ever (the task-augmented copies left no record to replay)."""
+    from fastmcp import Client as FastMCPClient
+    from pydantic import TypeAdapter
+
+    store = MemoryKeyStore()
+    proxy = build_proxy(Upstream.stdio(*node_servers.ledger(ledger)), store)
+    params = mcp_types.CallToolRequestParams(
+        name="charge",
+        arguments={"amount": 3},
+        task=mcp_types.TaskMetadata(ttl=60_000),
+        _meta=meta_key("task-1"),
+    )
+    answer = TypeAdapter(mcp_types.CallToolResult | mcp_types.CreateTaskResult)
+    async with proxy.opened(), FastMCPClient(proxy, mode=era) as front:
+        listed = {t.name: t for t in await front.list_tools()}
+        assert (listed["charge"].meta or {})[wire.PROXY_META] == {
+            "unguarded": ["task"],
+            "neverStored": ["task", "inputRequired"],
+        }
+        assert wire.PROXY_META not in (listed["balance"].meta or {})  # passed through anyway
+        tasked = [
+            await front.session.send_request(mcp_types.CallToolRequest(params=params), answer)
+            for _ in range(2)
+        ]
+        ran = [r for r in tasked if isinstance(r, mcp_types.CallToolResult)]
+        assert [text(r) for r in ran] == ["charged 3 (#1)", "charged 3 (#2)"]
+        assert [status(r) for r in ran] == [None, None]
+        assert await store.list_records() == []
+        plain = [
+            await front.call_tool_mcp("charge", {"amount": 3}, meta=meta_key("task-1"))
+            for _ in range(2)
+        ]
+        assert [status(r) for r in plain] == ["executed", "replayed"]
+    assert lines(ledger / "effects") == 3
 
 
 async def test_max_run_time_from_the_policy_is_outcome_unknown(

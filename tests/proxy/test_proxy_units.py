@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from fastmcp.exceptions import ToolError
 from mcp import MCPError
 from mcp_types import Tool, ToolAnnotations
 
-from idempotency import Interrupted, MemoryKeyStore, wire
+from idempotency import Interrupted, MemoryKeyStore, OutcomeLost, wire
 from idempotency._integrations.fastmcp.results import judged
 from mcp_once._cli import main
 from mcp_once.proxy import PolicyError, Upstream, UpstreamConfigError, load_policy, parse_policy
 from mcp_once.proxy.failures import UpstreamNotSent, UpstreamRefused, caller_error
+from mcp_once.proxy.forwarding import Forwarding
 from mcp_once.proxy.middleware import ProxyGuardMiddleware
 from mcp_once.proxy.report import row
 
@@ -108,6 +111,37 @@ def test_a_tool_saying_interrupted_is_never_stored() -> None:
     wrapped = ToolError("Error calling tool 'charge'")
     wrapped.__cause__ = cut
     assert judged(wrapped, (), body_started=True) is cut
+
+
+def test_outcome_lost_is_an_interrupted_the_guard_sees_below_fastmcp() -> None:
+    """The proxy's maybe-executed failure: found below FastMCP's `ToolError` as itself (so the
+    guard turns the record UNKNOWN at once), and still an `Interrupted` (never stored)."""
+    lost = OutcomeLost("the upstream may have run it (transport)")
+    wrapped = ToolError("Error calling tool 'charge'")
+    wrapped.__cause__ = lost
+    assert judged(wrapped, (), body_started=True) is lost and isinstance(lost, Interrupted)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_upstream_message_with_several_calls_in_flight_is_forwarded_to_no_one() -> None:
+    """A stdio upstream does not say which request a log line or a question belongs to: with
+    two calls in flight on its session (or none), no caller gets it (a question is refused to the
+    upstream, a log line dropped), where one stash slot would hand it to whichever came last."""
+    forwarding = Forwarding()
+    handlers = forwarding.client_options()
+    first: Any = SimpleNamespace(request_context=object(), _fastmcp=None)
+    second: Any = SimpleNamespace(request_context=object(), _fastmcp=None)
+    with pytest.raises(MCPError, match="0 calls were in flight"):  # between calls: no one's
+        await handlers["sampling_handler"](None, None, None)
+    with forwarding.serving(first), forwarding.serving(second):
+        assert forwarding.in_flight == 2
+        for name in ("sampling_handler", "elicitation_handler", "roots"):
+            with pytest.raises(MCPError, match="2 calls were in flight") as caught:
+                await handlers[name](None, None, None)
+            assert caught.value.code == -32603
+        assert await handlers["log_handler"](SimpleNamespace(data="x")) is None
+    assert forwarding.in_flight == 0
 
 
 def _tool(name: str, **hints: bool) -> Tool:

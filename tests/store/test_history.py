@@ -325,3 +325,26 @@ def test_a_saying_inside_another_adds_to_it() -> None:
             assert chain.said() == chain.Said(why="effect_free", reconciled="not_happened")
         assert chain.said() == chain.Said(reconciled="not_happened")
     assert chain.said() == chain.Said()
+
+
+async def test_a_holder_giving_its_execution_up_leaves_an_interrupted_event(
+    backend: Backend,
+) -> None:
+    """The guard's `OutcomeLost` (a proxy's upstream died mid-call): the holder turns its own
+    claim UNKNOWN inside `history_saying(why=...)`, fenced on its token, before its lease ran
+    out. One ``interrupted`` event with the why; a stale token changes nothing and says nothing."""
+    store = backend.store
+    held = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert held.token is not None
+    with history_saying(why="interrupted"):
+        assert await store.leave_unknown("k", held.token)  # type: ignore[attr-defined]
+        assert not await store.leave_unknown("k", held.token)  # type: ignore[attr-defined]
+    record = await store.get("k")
+    assert record is not None and record.state.value == "unknown"
+    text = await audited(backend).history("k")
+    events = parse_history(text)
+    assert [e.kind for e in events] == ["claimed", "interrupted"]
+    assert (events[1].fence, events[1].details) == (1, {"why": "interrupted"})
+    assert verify_history(text) is None
+    refused = await store.claim("k", "fp", lease=30, takeover=False)
+    assert refused.status.value == "unknown"

@@ -579,7 +579,10 @@ class RedisKeyStore:
         if not self._fits(key):
             return False
         rkey = self._rkey(key)
-        args = (token, *self._trailer(rkey, chain.details(a=chain.said().reconciled)))
+        told = chain.said()
+        # A reconciler's verdict (a=), or why its holder gave the execution up (w=).
+        said = chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+        args = (token, *self._trailer(rkey, said))
         return _done(key, await self._script(lua.LEAVE_UNKNOWN, rkey, args, args))
 
     # -- reads -------------------------------------------------------------------------------
