@@ -1,8 +1,9 @@
 """Issue 37's "a key's full story after the process chaos suite", on SQLite and on Redis.
 
 Three HTTP replicas of the workload shop share one store and the wire is faulted; one replica is
-SIGKILLed mid-payment for good, another frozen (SIGSTOP) mid-tool past its lease and thawed, and
-the third then SIGKILLed mid-payment too: the thawed one serves the retries.
+frozen (SIGSTOP) mid-tool past its lease and thawed, another SIGKILLed mid-payment for good, and
+once the first is back in service the third is SIGKILLed mid-payment too: the thawed one serves
+the rest.
 Then, with the store the run used, read through the public surface only (the store's `history`
 and `list_records`, `mcp-once keys settle`, `audit --json`, `audit verify`), so that the checks
 hold whatever the history's encoding:
@@ -55,7 +56,7 @@ ARGUMENT_SENTINEL = "argsentinel-7f3a9c"
 RESULT_SENTINEL = "resultsentinel-5b21e0"
 LEASE = 3.0
 TOOL_TIME = 0.2
-CALLS = 90
+CALLS = 120
 SEED = 37
 #: Events a history counts in one line (a repeat replaces it), each repeat its own audit entry.
 COUNTED = frozenset({"replayed", "refused"})
@@ -93,8 +94,12 @@ async def chaos_run(ledger: Ledger, url: str, specs: list[CallSpec]) -> RunResul
             while (await ledger.next_event("started", pid=pids[replica]))[1] not in pays:
                 pass
 
-        def kill(replica: int) -> Callable[[], Awaitable[None]]:
+        thawed = anyio.Event()
+
+        def kill(replica: int, after: anyio.Event | None = None) -> Callable[[], Awaitable[None]]:
             async def strike() -> None:
+                if after is not None:  # never the last replica in service
+                    await after.wait()
                 await mid_payment(replica)
                 await replicas.kill(replica)
 
@@ -105,6 +110,7 @@ async def chaos_run(ledger: Ledger, url: str, specs: list[CallSpec]) -> RunResul
             await replicas.freeze(0)
             await anyio.sleep(LEASE + 1)  # the pause outlasts the lease
             await replicas.thaw(0)
+            thawed.set()
 
         run = await run_workload(
             replicas,
@@ -115,7 +121,7 @@ async def chaos_run(ledger: Ledger, url: str, specs: list[CallSpec]) -> RunResul
             calls=specs,
             policy=default_policy(attempt_timeout=1.0),
             concurrency=4,
-            actions={15: kill(1), 35: freeze, 60: kill(2)},
+            actions={10: freeze, 25: kill(1), 45: kill(2, after=thawed)},
         )
     run.extra_faults.update(killed_replica=2, frozen_replica=1)
     return run
