@@ -5,9 +5,10 @@ they are exported where they are read: `mcp-once audit --follow --otel` under an
 logs pipeline (`opentelemetry-instrument`, or any configured `LoggerProvider`) turns the stream
 into log records as it arrives. Without a configured provider the API's no-op logger drops them.
 
-Attributes are the event's own fields under `mcp_once.*` (the record is named by its store key,
-a digest; the tool by `gen_ai.tool.name`, as the guard's spans do): never an argument, a result
-or a raw key, as in the stream itself.
+Attributes are the fields of `audit --json`, under `mcp_once.*` (the entry's id as
+`mcp_once.audit.id`, the record by its store key, a digest; the tool by `gen_ai.tool.name`, as the
+guard's spans do; the event's time as the log record's timestamp): never an argument, a result or
+a raw key, as in the stream itself.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def attributes(found: AuditEntry) -> dict[str, str | int]:
         "mcp_once.attempt": event.attempt,
         "mcp_once.digest": event.digest,
     }
+    if event.prev:  # the chain, as `audit --json` gives it: a SIEM can check it on its side
+        fields["mcp_once.prev"] = event.prev
     if found.tool:
         fields["gen_ai.tool.name"] = found.tool
     fields.update({f"mcp_once.{name}": value for name, value in event.details.items()})
