@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 
 import anyio
 import pytest
-from compose_file import compose_command
 from mcp import MCPError, StdioServerParameters
 from mcp.client import Client
 from proxy_kit import (
@@ -389,36 +387,3 @@ async def test_proxy_from_a_desktop_config_entry(
     async with Client(_stdio(command)) as client:
         result = await client.call_tool("charge", {"amount": 1}, meta=meta_key("cfg-1"))
         assert status(result) == "executed" and lines(ledger / "effects") == 1
-
-
-@pytest.mark.redis
-async def test_the_compose_proxy_profile_command_runs(
-    node_servers: NodeServers, tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """docker-compose.yml's `proxy` command as compose runs it, here: loopback and a free port for
-    0.0.0.0:8090, our Redis (a prefix of its own) for the compose one, and npx's package replaced
-    by the same one installed for the tests (no download mid-test). One key sent twice in the
-    Idempotency-Key header: one `tools/call` upstream, the replay; a read passes through."""
-    command = compose_command("proxy")
-    words = command[command.index("proxy") + 1 :]
-    split = words.index("--")
-    options, upstream = words[:split], words[split + 1 :]
-    assert upstream == ["npx", "-y", "@modelcontextprotocol/server-memory"]
-    separator = "&" if "?" in redis_url else "?"
-    here = {
-        "0.0.0.0:8090": "127.0.0.1:0",
-        "redis://redis:6379/0": f"{redis_url}{separator}prefix=compose-{uuid.uuid4().hex[:8]}:",
-    }
-    options = [here.get(word, word) for word in options]
-    count = tmp_path / "tools-calls"
-    monkeypatch.setenv("MEMORY_FILE_PATH", str(tmp_path / "memory.jsonl"))
-    entity = {"entities": [{"name": "a", "entityType": "t", "observations": ["x"]}]}
-    started = proxy_command(*options, "--", *tapped(count, node_servers.memory()))
-    with announced(started, "mcp-once proxy at ") as line:
-        headers = {"Idempotency-Key": "compose-1"}
-        async with Client(streamable_http_transport(http_url(line), headers=headers)) as client:
-            first = await client.call_tool("create_entities", entity)
-            second = await client.call_tool("create_entities", entity)
-            graph = await client.call_tool("read_graph", {})
-    assert (status(first), status(second), status(graph)) == ("executed", "replayed", None)
-    assert count.read_text().splitlines() == ["create_entities", "read_graph"]
