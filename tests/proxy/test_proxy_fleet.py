@@ -396,7 +396,9 @@ async def test_the_ledger_sees_duplicates_when_the_replicas_do_not_guard(
     node_servers: NodeServers, redis_url: str, nginx_binary: str, tmp_path: Path
 ) -> None:
     """The same fleet, faults and calls, the replicas told by a policy to pass `charge` through
-    unguarded: the ledger shows effects run twice. The test above can therefore fail."""
+    unguarded: the ledger shows effects run twice. The test above can therefore fail. (The client
+    retries none of the lost answers here, since the tool is listed destructive and unguarded;
+    the requests the chaos delivers twice are enough.)"""
     policy = tmp_path / "policy.toml"
     policy.write_text('[tools."charge"]\nguard = false\n')
     fates = [Fate(f"fleet-{SEED}-{n}", n) for n in range(1, UNGUARDED_CALLS + 1)]
