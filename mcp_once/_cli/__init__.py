@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line as `main` reads it, without running it: what a test checks a command
+    written elsewhere against (docker-compose.yml's, a desktop config's)."""
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     # `proxy` and `tools` take the upstream's command line after `--`, untouched by argparse.
@@ -76,6 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     args.command_line = command_line
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     status: int = args.run(args)
     return status
 

@@ -27,11 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, tool_session
+from orchestrator import (
+    OutcomeUnknown,
+    RetryingSession,
+    RetryPolicy,
+    http_client_factory,
+    tool_session,
+)
 
 from .forwarding import Forwarding
 
 if TYPE_CHECKING:
+    import httpx2
     from fastmcp import Client
     from fastmcp.client.transports import ClientTransport
     from mcp.shared.dispatcher import ProgressFnT
@@ -103,12 +110,31 @@ class Upstream:
         from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 
         if self.url is not None:
-            return StreamableHttpTransport(self.url, headers=dict(self.headers))
+            # On the client library's retry-aware HTTP client, which notes whether a request was
+            # sent: a refused connection is then "never sent" (released, re-sent), not "maybe
+            # executed" (UNKNOWN), which is all a failed POST can say without it.
+            return StreamableHttpTransport(
+                self.url, headers=dict(self.headers), httpx_client_factory=_http_client
+            )
         command, *args = self.command
         # The child sees the proxy's environment (a desktop client's config sets it for the
         # proxy), plus what the config entry names; its stderr is ours (log_file=None).
         env = {**os.environ, **self.env}
         return StdioTransport(command, args, env=env, cwd=self.cwd, keep_alive=False)
+
+
+def _http_client(
+    headers: dict[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+    *,
+    follow_redirects: bool = True,
+) -> httpx2.AsyncClient:
+    """`http_client_factory` in the shape FastMCP's HTTP transport calls a factory (it passes
+    `follow_redirects`, as the SDK's own client sets it)."""
+    client = http_client_factory(headers, timeout, auth)
+    client.follow_redirects = follow_redirects
+    return client
 
 
 #: Launchers whose first non-flag argument names the server.

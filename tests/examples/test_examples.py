@@ -19,9 +19,9 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+from compose_file import compose_command, compose_services
 from mcp import Client
 from nginx_server import DEPLOY_CONF, NginxServer, check_config, deployed_config
 from redis_server import RedisServer, free_port, redis_server_binary
@@ -270,34 +270,14 @@ def test_fenced_write_refuses_the_paused_workers_write_as_the_readme_shows(tmp_p
 # -- docker-compose.yml ----------------------------------------------------------------------------
 
 
-def compose_command(service: str) -> list[str]:
-    """The `command:` list of one service, read without a YAML library (none is a dependency).
-
-    The file keeps commands as block lists of scalars, which this reads exactly.
-    """
-    text = (ROOT / "docker-compose.yml").read_text()
-    found = re.search(
-        rf"^  {re.escape(service)}:\n(?:    .*\n|\n)*?    command:(?: &\S+)?\n((?:      - .*\n)+)",
-        text,
-        re.MULTILINE,
-    )
-    assert found, f"no block-list command for service {service!r}"
-    items = [line.strip()[2:].strip() for line in found.group(1).splitlines()]
-    return [item[1:-1] if item[:1] in "\"'" else item for item in items]
-
-
 def test_docker_compose_runs_serve_example_on_redis(private_redis: RedisServer) -> None:
     command = compose_command("example-server")
     assert command[:6] == ["uv", "run", "--frozen", "--no-dev", "mcp-once", "serve-example"]
     args = build_parser().parse_args(command[5:])
     assert (args.host, args.port, args.store) == ("0.0.0.0", 8000, "redis://redis:6379/0")
-    try:
-        import yaml  # optional: when present, the whole file must parse to the same command
-    except ImportError:
-        pass
-    else:
-        parsed: Any = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-        assert parsed["services"]["example-server"]["command"] == command
+    services = compose_services()  # optional: when present, the whole file must parse the same
+    if services is not None:
+        assert services["example-server"]["command"] == command
 
     server = ServerProcess(run_here(command, private_redis.url), cwd=ROOT)
     try:
@@ -326,8 +306,9 @@ REPLICAS = ("replica-1", "replica-2", "replica-3")
 def test_the_scale_profile_is_three_example_servers_behind_the_deployed_nginx() -> None:
     """The profile's shape: three replicas running the example-server command (no published
     port), an nginx with deploy/ mounted whose upstreams are exactly those replicas."""
-    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (not a dependency)")
-    services: Any = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    services = compose_services()
+    if services is None:
+        pytest.skip("PyYAML is not installed (not a dependency)")
     command = compose_command("example-server")
     port = command[command.index("--port") + 1]
     for name in REPLICAS:

@@ -1,0 +1,69 @@
+"""An HTTP upstream that is down when a call comes (SIGKILLed while idle): the proxy's POST is
+refused, so nothing ran upstream, and rule 18 says "never sent": the claim released, the call
+re-sent within the link's deadline, else -32013 for the caller to retry later; when the upstream
+is back on its port, the same key runs once. The ledger server counts what reached it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import MCPError
+from proxy_kit import InProcess, NodeServers, lines, meta_key, status, text
+
+from idempotency import open_store, wire
+from mcp_once.proxy import Upstream, build_proxy
+from mcp_once.scenarios import ServerProcess
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+
+async def keys_show(url: str, server: str, key: str) -> dict[str, Any] | None:
+    """The record of `key` (tool `charge`) as `mcp-once keys show --json` prints it; None when
+    the command finds no live record."""
+    record = ["--client-key", key, "--tool", "charge", "--server", server]
+    command = [sys.executable, "-m", "mcp_once", "keys", "show", *record, "--json", "--store", url]
+    with anyio.fail_after(120):
+        done = await anyio.run_process(command, check=False)
+    if done.returncode != 0:
+        assert "no live record" in done.stderr.decode(), done.stderr.decode()
+        return None
+    shown: dict[str, Any] = json.loads(done.stdout)
+    return shown
+
+
+async def test_an_http_upstream_down_before_the_write_is_released_then_runs_once(
+    node_servers: NodeServers, tmp_path: Path
+) -> None:
+    """Killed while idle: the call is refused through the link's re-sends, -32013 with
+    `data.upstream` "unreachable", no record left (`keys show` finds none), nothing reached the
+    upstream; the same key once it is back: executed, one effect."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    upstream = ServerProcess(
+        lambda port: node_servers.ledger(ledger, "--port", str(port)),
+        log=tmp_path / "upstream.log",
+    )
+    url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        proxy = build_proxy(Upstream.http(upstream.url), open_store(url))
+        async with proxy.opened(), InProcess(proxy) as client:
+            await anyio.to_thread.run_sync(upstream.kill)
+            with pytest.raises(MCPError) as caught:
+                await client.call_tool("charge", {"amount": 4}, meta=meta_key("while-down"))
+            assert caught.value.code == wire.STORE_UNAVAILABLE, caught.value
+            assert caught.value.data["upstream"] == "unreachable"
+            assert lines(ledger / "calls") == 0
+            assert await keys_show(url, proxy.name, "while-down") is None
+            await anyio.to_thread.run_sync(upstream.start)
+            result = await client.call_tool("charge", {"amount": 4}, meta=meta_key("while-down"))
+            assert status(result) == "executed" and text(result) == "charged 4 (#1)"
+    finally:
+        upstream.kill()
+    assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
