@@ -192,6 +192,55 @@ async def test_a_purged_record_leaves_its_history(backend: Backend) -> None:
     assert await kinds(backend, "k") == ["claimed", "completed", "purged"]
 
 
+async def test_a_record_claimed_anew_within_the_grace_continues_its_history(
+    backend: Backend,
+) -> None:
+    """A new record under a key whose history outlived the last one (Redis: its first claim tries
+    to start a history without reading, finds one, and chains to it), and a completion whose
+    claim is not the history's last line (a refusal came between: its duration is still read)."""
+    store = backend.store
+    claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    await store.complete("k", claimed.token, b"r", retention=1)
+    await backend.advance(5)
+    assert await store.purge_expired() == 1
+    again = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert again.token is not None and again.fence == 1
+    await backend.advance(0.25)
+    await store.claim("k", "fp", lease=30, takeover=False)  # refused: in progress
+    assert await store.complete("k", again.token, b"r" * 7, retention=600)
+    text = await audited(backend).history("k")
+    events = parse_history(text)
+    kinds_found = [e.kind for e in events]
+    assert kinds_found == ["claimed", "completed", "purged", "claimed", "refused", "completed"]
+    assert events[3].prev == events[2].digest
+    assert events[5].details["result_bytes"] == "7"
+    assert 240 <= int(events[5].details["duration_ms"]) <= 300
+    assert verify_history(text) is None
+
+
+async def test_the_audit_stream_names_any_key_and_tool_and_reads_older_entries(
+    backend: Backend,
+) -> None:
+    """The Redis stream packs an entry into one field (the line, the tool's length and name,
+    then the key): a key or tool name holding a newline or a bar reads back whole, and entries
+    written before that (fields `k`, `t`, `e`) read as they did."""
+    store = backend.store
+    key, tool = "line\nbreak|bar{x}", "tool\nname|x"
+    stream = isinstance(store, RedisKeyStore) and not backend.location.startswith("redis+cluster")
+    older = "1700000000000|C|1|1|p=00|" + chain.digest("", "1700000000000|C|1|1|p=00")
+    if stream:
+        with sync_redis_client(backend.location) as client:
+            client.xadd(f"{backend.prefix}audit", {"k": "old", "t": "legacy", "e": older}, id="1-1")
+    claimed = await store.claim(key, "fp", lease=30, takeover=False, tool=tool)
+    assert claimed.token is not None
+    found = await audited(backend).audit()
+    assert [(e.key, e.tool, e.event.kind) for e in found] == [
+        *([("old", "legacy", "claimed")] if stream else []),
+        (key, tool, "claimed"),
+    ]
+
+
 async def test_a_record_without_history_reads_as_having_none(backend: Backend) -> None:
     assert await audited(backend).history("never-written") is None
     assert parse_history(None) == []

@@ -25,15 +25,29 @@ def entries(stream: Iterable[tuple[bytes, list[bytes]]]) -> list[AuditEntry]:
     found = []
     for id, fields in stream:
         values = dict(zip(fields[::2], fields[1::2], strict=True))
+        key, tool, line = _fields(values)
         found.append(
             entry(
                 id.decode(),
-                values[b"k"].decode(errors="replace"),
-                values[b"t"].decode(errors="replace"),
-                values[b"e"].decode(errors="replace"),
+                key.decode(errors="replace"),
+                tool.decode(errors="replace"),
+                line.decode(errors="replace"),
             )
         )
     return found
+
+
+def _fields(values: dict[bytes, bytes]) -> tuple[bytes, bytes, bytes]:
+    """(record key, tool, line) of one stream entry. Written as one field `a` (fewer for XADD to
+    encode: `scripts/lib.lua`): the line, a newline, the tool name's length as one byte, the
+    name, then the key (a line never holds a newline; a key or a name may). Entries written
+    before that have three fields, `k`, `t` and `e`, and read the same."""
+    packed = values.get(b"a")
+    if packed is None:
+        return values[b"k"], values[b"t"], values[b"e"]
+    line, _, rest = packed.partition(b"\n")
+    size = rest[0] if rest else 0
+    return rest[1 + size :], rest[1 : 1 + size], line
 
 
 def from_histories(

@@ -224,7 +224,7 @@ end
 -- shared by a slot's records would be a key no script declares, split from them by a migration).
 local HISTORY_MAX = 32
 local HISTORY_GRACE_MS = 86400000
-local AUDIT_MAX = 100000
+local AUDIT_MAX = '100000' -- a string: XADD takes it as is
 local DIGEST_CHARS = 16
 -- Histories shorter than this take `append_fast` (at most some 22 lines: below HISTORY_MAX).
 local FAST_BYTES = 1024
@@ -256,42 +256,89 @@ local function chained(prev, body)
     return string.sub(redis.sha1hex(prev .. '|' .. body), 1, DIGEST_CHARS)
 end
 
--- Write the history, expiring with its record plus the grace (never while it is UNKNOWN). One SET
--- of the whole text, not APPEND: APPEND leaves room to grow, a third more memory per history.
-local function save_history(hkey, text, r, now)
+-- An event's line up to its digest, AT|KIND|FENCE|ATTEMPT|DETAILS, in one format call: the hot
+-- path's cost is mostly calls like it (`at`: milliseconds, a number or its digits).
+local function event_body(at, code, r, info)
+    return string.format('%d|%s|%d|%d|%s', at, code, r.fence, r.attempts, info)
+end
+
+-- The history's time to live: its record's plus the grace; nil while the record is UNKNOWN
+-- (kept until resolved, as the record is).
+local function history_ttl(r, now)
     if r.expires == 0 then
+        return nil
+    end
+    return int(math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS)
+end
+
+-- Write the history. One SET of the whole text, not APPEND: APPEND leaves room to grow, a third
+-- more memory per history, and the text was read anyway (the chain's last digest).
+local function save_history(hkey, text, r, now)
+    local ttl = history_ttl(r, now)
+    if ttl == nil then
         redis.call('SET', hkey, text)
     else
-        local ttl = math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS
-        redis.call('SET', hkey, text, 'PX', int(ttl))
+        redis.call('SET', hkey, text, 'PX', ttl)
     end
+end
+
+-- The first claim of a record (fence 1) usually starts its history: written with SET NX, without
+-- reading first (one call less on the hot path). The line (false when a history is already
+-- there: a record gone within the grace, then claimed anew) or a refusal ({err = ...}).
+local function start_history(hkey, r, code, info, now)
+    local body = event_body(math.floor(now / 1000), code, r, info)
+    local line = body .. '|' .. chained('', body)
+    local ttl = history_ttl(r, now)
+    local done
+    if ttl == nil then
+        done = redis.pcall('SET', hkey, line, 'NX')
+    else
+        done = redis.pcall('SET', hkey, line, 'NX', 'PX', ttl)
+    end
+    if type(done) == 'table' and done.err then
+        return done
+    end
+    return done and line
+end
+
+-- When the newest line of `text` was written, if it is a claimed event (nil otherwise): the
+-- completion's duration in the common case, found without splitting the history into lines.
+local function claimed_last(text)
+    local from, found = 1, 0
+    while true do
+        local at = string.find(text, '\n', from, true)
+        if at == nil then
+            break
+        end
+        found, from = at, at + 1
+    end
+    if string.byte(text, found + 1) == 94 then -- '^': an anchored line, PREV| first
+        found = found + 2 + DIGEST_CHARS
+    end
+    local at, code = string.match(text, '^(%d+)|(%a)|', found + 1)
+    if code == 'C' then
+        return tonumber(at)
+    end
+    return nil
 end
 
 -- The common case, without splitting the history into lines: an event that is not counted, on a
 -- history short enough that it needs no trimming, chains to the last 16 characters (the last
--- digest). A completion finds its claim's time in the last lines; nil: use `append_full`.
+-- digest). A completion takes its claim's time from the last line; nil (another last line):
+-- use `append_full`.
 local function append_fast(hkey, text, r, code, info, now)
-    local at = int(math.floor(now / 1000))
-    local prev = string.sub(text, -DIGEST_CHARS)
+    local at = math.floor(now / 1000)
+    local body
     if code == 'D' then
-        local tail = string.sub(text, -256)
-        if #text > 256 then
-            tail = string.match(tail, '\n(.*)$') or '' -- the first line may be cut: not read
-        end
-        local claimed
-        for line in string.gmatch(tail, '[^\n]+') do
-            local _, cat, ccode = split_line(line)
-            if ccode == 'C' then
-                claimed = cat
-            end
-        end
+        local claimed = claimed_last(text)
         if claimed == nil then
             return nil
         end
-        info = info .. ',d=' .. int(tonumber(at) - tonumber(claimed))
+        body = string.format('%d|D|%d|%d|%s,d=%d', at, r.fence, r.attempts, info, at - claimed)
+    else
+        body = event_body(at, code, r, info)
     end
-    local body = at .. '|' .. code .. '|' .. int(r.fence) .. '|' .. int(r.attempts) .. '|' .. info
-    local line = body .. '|' .. chained(prev, body)
+    local line = body .. '|' .. chained(string.sub(text, -DIGEST_CHARS), body)
     save_history(hkey, #text > 0 and (text .. '\n' .. line) or line, r, now)
     return line
 end
@@ -330,7 +377,7 @@ local function append_full(hkey, text, r, code, info, now, counted)
             end
         end
     end
-    local body = at .. '|' .. code .. '|' .. int(r.fence) .. '|' .. int(r.attempts) .. '|' .. info
+    local body = event_body(at, code, r, info)
     local line = body .. '|' .. chained(prev, body)
     if anchored then
         line = '^' .. prev .. '|' .. line
@@ -359,21 +406,32 @@ local function record_event(key, r, code, info, now, counted)
         return
     end
     local hkey = key .. ':h'
-    local text = redis.pcall('GET', hkey)
-    if type(text) == 'table' then
-        return -- refused (a slot migration split the pair): no event this time
-    end
-    text = text or ''
     local line
-    if not counted and #text < FAST_BYTES then
-        line = append_fast(hkey, text, r, code, info, now)
+    if code == 'C' and r.fence == 1 then
+        line = start_history(hkey, r, code, info, now)
+        if type(line) == 'table' then
+            return -- refused (a slot migration split the pair): no event this time
+        end
     end
-    if line == nil then
-        line = append_full(hkey, text, r, code, info, now, counted)
+    if not line then
+        local text = redis.pcall('GET', hkey)
+        if type(text) == 'table' then
+            return -- refused, as above
+        end
+        text = text or ''
+        if not counted and #text < FAST_BYTES then
+            line = append_fast(hkey, text, r, code, info, now)
+        end
+        if line == nil then
+            line = append_full(hkey, text, r, code, info, now, counted)
+        end
     end
     if audit ~= '-' then
+        -- One field (fewer for XADD to encode): the line, then the tool's name after its length
+        -- (one byte: at most 255) and the record's key (idempotency._stores.redis.history).
+        local tag = string.sub(key, string.find(key, '{', 1, true) + 1, -2)
         redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
-            'k', string.match(key, '{(.*)}$') or key, 't', r.tool, 'e', line)
+            'a', line .. '\n' .. string.char(#r.tool) .. r.tool .. tag)
     end
 end
 
