@@ -56,8 +56,11 @@ class OnceProxyTool(ProxyTool):
         if claim is None or self._link is None:
             return await super().run(arguments, context)
         name = self._backend_name or self.name
-        # The upstream's progress reaches the caller of the first execution (a replay has none).
-        progress = (context or get_context()).report_progress
+        # The upstream's progress, logs and requests reach the caller of the first execution (a
+        # replay has none).
+        context = context or get_context()
+        self._link.relay_to(context)
+        progress = context.report_progress
         try:
             result = await self._link.call(
                 name, arguments, upstream_key(claim), resend=self._resend, progress=progress

@@ -30,6 +30,7 @@ from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, tool_sess
 if TYPE_CHECKING:
     from fastmcp import Client
     from fastmcp.client.transports import ClientTransport
+    from fastmcp.server.context import Context
     from mcp.shared.dispatcher import ProgressFnT
     from mcp_types import CallToolResult
 
@@ -122,11 +123,27 @@ class UpstreamLink:
         if self.retry.trust_annotations:
             raise ValueError("the proxy's retry policy must not trust the upstream's annotations")
         self._session = RetryingSession(connect=self._connect, policy=self.retry)
+        #: The caller the upstream's logs and its sampling, elicitation and roots requests are
+        #: relayed to: FastMCP's `ProxyClient` slot, one for every session of the link.
+        self._relay: list[Any] = [None]
 
     def _connect(self) -> Client[Any]:
         from fastmcp.server.providers.proxy import ProxyClient
 
-        return ProxyClient(self.upstream.transport())
+        client = ProxyClient(self.upstream.transport())
+        # FastMCP's relay handlers read the caller from the client's slot, which its own proxy
+        # tools fill before each call; the guarded calls fill the link's (`relay_to`), so the
+        # slot is the link's, shared by every session it opens (a new child keeps relaying).
+        client._proxy_rc_ref = self._relay
+        client._bind_restoring_handlers()
+        return client
+
+    def relay_to(self, context: Context) -> None:
+        """Relay what the upstream sends during the next call (logs, sampling, elicitation, roots
+        requests) to `context`'s caller, as FastMCP's proxy tools do before theirs.
+
+        One slot, as in FastMCP: with calls in flight at once, the last one set receives them."""
+        self._relay[0] = (context.request_context, context._fastmcp)
 
     @property
     def connects(self) -> int:
