@@ -1,10 +1,10 @@
 """`mcp-once proxy` in front of servers it did not write, as real processes (the slow tier).
 
-The upstreams: `ledger_server.mjs` (the TypeScript SDK, an effect ledger the server appends to and
-fsyncs before answering, so what is counted is what happened) and the npm reference
-`server-memory` behind a tap that counts the `tools/call` requests on the upstream link. The
-proxy runs as the `mcp-once proxy` command (stdio front, `--listen` HTTP front) or, where a test
-must watch the upstream link itself, in this process through the Python API.
+The upstream: `ledger_server.mjs` (the TypeScript SDK, an effect ledger the server appends to and
+fsyncs before answering, so what is counted is what happened); the npm reference servers are in
+`test_proxy_npm.py`. The proxy runs as the `mcp-once proxy` command (stdio front, `--listen` HTTP
+front) or, where a test must watch the upstream link itself, in this process through the Python
+API.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from proxy_kit import (
     node_port_url,
     proxy_command,
     status,
-    tapped,
     text,
 )
 
@@ -114,27 +113,6 @@ async def test_http_front_http_upstream_lost_answer(
         )
         with announced(command, "mcp-once proxy at ") as announcement:
             await _lost_answer_then_replay(http_url(announcement), ledger)
-
-
-async def test_npm_reference_server_behind_the_proxy(
-    node_servers: NodeServers, tmp_path: Path
-) -> None:
-    """`@modelcontextprotocol/server-memory`: one `tools/call` on the upstream link per key."""
-    count = tmp_path / "tools-calls"
-    upstream = tapped(count, node_servers.memory())
-    env = {**os.environ, "MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
-    command = proxy_command("--store", "memory://", "--", *upstream)
-    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
-    entity = {"entities": [{"name": "a", "entityType": "t", "observations": ["x"]}]}
-    async with Client(params) as client:
-        first = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
-        second = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
-        assert (status(first), status(second)) == ("executed", "replayed")
-        assert second.content == first.content
-        assert count.read_text().splitlines() == ["create_entities"]
-        graph = await client.call_tool("read_graph", {}, meta=meta_key("k-2"))  # read-only
-        assert status(graph) is None
-        assert count.read_text().splitlines() == ["create_entities", "read_graph"]
 
 
 async def test_is_error_result_is_stored_and_replayed(
