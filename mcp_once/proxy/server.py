@@ -18,6 +18,7 @@ from fastmcp.server.providers.proxy import ProxyMetadataMiddleware
 from idempotency import KeyStore
 from orchestrator import RetryPolicy
 
+from .completions import forward_completions
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
 from .tools import OnceProxyProvider
@@ -111,6 +112,7 @@ def build_proxy(
         dereference_schemas=False,
     )
     server.add_provider(provider)
+    forward_completions(server, link)
     server.add_middleware(guard)
     server.add_middleware(ProxyMetadataMiddleware(provider, identity="proxy"))
     return server
