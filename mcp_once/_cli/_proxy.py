@@ -148,7 +148,11 @@ def run_proxy(args: argparse.Namespace) -> int:
                 return
             host, port = listen
             async with server.opened():
-                await serve_on(server.http_app(), host, port, "mcp-once proxy", redacted(url))
+                # Host and Origin are checked when the proxy listens on a loopback address (DNS
+                # rebinding: a web page must not reach a local proxy), as MCP's transports say;
+                # FastMCP's default checks nothing.
+                app = server.http_app(host_origin_protection="auto")
+                await serve_on(app, host, port, "mcp-once proxy", redacted(url))
         finally:
             with anyio.CancelScope(shield=True):
                 await store.aclose()

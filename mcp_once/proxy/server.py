@@ -18,6 +18,7 @@ from fastmcp.server.providers.proxy import ProxyMetadataMiddleware
 from idempotency import KeyStore
 from orchestrator import RetryPolicy
 
+from .completions import forward_completions
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
 from .tools import OnceProxyProvider
@@ -102,8 +103,16 @@ def build_proxy(
             logger.warning("policy pattern %r matches no tool of the upstream", pattern)
         yield {}
 
-    server = OnceProxy(link, name=name or f"mcp-once proxy: {upstream.name}", lifespan=lifespan)
+    # The upstream's schemas are listed as it wrote them: FastMCP's default inlines `$ref`s and
+    # drops `$defs` (and the `$anchor`s in them), which a proxy has no business changing.
+    server = OnceProxy(
+        link,
+        name=name or f"mcp-once proxy: {upstream.name}",
+        lifespan=lifespan,
+        dereference_schemas=False,
+    )
     server.add_provider(provider)
+    forward_completions(server, link)
     server.add_middleware(guard)
     server.add_middleware(ProxyMetadataMiddleware(provider, identity="proxy"))
     return server

@@ -15,7 +15,14 @@ import pytest
 from fixture_server import KEY_ARGUMENT, KEYED_TOOL, build_server, guarded_tools
 from mcp.client import Client
 from mcp_types import TextContent
-from run_conformance import PassResult, Scenario, compare, read_results
+from run_conformance import (
+    PROXY_EXCEPTIONS,
+    Allowance,
+    PassResult,
+    Scenario,
+    compare,
+    read_results,
+)
 
 from idempotency import MemoryKeyStore, install, wire
 
@@ -96,15 +103,56 @@ def test_results_are_read_per_scenario(tmp_path: Path) -> None:
     results = read_results(tmp_path, ["ping", "crashed"])
     assert results["ping"] == Scenario(True)
     assert results["server-sse-polling"] == Scenario(True, [], ["b: meh"])
-    assert results["tools-call-sampling"] == Scenario(False, ["tools-call-sampling: no sampling"])
+    assert results["tools-call-sampling"] == Scenario(
+        False,
+        ["tools-call-sampling: no sampling"],
+        failed_checks=frozenset({"tools-call-sampling"}),
+    )
     assert not results["empty"].passed
     assert not results["crashed"].passed  # started, but wrote nothing
 
 
 def test_only_scenarios_passing_unguarded_are_held_against_the_guard() -> None:
-    ok, failed = Scenario(True), Scenario(False, ["x: broken"])
+    ok, failed = Scenario(True), Scenario(False, ["x: broken"], failed_checks=frozenset({"x"}))
     unguarded: list[PassResult] = [{"a": ok, "b": failed}, {"a": ok, "b": failed}]
     guarded: list[PassResult] = [{"a": ok, "b": failed}, {"a": failed, "b": failed}]
-    regressions, bare_failures = compare({"unguarded": unguarded, "guarded": guarded})
-    assert [str(f) for f in regressions] == ["a (pass 2): x: broken"]
+    comparisons, bare_failures = compare({"unguarded": unguarded, "guarded": guarded})
+    assert [str(f) for f in comparisons["guarded"].regressions] == ["a (pass 2): x: broken"]
     assert [f.scenario for f in bare_failures] == ["b", "b"]
+
+
+def test_the_proxy_may_fail_only_the_checks_its_allowances_name() -> None:
+    """An allowance excuses the checks it names, never another check of the same scenario; an
+    allowed scenario that passes in every pass is reported stale; other modes get none."""
+    ok = Scenario(True)
+
+    def failing(*checks: str) -> Scenario:
+        return Scenario(False, [f"{c}: no" for c in checks], failed_checks=frozenset(checks))
+
+    allowances = {
+        "proxied": {
+            "a": Allowance(frozenset({"a-1"}), "why"),
+            "c": Allowance(frozenset({"c-1"}), "why"),
+        }
+    }
+    baseline: list[PassResult] = [{"a": ok, "b": ok, "c": ok}] * 2
+    proxied: list[PassResult] = [
+        {"a": failing("a-1"), "b": ok, "c": ok},
+        {"a": failing("a-1", "a-2"), "b": ok, "c": ok},
+    ]
+    guarded: list[PassResult] = [
+        {"a": failing("a-1"), "b": ok, "c": ok},
+        {"a": ok, "b": ok, "c": ok},
+    ]
+    runs = {"unguarded": baseline, "guarded": guarded, "proxied": proxied}
+    comparisons, bare_failures = compare(runs, allowances)
+    assert bare_failures == []
+    proxy = comparisons["proxied"]
+    assert [str(f) for f in proxy.allowed] == ["a (pass 1): a-1: no"]
+    assert [str(f) for f in proxy.regressions] == ["a (pass 2): a-1: no; a-2: no"]
+    assert proxy.stale == ["c"]
+    assert [str(f) for f in comparisons["guarded"].regressions] == ["a (pass 1): a-1: no"]
+
+
+def test_every_allowance_names_checks_and_a_reason() -> None:
+    assert PROXY_EXCEPTIONS and all(a.checks and a.why for a in PROXY_EXCEPTIONS.values())

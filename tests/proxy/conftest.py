@@ -1,5 +1,6 @@
 """Fixtures of the proxy tests: the npm packages (the TypeScript SDK our ledger server is written
-with, the reference `server-memory`), installed once under the pytest cache, and node.
+with, the reference servers `server-memory`, `-everything` and `-filesystem`), installed once
+under the pytest cache, and node.
 
 Without node or npm the real-process tests skip loudly; under CI (CI=true) that is a failure.
 """
@@ -19,7 +20,12 @@ from npm_install import npm_install
 from proxy_kit import NodeServers
 from unavailable import unavailable
 
-PINS = {"@modelcontextprotocol/sdk": "1.32.2", "@modelcontextprotocol/server-memory": "2026.8.31"}
+PINS = {
+    "@modelcontextprotocol/sdk": "1.32.2",
+    "@modelcontextprotocol/server-memory": "2026.8.31",
+    "@modelcontextprotocol/server-everything": "2026.8.31",
+    "@modelcontextprotocol/server-filesystem": "2026.8.31",
+}
 
 
 def _unavailable(reason: str) -> NoReturn:

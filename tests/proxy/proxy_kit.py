@@ -32,8 +32,12 @@ class NodeServers:
 
     def memory(self) -> list[str]:
         """The npm reference server `@modelcontextprotocol/server-memory`."""
-        entry = self.prefix / "node_modules/@modelcontextprotocol/server-memory/dist/index.js"
-        return [self.node, str(entry)]
+        return self.reference("server-memory")
+
+    def reference(self, package: str, *args: str) -> list[str]:
+        """An npm reference server `@modelcontextprotocol/<package>` (stdio), with `args`."""
+        entry = self.prefix / "node_modules/@modelcontextprotocol" / package / "dist/index.js"
+        return [self.node, str(entry), *args]
 
 
 def tapped(count_file: Path, command: list[str]) -> list[str]:

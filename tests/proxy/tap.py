@@ -1,6 +1,7 @@
 """A stdio tap: `python tap.py COUNT_FILE -- COMMAND ARGS...` runs COMMAND with its stdin and
 stdout passed through, and appends one line to COUNT_FILE (fsynced) for every `tools/call` request
 written to it: the upstream link's own count, for servers we cannot instrument (npm packages).
+When its own input closes, it closes COMMAND's and stops it (terminated if it lingers).
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import os
 import subprocess
 import sys
 import threading
+
+#: Seconds the child gets to exit after its input closes, and again after SIGTERM.
+GRACE = 2.0
 
 
 def _count(path: str, line: bytes) -> None:
@@ -43,6 +47,20 @@ def main() -> int:
         to_child.write(line)
         to_child.flush()
     to_child.close()
+    return _stop(child)
+
+
+def _stop(child: subprocess.Popen[bytes]) -> int:
+    """Stop the child as MCP's stdio transport says a client does once its input is closed: wait
+    a moment, then SIGTERM, then SIGKILL. Some servers never exit on their own (`-everything`
+    keeps an interval timer), and a server left behind holds the test run's output pipes."""
+    for stop in (None, child.terminate, child.kill):
+        if stop is not None:
+            stop()
+        try:
+            return child.wait(timeout=GRACE)
+        except subprocess.TimeoutExpired:
+            continue
     return child.wait()
 
 

@@ -1,10 +1,10 @@
 """`mcp-once proxy` in front of servers it did not write, as real processes (the slow tier).
 
-The upstreams: `ledger_server.mjs` (the TypeScript SDK, an effect ledger the server appends to and
-fsyncs before answering, so what is counted is what happened) and the npm reference
-`server-memory` behind a tap that counts the `tools/call` requests on the upstream link. The
-proxy runs as the `mcp-once proxy` command (stdio front, `--listen` HTTP front) or, where a test
-must watch the upstream link itself, in this process through the Python API.
+The upstream: `ledger_server.mjs` (the TypeScript SDK, an effect ledger the server appends to and
+fsyncs before answering, so what is counted is what happened); the npm reference servers are in
+`test_proxy_npm.py`. The proxy runs as the `mcp-once proxy` command (stdio front, `--listen` HTTP
+front) or, where a test must watch the upstream link itself, in this process through the Python
+API.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import json
 import os
 import signal
 import sys
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,6 @@ from proxy_kit import (
     node_port_url,
     proxy_command,
     status,
-    tapped,
     text,
 )
 
@@ -117,27 +118,6 @@ async def test_http_front_http_upstream_lost_answer(
         )
         with announced(command, "mcp-once proxy at ") as announcement:
             await _lost_answer_then_replay(http_url(announcement), ledger)
-
-
-async def test_npm_reference_server_behind_the_proxy(
-    node_servers: NodeServers, tmp_path: Path
-) -> None:
-    """`@modelcontextprotocol/server-memory`: one `tools/call` on the upstream link per key."""
-    count = tmp_path / "tools-calls"
-    upstream = tapped(count, node_servers.memory())
-    env = {**os.environ, "MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
-    command = proxy_command("--store", "memory://", "--", *upstream)
-    params = StdioServerParameters(command=command[0], args=command[1:], env=env)
-    entity = {"entities": [{"name": "a", "entityType": "t", "observations": ["x"]}]}
-    async with Client(params) as client:
-        first = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
-        second = await client.call_tool("create_entities", entity, meta=meta_key("k-1"))
-        assert (status(first), status(second)) == ("executed", "replayed")
-        assert second.content == first.content
-        assert count.read_text().splitlines() == ["create_entities"]
-        graph = await client.call_tool("read_graph", {}, meta=meta_key("k-2"))  # read-only
-        assert status(graph) is None
-        assert count.read_text().splitlines() == ["create_entities", "read_graph"]
 
 
 async def test_is_error_result_is_stored_and_replayed(
@@ -559,3 +539,93 @@ async def test_proxy_from_a_desktop_config_entry(
     async with Client(_stdio(command)) as client:
         result = await client.call_tool("charge", {"amount": 1}, meta=meta_key("cfg-1"))
         assert status(result) == "executed" and lines(ledger / "effects") == 1
+
+
+FIXTURE = Path(__file__).parents[1] / "conformance" / "fixture_server.py"
+
+
+@contextlib.contextmanager
+def conformance_fixture() -> Iterator[str]:
+    """The conformance fixture, unguarded, over HTTP: an upstream that logs, samples and
+    completes (the suites' own scenarios through the proxy run in .ci/conformance)."""
+    command = [sys.executable, str(FIXTURE), "--port", "0", "--unguarded"]
+    with announced(command, "conformance fixture at ", stream="stdout") as line:
+        yield http_url(line)
+
+
+async def test_a_guarded_calls_logs_and_sampling_reach_its_first_caller_only() -> None:
+    """The upstream's log notifications and sampling request during a guarded call reach the
+    caller of the first execution; the replay carries the result alone. Completion requests are
+    answered by the upstream, and its schemas are listed as it wrote them ($defs kept)."""
+    from fastmcp import Client as FastMCPClient
+    from mcp_types import LoggingMessageNotificationParams, PromptReference
+
+    logs: list[LoggingMessageNotificationParams] = []
+    prompts: list[str] = []
+
+    async def log(message: LoggingMessageNotificationParams) -> None:
+        logs.append(message)
+
+    async def sample(messages: list[Any], params: Any, context: Any) -> str:
+        prompts.append(str(messages[0].content.text))
+        return "sampled"
+
+    with conformance_fixture() as url:
+        proxy = build_proxy(Upstream.http(url), MemoryKeyStore())
+        # The handshake era: the in-memory modern one has no channel for sampling requests.
+        client = FastMCPClient(proxy, log_handler=log, sampling_handler=sample, mode="legacy")
+        async with proxy.opened(), client:
+            calls = [
+                await client.call_tool_mcp("test_tool_with_logging", {}, meta=meta_key("log-1"))
+                for _ in range(2)
+            ]
+            assert [status(c) for c in calls] == ["executed", "replayed"]
+            assert len(logs) == 3  # the fixture logs three times, in the first execution only
+            arguments = {"prompt": "p-1"}
+            sampled = [
+                await client.call_tool_mcp("test_sampling", arguments, meta=meta_key("s-1"))
+                for _ in range(2)
+            ]
+            assert [status(c) for c in sampled] == ["executed", "replayed"]
+            assert [text(c) for c in sampled] == ["LLM response: sampled"] * 2
+            assert prompts == ["p-1"]
+            ref = PromptReference(type="ref/prompt", name="test_prompt_with_arguments")
+            completion = await client.complete(ref, {"name": "arg1", "value": "a"})
+            assert completion.values == []  # the fixture's answer, not -32601
+            listed = {t.name: t for t in await client.list_tools()}
+            assert "$defs" in listed["json_schema_2020_12_tool"].input_schema
+
+
+async def test_listen_on_loopback_refuses_a_foreign_host() -> None:
+    """DNS rebinding: a `--listen` proxy on a loopback address answers a request naming another
+    Host 421, and serves one naming its own."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+
+    def post(url: str, host: str | None) -> int:
+        headers = {"Accept": "application/json, text/event-stream"}
+        headers["Content-Type"] = "application/json"
+        if host is not None:
+            headers["Host"] = host
+        request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as refused:
+            return int(refused.code)
+
+    with conformance_fixture() as upstream:
+        command = proxy_command("--store", "memory://", "--listen", "127.0.0.1:0")
+        with announced([*command, "--upstream", upstream], "mcp-once proxy at ") as line:
+            url = http_url(line)
+            foreign = await anyio.to_thread.run_sync(post, url, "evil.example.com")
+            own = await anyio.to_thread.run_sync(post, url, None)
+    assert (foreign, own) == (421, 200)
