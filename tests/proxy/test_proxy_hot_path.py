@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastmcp import Client
@@ -28,7 +29,7 @@ pytestmark = [
 
 
 @asynccontextmanager
-async def _proxy(ledger: Path, store: KeyStore) -> AsyncIterator[tuple[OnceProxy, Client]]:
+async def _proxy(ledger: Path, store: KeyStore) -> AsyncIterator[tuple[OnceProxy, Client[Any]]]:
     upstream = Upstream.stdio(sys.executable, str(HERE / "changing_server.py"), str(ledger))
     proxy = build_proxy(upstream, store)
     async with proxy.opened(), Client(proxy) as client:
