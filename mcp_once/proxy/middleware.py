@@ -37,9 +37,13 @@ UNGUARDED: dict[str, tuple[str, ...]] = {
 }
 
 
-async def _only(tool: Tool, _: MiddlewareContext[ListToolsRequest]) -> Sequence[Tool]:
-    """A `call_next` listing just `tool`: one tool's listing goes through its own guard."""
-    return [tool]
+#: How many (tool, read-only) choices of guard are kept before they are worked out afresh.
+_CHOSEN_MAX = 1024
+
+
+async def _only(tools: list[Tool], _: MiddlewareContext[ListToolsRequest]) -> Sequence[Tool]:
+    """A `call_next` listing just `tools`: each guard's tools go through that guard's listing."""
+    return tools
 
 
 def _read_only(tool: Tool) -> bool:
@@ -71,6 +75,10 @@ class ProxyGuardMiddleware(Middleware):
         self.policy = policy or ProxyPolicy()
         self._defaults: dict[str, Any] = dict(defaults)
         self._guards: dict[str, IdempotencyMiddleware] = {}
+        #: Each tool's guard by (name, listed read-only): the policy is fixed, so this is asked
+        #: once per tool, not on every listing and call (dropped whole if an upstream keeps
+        #: listing new names, so it stays small).
+        self._chosen: dict[tuple[str, bool], IdempotencyMiddleware | None] = {}
         self._plain = self._guard_for(ToolPolicy())  # the default options fail here, at start
 
     def check(self, names: Sequence[str]) -> list[str]:
@@ -98,23 +106,33 @@ class ProxyGuardMiddleware(Middleware):
 
     def guard_of(self, tool: Tool) -> IdempotencyMiddleware | None:
         """The guard of `tool`'s calls; None when they pass through."""
+        chosen = (tool.name, _read_only(tool))
+        if chosen in self._chosen:
+            return self._chosen[chosen]
         rule = self.policy.for_tool(tool.name)
-        return self._guard_for(rule) if rule.guarded(_read_only(tool)) else None
+        guard = self._guard_for(rule) if rule.guarded(chosen[1]) else None
+        if len(self._chosen) >= _CHOSEN_MAX:
+            self._chosen.clear()
+        self._chosen[chosen] = guard
+        return guard
 
     async def on_list_tools(
         self,
         context: MiddlewareContext[ListToolsRequest],
         call_next: CallNext[ListToolsRequest, Sequence[Tool]],
     ) -> Sequence[Tool]:
-        listed: list[Tool] = []
-        for tool in await call_next(context):
+        listed = list(await call_next(context))
+        # Each guard lists its own tools, in one pass; every tool keeps its place.
+        places: dict[int, tuple[IdempotencyMiddleware, list[int]]] = {}
+        for index, tool in enumerate(listed):
             guard = self.guard_of(tool)
-            if guard is None:
-                listed.append(tool)
-                continue
-
-            advertised = await guard.on_list_tools(context, functools.partial(_only, tool))
-            listed.extend(_marked(t) for t in advertised)
+            if guard is not None:
+                places.setdefault(id(guard), (guard, []))[1].append(index)
+        for guard, indices in places.values():
+            own = [listed[i] for i in indices]
+            advertised = await guard.on_list_tools(context, functools.partial(_only, own))
+            for index, tool in zip(indices, advertised, strict=True):
+                listed[index] = _marked(tool)
         return listed
 
     async def on_call_tool(self, context: _CallContext, call_next: _CallNext) -> ToolResult:

@@ -94,22 +94,33 @@ class OnceProxyTool(ProxyTool):
 class OnceProxyProvider(ProxyProvider):
     """FastMCP's proxy provider, listing `OnceProxyTool`s.
 
-    `resend(name)` says whether the proxy's policy declares an upstream tool idempotent."""
+    `resend(name)` says whether the proxy's policy declares an upstream tool idempotent.
+
+    FastMCP lists the upstream on every `tools/list`, and over a 2026-07-28 HTTP front before
+    every `tools/call` with arguments too (the SDK checks `Mcp-Param-*` headers against the tool's
+    listed schema). Our tools are adopted once per distinct listing: while the upstream lists the
+    same tools, the same `OnceProxyTool`s are served again; a listing that differs in anything (a
+    tool added, removed or changed, as after the upstream's `list_changed`) is adopted afresh."""
 
     def __init__(self, link: UpstreamLink, resend: Any) -> None:
         super().__init__(link.client)
         self._link = link
         self._resend = resend
+        #: The last listing as FastMCP built it, and our tools adopted from it.
+        self._listed: Sequence[Tool] = ()
+        self._adopted: list[Tool] = []
 
     async def _list_tools(self) -> Sequence[Tool]:
         listed = await super()._list_tools()
-        tools: list[Tool] = [
-            OnceProxyTool.adopt(t, self._link, bool(self._resend(t.name)))
-            if isinstance(t, ProxyTool)
-            else t
-            for t in listed
-        ]
+        if listed != self._listed:  # pydantic compares every field of every tool
+            self._adopted = [
+                OnceProxyTool.adopt(t, self._link, bool(self._resend(t.name)))
+                if isinstance(t, ProxyTool)
+                else t
+                for t in listed
+            ]
+            self._listed = listed
         cache = self._tools_cache
         if cache is not None:
-            cache.items = tools
-        return tools
+            cache.items = self._adopted
+        return list(self._adopted)  # a copy: the caller may edit its list
