@@ -81,8 +81,13 @@ async def test_deadline_covers_attempts_and_waits() -> None:
     report = caught.value.report
     assert report is not None and elapsed <= 0.8 + TICK
     assert caught.value.reason in ("deadline", "attempts")
-    assert 2 <= len(report.attempts) == recorder.executions("hang") <= 10
-    assert all(a.failure == "maybe_executed" for a in report.attempts)
+    # Every attempt that reached the server is maybe executed; on a loaded machine the last one
+    # may be cut by the deadline before its request was written (never sent, never executed).
+    *sent, last = report.attempts
+    assert all(a.failure == "maybe_executed" for a in sent)
+    assert last.failure in ("maybe_executed", "never_sent")
+    executed = [a for a in report.attempts if a.failure == "maybe_executed"]
+    assert 2 <= len(executed) == recorder.executions("hang") <= len(report.attempts) <= 10
 
 
 async def test_cancelling_the_caller_mid_backoff_stops_at_once() -> None:
