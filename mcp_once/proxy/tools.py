@@ -10,7 +10,7 @@ guarded upstream, or one that reads the key, deduplicates too. A call the guard 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastmcp.server.context import Context
@@ -100,12 +100,21 @@ class OnceProxyProvider(ProxyProvider):
     every `tools/call` with arguments too (the SDK checks `Mcp-Param-*` headers against the tool's
     listed schema). Our tools are adopted once per distinct listing: while the upstream lists the
     same tools, the same `OnceProxyTool`s are served again; a listing that differs in anything (a
-    tool added, removed or changed, as after the upstream's `list_changed`) is adopted afresh."""
+    tool added, removed or changed, as after the upstream's `list_changed`) is adopted afresh.
 
-    def __init__(self, link: UpstreamLink, resend: Any) -> None:
+    `on_first_listing` is called with the tool names of the first listing that succeeds (at
+    start, or later when the upstream was unreachable then)."""
+
+    def __init__(
+        self,
+        link: UpstreamLink,
+        resend: Any,
+        on_first_listing: Callable[[list[str]], None] | None = None,
+    ) -> None:
         super().__init__(link.client)
         self._link = link
         self._resend = resend
+        self._on_first_listing = on_first_listing
         #: The last listing as FastMCP built it, and our tools adopted from it.
         self._listed: Sequence[Tool] = ()
         self._adopted: list[Tool] = []
@@ -120,6 +129,9 @@ class OnceProxyProvider(ProxyProvider):
                 for t in listed
             ]
             self._listed = listed
+        if self._on_first_listing is not None:
+            first, self._on_first_listing = self._on_first_listing, None
+            first([t.name for t in listed])
         cache = self._tools_cache
         if cache is not None:
             cache.items = self._adopted
