@@ -17,11 +17,13 @@ from fastmcp.server.context import Context
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
 from fastmcp.tools.base import Tool, ToolResult
+from mcp import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 from idempotency import Claim, OutcomeLost, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
 
-from .failures import UpstreamNotSent, UpstreamRefused
+from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable
 from .upstream import UpstreamLink
 
 #: Prefix of the key the upstream receives, so an operator reading the upstream's records can tell
@@ -120,7 +122,14 @@ class OnceProxyProvider(ProxyProvider):
         self._adopted: list[Tool] = []
 
     async def _list_tools(self) -> Sequence[Tool]:
-        listed = await super()._list_tools()
+        try:
+            listed = await super()._list_tools()
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                raise
+            # The session died under the listing (a stdio child killed after the link last saw
+            # it alive): retryable, and the next listing goes to the session that replaces it.
+            raise UpstreamUnreachable() from exc
         if listed != self._listed:  # pydantic compares every field of every tool
             self._adopted = [
                 OnceProxyTool.adopt(t, self._link, bool(self._resend(t.name)))

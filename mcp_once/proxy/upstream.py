@@ -194,7 +194,7 @@ class UpstreamLink:
         from fastmcp import Client
 
         current = self._session.session
-        if not (isinstance(current, Client) and current.is_connected()):
+        if not (isinstance(current, Client) and current.is_connected() and self.alive()):
             try:
                 await self._session.refresh_tools()  # acquires: replaces a dead session first
             except ReconnectFailed as exc:

@@ -92,11 +92,18 @@ async def test_a_proxy_started_before_its_http_upstream_serves_and_runs_the_call
 async def test_a_stdio_upstream_command_that_does_not_exist_stops_the_proxy_naming_it(
     tmp_path: Path,
 ) -> None:
+    """`mcp-once proxy` exits 2 (bad input) naming the command; `mcp-once tools` exits 3 (the
+    upstream cannot be reached) naming it too; neither with a traceback."""
     missing = "no-such-command-mcp-once-test"
-    command = proxy_command("--store", f"sqlite:///{tmp_path / 'keys.sqlite3'}", "--", missing)
-    with anyio.fail_after(120):
-        done = await anyio.run_process(command, check=False, stdin=subprocess.DEVNULL)
-    said = done.stderr.decode()
-    assert done.returncode != 0, said
-    assert f"the upstream command {missing!r} could not be started" in said, said
-    assert "Traceback" not in said, said
+    proxy = proxy_command("--store", f"sqlite:///{tmp_path / 'keys.sqlite3'}", "--", missing)
+    tools = [*proxy_command()[:-1], "tools", "--", missing]
+    for command, code, says in (
+        (proxy, 2, f"the upstream command {missing!r} could not be started"),
+        (tools, 3, f"cannot reach the upstream {missing}"),
+    ):
+        with anyio.fail_after(120):
+            done = await anyio.run_process(command, check=False, stdin=subprocess.DEVNULL)
+        said = done.stderr.decode()
+        assert done.returncode == code, said
+        assert says in said and "No such file or directory" in said, said
+        assert "Traceback" not in said, said
