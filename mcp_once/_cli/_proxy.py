@@ -21,6 +21,7 @@ import anyio
 from ._common import (
     DEFAULT_STORE_URL,
     EXIT_OK,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
     STORE_VARIABLE,
     add_store_option,
@@ -127,7 +128,7 @@ def _store_url(args: argparse.Namespace, upstream: Upstream) -> str:
 
 def run_proxy(args: argparse.Namespace) -> int:
     _need_fastmcp()
-    from mcp_once.proxy import PolicyError, build_proxy
+    from mcp_once.proxy import PolicyError, UpstreamStartFailed, build_proxy
 
     upstream = _upstream(args)
     policy = _policy(args)
@@ -159,13 +160,17 @@ def run_proxy(args: argparse.Namespace) -> int:
 
     # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown.
     with contextlib.suppress(KeyboardInterrupt):
-        anyio.run(serve)
+        try:
+            anyio.run(serve)
+        except UpstreamStartFailed as exc:
+            fail(str(exc), EXIT_USAGE)
     return EXIT_OK
 
 
 def run_tools(args: argparse.Namespace) -> int:
     _need_fastmcp()
     from mcp_once.proxy import UpstreamLink
+    from mcp_once.proxy.failures import UpstreamUnreachable
     from mcp_once.proxy.report import rows, table
 
     upstream = _upstream(args)
@@ -176,7 +181,10 @@ def run_tools(args: argparse.Namespace) -> int:
             client = await link.client()
             return list(await client.list_tools())
 
-    tools = anyio.run(listed)
+    try:
+        tools = anyio.run(listed)
+    except UpstreamUnreachable as exc:
+        fail(f"cannot reach the upstream {upstream.name}: {exc.__cause__ or exc}", EXIT_UNREACHABLE)
     found = rows(tools, policy)
     if args.json:
         print(json.dumps([r.as_json() for r in found], indent=2))

@@ -19,9 +19,10 @@ except ImportError as exc:  # pragma: no cover - the extra is a dev dependency h
         "mcp-once proxy needs FastMCP: install the extra, pip install 'mcp-once[fastmcp]'"
     ) from exc
 
+from .failures import UpstreamUnreachable
 from .policy import PolicyError, ProxyPolicy, ToolPolicy, load_policy, parse_policy
 from .server import OnceProxy, build_proxy
-from .upstream import Upstream, UpstreamConfigError, UpstreamLink
+from .upstream import Upstream, UpstreamConfigError, UpstreamLink, UpstreamStartFailed
 
 __all__ = [
     "OnceProxy",
@@ -31,6 +32,8 @@ __all__ = [
     "Upstream",
     "UpstreamConfigError",
     "UpstreamLink",
+    "UpstreamStartFailed",
+    "UpstreamUnreachable",
     "build_proxy",
     "load_policy",
     "parse_policy",

@@ -13,7 +13,16 @@ Rule 18 of the contract, in the guard's own terms (no second judge):
   and re-raised to the caller exactly as the upstream sent it (code, message, data);
 - an `isError` result is a result: stored and replayed (rule 8).
 
-FastMCP wraps what a tool raises in a `ToolError`; `unwrapped` finds ours again below it.
+An upstream that cannot be reached at all (down while the proxy starts, or while a listing is
+due) is answered the same way: `UpstreamUnreachable`, -32013 with `data.upstream` "unreachable",
+for `tools/list` as for a call. A listing error, not an empty listing: an empty list is a valid
+answer that a client keeps (and acts on: "this server has no tools"), where an error says "ask
+again"; it is what FastMCP's own proxy answers under its `provider_error_strategy="raise"`, the
+setting it offers for a proxy that should surface upstream failures (its default, "warn", lists
+nothing and answers a call "Unknown tool" as an `isError` result, which a client takes as the
+tool's answer).
+
+FastMCP wraps what a tool raises in a `ToolError`; `caller_error` finds ours again below it.
 """
 
 from __future__ import annotations
@@ -24,6 +33,20 @@ from idempotency import wire
 
 #: How long a caller should wait before re-sending a call the upstream never got (ms).
 RETRY_AFTER_MS = 1000
+
+
+class UpstreamUnreachable(MCPError):
+    """The upstream cannot be reached now; nothing was sent to it. Retryable: -32013 with
+    `data.upstream` "unreachable" and `retryAfterMs`, as the caller of a never-sent call gets."""
+
+    def __init__(
+        self, message: str = "The upstream server could not be reached. Retry later."
+    ) -> None:
+        super().__init__(
+            wire.STORE_UNAVAILABLE,
+            message,
+            {"retryAfterMs": RETRY_AFTER_MS, "upstream": "unreachable"},
+        )
 
 
 class UpstreamNotSent(Exception):
@@ -57,9 +80,7 @@ def caller_error(exc: BaseException) -> MCPError | None:
             error = raised.error
             return MCPError(error.code, error.message, error.data)
         if isinstance(raised, UpstreamNotSent):
-            return MCPError(
-                wire.STORE_UNAVAILABLE,
-                "The upstream server could not be reached; the tool was not run. Retry later.",
-                {"retryAfterMs": RETRY_AFTER_MS, "upstream": "unreachable"},
+            return UpstreamUnreachable(
+                "The upstream server could not be reached; the tool was not run. Retry later."
             )
     return None

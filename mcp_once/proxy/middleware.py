@@ -80,6 +80,8 @@ class ProxyGuardMiddleware(Middleware):
         #: listing new names, so it stays small).
         self._chosen: dict[tuple[str, bool], IdempotencyMiddleware | None] = {}
         self._plain = self._guard_for(ToolPolicy())  # the default options fail here, at start
+        for rule in self.policy.rules:  # and each table's, before any listing (which may wait)
+            self._guard_for(self.policy.for_tool(rule.pattern))
 
     def check(self, names: Sequence[str]) -> list[str]:
         """Build every listed tool's guard now (bad options fail at start-up) and return the

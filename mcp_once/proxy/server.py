@@ -12,17 +12,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import mcp_types
 from fastmcp import FastMCP
-from fastmcp.server.providers.proxy import ProxyMetadataMiddleware
+from fastmcp.server.middleware import CallNext, MiddlewareContext
+from fastmcp.server.providers.proxy import ProxyMetadataMiddleware, ProxyProvider
 
 from idempotency import KeyStore
 from orchestrator import RetryPolicy
 
 from .completions import forward_completions
+from .failures import UpstreamUnreachable
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
 from .tools import OnceProxyProvider
-from .upstream import Upstream, UpstreamLink
+from .upstream import Upstream, UpstreamLink, UpstreamStartFailed
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -36,24 +39,53 @@ class OnceProxy(FastMCP[Any]):
     transport, and would mistake the server for one.)
     The link is not opened in FastMCP's lifespan because FastMCP closes lifespans inside a
     cancel scope of its own, which a task group (the link's session host) cannot be closed in.
+
+    Opening lists the upstream once. A stdio upstream that cannot be started raises
+    `UpstreamStartFailed` (bad input: nothing to serve). An HTTP upstream that cannot be reached
+    yet (a fleet restarting, a deploy, compose starting services in any order) is logged and the
+    proxy serves: listings and calls answer the retryable `UpstreamUnreachable` until it is back,
+    and the next one after that works, with no restart.
     """
 
-    def __init__(self, link: UpstreamLink, **settings: Any) -> None:
+    def __init__(self, link: UpstreamLink, provider: ProxyProvider, **settings: Any) -> None:
         super().__init__(**settings)
         self.link = link
+        self.provider = provider
+        # An upstream failure reaches whoever listed or called, as the retryable error it is,
+        # instead of FastMCP's default: a warning, an empty listing and "Unknown tool".
+        self.provider_error_strategy = "raise"
         self._open = False
-        #: Policy patterns that matched no upstream tool at the last start.
+        #: Policy patterns that matched no upstream tool at the first successful listing.
         self.unmatched: list[str] = []
 
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[OnceProxy]:
         """The proxy with its upstream link open, for the block."""
         async with self.link:
+            await self._first_listing()
             self._open = True
             try:
                 yield self
             finally:
                 self._open = False
+
+    async def _first_listing(self) -> None:
+        upstream = self.link.upstream
+        try:
+            await self.provider.list_tools()
+        except UpstreamUnreachable as exc:
+            reason = exc.__cause__ or exc
+            if upstream.command:
+                raise UpstreamStartFailed(
+                    f"the upstream command {upstream.command[0]!r} could not be started"
+                    f" ({' '.join(upstream.command)}): {reason}"
+                ) from exc
+            logger.warning(
+                "the upstream %s cannot be reached yet (%s): serving; listings and calls answer"
+                " -32013 (retry later) until it can",
+                upstream.url,
+                reason,
+            )
 
     @property
     def open(self) -> bool:
@@ -82,31 +114,38 @@ def build_proxy(
     (the defaults of every guarded tool: `key_header="Idempotency-Key"` for HTTP fronts, `lease`,
     `wait`, ...); `retry` bounds re-sends to the upstream (it must not trust annotations).
 
-    On start (the server's lifespan) the upstream is listed once: every tool's guard options are
-    checked (a bad one raises), and a policy pattern that matches no tool is logged as a warning
-    and kept in `unmatched`."""
+    The policy's options are checked here (a bad one raises). At the first listing that
+    succeeds (as the proxy opens, or later if the upstream could not be reached then) every
+    listed tool's guard is built, and a policy pattern that matches no tool is logged as a
+    warning and kept in `unmatched`."""
     link = UpstreamLink(upstream, retry)
     guard = ProxyGuardMiddleware(store, policy, **options)
-    provider = OnceProxyProvider(link, guard.resend)
+    server: OnceProxy | None = None
+
+    def first_listing(names: list[str]) -> None:
+        unmatched = guard.check(names)
+        for pattern in unmatched:
+            logger.warning("policy pattern %r matches no tool of the upstream", pattern)
+        if server is not None:
+            server.unmatched = unmatched
+
+    provider = OnceProxyProvider(link, guard.resend, first_listing)
 
     @asynccontextmanager
-    async def lifespan(server: FastMCP[Any]) -> AsyncIterator[dict[str, Any]]:
-        assert isinstance(server, OnceProxy)
-        if not server.open:
+    async def lifespan(served: FastMCP[Any]) -> AsyncIterator[dict[str, Any]]:
+        assert isinstance(served, OnceProxy)
+        if not served.open:
             raise RuntimeError(
                 "the proxy's upstream link is not open: serve it with run/run_async, or enter it"
                 " first (async with proxy.opened():)"
             )
-        tools = await provider.list_tools()
-        server.unmatched = guard.check([t.name for t in tools])
-        for pattern in server.unmatched:
-            logger.warning("policy pattern %r matches no tool of the upstream", pattern)
         yield {}
 
     # The upstream's schemas are listed as it wrote them: FastMCP's default inlines `$ref`s and
     # drops `$defs` (and the `$anchor`s in them), which a proxy has no business changing.
     server = OnceProxy(
         link,
+        provider,
         name=name or f"mcp-once proxy: {upstream.name}",
         lifespan=lifespan,
         dereference_schemas=False,
@@ -114,5 +153,36 @@ def build_proxy(
     server.add_provider(provider)
     forward_completions(server, link)
     server.add_middleware(guard)
-    server.add_middleware(ProxyMetadataMiddleware(provider, identity="proxy"))
+    server.add_middleware(UpstreamMetadata(provider, identity="proxy"))
     return server
+
+
+class UpstreamMetadata(ProxyMetadataMiddleware):
+    """FastMCP's metadata forwarding (the upstream's instructions on the front's handshake), but
+    a front session still opens while the upstream cannot be reached: without them, then.
+    (FastMCP's asks the provider for its client first, which for this proxy means connecting.)"""
+
+    async def _reachable(self) -> bool:
+        try:
+            await self.provider._get_client()
+        except UpstreamUnreachable:
+            return False
+        return True
+
+    async def on_initialize(
+        self,
+        context: MiddlewareContext[mcp_types.InitializeRequest],
+        call_next: CallNext[mcp_types.InitializeRequest, mcp_types.InitializeResult | None],
+    ) -> mcp_types.InitializeResult | None:
+        if not await self._reachable():
+            return await call_next(context)
+        return await super().on_initialize(context, call_next)
+
+    async def on_discover(
+        self,
+        context: MiddlewareContext[mcp_types.DiscoverRequest],
+        call_next: CallNext[mcp_types.DiscoverRequest, mcp_types.DiscoverResult | dict[str, Any]],
+    ) -> mcp_types.DiscoverResult | dict[str, Any]:
+        if not await self._reachable():
+            return await call_next(context)
+        return await super().on_discover(context, call_next)

@@ -10,18 +10,20 @@ guarded upstream, or one that reads the key, deduplicates too. A call the guard 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
 from fastmcp.tools.base import Tool, ToolResult
+from mcp import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 from idempotency import Claim, OutcomeLost, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
 
-from .failures import UpstreamNotSent, UpstreamRefused
+from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable
 from .upstream import UpstreamLink
 
 #: Prefix of the key the upstream receives, so an operator reading the upstream's records can tell
@@ -100,18 +102,34 @@ class OnceProxyProvider(ProxyProvider):
     every `tools/call` with arguments too (the SDK checks `Mcp-Param-*` headers against the tool's
     listed schema). Our tools are adopted once per distinct listing: while the upstream lists the
     same tools, the same `OnceProxyTool`s are served again; a listing that differs in anything (a
-    tool added, removed or changed, as after the upstream's `list_changed`) is adopted afresh."""
+    tool added, removed or changed, as after the upstream's `list_changed`) is adopted afresh.
 
-    def __init__(self, link: UpstreamLink, resend: Any) -> None:
+    `on_first_listing` is called with the tool names of the first listing that succeeds (at
+    start, or later when the upstream was unreachable then)."""
+
+    def __init__(
+        self,
+        link: UpstreamLink,
+        resend: Any,
+        on_first_listing: Callable[[list[str]], None] | None = None,
+    ) -> None:
         super().__init__(link.client)
         self._link = link
         self._resend = resend
+        self._on_first_listing = on_first_listing
         #: The last listing as FastMCP built it, and our tools adopted from it.
         self._listed: Sequence[Tool] = ()
         self._adopted: list[Tool] = []
 
     async def _list_tools(self) -> Sequence[Tool]:
-        listed = await super()._list_tools()
+        try:
+            listed = await super()._list_tools()
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                raise
+            # The session died under the listing (a stdio child killed after the link last saw
+            # it alive): retryable, and the next listing goes to the session that replaces it.
+            raise UpstreamUnreachable() from exc
         if listed != self._listed:  # pydantic compares every field of every tool
             self._adopted = [
                 OnceProxyTool.adopt(t, self._link, bool(self._resend(t.name)))
@@ -120,6 +138,9 @@ class OnceProxyProvider(ProxyProvider):
                 for t in listed
             ]
             self._listed = listed
+        if self._on_first_listing is not None:
+            first, self._on_first_listing = self._on_first_listing, None
+            first([t.name for t in listed])
         cache = self._tools_cache
         if cache is not None:
             cache.items = self._adopted

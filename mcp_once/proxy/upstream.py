@@ -29,12 +29,14 @@ import anyio
 
 from orchestrator import (
     OutcomeUnknown,
+    ReconnectFailed,
     RetryingSession,
     RetryPolicy,
     http_client_factory,
     tool_session,
 )
 
+from .failures import UpstreamUnreachable
 from .forwarding import Forwarding
 
 if TYPE_CHECKING:
@@ -47,6 +49,12 @@ if TYPE_CHECKING:
 
 class UpstreamConfigError(ValueError):
     """The upstream cannot be named as given (no such server in the config file, no command)."""
+
+
+class UpstreamStartFailed(RuntimeError):
+    """A stdio upstream's command could not be started as the proxy starts (no such command, it
+    exits before its handshake): bad input, which no waiting mends, so the proxy does not serve.
+    (An HTTP upstream not reachable yet is no such failure: the proxy serves and tries again.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,12 +187,18 @@ class UpstreamLink:
         return current is not None and not tool_session(current).closed()
 
     async def client(self) -> Client[Any]:
-        """The connected `fastmcp.Client` of the current session, reconnecting a dead one."""
+        """The connected `fastmcp.Client` of the current session, reconnecting a dead one.
+
+        Raises `UpstreamUnreachable` (a retryable JSON-RPC error, as FastMCP passes it on to
+        whoever listed) when no session can be opened: the next listing or call tries again."""
         from fastmcp import Client
 
         current = self._session.session
-        if not (isinstance(current, Client) and current.is_connected()):
-            await self._session.refresh_tools()  # acquires: replaces a dead session first
+        if not (isinstance(current, Client) and current.is_connected() and self.alive()):
+            try:
+                await self._session.refresh_tools()  # acquires: replaces a dead session first
+            except ReconnectFailed as exc:
+                raise UpstreamUnreachable() from exc
             current = self._session.session
         assert isinstance(current, Client)
         return current

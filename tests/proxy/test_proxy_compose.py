@@ -57,7 +57,7 @@ def test_the_proxy_profile_service_is_wired_to_redis_and_its_port() -> None:
     assert proxy["depends_on"] == {"redis": {"condition": "service_healthy"}}
     assert proxy["ports"] == ["127.0.0.1:8090:8090"]
     assert "8090" in " ".join(proxy["healthcheck"]["test"])
-    # It exits when its start-up cannot reach the upstream (npx still downloading, a crash).
+    # It exits when its stdio upstream cannot be started (npx cannot fetch the package, a crash).
     assert proxy["restart"] == "on-failure"
     # The upstream is started with npx: the image has node and npm (copied from node's image).
     assert "npx-cli.js /usr/local/bin/npx" in proxy["build"]["dockerfile_inline"]
