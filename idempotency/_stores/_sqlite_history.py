@@ -4,7 +4,8 @@ Two tables beside `records`, created in place when a file is opened (a release b
 ignores tables it does not know: the schema version stays 1, see `sqlite.py`):
 
 * `history`: one row per record key, its history text (`history.py`), the tool, and when the row
-  may go (`forget_at`: the record's expiry plus the grace; NULL while the record is UNKNOWN).
+  may go (`forget_at`: the record's expiry, as of its last event, plus the grace; NULL while the
+  record is UNKNOWN); never while the record is still stored (a renewal writes no event).
 * `audit`: every event line in arrival order (`id`), with its record key and tool, capped at
   `AUDIT_MAX_ENTRIES` by `purge_expired`.
 
@@ -102,7 +103,14 @@ def purged(conn: sqlite3.Connection, gone: list[Record], now: float) -> None:
         "INSERT OR REPLACE INTO history (key, tool, lines, forget_at) VALUES (?,?,?,?)", rows
     )
     conn.executemany("INSERT INTO audit (at, key, tool, line) VALUES (?,?,?,?)", audit)
-    conn.execute("DELETE FROM history WHERE forget_at <= ?", (now,))
+    # A record still stored keeps its history whatever `forget_at` says: a renewal moves the
+    # record's expiry without an event, so without writing the row (its own statement per
+    # renewal); `forget_at` counts again from the purged event.
+    conn.execute(
+        "DELETE FROM history WHERE forget_at <= ?"
+        " AND NOT EXISTS (SELECT 1 FROM records WHERE records.key = history.key)",
+        (now,),
+    )
     conn.execute(
         "DELETE FROM audit WHERE id <= (SELECT max(id) FROM audit) - ?",
         (chain.AUDIT_MAX_ENTRIES,),

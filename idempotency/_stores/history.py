@@ -99,6 +99,14 @@ class Event:
     index: int = 0
     line: str = field(default="", repr=False)
 
+    @property
+    def written(self) -> float:
+        """When this line was written: a counted line's last time (a replay or refusal updates
+        the line in place, keeping its first time as `at`), else `at`. What an audit stream
+        orders and filters by: an update arrives when it is written."""
+        last = self.details.get("last_at")
+        return self.at if last is None else float(last)
+
     def as_json(self) -> dict[str, object]:
         return {
             "at": self.at,

@@ -59,6 +59,9 @@ EVENTS = (
 _READ_ALL = 100_000
 #: Seconds between two looks at the stream under --follow.
 _FOLLOW_EVERY = 1.0
+#: Seconds before the newest entry seen that the next look starts from (besides the last look's
+#: own duration): what a cluster's shards' clocks may differ by (`_audit`).
+_LATE = 1.0
 
 Action = Callable[[KeyStore, argparse.Namespace], Awaitable[int]]
 Runner = Callable[..., Callable[[argparse.Namespace], int]]
@@ -235,23 +238,33 @@ def _wanted(found: AuditEntry, args: argparse.Namespace) -> bool:
 
 
 async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
+    """List the stream, or under `--follow` keep looking at it: each look reads from a little
+    before the newest entry seen (`_LATE`, plus how long the look took) and prints the entries
+    whose ids it has not printed yet. Entries are placed by when they were written
+    (`HistoryEvent.written`: a replay's update arrives when it happens, not at its first time).
+    Why the margin: on a Redis Cluster the stream is every history merged, read one history
+    after another, so an event written during a look may be missed by it and still be older
+    than the newest it read."""
     audited = _audited(store)
     since: float | None = args.since
     seen: set[str] = set()
     first = True
     while True:
+        started = time.monotonic()
         found = await audited.audit(since=since, limit=_READ_ALL)
-        fresh = [entry for entry in found if entry.id not in seen]
-        shown = [entry for entry in fresh if _wanted(entry, args)]
+        took = time.monotonic() - started
+        shown = [entry for entry in found if entry.id not in seen and _wanted(entry, args)]
         _print_entries(shown, args, header=first)
         if args.otel:
             export_audit_logs(shown)
         first = False
         if not args.follow:
             return 0
-        if fresh:
-            since = max(entry.event.at for entry in fresh)
-            seen = {entry.id for entry in found if entry.event.at >= since}
+        if found:
+            newest = max(entry.event.written for entry in found)
+            start = newest - (took + _LATE)
+            since = start if since is None else max(since, start)
+            seen = {entry.id for entry in found if entry.event.written >= since}
         sys.stdout.flush()
         await anyio.sleep(_FOLLOW_EVERY)
 

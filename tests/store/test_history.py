@@ -181,6 +181,31 @@ async def test_a_history_is_bounded_and_stays_checkable(backend: Backend) -> Non
     assert verify_history(text) is None
 
 
+async def test_a_renewed_calls_history_outlives_its_record_by_the_grace(backend: Backend) -> None:
+    """A call that runs longer than its first lease + orphan retention + the grace keeps its
+    history, so its completion continues the chain (and has its duration). One renewal with a
+    long lease stands for many short ones. Memory and SQLite: time is moved past the history's
+    first retention and expired rows purged. Redis: keys expire on the server's real clock,
+    which the test offset does not move, so the history's time to live is read instead."""
+    store = backend.store
+    claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert claimed.token is not None
+    lease = 3 * chain.HISTORY_GRACE
+    assert await store.renew("k", claimed.token, lease=lease)
+    if isinstance(store, RedisKeyStore):
+        with sync_redis_client(backend.location) as client:
+            record_ttl = client.pttl(f"{backend.prefix}{{k}}")
+            history_ttl = client.pttl(f"{backend.prefix}{{k}}:h")
+        assert record_ttl > lease * 1000  # the renewal reached the record
+        assert history_ttl >= record_ttl + chain.HISTORY_GRACE * 1000 - 5000
+    await backend.advance(2.5 * chain.HISTORY_GRACE)  # past lease + retention + grace
+    await store.purge_expired()  # the record is alive: nothing of it goes
+    assert await store.complete("k", claimed.token, b"r", retention=600)
+    events = parse_history(await audited(backend).history("k"))
+    assert [e.kind for e in events] == ["claimed", "completed"]
+    assert int(events[1].details["duration_ms"]) >= 2.5 * chain.HISTORY_GRACE * 1000
+
+
 async def test_a_purged_record_leaves_its_history(backend: Backend) -> None:
     store = backend.store
     claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)

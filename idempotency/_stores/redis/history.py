@@ -9,7 +9,9 @@ On a Redis Cluster there is no stream: a stream shared by the records of a slot 
 scripts would touch without declaring it, and a slot migration moves keys one batch at a time, so
 a script could append to a stream already moved (a second stream, and a slot that cannot be
 handed over). The histories, which move with their records, are the audit trail there: reading
-it merges every history's events by time (`from_histories`).
+it merges every history's events by time (`from_histories`). A replay or refusal repeating the
+last line updates it in place (`history.append`) rather than adding an entry, so between two
+reads several of them show as one update carrying their count.
 """
 
 from __future__ import annotations
@@ -53,14 +55,18 @@ def _fields(values: dict[bytes, bytes]) -> tuple[bytes, bytes, bytes]:
 def from_histories(
     histories: Iterable[tuple[str, str | None, str]], since: float | None, limit: int
 ) -> list[AuditEntry]:
-    """Every event of (record key, tool, history), merged by time, from `since` on."""
+    """Every event of (record key, tool, history), merged by when it was written, from `since`
+    on. An entry's id is `KEY:DIGEST`: an event keeps its digest when older lines are dropped
+    (its position moves up), and a replay or refusal updating its line in place gets a new one,
+    so a follower (`mcp-once audit --follow`) prints the update as SQLite's table and one
+    Redis's stream do, and each event once however the history was trimmed meanwhile."""
     runs = [
         [
-            AuditEntry(f"{key}:{event.index}", key, tool, event)
+            AuditEntry(f"{key}:{event.digest}", key, tool, event)
             for event in parse(text)
-            if since is None or event.at >= since
+            if since is None or event.written >= since
         ]
         for key, tool, text in histories
     ]
-    merged = heapq.merge(*runs, key=lambda found: (found.event.at, found.key))
+    merged = heapq.merge(*runs, key=lambda found: (found.event.written, found.key))
     return [found for _, found in zip(range(limit), merged, strict=False)]

@@ -724,7 +724,7 @@ class RedisKeyStore:
             start = str(max(0, math.floor(since * 1000 - self._offset_us / 1000))).encode()
         step = command(b"XRANGE", self._prefix_bytes + b"audit", start, b"+", b"COUNT", limit)
         found = audit_stream.entries(await self._plain(step))
-        return [e for e in found if since is None or e.event.at >= since]
+        return [e for e in found if since is None or e.event.written >= since]
 
     # -- plumbing ----------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ if r ~= nil and r.state == IN_PROGRESS and r.token == token and r.fp == fp then
     r.lease = now + lease
     r.expires = now + lease + retention
     save(key, r, now)
+    keep_history(key, r, now)
     return {'claimed', token, r.fence, r.attempts, r.created ~= r.updated and 1 or 0}
 end
 local repeated = resend_only and not resent and r ~= nil and r.state == COMPLETED

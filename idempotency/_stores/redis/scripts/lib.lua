@@ -282,6 +282,17 @@ local function save_history(hkey, text, r, now)
     end
 end
 
+-- Stretch the history's time to live to its record's plus the grace, for a write that moves the
+-- record's expiry without an event (a renewal, a re-sent claim): a call running longer than its
+-- first lease + orphan retention + grace keeps the claim its completion chains to. PEXPIRE on a
+-- missing history (none kept) does nothing; pcall: a migration may have split the pair.
+local function keep_history(key, r, now)
+    local ttl = history_ttl(r, now)
+    if ttl ~= nil then
+        redis.pcall('PEXPIRE', key .. ':h', ttl)
+    end
+end
+
 -- The first claim of a record (fence 1) usually starts its history: written with SET NX, without
 -- reading first (one call less on the hot path). The line (false when a history is already
 -- there: a record gone within the grace, then claimed anew) or a refusal ({err = ...}).
