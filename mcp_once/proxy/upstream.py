@@ -9,8 +9,12 @@ own JSON-RPC error is a `ToolCallError`. The upstream's annotations are not trus
 (`trust_annotations=False`): a maybe-executed call is re-sent only where the proxy's policy says
 the upstream tool is idempotent (`call(..., resend=True)`), under the same key.
 
-One session, reused across calls (a stdio child is started once, and again only after it died):
-FastMCP's listing reads through the same connected `fastmcp.Client` the calls use. What the
+One session per protocol era, each opened on first use and reused across calls (a stdio child per
+era is started once, and again only after it died): a 2025-era caller's calls go to a handshake
+session, whose server-to-client requests can be relayed; a 2026-07-28 caller's (and the listing
+with no caller) to a 2026-07-28 one, in which an upstream tool can answer with an input-required
+round (SEP-2322), which the handshake era cannot carry. FastMCP's listing reads through the same
+connected `fastmcp.Client` the calls of that era use. What the
 upstream sends besides answers (log lines, sampling, elicitation, roots) goes to the caller of the
 call in flight (`forwarding.py`).
 """
@@ -160,6 +164,8 @@ class UpstreamLink:
         if self.retry.trust_annotations:
             raise ValueError("the proxy's retry policy must not trust the upstream's annotations")
         self._session = RetryingSession(connect=self._connect, policy=self.retry)
+        #: The 2026-07-28 era's session, opened on its first use (a second stdio child).
+        self._modern = RetryingSession(connect=self._connect_modern, policy=self.retry)
         #: The calls in flight, to which the upstream's log lines and requests are forwarded.
         self.forwarding = Forwarding()
 
@@ -168,23 +174,49 @@ class UpstreamLink:
 
         return ProxyClient(self.upstream.transport(), **self.forwarding.client_options())
 
+    def _connect_modern(self) -> Client[Any]:
+        """The 2026-07-28 era's session ("auto": the handshake on an upstream without it, where
+        the forwarding handlers relay as on the handshake session)."""
+        from fastmcp.server.providers.proxy import ProxyClient
+
+        options = self.forwarding.client_options()
+        return ProxyClient(self.upstream.transport(), mode="auto", **options)
+
     @property
     def connects(self) -> int:
-        """Upstream sessions opened so far (one per stdio child)."""
-        return self._session.connects
+        """Upstream sessions opened so far, both eras (one per stdio child)."""
+        return self._session.connects + self._modern.connects
 
     async def __aenter__(self) -> UpstreamLink:
         await self._session.__aenter__()
+        await self._modern.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self._modern.__aexit__(*exc_info)
         await self._session.__aexit__(*exc_info)
 
+    def _era(self) -> RetryingSession:
+        """The session of the caller's era: the handshake one for a 2025-era front request (whose
+        sampling/elicitation/roots requests it relays), else the 2026-07-28 one (it answers
+        input-required rounds; "auto" falls back to the handshake on an older upstream). Without
+        a request (the start-up listing, `mcp-once tools`) the modern one."""
+        from fastmcp.server.dependencies import get_context
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        try:
+            rc = get_context().request_context
+        except RuntimeError:
+            return self._modern
+        if rc is None or rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return self._modern
+        return self._session
+
     def alive(self) -> bool:
-        """Whether the current session can still send (False before the first connect, and once
-        the SDK has seen a stdio child's pipes close)."""
-        current = self._session.session
-        return current is not None and not tool_session(current).closed()
+        """Whether the sessions opened so far can all still send (False before the first
+        connect, and once the SDK has seen a stdio child's pipes close)."""
+        opened = [s.session for s in (self._session, self._modern) if s.session is not None]
+        return bool(opened) and not any(tool_session(s).closed() for s in opened)
 
     async def client(self) -> Client[Any]:
         """The connected `fastmcp.Client` of the current session, reconnecting a dead one.
@@ -193,13 +225,15 @@ class UpstreamLink:
         whoever listed) when no session can be opened: the next listing or call tries again."""
         from fastmcp import Client
 
-        current = self._session.session
-        if not (isinstance(current, Client) and current.is_connected() and self.alive()):
+        era = self._era()
+        current = era.session
+        live = current is not None and not tool_session(current).closed()
+        if not (isinstance(current, Client) and current.is_connected() and live):
             try:
-                await self._session.refresh_tools()  # acquires: replaces a dead session first
+                await era.refresh_tools()  # acquires: replaces a dead session first
             except ReconnectFailed as exc:
                 raise UpstreamUnreachable() from exc
-            current = self._session.session
+            current = era.session
         assert isinstance(current, Client)
         return current
 
@@ -219,7 +253,7 @@ class UpstreamLink:
         deadline = anyio.current_time() + self.retry.deadline
         while True:
             try:
-                return await self._session.call_tool(
+                return await self._era().call_tool(
                     name, arguments, progress_callback=progress, idempotency_key=key
                 )
             except OutcomeUnknown as exc:

@@ -80,13 +80,10 @@ class Allowance:
     why: str
 
 
-_INPUT_REQUIRED = (
-    "SEP-2322 input-required rounds: the proxy keeps one upstream session, in the handshake era"
-    " (FastMCP's ProxyClient default, which keeps the server-to-client requests of the 2025"
-    " revision relayable), and there the upstream cannot answer InputRequiredResult ('Handler"
-    " returned an invalid result'). FastMCP's bare create_proxy passes most of these by opening"
-    " a new upstream session per call in the caller's era, which the proxy does not do (one"
-    " session, reused across calls)"
+_INPUT_REQUIRED_CAPABILITIES = (
+    "SEP-2322 + SEP-2575: the caller's client capabilities do not reach the upstream; the"
+    " upstream sees those of the proxy's own 2026-07-28 session, so it asks for input the caller"
+    " did not declare (as in server-stateless; FastMCP's bare create_proxy too)"
 )
 _NOT_SUBSCRIBED = (
     "FastMCP's proxy serves neither resources/subscribe nor resources/unsubscribe (-32601 Method"
@@ -111,21 +108,9 @@ PROXY_EXCEPTIONS: Mapping[str, Allowance] = {
         " those of the proxy's own session (which declares sampling), so it runs the tool that"
         " requires sampling instead of answering -32021 (FastMCP's bare create_proxy too)",
     ),
-    **{
-        f"input-required-result-{name}": Allowance(frozenset({check}), _INPUT_REQUIRED)
-        for name, check in {
-            "basic-elicitation": "sep-2322-elicitation-incomplete",
-            "basic-list-roots": "sep-2322-list-roots-incomplete",
-            "basic-sampling": "sep-2322-sampling-incomplete",
-            "capability-check": "sep-2322-respect-client-capabilities",
-            "multi-round": "sep-2322-multi-round-r1",
-            "multiple-input-requests": "sep-2322-multiple-inputs-incomplete",
-            "non-tool-request": "sep-2322-non-tool-incomplete",
-            "request-state": "sep-2322-request-state-incomplete",
-            "result-type": "sep-2322-result-type-included",
-            "tampered-state": "sep-2322-reject-tampered-state",
-        }.items()
-    },
+    "input-required-result-capability-check": Allowance(
+        frozenset({"sep-2322-respect-client-capabilities"}), _INPUT_REQUIRED_CAPABILITIES
+    ),
 }
 #: The allowances of each mode (only the proxy has any).
 ALLOWANCES: Mapping[str, Mapping[str, Allowance]] = {"proxied": PROXY_EXCEPTIONS}

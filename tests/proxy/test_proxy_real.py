@@ -28,6 +28,7 @@ import mcp_types
 import pytest
 from mcp import MCPError, StdioServerParameters
 from mcp.client import Client
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from proxy_kit import (
     MARKER,
     InProcess,
@@ -629,3 +630,35 @@ async def test_listen_on_loopback_refuses_a_foreign_host() -> None:
             foreign = await anyio.to_thread.run_sync(post, url, "evil.example.com")
             own = await anyio.to_thread.run_sync(post, url, None)
     assert (foreign, own) == (421, 200)
+
+
+async def test_a_2026_callers_input_required_round_passes_through_unstored(
+    tmp_path: Path,
+) -> None:
+    """A 2026-07-28 caller's SEP-2322 round through the proxy (a keyless call, passed through):
+    the upstream's question reaches the caller as an `InputRequiredResult` (its client's
+    elicitation callback answers it), the answer goes upstream as the continuation, and nothing
+    is stored (rule 8). Fails with one handshake-era upstream session ('Handler returned an
+    invalid result'). The 2025 era's sampling relay is
+    `test_a_guarded_calls_logs_and_sampling_reach_its_first_caller_only`."""
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        asked.append(params.message)
+        return mcp_types.ElicitResult(action="accept", content={"name": "Ann"})
+
+    store_url = f"sqlite:///{tmp_path / 'k.sqlite3'}"
+    with conformance_fixture() as upstream:
+        command = proxy_command("--store", store_url, "--listen", "127.0.0.1:0")
+        with announced([*command, "--upstream", upstream], "mcp-once proxy at ") as line:
+            async with Client(http_url(line), elicitation_callback=elicit) as client:
+                assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
+                for _ in range(2):
+                    result = await client.call_tool("test_input_required_result_elicitation", {})
+                    assert text(result) == "Hello, Ann!"
+    assert asked == ["What is your name?"] * 2  # one question per call, from the upstream
+    store = open_store(store_url)
+    try:
+        assert await store.list_records() == []
+    finally:
+        await store.aclose()
