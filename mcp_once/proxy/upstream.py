@@ -9,12 +9,14 @@ own JSON-RPC error is a `ToolCallError`. The upstream's annotations are not trus
 (`trust_annotations=False`): a maybe-executed call is re-sent only where the proxy's policy says
 the upstream tool is idempotent (`call(..., resend=True)`), under the same key.
 
-One session per protocol era, each opened on first use and reused across calls (a stdio child per
-era is started once, and again only after it died): a 2025-era caller's calls go to a handshake
-session, whose server-to-client requests can be relayed; a 2026-07-28 caller's (and the listing
-with no caller) to a 2026-07-28 one, in which an upstream tool can answer with an input-required
-round (SEP-2322), which the handshake era cannot carry. FastMCP's listing reads through the same
-connected `fastmcp.Client` the calls of that era use. What the
+Over HTTP, one session per protocol era, each opened on first use and reused across calls: a
+2025-era caller's calls go to a handshake session, whose server-to-client requests can be relayed;
+a 2026-07-28 caller's (and the listing with no caller) to a 2026-07-28 one, in which an upstream
+tool can answer with an input-required round (SEP-2322), which the handshake era cannot carry.
+Over stdio, one handshake session and one child (started once, and again only after it died): a
+second child would split a stateful server's state between callers of the two eras, a worse
+surprise than a round that does not pass. FastMCP's listing reads through the same connected
+`fastmcp.Client` the calls of that era use. What the
 upstream sends besides answers (log lines, sampling, elicitation, roots) goes to the caller of the
 call in flight (`forwarding.py`).
 """
@@ -164,7 +166,7 @@ class UpstreamLink:
         if self.retry.trust_annotations:
             raise ValueError("the proxy's retry policy must not trust the upstream's annotations")
         self._session = RetryingSession(connect=self._connect, policy=self.retry)
-        #: The 2026-07-28 era's session, opened on its first use (a second stdio child).
+        #: The 2026-07-28 era's session, opened on its first use (HTTP upstreams only).
         self._modern = RetryingSession(connect=self._connect_modern, policy=self.retry)
         #: The calls in flight, to which the upstream's log lines and requests are forwarded.
         self.forwarding = Forwarding()
@@ -200,10 +202,13 @@ class UpstreamLink:
         """The session of the caller's era: the handshake one for a 2025-era front request (whose
         sampling/elicitation/roots requests it relays), else the 2026-07-28 one (it answers
         input-required rounds; "auto" falls back to the handshake on an older upstream). Without
-        a request (the start-up listing, `mcp-once tools`) the modern one."""
+        a request (the start-up listing, `mcp-once tools`) the modern one. Over stdio always the
+        handshake one: one child, whose state every caller shares."""
         from fastmcp.server.dependencies import get_context
         from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+        if self.upstream.url is None:
+            return self._session
         try:
             rc = get_context().request_context
         except RuntimeError:

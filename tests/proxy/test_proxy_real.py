@@ -662,3 +662,25 @@ async def test_a_2026_callers_input_required_round_passes_through_unstored(
         assert await store.list_records() == []
     finally:
         await store.aclose()
+
+
+async def test_callers_of_both_eras_share_one_stdio_child(
+    node_servers: NodeServers, ledger: Path
+) -> None:
+    """In front of a stdio upstream the proxy keeps one child whatever era its callers speak: a
+    second child would split a stateful server's state (here the ledger's charge counter, kept in
+    the child's memory) between a 2025-era and a 2026-07-28 caller."""
+    from fastmcp import Client as FastMCPClient
+
+    proxy = build_proxy(Upstream.stdio(*node_servers.ledger(ledger)), MemoryKeyStore())
+    legacy, modern = FastMCPClient(proxy, mode="legacy"), FastMCPClient(proxy)
+    async with proxy.opened(), legacy as old, modern as new:
+        assert new.protocol_version in MODERN_PROTOCOL_VERSIONS
+        assert old.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        pids = {text(await c.call_tool_mcp("pid", {})) for c in (old, new)}
+        charged = [
+            text(await c.call_tool_mcp("charge", {"amount": 1}, meta=meta_key(f"k-{n}")))
+            for n, c in enumerate((old, new, old))
+        ]
+    assert len(pids) == 1 and proxy.link.connects == 1
+    assert charged == ["charged 1 (#1)", "charged 1 (#2)", "charged 1 (#3)"]
