@@ -10,8 +10,8 @@ Every server is a process of its own, as deployed. Over HTTP: the upstream
 over one connected client, the session reused as ours reuses it: a plain `fastmcp.Client`
 (`create_proxy(client)`), and FastMCP's `ProxyClient` (`FastMCPProxy(client_factory=lambda:
 client)`, since `create_proxy` opens a fresh session per request for a `ProxyClient`), the client
-class, and so the protocol era, ours links with (the handshake era, where server-initiated
-sampling, elicitation and roots are forwarded). Over stdio
+class ours links with (the handshake era for a 2025-era caller; this caller speaks 2026-07-28, so
+ours links to the HTTP upstream in that era, as the plain client does). Over stdio
 the caller starts each server as a child and each proxy starts its own upstream child (no
 per-request row there: a new child per call). One caller issues calls back to back, the targets
 interleaved call by call; each call carries a fresh key in `_meta` (every call a first execution
@@ -19,7 +19,8 @@ through the guard); the replay rows re-send one key. Reported per front: p50 and
 target and the ratio of medians per round against the reused-`ProxyClient` bare proxy (median,
 min-max over rounds), with the ratio against the reused plain `fastmcp.Client` beside it for the
 target; and Redis round trips per call through the proxy (first execution, replay), read from
-Redis's own counters. Target: mcp-once proxy / bare <= 1.15 on the memory store over HTTP.
+Redis's own counters. Target: mcp-once proxy / bare <= 1.15 on the memory store over HTTP,
+against both reused bare proxies.
 """
 
 from __future__ import annotations
@@ -300,13 +301,12 @@ def run(calls: int, rounds: int, fronts: Sequence[str]) -> bool:
             _print(measured, calls, rounds)
             if front == "HTTP":
                 ratio = statistics.median(measured.ratios[TARGET])
-                held = ratio <= TARGET_RATIO
+                versus_client = statistics.median(measured.versus_client)
+                held = ratio <= TARGET_RATIO and versus_client <= TARGET_RATIO
                 verdict = "met" if held else "NOT met"
                 print(
-                    f"target {TARGET} / {BARE} <= {TARGET_RATIO} over HTTP: {ratio:.3f}"
-                    f" ({verdict}); against {BARE_CLIENT}:"
-                    f" {statistics.median(measured.versus_client):.3f} (the handshake-era link"
-                    " opens a new upstream connection per request, see benchmarks/README.md)"
+                    f"target {TARGET} <= {TARGET_RATIO} over HTTP, against {BARE}: {ratio:.3f};"
+                    f" against {BARE_CLIENT}: {versus_client:.3f} ({verdict})"
                 )
     return held
 
