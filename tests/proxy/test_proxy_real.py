@@ -664,8 +664,21 @@ async def test_a_2026_callers_input_required_round_passes_through_unstored(
         await store.aclose()
 
 
+@pytest.mark.parametrize(
+    ("tool", "content", "final"),
+    [
+        ("test_input_required_result_elicitation", {"name": "Ann"}, "Hello, Ann!"),
+        # The upstream's sealed requestState goes back to the caller and returns with the answer.
+        (
+            "test_input_required_result_request_state",
+            {"ok": True},
+            "state-ok: requestState validated (ok=True)",
+        ),
+    ],
+    ids=["elicitation", "request_state"],
+)
 async def test_a_2026_callers_keyed_round_to_a_guarded_tool_runs_it_once_and_is_replayed(
-    tmp_path: Path,
+    tmp_path: Path, tool: str, content: dict[str, Any], final: str
 ) -> None:
     """A keyed call from a 2026-07-28 caller to a guarded tool whose upstream asks for input:
     the upstream's question reaches the caller (its elicitation callback answers it) and the
@@ -677,9 +690,8 @@ async def test_a_2026_callers_keyed_round_to_a_guarded_tool_runs_it_once_and_is_
 
     async def elicit(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
         asked.append(params.message)
-        return mcp_types.ElicitResult(action="accept", content={"name": "Ann"})
+        return mcp_types.ElicitResult(action="accept", content=content)
 
-    tool = "test_input_required_result_elicitation"
     store_url = f"sqlite:///{tmp_path / 'k.sqlite3'}"
     with conformance_fixture() as upstream:
         command = proxy_command("--store", store_url, "--listen", "127.0.0.1:0")
@@ -688,9 +700,9 @@ async def test_a_2026_callers_keyed_round_to_a_guarded_tool_runs_it_once_and_is_
                 assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
                 first = await client.call_tool(tool, {}, meta=meta_key("round-1"))
                 again = await client.call_tool(tool, {}, meta=meta_key("round-1"))
-    assert (text(first), status(first)) == ("Hello, Ann!", "executed")
-    assert (text(again), status(again)) == ("Hello, Ann!", "replayed")
-    assert asked == ["What is your name?"]  # one question: the upstream ran the tool once
+    assert (text(first), status(first)) == (final, "executed")
+    assert (text(again), status(again)) == (final, "replayed")
+    assert len(asked) == 1  # one question: the upstream ran the tool once
     store = open_store(store_url)
     try:
         (record,) = await store.list_records()
