@@ -8,7 +8,9 @@ from, as telemetry records it (docs/observability.md). For tooling of your own (
 loop, an invariant checker; the `mcp-once` command's scenario engine uses these):
 
 - `tool_session(session)`: any session `RetryingSession` accepts, as the `ToolSession` it drives
-  (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook).
+  (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook);
+  `InputRoundSession`, the optional capability of one to carry an input-required round
+  (`RetryingSession.call_tool(..., allow_input_required=True)`).
 - `SessionSlot`: the reconnection half of `RetryingSession`: one live session, replaced through a
   `Connect` factory when it dies, shared by every caller (raises `ReconnectFailed`, or
   `SessionUnavailable` when it has no factory). `RetryingSession.call_tool` never raises either:
@@ -77,7 +79,7 @@ from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailabl
 from ._report import AttemptReport, CallOutcome, CallReport, FailureKind, GiveUpReason
 from ._run import Run, RunDiverged, RunExpired, Turn, run_key
 from ._session import RetryingSession
-from ._sessions import SessionLike, ToolSession, tool_session
+from ._sessions import InputRoundSession, SessionLike, ToolSession, tool_session
 from ._testing import testing
 
 # A library is silent unless its user asks (the standard library's convention for libraries):
@@ -96,6 +98,7 @@ __all__ = [
     "FailureKind",
     "GiveUpHook",
     "GiveUpReason",
+    "InputRoundSession",
     "InvalidParams",
     "Journal",
     "JournalError",

@@ -22,6 +22,7 @@ FailureKind = Literal[
 CallOutcome = Literal[
     "result",  # a CallToolResult with isError false
     "is_error",  # a CallToolResult with isError true (returned, never retried)
+    "input_required",  # an InputRequiredResult: the server's question (returned, never retried)
     "outcome_unknown",  # OutcomeUnknown was raised
     "not_executed",  # NotExecuted was raised
     "error",  # a permanent error was raised

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, NoReturn, cast
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, cast, overload
 
 import anyio
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CallToolResult, RequestParamsMeta, Tool
+from mcp_types import CallToolResult, InputRequiredResult, InputResponses, RequestParamsMeta, Tool
 from opentelemetry import trace
 
 from idempotency import wire
@@ -52,12 +53,21 @@ from ._policy import Override, RetryPolicy, check_overrides
 from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailable, transport_closed
 from ._report import AttemptReport, CallOutcome, CallReport, GiveUpReason
 from ._run import Claim, Run, placed_run
-from ._sessions import OverClientSession, SessionLike, tool_session
+from ._sessions import (
+    InputRoundSession,
+    OverClientSession,
+    SessionLike,
+    ToolSession,
+    round_session,
+    tool_session,
+)
 from ._telemetry import error_type
 from ._testing import pause
 
 
-def _replayed(result: CallToolResult) -> bool:
+def _replayed(result: CallToolResult | InputRequiredResult) -> bool:
+    if isinstance(result, InputRequiredResult):
+        return False  # a question is never a record's answer (rule 8)
     record = (result.meta or {}).get(wire.IDEMPOTENCY_META)
     return isinstance(record, Mapping) and record.get("status") == "replayed"
 
@@ -83,6 +93,40 @@ def check_key_options(key_source: KeySource | None, run: Run | None) -> None:
         raise TypeError("key_source must be a callable taking a KeyRequest, or None")
     if run is not None and not isinstance(run, Run):
         raise TypeError(f"run must be an orchestrator.Run or None, not {type(run).__name__}")
+
+
+def _answered(result: CallToolResult | InputRequiredResult) -> CallOutcome:
+    """How a call that got an answer ended: a question is an answer too (never retried)."""
+    if isinstance(result, InputRequiredResult):
+        return "input_required"
+    return "is_error" if result.is_error else "result"
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """What a call carries of an input-required round (SEP-2322): the continuation of one (the
+    caller's answers and the server's echoed state), and whether a new question may come back
+    as the answer (else it is refused as the SDK refuses it: `RuntimeError`)."""
+
+    input_responses: InputResponses | None
+    request_state: str | None
+    allowed: bool
+
+    @classmethod
+    def of(
+        cls, input_responses: InputResponses | None, request_state: str | None, allowed: object
+    ) -> _Round | None:
+        """The round of a call, or None for a plain call (none of the three given)."""
+        if not isinstance(allowed, bool):
+            raise TypeError(f"allow_input_required must be a bool, not {type(allowed).__name__}")
+        if input_responses is not None and not isinstance(input_responses, Mapping):
+            raise TypeError("input_responses must be a mapping of request ids to results, or None")
+        if request_state is not None and not isinstance(request_state, str):
+            kind = type(request_state).__name__
+            raise TypeError(f"request_state must be a str or None, not {kind}")
+        if input_responses is None and request_state is None and not allowed:
+            return None
+        return cls(input_responses, request_state, allowed)
 
 
 class RetryingSession:
@@ -212,6 +256,7 @@ class RetryingSession:
 
     # -- calls -----------------------------------------------------------------------------
 
+    @overload
     async def call_tool(
         self,
         name: str,
@@ -221,7 +266,39 @@ class RetryingSession:
         *,
         meta: RequestParamsMeta | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
-    ) -> CallToolResult:
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: Literal[False] = False,
+    ) -> CallToolResult: ...
+
+    @overload
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool,
+    ) -> CallToolResult | InputRequiredResult: ...
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool = False,
+    ) -> CallToolResult | InputRequiredResult:
         """Call a tool, retrying where that is safe; mirrors `ClientSession.call_tool`.
 
         `read_timeout_seconds` bounds each attempt (default: the policy's `attempt_timeout`),
@@ -229,12 +306,24 @@ class RetryingSession:
         key of the caller's; otherwise the session's `key_source` gives one, or (without one, or
         when it answers None) one is minted for this call.
 
+        Input-required rounds (SEP-2322, 2026-07-28 sessions), as the SDK session's own
+        `call_tool` has them: with `allow_input_required=True` the server's `InputRequiredResult`
+        is returned as it came (an answer, never retried: report outcome `input_required`),
+        rather than answered by the client's callbacks; `input_responses` and `request_state`
+        send the continuation. Send the continuation under the same key (`idempotency_key=`, or
+        the first call's `CallReport.key`): a guarded server released the key at the question
+        and claims it again for the continuation, whose failures are classified as any call's.
+        A round needs a session that carries one (`InputRoundSession`: the SDK's and FastMCP's
+        clients), else `TypeError`, and cannot be journalled by a `run` (bring a key).
+
         Raises:
             OutcomeUnknown: the tool may have run and may not be retried (see `.reason`).
             NotExecuted: the tool provably did not run and retrying is over.
             ToolCallError: the server answered with a permanent JSON-RPC error.
             ValueError, TypeError: bad arguments, or a bad key from `key_source`, before
                 anything is sent. Whatever `key_source` raises propagates, and nothing is sent.
+            RuntimeError: the server asked for input without `allow_input_required` (as the
+                SDK's session raises it), possible only on a continuation.
             RunDiverged, RunExpired, RunBusy, RunFinished: with a `run`, the journal refused
                 the call (see `Run`); nothing was sent.
         """
@@ -245,8 +334,41 @@ class RetryingSession:
             progress_callback,
             meta=meta,
             idempotency_key=idempotency_key,
+            input_responses=input_responses,
+            request_state=request_state,
+            allow_input_required=allow_input_required,
         )
         return result
+
+    @overload
+    async def call_tool_with_report(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: Literal[False] = False,
+    ) -> tuple[CallToolResult, CallReport]: ...
+
+    @overload
+    async def call_tool_with_report(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool,
+    ) -> tuple[CallToolResult | InputRequiredResult, CallReport]: ...
 
     async def call_tool_with_report(
         self,
@@ -257,7 +379,10 @@ class RetryingSession:
         *,
         meta: RequestParamsMeta | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
-    ) -> tuple[CallToolResult, CallReport]:
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool = False,
+    ) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
         """`call_tool`, also returning the call's `CallReport`."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty tool name, got {name!r}")
@@ -278,6 +403,7 @@ class RetryingSession:
             raise ValueError(
                 f"meta[{wire.ATTEMPT_META!r}] is set by RetryingSession, not the caller"
             )
+        round_ = _Round.of(input_responses, request_state, allow_input_required)
         if self._slot.can_reconnect and not self._slot.entered:
             raise RuntimeError(
                 "a RetryingSession with connect= must be entered (`async with`) before use:"
@@ -297,6 +423,13 @@ class RetryingSession:
             raise refusal from None
         run = self._run_for(brought if brought is not None else adapters)
         if run is not None:
+            if round_ is not None:
+                # A run's journal holds one answer per position; a round's question is none, and
+                # its continuation would take the next position under another key.
+                raise ValueError(
+                    "an input-required round cannot be journalled by a run: bring the call's key"
+                    " (idempotency_key=), the same for the question and its continuation"
+                )
             return await self._journaled(
                 run, name, arguments, read_timeout_seconds, progress_callback, meta
             )
@@ -312,6 +445,7 @@ class RetryingSession:
             self, name, arguments, read_timeout_seconds, progress_callback, meta, key, kind
         )
         call.adoptable = brought is None
+        call.round = round_
         return await call.run()
 
     async def _key_argument(
@@ -361,7 +495,7 @@ class RetryingSession:
         read_timeout: float | None,
         progress_callback: ProgressFnT | None,
         meta: Mapping[str, Any] | None,
-    ) -> tuple[CallToolResult, CallReport]:
+    ) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
         """One call of `run`: claimed (journal first), sent under the claimed key, marked done
         when an answer ends it (a result, an `isError` result or a permanent error). Anything
         else (`OutcomeUnknown`, `NotExecuted`, cancellation, a crash) leaves the intent: the
@@ -456,6 +590,8 @@ class _Call:
         self.start = 0.0
         self.deadline = 0.0
         self.connects_before = owner._slot.connects
+        #: The input-required round the call carries (None: a plain call).
+        self.round: _Round | None = None
         #: Run once, by the first attempt that has a live session, before anything is sent (a
         #: run's journal claims the call's position there, since its entry names the server).
         self.before_send: Callable[[SessionLike], Awaitable[None]] | None = None
@@ -482,12 +618,12 @@ class _Call:
         telemetry.ended(self.span, report, self.key_kind)
         return report
 
-    async def run(self) -> tuple[CallToolResult, CallReport]:
+    async def run(self) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
         """The call, under its span (current, so the attempts' spans nest under it)."""
         with telemetry.call_span(self.name, self.key_kind) as self.span:
             return await self.attempts()
 
-    async def attempts(self) -> tuple[CallToolResult, CallReport]:
+    async def attempts(self) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
         self.start = anyio.current_time()
         self.deadline = self.start + self.policy.deadline
         budget = self.owner._budget
@@ -506,10 +642,13 @@ class _Call:
                         budget.record_success()
                     self.records.append(AttemptReport(attempt, wait_before, generation))
                     replayed = _replayed(result)
-                    report = self.report(
-                        "is_error" if result.is_error else "result", replayed=replayed
-                    )
                     finished = True
+                    report = self.report(_answered(result), replayed=replayed)
+                    if isinstance(result, InputRequiredResult) and not self.round_allowed():
+                        raise RuntimeError(
+                            f"tool {self.name!r} asked for client input, and the call did not"
+                            " allow it (allow_input_required=True returns the question)"
+                        )
                     return result, report
                 assert failure is not None
                 self.records.append(
@@ -549,7 +688,12 @@ class _Call:
                 cancelled = isinstance(sys.exception(), anyio.get_cancelled_exc_class())
                 self.report("cancelled" if cancelled else "error")
 
-    async def attempt(self, attempt: int) -> tuple[CallToolResult | None, Failure | None, int]:
+    def round_allowed(self) -> bool:
+        return self.round is not None and self.round.allowed
+
+    async def attempt(
+        self, attempt: int
+    ) -> tuple[CallToolResult | InputRequiredResult | None, Failure | None, int]:
         """Send attempt `attempt`: a result or the classified failure, and the generation."""
         generation = self.slot.generation
         with anyio.CancelScope(deadline=self.deadline) as scope:
@@ -565,6 +709,8 @@ class _Call:
                 Failure("never_sent", TimeoutError("deadline reached while reconnecting")),
                 generation,
             )
+        adapted = tool_session(session)
+        rounds = round_session(adapted) if self.round is not None else None  # before sending
         if self.before_send is not None:
             prepare, self.before_send = self.before_send, None
             await prepare(session)
@@ -588,13 +734,7 @@ class _Call:
         sent = anyio.current_time()
         try:
             with anyio.CancelScope(deadline=self.deadline) as scope:
-                result = await tool_session(session).call_tool(
-                    self.name,
-                    arguments,
-                    timeout,
-                    self.progress_callback,
-                    meta=cast(RequestParamsMeta, meta),
-                )
+                result = await self.send(adapted, rounds, arguments, timeout, meta)
         except Exception as exc:
             telemetry.request_done(self.name, anyio.current_time() - sent, error_type(exc))
             return None, classify(exc, probe, session_closed=transport_closed(session)), generation
@@ -608,9 +748,34 @@ class _Call:
                 Failure("maybe_executed", cut, session_dead=transport_closed(session)),
                 generation,
             )
-        failed = "tool_error" if result.is_error else None
+        failed = "tool_error" if isinstance(result, CallToolResult) and result.is_error else None
         telemetry.request_done(self.name, anyio.current_time() - sent, failed)
         return result, None, generation
+
+    async def send(
+        self,
+        session: ToolSession,
+        rounds: InputRoundSession | None,
+        arguments: dict[str, Any] | None,
+        timeout: float,
+        meta: dict[str, Any],
+    ) -> CallToolResult | InputRequiredResult:
+        """One `tools/call`: the plain one, or with the call's round on a session that carries
+        it (the same request, answers and state on every attempt)."""
+        wire_meta = cast(RequestParamsMeta, meta)
+        if rounds is None or self.round is None:
+            return await session.call_tool(
+                self.name, arguments, timeout, self.progress_callback, meta=wire_meta
+            )
+        return await rounds.call_tool_round(
+            self.name,
+            arguments,
+            timeout,
+            self.progress_callback,
+            meta=wire_meta,
+            input_responses=self.round.input_responses,
+            request_state=self.round.request_state,
+        )
 
     def with_key(self) -> dict[str, Any] | None:
         """The arguments of the next attempt: the caller's, with the key at the path the tool's

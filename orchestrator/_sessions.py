@@ -27,18 +27,21 @@ from __future__ import annotations
 
 import importlib
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from mcp import Client, ClientSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import (
     CallToolResult,
+    InputRequiredResult,
+    InputResponses,
     ListToolsResult,
     PaginatedRequestParams,
     RequestParamsMeta,
     ToolListChangedNotification,
 )
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 if TYPE_CHECKING:
     from fastmcp import Client as FastMCPClient
@@ -76,6 +79,44 @@ class ToolSession(Protocol):
     def watch_list_changed(self, on_change: Callable[[], None]) -> bool:
         """Call `on_change` on every `notifications/tools/list_changed`; False if impossible."""
         ...
+
+
+@runtime_checkable
+class InputRoundSession(Protocol):
+    """The optional capability of a `ToolSession` to carry an input-required round (SEP-2322).
+
+    A second protocol rather than a fifth method of `ToolSession`, so that a user's own
+    `ToolSession` written before rounds existed keeps working: it is asked for a round only when a
+    caller asks `RetryingSession` for one, and then refused with a `TypeError` naming what is
+    missing. The SDK's session and client and a `fastmcp.Client` have it.
+    """
+
+    async def call_tool_round(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        read_timeout_seconds: float | None,
+        progress_callback: ProgressFnT | None,
+        *,
+        meta: RequestParamsMeta | None,
+        input_responses: InputResponses | None,
+        request_state: str | None,
+    ) -> CallToolResult | InputRequiredResult:
+        """Send one `tools/call` (one attempt) carrying the continuation of a round, if any, and
+        return the server's `InputRequiredResult` as it came instead of answering it here."""
+        ...
+
+
+def round_session(session: ToolSession) -> InputRoundSession:
+    """`session` as one that carries input-required rounds, or TypeError (before anything is
+    sent) for a `ToolSession` that does not implement `InputRoundSession`."""
+    if isinstance(session, InputRoundSession):
+        return session
+    raise TypeError(
+        f"{type(session).__name__} cannot carry an input-required round: implement"
+        " orchestrator.InputRoundSession (call_tool_round) to pass input_responses,"
+        " request_state or allow_input_required"
+    )
 
 
 if TYPE_CHECKING:
@@ -120,11 +161,69 @@ def chain_list_changed(session: ClientSession, on_change: Callable[[], None]) ->
 
 
 class OverClientSession:
-    """The half of an adapter that only needs the SDK `ClientSession` underneath (if any yet)."""
+    """The half of an adapter that only needs the SDK `ClientSession` underneath (if any yet),
+    including its input-required rounds: they are sent on that session itself, since the
+    clients above it (`mcp.client.Client`, `fastmcp.Client`) answer a round on their own."""
 
     def inner(self) -> ClientSession | None:
         """The live `ClientSession`, or None when there is none (not entered, or exited)."""
         raise NotImplementedError
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        read_timeout_seconds: float | None,
+        progress_callback: ProgressFnT | None,
+        *,
+        meta: RequestParamsMeta | None,
+    ) -> CallToolResult:
+        """The adapter's plain `tools/call` (`ToolSession.call_tool`)."""
+        raise NotImplementedError
+
+    async def call_tool_round(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        read_timeout_seconds: float | None,
+        progress_callback: ProgressFnT | None,
+        *,
+        meta: RequestParamsMeta | None,
+        input_responses: InputResponses | None,
+        request_state: str | None,
+    ) -> CallToolResult | InputRequiredResult:
+        """`InputRoundSession.call_tool_round`. A round exists on a 2026-07-28 session only: on a
+        handshake-era one (which asks by server-to-client requests, answered by the client's own
+        callbacks) the call is the plain one, and a continuation cannot be carried (TypeError).
+        Without a live session the plain call fails as a closed link does."""
+        inner = self.inner()
+        if inner is None or inner.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            if inner is not None and (input_responses is not None or request_state is not None):
+                raise TypeError(
+                    "input_responses and request_state need a 2026-07-28 session; this one"
+                    f" speaks {inner.protocol_version}"
+                )
+            return await self.call_tool(
+                name, arguments, read_timeout_seconds, progress_callback, meta=meta
+            )
+        return await self.send_round(
+            inner.call_tool(
+                name,
+                arguments,
+                read_timeout_seconds,
+                progress_callback,
+                input_responses=input_responses,
+                request_state=request_state,
+                meta=meta,
+                allow_input_required=True,
+            )
+        )
+
+    async def send_round(
+        self, sending: Coroutine[Any, Any, CallToolResult | InputRequiredResult]
+    ) -> CallToolResult | InputRequiredResult:
+        """Await a round's request on the inner session (an adapter adds its client's watch)."""
+        return await sending
 
     def closed(self) -> bool:
         inner = self.inner()

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import mcp_types
 from fastmcp import Client
@@ -27,7 +27,13 @@ from fastmcp.client.transports.base import SessionKwargs, TransportOptions
 from fastmcp.utilities.timeout import normalize_timeout_to_seconds
 from mcp import ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CONNECTION_CLOSED, CallToolResult, ListToolsResult, RequestParamsMeta
+from mcp_types import (
+    CONNECTION_CLOSED,
+    CallToolResult,
+    InputRequiredResult,
+    ListToolsResult,
+    RequestParamsMeta,
+)
 
 from ._integration import PerConnection, attempt_timeout
 from ._key import KeySource
@@ -39,6 +45,8 @@ if TYPE_CHECKING:
     from mcp.client._transport import TransportStreams
 
 __all__ = ["FastMCPSession", "RetryingClient", "SDKStreamTransport"]
+
+ResultT = TypeVar("ResultT")
 
 
 def as_tool_session(session: object) -> FastMCPSession | None:
@@ -70,8 +78,8 @@ class FastMCPSession(OverClientSession):
         *,
         meta: RequestParamsMeta | None,
     ) -> CallToolResult:
-        try:
-            return await Client.call_tool_mcp(
+        return await self._watched(
+            Client.call_tool_mcp(
                 self._client,
                 name,
                 arguments if arguments is not None else {},
@@ -79,6 +87,19 @@ class FastMCPSession(OverClientSession):
                 timeout=read_timeout_seconds,
                 meta=dict(meta) if meta is not None else None,
             )
+        )
+
+    async def send_round(
+        self, sending: Coroutine[Any, Any, CallToolResult | InputRequiredResult]
+    ) -> CallToolResult | InputRequiredResult:
+        """A round's request, under the client's watch on its session task (as FastMCP's own
+        proxy sends one), failing as `call_tool` does."""
+        return await self._watched(self._client._await_with_session_monitoring(sending))
+
+    async def _watched(self, sending: Awaitable[ResultT]) -> ResultT:
+        """A failure that killed the client's session task reads as the SDK's closed link."""
+        try:
+            return await sending
         except MCPError:
             raise
         except Exception as exc:

@@ -4,8 +4,11 @@
 tools are `OnceProxyTool`s. A call the guard runs (there is a `current_claim()`) goes through the
 shared `UpstreamLink` with the upstream key `upstream_key(claim)`: derived from the record (so
 scoped to tenant, server and tool), never the caller's raw key, and the same on every re-send, so a
-guarded upstream, or one that reads the key, deduplicates too. A call the guard does not run
-(pass-through, or unprotected) is FastMCP's own proxy call, untouched (rule 14).
+guarded upstream, or one that reads the key, deduplicates too. The upstream's input-required round
+reaches a 2026-07-28 caller as the tool's `InputRequiredToolResult` (the guard releases the claim
+for it: a question is never stored) and the caller's answers go upstream with the continuation,
+under the same upstream key. A call the guard does not run (pass-through, or unprotected) is
+FastMCP's own proxy call, untouched (rule 14).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
-from fastmcp.tools.base import Tool, ToolResult
+from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from mcp import MCPError
-from mcp_types import CONNECTION_CLOSED
+from mcp_types import CONNECTION_CLOSED, InputRequiredResult
 
 from idempotency import Claim, OutcomeLost, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
@@ -73,9 +76,17 @@ class OnceProxyTool(ProxyTool):
         name = self._backend_name or self.name
         # The upstream's progress reaches the caller of the first execution (a replay has none).
         progress = ctx.report_progress
+        # A 2026-07-28 caller's round is its own to answer: the upstream's question goes back to
+        # it (the guard releases the claim, rule 8) and its answers come back with the same key.
+        rounds = link.input_round(ctx.input_responses, ctx.request_state)
         try:
             result = await link.call(
-                name, arguments, upstream_key(claim), resend=self._resend, progress=progress
+                name,
+                arguments,
+                upstream_key(claim),
+                resend=self._resend,
+                progress=progress,
+                rounds=rounds,
             )
         except OutcomeUnknown as exc:
             # Nothing more will come of this call: the record turns UNKNOWN now, not at the
@@ -85,6 +96,8 @@ class OnceProxyTool(ProxyTool):
             raise UpstreamNotSent(str(exc.reason)) from exc
         except ToolCallError as exc:
             raise UpstreamRefused(exc) from exc
+        if isinstance(result, InputRequiredResult):
+            return InputRequiredToolResult(result)
         return ToolResult(
             content=result.content,
             structured_content=result.structured_content,

@@ -1,7 +1,8 @@
 """An HTTP upstream that is down when a call comes (SIGKILLed while idle): the proxy's POST is
 refused, so nothing ran upstream, and rule 18 says "never sent": the claim released, the call
 re-sent within the link's deadline, else -32013 for the caller to retry later; when the upstream
-is back on its port, the same key runs once. The ledger server counts what reached it.
+is back on its port, the same key runs once. The ledger server counts what reached it. The same
+holds for the continuation of a guarded call's input-required round (the conformance fixture).
 """
 
 from __future__ import annotations
@@ -67,3 +68,58 @@ async def test_an_http_upstream_down_before_the_write_is_released_then_runs_once
     finally:
         upstream.kill()
     assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+
+
+FIXTURE = Path(__file__).parents[1] / "conformance" / "fixture_server.py"
+
+
+async def test_a_guarded_rounds_continuation_to_a_downed_upstream_is_released_then_runs_once(
+    tmp_path: Path,
+) -> None:
+    """A 2026-07-28 caller's keyed round to a guarded tool (the conformance fixture's
+    elicitation tool), the upstream SIGKILLed between the question and the answer: the
+    continuation never reached it (refused), so -32013 "unreachable" and nothing stored; once it
+    is back, the same continuation runs and is stored, and the same key is then a replay."""
+    import mcp_types
+    from fastmcp import Client as FastMCPClient
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    tool = "test_input_required_result_elicitation"
+    answer: mcp_types.InputResponses = {
+        "user_name": mcp_types.ElicitResult(action="accept", content={"name": "Ann"})
+    }
+    upstream = ServerProcess(
+        lambda port: [sys.executable, str(FIXTURE), "--port", str(port), "--unguarded"],
+        log=tmp_path / "upstream.log",
+    )
+    store = open_store(f"sqlite:///{tmp_path / 'keys.sqlite3'}")
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        proxy = build_proxy(Upstream.http(upstream.url), store)
+        async with proxy.opened(), FastMCPClient(proxy) as client:
+            assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
+            session, key = client.session, meta_key("round-down")
+            question = await session.call_tool(tool, {}, meta=key, allow_input_required=True)
+            assert isinstance(question, mcp_types.InputRequiredResult)
+            assert await store.list_records() == []  # the question released the claim
+            await anyio.to_thread.run_sync(upstream.kill)
+            with pytest.raises(MCPError) as caught:
+                await session.call_tool(
+                    tool, {}, meta=key, input_responses=answer, allow_input_required=True
+                )
+            assert caught.value.code == wire.STORE_UNAVAILABLE, caught.value
+            assert caught.value.data["upstream"] == "unreachable"
+            assert await store.list_records() == []
+            await anyio.to_thread.run_sync(upstream.start)
+            final = await session.call_tool(
+                tool, {}, meta=key, input_responses=answer, allow_input_required=True
+            )
+            again = await session.call_tool(tool, {}, meta=key)
+            assert isinstance(final, mcp_types.CallToolResult)
+            assert (text(final), status(final)) == ("Hello, Ann!", "executed")
+            assert (text(again), status(again)) == ("Hello, Ann!", "replayed")
+            (record,) = await store.list_records()
+            assert record.tool == tool
+    finally:
+        upstream.kill()
+        await store.aclose()

@@ -664,6 +664,57 @@ async def test_a_2026_callers_input_required_round_passes_through_unstored(
         await store.aclose()
 
 
+@pytest.mark.parametrize(
+    ("tool", "content", "final"),
+    [
+        ("test_input_required_result_elicitation", {"name": "Ann"}, "Hello, Ann!"),
+        # The upstream's sealed requestState goes back to the caller and returns with the answer.
+        (
+            "test_input_required_result_request_state",
+            {"ok": True},
+            "state-ok: requestState validated (ok=True)",
+        ),
+    ],
+    ids=["elicitation", "request_state"],
+)
+async def test_a_2026_callers_keyed_round_to_a_guarded_tool_runs_it_once_and_is_replayed(
+    tmp_path: Path, tool: str, content: dict[str, Any], final: str
+) -> None:
+    """A keyed call from a 2026-07-28 caller to a guarded tool whose upstream asks for input:
+    the upstream's question reaches the caller (its elicitation callback answers it) and the
+    claim is released (rule 8); the answer goes upstream as the continuation under the same
+    key, claims again and stores the final result; the same key again is a replay that never
+    reaches the upstream (no second question). Fails when the proxy's client answers the round
+    itself (the question cannot reach a 2026-07-28 caller as a request)."""
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        asked.append(params.message)
+        return mcp_types.ElicitResult(action="accept", content=content)
+
+    store_url = f"sqlite:///{tmp_path / 'k.sqlite3'}"
+    with conformance_fixture() as upstream:
+        command = proxy_command("--store", store_url, "--listen", "127.0.0.1:0")
+        with announced([*command, "--upstream", upstream], "mcp-once proxy at ") as line:
+            async with Client(http_url(line), elicitation_callback=elicit) as client:
+                assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
+                first = await client.call_tool(tool, {}, meta=meta_key("round-1"))
+                again = await client.call_tool(tool, {}, meta=meta_key("round-1"))
+    assert (text(first), status(first)) == (final, "executed")
+    assert (text(again), status(again)) == (final, "replayed")
+    assert len(asked) == 1  # one question: the upstream ran the tool once
+    store = open_store(store_url)
+    try:
+        (record,) = await store.list_records()
+        assert record.state is RecordState.COMPLETED and record.tool == tool
+        events = parse_history(await store.history(record.key))  # type: ignore[attr-defined]
+    finally:
+        await store.aclose()
+    kinds = [e.kind for e in events]
+    assert kinds == ["claimed", "released", "claimed", "completed", "replayed"]
+    assert events[1].details == {"why": "input_required"}
+
+
 async def test_callers_of_both_eras_share_one_stdio_child(
     node_servers: NodeServers, ledger: Path
 ) -> None:
