@@ -76,17 +76,17 @@ class OnceProxyTool(ProxyTool):
         name = self._backend_name or self.name
         # The upstream's progress reaches the caller of the first execution (a replay has none).
         progress = ctx.report_progress
-        # A 2026-07-28 caller's round is its own to answer: the upstream's question goes back to
-        # it (the guard releases the claim, rule 8) and its answers come back with the same key.
-        rounds = link.input_round(ctx.input_responses, ctx.request_state)
         try:
+            # A 2026-07-28 caller's round is its own to answer: the upstream's question goes back
+            # to it (the guard releases the claim, rule 8), its answers come back with the key.
             result = await link.call(
                 name,
                 arguments,
                 upstream_key(claim),
                 resend=self._resend,
                 progress=progress,
-                rounds=rounds,
+                input_responses=ctx.input_responses,
+                request_state=ctx.request_state,
             )
         except OutcomeUnknown as exc:
             # Nothing more will come of this call: the record turns UNKNOWN now, not at the

@@ -13,8 +13,8 @@ Over HTTP, one session per protocol era, each opened on first use and reused acr
 2025-era caller's calls go to a handshake session, whose server-to-client requests can be relayed;
 a 2026-07-28 caller's (and the listing with no caller) to a 2026-07-28 one, in which an upstream
 tool can answer with an input-required round (SEP-2322), which the handshake era cannot carry: a
-guarded call's round is returned to its caller (`call(..., rounds=)`), whose answers come back as
-the continuation under the same key.
+guarded call's round is returned to its caller (`call`), whose answers come back as the
+continuation under the same key.
 Over stdio, one handshake session and one child (started once, and again only after it died): a
 second child would split a stateful server's state between callers of the two eras, a worse
 surprise than a round that does not pass. FastMCP's listing reads through the same connected
@@ -157,15 +157,6 @@ def _http_client(
 _RUNNERS = frozenset({"npx", "uvx", "node", "python", "python3", "bunx", "deno", "pnpm", "dlx"})
 
 
-@dataclass(frozen=True, slots=True)
-class InputRound:
-    """What a caller's call carries of an input-required round: its answers and the upstream's
-    echoed state (both None on the round's first call)."""
-
-    input_responses: InputResponses | None
-    request_state: str | None
-
-
 class UpstreamLink:
     """One live session to the upstream, replaced when it dies, shared by listing and calls.
 
@@ -253,17 +244,6 @@ class UpstreamLink:
         assert isinstance(current, Client)
         return current
 
-    def input_round(
-        self, input_responses: InputResponses | None, request_state: str | None
-    ) -> InputRound | None:
-        """The caller's call as a round (with its continuation, if any) when it goes to the
-        2026-07-28 era's session, where an upstream tool's input-required round (SEP-2322) is
-        returned to the caller rather than answered here; else None (the handshake era relays
-        the upstream's questions as server-to-client requests instead)."""
-        if self._era() is not self._modern:
-            return None
-        return InputRound(input_responses, request_state)
-
     async def call(
         self,
         name: str,
@@ -272,26 +252,32 @@ class UpstreamLink:
         *,
         resend: bool,
         progress: ProgressFnT | None = None,
-        rounds: InputRound | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
     ) -> CallToolResult | InputRequiredResult:
         """Call `name` upstream under `key` (in `_meta`, the same on every re-send).
 
-        With `rounds` (the caller's continuation, if any) the upstream's `InputRequiredResult`
-        is returned as it came, for the caller to answer; without, the call is a plain one.
+        On the 2026-07-28 era's session the caller's continuation of an input-required round
+        (`input_responses`, `request_state`: None on its first call) goes with the call, and the
+        upstream's `InputRequiredResult` is returned as it came, for the caller to answer; on the
+        handshake era's the call is a plain one (the upstream asks by server-to-client requests,
+        relayed to the caller).
 
         Raises `NotExecuted` (never reached the upstream), `OutcomeUnknown` (may have run; with
         `resend`, only once the deadline is spent), `ToolCallError` (the upstream's refusal)."""
+        era = self._era()
+        rounds = era is self._modern
         deadline = anyio.current_time() + self.retry.deadline
         while True:
             try:
-                return await self._era().call_tool(
+                return await era.call_tool(
                     name,
                     arguments,
                     progress_callback=progress,
                     idempotency_key=key,
-                    input_responses=rounds.input_responses if rounds is not None else None,
-                    request_state=rounds.request_state if rounds is not None else None,
-                    allow_input_required=rounds is not None,
+                    input_responses=input_responses if rounds else None,
+                    request_state=request_state if rounds else None,
+                    allow_input_required=rounds,
                 )
             except OutcomeUnknown as exc:
                 # Only the proxy's policy may open this gate: the upstream tool runs twice safely.
