@@ -65,6 +65,16 @@ class Desk:
     ledger: list[str] = field(default_factory=list)
     store: MemoryKeyStore = field(default_factory=MemoryKeyStore)
 
+    def greet(self, responses: InputResponses | None) -> CallToolResult | InputRequiredResult:
+        """The tool's body, on either server: ask for the name, or greet with the answer."""
+        answer = (responses or {}).get("user_name")
+        if not isinstance(answer, ElicitResult) or answer.action != "accept":
+            self.asked += 1
+            return InputRequiredResult(input_requests={"user_name": ASK})
+        name = str((answer.content or {}).get("name"))
+        self.ledger.append(name)
+        return CallToolResult(content=[TextContent(type="text", text=f"Hello, {name}!")])
+
 
 def desk_server(desk: Desk) -> MCPServer:
     server = MCPServer("desk")
@@ -72,13 +82,7 @@ def desk_server(desk: Desk) -> MCPServer:
     @server.tool()
     @idempotent(desk.store)
     async def greet(ctx: Context) -> CallToolResult | InputRequiredResult:
-        answer = (ctx.input_responses or {}).get("user_name")
-        if not isinstance(answer, ElicitResult) or answer.action != "accept":
-            desk.asked += 1
-            return InputRequiredResult(input_requests={"user_name": ASK})
-        name = str((answer.content or {}).get("name"))
-        desk.ledger.append(name)
-        return CallToolResult(content=[TextContent(type="text", text=f"Hello, {name}!")])
+        return desk.greet(ctx.input_responses)
 
     return server
 
@@ -127,13 +131,7 @@ def fastmcp_desk(desk: Desk) -> FastMCP:
 
     @server.tool
     async def greet(ctx: FastMCPContext) -> CallToolResult | InputRequiredResult:
-        answer = (ctx.input_responses or {}).get("user_name")
-        if not isinstance(answer, ElicitResult) or answer.action != "accept":
-            desk.asked += 1
-            return InputRequiredResult(input_requests={"user_name": ASK})
-        name = str((answer.content or {}).get("name"))
-        desk.ledger.append(name)
-        return CallToolResult(content=[TextContent(type="text", text=f"Hello, {name}!")])
+        return desk.greet(ctx.input_responses)
 
     return server
 

@@ -17,6 +17,8 @@ from mcp_types import CallToolResult
 HERE = Path(__file__).parent
 LEDGER_SERVER = HERE / "ledger_server.mjs"
 TAP = HERE / "tap.py"
+#: The conformance suites' fixture server (run `--unguarded` as an upstream).
+FIXTURE = HERE.parent / "conformance" / "fixture_server.py"
 MARKER = "io.github.mcp-once/idempotency"
 KEY = "io.github.mcp-once/idempotency-key"
 
@@ -94,6 +96,24 @@ def announced(command: list[str], prefix: str, *, stream: str = "stderr") -> Ite
 def http_url(announcement: str) -> str:
     """`http://host:port/mcp` from the proxy's `... at URL (store: ...)` line."""
     return announcement.split()[0]
+
+
+@contextmanager
+def conformance_fixture() -> Iterator[str]:
+    """The conformance fixture, unguarded, over HTTP: an upstream that logs, samples, completes
+    and asks for input (the suites' own scenarios through the proxy run in .ci/conformance)."""
+    command = [sys.executable, str(FIXTURE), "--port", "0", "--unguarded"]
+    with announced(command, "conformance fixture at ", stream="stdout") as line:
+        yield http_url(line)
+
+
+@contextmanager
+def proxied_fixture(store_url: str) -> Iterator[str]:
+    """`mcp-once proxy --listen` on `store_url` in front of the conformance fixture: its URL."""
+    with conformance_fixture() as upstream:
+        command = proxy_command("--store", store_url, "--listen", "127.0.0.1:0")
+        with announced([*command, "--upstream", upstream], "mcp-once proxy at ") as line:
+            yield http_url(line)
 
 
 def node_port_url(announcement: str) -> str:

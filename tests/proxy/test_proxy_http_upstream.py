@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp import MCPError
-from proxy_kit import InProcess, NodeServers, lines, meta_key, status, text
+from proxy_kit import FIXTURE, InProcess, NodeServers, lines, meta_key, status, text
 
 from idempotency import open_store, wire
 from mcp_once.proxy import Upstream, build_proxy
@@ -68,9 +68,6 @@ async def test_an_http_upstream_down_before_the_write_is_released_then_runs_once
     finally:
         upstream.kill()
     assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
-
-
-FIXTURE = Path(__file__).parents[1] / "conformance" / "fixture_server.py"
 
 
 async def test_a_guarded_rounds_continuation_to_a_downed_upstream_is_released_then_runs_once(

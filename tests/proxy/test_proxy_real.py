@@ -18,7 +18,7 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,11 +34,13 @@ from proxy_kit import (
     InProcess,
     NodeServers,
     announced,
+    conformance_fixture,
     desktop_configs,
     http_url,
     lines,
     meta_key,
     node_port_url,
+    proxied_fixture,
     proxy_command,
     status,
     text,
@@ -542,18 +544,6 @@ async def test_proxy_from_a_desktop_config_entry(
         assert status(result) == "executed" and lines(ledger / "effects") == 1
 
 
-FIXTURE = Path(__file__).parents[1] / "conformance" / "fixture_server.py"
-
-
-@contextlib.contextmanager
-def conformance_fixture() -> Iterator[str]:
-    """The conformance fixture, unguarded, over HTTP: an upstream that logs, samples and
-    completes (the suites' own scenarios through the proxy run in .ci/conformance)."""
-    command = [sys.executable, str(FIXTURE), "--port", "0", "--unguarded"]
-    with announced(command, "conformance fixture at ", stream="stdout") as line:
-        yield http_url(line)
-
-
 async def test_a_guarded_calls_logs_and_sampling_reach_its_first_caller_only() -> None:
     """The upstream's log notifications and sampling request during a guarded call reach the
     caller of the first execution; the replay carries the result alone. Completion requests are
@@ -623,12 +613,9 @@ async def test_listen_on_loopback_refuses_a_foreign_host() -> None:
         except urllib.error.HTTPError as refused:
             return int(refused.code)
 
-    with conformance_fixture() as upstream:
-        command = proxy_command("--store", "memory://", "--listen", "127.0.0.1:0")
-        with announced([*command, "--upstream", upstream], "mcp-once proxy at ") as line:
-            url = http_url(line)
-            foreign = await anyio.to_thread.run_sync(post, url, "evil.example.com")
-            own = await anyio.to_thread.run_sync(post, url, None)
+    with proxied_fixture("memory://") as url:
+        foreign = await anyio.to_thread.run_sync(post, url, "evil.example.com")
+        own = await anyio.to_thread.run_sync(post, url, None)
     assert (foreign, own) == (421, 200)
 
 
@@ -648,14 +635,12 @@ async def test_a_2026_callers_input_required_round_passes_through_unstored(
         return mcp_types.ElicitResult(action="accept", content={"name": "Ann"})
 
     store_url = f"sqlite:///{tmp_path / 'k.sqlite3'}"
-    with conformance_fixture() as upstream:
-        command = proxy_command("--store", store_url, "--listen", "127.0.0.1:0")
-        with announced([*command, "--upstream", upstream], "mcp-once proxy at ") as line:
-            async with Client(http_url(line), elicitation_callback=elicit) as client:
-                assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
-                for _ in range(2):
-                    result = await client.call_tool("test_input_required_result_elicitation", {})
-                    assert text(result) == "Hello, Ann!"
+    with proxied_fixture(store_url) as url:
+        async with Client(url, elicitation_callback=elicit) as client:
+            assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
+            for _ in range(2):
+                result = await client.call_tool("test_input_required_result_elicitation", {})
+                assert text(result) == "Hello, Ann!"
     assert asked == ["What is your name?"] * 2  # one question per call, from the upstream
     store = open_store(store_url)
     try:
@@ -693,13 +678,11 @@ async def test_a_2026_callers_keyed_round_to_a_guarded_tool_runs_it_once_and_is_
         return mcp_types.ElicitResult(action="accept", content=content)
 
     store_url = f"sqlite:///{tmp_path / 'k.sqlite3'}"
-    with conformance_fixture() as upstream:
-        command = proxy_command("--store", store_url, "--listen", "127.0.0.1:0")
-        with announced([*command, "--upstream", upstream], "mcp-once proxy at ") as line:
-            async with Client(http_url(line), elicitation_callback=elicit) as client:
-                assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
-                first = await client.call_tool(tool, {}, meta=meta_key("round-1"))
-                again = await client.call_tool(tool, {}, meta=meta_key("round-1"))
+    with proxied_fixture(store_url) as url:
+        async with Client(url, elicitation_callback=elicit) as client:
+            assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
+            first = await client.call_tool(tool, {}, meta=meta_key("round-1"))
+            again = await client.call_tool(tool, {}, meta=meta_key("round-1"))
     assert (text(first), status(first)) == (final, "executed")
     assert (text(again), status(again)) == (final, "replayed")
     assert len(asked) == 1  # one question: the upstream ran the tool once
