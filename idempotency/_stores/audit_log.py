@@ -7,8 +7,8 @@ into log records as it arrives. Without a configured provider the API's no-op lo
 
 Attributes are the fields of `audit --json`, under `mcp_once.*` (the entry's id as
 `mcp_once.audit.id`, the record by its store key, a digest; the tool by `gen_ai.tool.name`, as the
-guard's spans do; the event's time as the log record's timestamp): never an argument, a result or
-a raw key, as in the stream itself.
+guard's spans do; when the line was written as the log record's timestamp): never an argument, a
+result or a raw key, as in the stream itself.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from .history import AuditEntry
 _logger = get_logger("mcp-once.audit")
 
 
-def attributes(found: AuditEntry) -> dict[str, str | int]:
+def attributes(found: AuditEntry) -> dict[str, str | int | float]:
     """The log record's attributes for one audit entry."""
     event = found.event
-    fields: dict[str, str | int] = {
+    fields: dict[str, str | int | float] = {
         "mcp_once.audit.id": found.id,
         "mcp_once.record": found.key,
         "mcp_once.event": event.kind,
@@ -37,18 +37,22 @@ def attributes(found: AuditEntry) -> dict[str, str | int]:
         fields["mcp_once.prev"] = event.prev
     if found.tool:
         fields["gen_ai.tool.name"] = found.tool
+    if event.written != event.at:  # an updated count: the record is the update's, `at` the first
+        fields["mcp_once.at"] = event.at
     fields.update({f"mcp_once.{name}": value for name, value in event.details.items()})
     return fields
 
 
 def export(entries: Iterable[AuditEntry], logger: Logger | None = None) -> int:
-    """Emit one log record per entry (at the event's own time); returns how many."""
+    """Emit one log record per entry, timed when its line was written (a replay or refusal
+    counted again is an update `audit --follow` reads as it arrives: its log record is the
+    update's, at `last_at`, with the event's first time as `mcp_once.at`); returns how many."""
     target = logger or _logger
     count = 0
     for found in entries:
         target.emit(
             LogRecord(
-                timestamp=round(found.event.at * 1e9),
+                timestamp=round(found.event.written * 1e9),
                 severity_number=SeverityNumber.INFO,
                 severity_text="INFO",
                 body=f"{found.event.kind}: record {found.key}",

@@ -91,9 +91,11 @@ def as_json_fields(data: ReadableLogRecord) -> dict[str, Any]:
         "id": attributes.pop("mcp_once.audit.id"),
         "record": attributes.pop("mcp_once.record"),
         "tool": attributes.pop("gen_ai.tool.name", None),
-        "at_ms": round((record.timestamp or 0) / 1e6),
     }
     fields.update({name.removeprefix("mcp_once."): value for name, value in attributes.items()})
+    # An updated count's record is timed at the update; the event's first time is an attribute.
+    first = fields.pop("at", None)
+    fields["at_ms"] = round(first * 1000 if first is not None else (record.timestamp or 0) / 1e6)
     return fields
 
 
@@ -150,4 +152,30 @@ async def test_an_entry_that_anchors_its_chain_exports_its_predecessors_digest()
     recorder = log_recorder()
     assert export_audit_logs([found]) == 1
     (data,) = recorder.get_finished_logs()
+    assert as_json_fields(data) == json_fields(json.dumps(found.as_json()))
+
+
+async def test_a_replay_counted_again_exports_a_record_timed_at_the_update() -> None:
+    """A replay repeated updates its line in place (a count and the last time). `audit --follow`
+    reads the update as it arrives; its log record is timed at the update, not at the first
+    replay, and carries the first replay's time as `mcp_once.at`."""
+    clock = [1_000.0]
+    store = MemoryKeyStore(clock=lambda: clock[0])
+    claimed = await store.claim("k", "fp", lease=30, takeover=False, tool="charge")
+    assert claimed.token is not None
+    assert await store.complete("k", claimed.token, b"done", retention=600)
+    for step in (5.0, 7.0):
+        clock[0] += step
+        replayed = await store.claim("k", "fp", lease=30, takeover=False, tool="charge")
+        assert replayed.result == b"done"
+    last = parse_history(await store.history("k"))[-1]
+    assert (last.kind, last.details["count"]) == ("replayed", "2")
+    recorder = log_recorder()
+    assert export_audit_logs([AuditEntry("9", "k", "charge", last)]) == 1
+    (data,) = recorder.get_finished_logs()
+    attributes = dict(data.log_record.attributes or {})
+    assert data.log_record.timestamp == round(1_012.0 * 1e9)
+    assert attributes["mcp_once.at"] == 1_005.0
+    assert attributes["mcp_once.last_at"] == "1012.0"
+    found = AuditEntry("9", "k", "charge", last)
     assert as_json_fields(data) == json_fields(json.dumps(found.as_json()))
