@@ -170,12 +170,12 @@ async def test_a_replay_counted_again_exports_a_record_timed_at_the_update() -> 
         assert replayed.result == b"done"
     last = parse_history(await store.history("k"))[-1]
     assert (last.kind, last.details["count"]) == ("replayed", "2")
+    found = AuditEntry("9", "k", "charge", last)
     recorder = log_recorder()
-    assert export_audit_logs([AuditEntry("9", "k", "charge", last)]) == 1
+    assert export_audit_logs([found]) == 1
     (data,) = recorder.get_finished_logs()
     attributes = dict(data.log_record.attributes or {})
     assert data.log_record.timestamp == round(1_012.0 * 1e9)
     assert attributes["mcp_once.at"] == 1_005.0
     assert attributes["mcp_once.last_at"] == "1012.0"
-    found = AuditEntry("9", "k", "charge", last)
     assert as_json_fields(data) == json_fields(json.dumps(found.as_json()))
