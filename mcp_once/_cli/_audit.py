@@ -33,7 +33,6 @@ from idempotency import (
     AuditEntry,
     HistoryEvent,
     KeyStore,
-    export_audit_logs,
     parse_history,
     rfc3339,
     verify_history,
@@ -256,6 +255,8 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
         shown = [entry for entry in found if entry.id not in seen and _wanted(entry, args)]
         _print_entries(shown, args, header=first)
         if args.otel:
+            from idempotency import export_audit_logs  # OpenTelemetry: loaded only for --otel
+
             export_audit_logs(shown)
         first = False
         if not args.follow:
@@ -303,11 +304,14 @@ def _print_rows(rows: list[list[str]]) -> None:
 
 
 async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
+    """Reads the histories as the store streams them (`iter_histories`), a batch at a time:
+    memory stays flat however many the store keeps."""
     del args
-    histories = await _audited(store).histories()
+    histories = 0
     broken = 0
     events = 0
-    for key, text in histories:
+    async for key, text in _audited(store).iter_histories():
+        histories += 1
         problem = verify_history(text)
         if problem is not None:
             broken += 1
@@ -315,7 +319,7 @@ async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
         else:
             events += len(parse_history(text))
     if broken:
-        print(f"{broken} of {len(histories)} histories are broken", file=sys.stderr)
+        print(f"{broken} of {histories} histories are broken", file=sys.stderr)
         return EXIT_PROBLEM
-    print(f"verified {len(histories)} histories ({events} events): every chain holds")
+    print(f"verified {histories} histories ({events} events): every chain holds")
     return 0

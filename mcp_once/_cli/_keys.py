@@ -6,8 +6,12 @@ record is which; records written by a release that did not store it show "-" (an
 `--tool`). Stored results are not printed unless asked (`--reveal-result`): they are user data,
 and an operator listing records should not see them by accident. Records that cannot be read
 are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
-so an operator must be able to find them. Settling a record as failed is refused for a grace
-period after its last lease ran out (see `_grace`).
+so an operator must be able to find them. A stored result counts as unreadable when its envelope
+is not ours (`check_result_envelope`, no SDK needed); only `show --reveal-result` decodes it in
+full with the SDK's model, which the listing does not load: `keys` starts in a fraction of a
+second. A listing cut short by `--limit` on Redis shows the first records its scan met, not the
+oldest ones (`KeyStore.list_records`); the table's last line says which it shows. Settling a
+record as failed is refused for a grace period after its last lease ran out (see `_grace`).
 
 A record IN_PROGRESS whose lease ran out (its worker was killed) is UNKNOWN in all but name: the
 store turns it so at the next claim. `keys` does not wait for one: it lists it as `unknown`
@@ -27,11 +31,9 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp_types import CallToolResult, TextContent
-from pydantic import ValidationError
 
 from idempotency import (
     CallScope,
@@ -42,14 +44,11 @@ from idempotency import (
     RecordState,
     StoreUnavailable,
     UnreadableResult,
-    decode_result,
+    check_result_envelope,
     default_scope,
-    domain_form,
-    encode_result,
     history_saying,
     rfc3339,
     store_key,
-    turn_unknown,
     unreadable_records,
     wire,
 )
@@ -66,6 +65,9 @@ from ._common import (
     redacted,
     unreachable,
 )
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 #: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `idempotency.store_key`.
 _STORE_KEY = re.compile(r"[0-9a-f]{64}")
@@ -106,7 +108,9 @@ def add_parser(commands: Any) -> None:
         "list",
         help="list records (tool, state, age, lease, fence), optionally filtered",
         description="List records, oldest first. Filters combine; --limit counts the records"
-        " that pass them.",
+        " that pass them. A Redis store stops at the first --limit matches its scan meets,"
+        " which are not the oldest when more match (the last line says so): finding the"
+        " oldest would read every record.",
         epilog=_EPILOG,
     )
     listing.add_argument(
@@ -303,17 +307,20 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
     }
     if record.result is not None:
         try:
-            stored = decode_result(record.result)
+            if reveal:
+                # Only a result to print needs the SDK (its `CallToolResult`): loaded here.
+                from idempotency import decode_result, domain_form
+
+                # Domain form: what was stored, without a protocol era's envelope (`resultType`).
+                described["result"] = domain_form(decode_result(record.result).result)
+            else:
+                check_result_envelope(record.result)
         except UnreadableResult as exc:
             # The server answers CORRUPT_RECORD for it, exactly as for a record it cannot read.
             described["state"] = CORRUPT
             described["corrupt"] = f"its stored result is unreadable: {exc}"
             if reveal:
                 described["result"] = f"<unreadable: {exc}>"
-        else:
-            if reveal:
-                # Domain form: what was stored, without a protocol era's envelope (`resultType`).
-                described["result"] = domain_form(stored.result)
     return described
 
 
@@ -352,10 +359,20 @@ def _cell(row: dict[str, Any], column: str) -> str:
     return "-" if value is None else str(value)
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    """Aligned columns, one record a line, "-" for nothing: `awk '{print $1}'` gets the keys."""
+def _print_table(rows: list[dict[str, Any]], order: str) -> None:
+    """Aligned columns, one record a line, "-" for nothing: `awk '{print $1}'` gets the keys.
+    The last line counts them and says which ones they are (`_order`)."""
     print_table(_COLUMNS, [[_cell(row, c) for c in _COLUMNS] for row in rows])
-    print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
+    print(f"({len(rows)} record{'s' if len(rows) != 1 else ''}, {order})")
+
+
+def _order(store: KeyStore, listed: int, limit: int) -> str:
+    """Which records a listing shows: with fewer than `--limit`, every match, oldest first; at
+    the limit, the oldest ones, or on a store that does not list oldest first (Redis: see
+    `KeyStore.list_records`) the first ones its scan met."""
+    if listed < limit or getattr(type(store), "lists_oldest_first", True):
+        return "oldest first"
+    return f"the first {limit} the store's scan met, not the {limit} oldest; oldest first"
 
 
 def _check_list(args: argparse.Namespace) -> None:
@@ -366,17 +383,22 @@ def _check_list(args: argparse.Namespace) -> None:
 
 
 async def _listed(
-    store: KeyStore, state: RecordState | None, tool: str | None, limit: int
+    store: KeyStore, state: RecordState | None, tool: str | None, limit: int, before: float | None
 ) -> list[Record]:
     """The records `--state` asks for, as an operator sees states: a record under a lease that
-    ran out is unknown (see the module doc), not in_progress."""
+    ran out is unknown (see the module doc), not in_progress. `before`: `--older-than`'s
+    cutoff, asked of the store only when given (a store written before it knows no such
+    filter)."""
+    older: dict[str, Any] = {} if before is None else {"created_before": before}
     if state not in (RecordState.UNKNOWN, RecordState.IN_PROGRESS):
-        return await store.list_records(state=state, tool=tool, limit=limit)
+        return await store.list_records(state=state, tool=tool, limit=limit, **older)
     now = _grace.clock()
-    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
+    running = await store.list_records(
+        state=RecordState.IN_PROGRESS, tool=tool, limit=limit, **older
+    )
     if state is RecordState.IN_PROGRESS:
         return [r for r in running if not _grace.lease_ran_out(r, now)]
-    unknown = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
+    unknown = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit, **older)
     unknown += [r for r in running if _grace.lease_ran_out(r, now)]
     return sorted(unknown, key=lambda r: r.created_at)[:limit]
 
@@ -384,15 +406,13 @@ async def _listed(
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     """Exit 1 when a corrupt record was listed: something an operator must look at.
 
-    The store filters by state and tool before counting `--limit`; `--older-than` is applied
-    here, and still sees every match: the store lists oldest first, so the records older than
-    any age are the first ones of its answer."""
+    The store applies every filter before counting `--limit` (`--older-than` as a time on this
+    machine's clock), so that a store which stops at the first matches it meets (Redis) still
+    shows only matches; the footer says which records these are (`_order`)."""
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
+    before = None if args.older_than is None else _grace.clock() - args.older_than
     with unreadable_records() as unreadable:
-        records = await _listed(store, state, args.tool, args.limit)
-    if args.older_than is not None:
-        cutoff = _grace.clock() - args.older_than
-        records = [r for r in records if r.created_at <= cutoff]
+        records = await _listed(store, state, args.tool, args.limit, before)
     rows = [_describe(r, reveal=False) for r in records]
     if state is None and args.tool is None and args.older_than is None:
         # An unreadable record has no state, tool or age to filter on: shown when nothing is
@@ -410,7 +430,7 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         print()
     else:
-        _print_table(rows)
+        _print_table(rows, _order(store, len(records), args.limit))
     corrupt = [row for row in rows if row["state"] == CORRUPT]
     for row in corrupt:
         print(
@@ -444,6 +464,12 @@ async def _show(store: KeyStore, args: argparse.Namespace) -> int:
 def _settled_result(args: argparse.Namespace) -> bytes | None:
     if args.failed:
         return None
+    # A result to store needs the SDK's `CallToolResult` (and pydantic): loaded only here.
+    from mcp_types import CallToolResult, TextContent
+    from pydantic import ValidationError
+
+    from idempotency import encode_result
+
     if args.result_text is not None:
         # MCPServer validates a returned result's structuredContent against the tool's output
         # schema, and a tool returning `str` has the schema {"result": string}: without it the
@@ -491,6 +517,8 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
     if record is not None and _grace.lease_ran_out(record):
+        from idempotency import turn_unknown  # the guard's claim rules: loads the SDK
+
         await turn_unknown(store, record)
     with history_saying(**_audit.settled_by(args)):
         settled = await store.settle(args.key, result=result, retention=args.retention)

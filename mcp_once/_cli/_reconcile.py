@@ -14,11 +14,14 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from idempotency import KeyStore, Reconciliation, reconcile_unknown
+from idempotency import KeyStore
 
 from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail
+
+if TYPE_CHECKING:
+    from idempotency import Reconciliation
 
 #: What each answer makes of a record, as the output says it (after "would be" when dry).
 _BECOMES = {
@@ -83,6 +86,8 @@ def _check_app(args: argparse.Namespace) -> None:
 
 
 async def _reconcile(store: KeyStore, args: argparse.Namespace) -> int:
+    from idempotency import reconcile_unknown  # the guard: loads the SDK, as the app did
+
     try:
         done = await reconcile_unknown(args.app_object, store, tool=args.tool, dry_run=args.dry_run)
     except TypeError as exc:

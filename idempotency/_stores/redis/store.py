@@ -55,7 +55,8 @@ subscribe on the owner of the record: a script's PUBLISH is broadcast over the c
 the subscriber hears it wherever the slot has moved since (sharded pub/sub would spare that
 fan-out but would need other scripts for Redis < 7 and a re-subscription per migration). Durable
 writes WAIT on the node that ran them (its own `GroupCommit`), and `list_records`/
-`purge_expired` SCAN every master and read each key on its owner. The one-Redis path pays one
+`purge_expired` SCAN every master (a listing reads each batch on the node that listed it, and a
+key that moved since on its owner). The one-Redis path pays one
 `is None` test per call for all this.
 """
 
@@ -63,12 +64,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, Final
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from typing import Any, ClassVar, Final
 
 import anyio
 import anyio.lowlevel
@@ -108,6 +108,7 @@ from ..url_options import (
 )
 from . import history as audit_stream
 from . import lua
+from . import record as stored
 from .cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
 from .cluster import redirect as _redirect
 from .cluster import seeds_of_url as _seeds_of_url
@@ -139,12 +140,6 @@ MAX_SECONDS: Final = 1e9
 #: How many keys one SCAN step asks for, and how many records one pipelined read carries.
 SCAN_BATCH: Final = 500
 
-_STATES: Final = {
-    1: RecordState.IN_PROGRESS,
-    2: RecordState.COMPLETED,
-    3: RecordState.UNKNOWN,
-    4: RecordState.RELEASED,
-}
 #: The options of `from_url` a URL's query may carry, each with its parser.
 URL_OPTIONS: Final = {
     "prefix": string,
@@ -250,6 +245,9 @@ class _Here:
 
 class RedisKeyStore:
     """Records in Redis, safe across processes and hosts. Implements `KeyStore`."""
+
+    #: `list_records` stops at `limit` records in SCAN order (see there), not at the oldest.
+    lists_oldest_first: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -431,7 +429,7 @@ class RedisKeyStore:
         encoded = key.encode()
         if not 0 < len(encoded) <= self._limits.max_key_bytes:
             self._limits.check_key(key)  # raises, naming the limit
-        fingerprint_bytes = _pack_fingerprint(fingerprint)
+        fingerprint_bytes = stored.pack_fingerprint(fingerprint)
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey_of(encoded)
@@ -554,7 +552,7 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.details(p=chain.said().scope, w="reconcile")
         args = (
-            _pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
+            stored.pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
             *self._trailer(rkey, told),
         )  # fmt: skip
         # Always safe to re-send as it is: reconcile.lua recognises its own token.
@@ -622,39 +620,118 @@ class RedisKeyStore:
                     delay = min(delay * 2, self._poll_cap)
 
     async def list_records(
-        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
+        self,
+        *,
+        state: RecordState | None = None,
+        tool: str | None = None,
+        limit: int = 100,
+        created_before: float | None = None,
     ) -> list[Record]:
-        """Scans every key under the prefix (SCAN plus one pipelined read per 500 keys): an
-        operator's tool whose cost grows with the number of records, not a request path.
-        Records that cannot be read as ours are skipped with a warning."""
+        """The first `limit` records a SCAN of the prefix meets that pass the filters, oldest
+        first among themselves (`lists_oldest_first`): when more match, any `limit` of them,
+        not the oldest, which only reading every record could find. A listing stops reading
+        once it has `limit`: when most records match, it reads about `limit` of them, whatever
+        the store's size; a filter few match reads on until it has found them (the whole store,
+        when fewer than `limit` match, and then they are every match, oldest first).
+
+        Records are read a batch at a time (`_get_many`: MGET, or pipelined GETs on their node
+        on a cluster), only as many as are still wanted (more while a filter rejects them), and
+        decoded here (`record.py`) against one TIME per node scanned: no script runs for a
+        listing, so it costs the server little beside the requests. Records that cannot be read
+        as ours are passed over (`pass_over`)."""
         check_list_limit(limit)
-
-        def order(record: Record) -> tuple[float, str]:
-            return (record.created_at, record.key)
-
         found: list[Record] = []
-        async for rkeys in self._scan():
-            replies = await self._script_many(lua.READ, rkeys)
-            for rkey, reply in zip(rkeys, replies, strict=True):
-                key = self._key_of(rkey)
-                try:
-                    record = _visible(key, reply)
-                except CorruptRecord as exc:
-                    pass_over(exc)
-                    continue
-                if record is not None and rules.listed(record, state, tool):
-                    found.append(record)
-            if limit >= 0 and len(found) > 2 * limit + SCAN_BATCH:
-                found = heapq.nsmallest(limit, found, key=order)
-        found.sort(key=order)
-        return found[:limit]
+        if limit == 0:
+            return found
+        widen = 1  # records read per record still wanted: doubled each time a read falls short
+        timed: _Here | None = None
+        now = 0
+        async with contextlib.aclosing(self._scan()) as batches:
+            async for here, rkeys in batches:
+                if here is not timed:
+                    timed, now = here, await self._now(here)
+                start = 0
+                while start < len(rkeys) and len(found) < limit:
+                    chunk = rkeys[start : start + min(SCAN_BATCH, (limit - len(found)) * widen)]
+                    start += len(chunk)
+                    for record in await self._read_records(here, chunk, now, state):
+                        if len(found) < limit and rules.listed(record, state, tool, created_before):
+                            found.append(record)
+                    widen = min(widen * 2, SCAN_BATCH) if len(found) < limit else widen
+                if len(found) >= limit:
+                    break
+        found.sort(key=lambda record: (record.created_at, record.key))
+        return found
+
+    async def _now(self, here: _Here) -> int:
+        """The Redis clock (of `here`'s node) in microseconds, with this store's test offset, as
+        the scripts' `clock()` reads it."""
+        seconds, micros = await self._plain(command(b"TIME"), here=here)
+        return int(seconds) * 1_000_000 + int(micros) + self._offset_us
+
+    async def _read_records(
+        self, here: _Here, rkeys: Sequence[bytes], now: int, state: RecordState | None = None
+    ) -> list[Record]:
+        """The live records at `rkeys` (absent, expired and released ones left out), read on
+        `here` (`_get_many`) and judged against `now` (microseconds); unreadable ones are passed
+        over. `state`: only records stored in that state are decoded (the others are skipped
+        by their state byte, unread, as SQLite skips their rows). On a cluster a key that moved
+        since the scan is read at its new owner, with the READ script."""
+        wanted = None if state is None else stored.CODES[state]
+        live: list[Record] = []
+        for rkey, raw in zip(rkeys, await self._get_many(here, rkeys), strict=True):
+            if wanted is not None and type(raw) is bytes and len(raw) > 1 and raw[1] != wanted:
+                continue
+            key = self._key_of(rkey)
+            try:
+                if isinstance(raw, ReplyError):
+                    record = await self._read_refused(key, rkey, raw)
+                else:
+                    record = None if raw is None else stored.decode(key, raw)
+                    record = rules.visible(record, now / 1_000_000)
+            except CorruptRecord as exc:
+                pass_over(exc)
+                continue
+            if record is not None:
+                live.append(record)
+        return live
+
+    async def _get_many(self, here: _Here, rkeys: Sequence[bytes]) -> list[Any]:
+        """The values at `rkeys` on `here`: bytes, None for a key that is not there, or the
+        `ReplyError` of its GET (WRONGTYPE; MOVED or ASK on a cluster). One MGET on one Redis
+        (a GET per key that it answered nil for, which may be another type); a pipelined GET
+        per key on a cluster node, where MGET would need one slot."""
+        if self._cluster is None:
+            replies = list(await self._plain(command(b"MGET", *rkeys), here=here))
+            nil = [at for at, reply in enumerate(replies) if reply is None]
+            if not nil:
+                return replies
+            again = await self._get_each(here, [rkeys[at] for at in nil])
+            for at, reply in zip(nil, again, strict=True):
+                replies[at] = reply
+            return replies
+        return await self._get_each(here, rkeys)
+
+    async def _get_each(self, here: _Here, rkeys: Sequence[bytes]) -> list[Any]:
+        replies = await self._plain(
+            b"".join(command(b"GET", rkey) for rkey in rkeys), len(rkeys), here=here
+        )
+        return [replies] if len(rkeys) == 1 else list(replies)
+
+    async def _read_refused(self, key: str, rkey: bytes, reply: ReplyError) -> Record | None:
+        if reply.code == "WRONGTYPE":
+            # As lib.lua's `load` words it for the scripts.
+            raise CorruptRecord(key, f"the key holds another Redis type ({reply})")
+        if self._cluster is not None and reply.code in REDIRECTS:
+            return _visible(key, await self._script(lua.READ, rkey, (), ()))
+        raise _translate(reply)
 
     async def purge_expired(self) -> int:
         """Deletes records whose logical expiry has passed (SCAN over the prefix, as in
         `list_records`). Records Redis already expired on its own are not counted; unreadable
         ones are left for an operator."""
         purged = 0
-        async for rkeys in self._scan():
+        async for _, rkeys in self._scan():
             purged += sum(int(n) for n in await self._script_many(lua.PURGE, rkeys))
         return purged
 
@@ -668,7 +745,7 @@ class RedisKeyStore:
         runs the tool again. `mcp-once demo` uses it to leave a user's Redis as it found it.
         Each record's history goes with it, and so does the prefix's audit stream (rule 20)."""
         deleted = 0
-        async for rkeys in self._scan():
+        async for _, rkeys in self._scan():
             deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
         if self._cluster is None:  # a cluster keeps no stream (its histories are its trail)
             with self._reaching():
@@ -701,15 +778,22 @@ class RedisKeyStore:
         return None if found is None else _text(found)
 
     async def histories(self) -> list[tuple[str, str]]:
-        """Every history kept, (record key, history), for `mcp-once audit verify`."""
-        found: list[tuple[str, str]] = []
-        async for batch in self._scan(_glob_escape(self._prefix_bytes) + b"{*}:h"):
-            for hkey in batch:
-                # Read on the record's slot owner, as the record itself would be.
-                text = await self._script(lua.HISTORY, hkey[:-2], (), ())
+        """Every history kept, (record key, history), sorted by key."""
+        return sorted([kept async for kept in self.iter_histories()])
+
+    async def iter_histories(self) -> AsyncIterator[tuple[str, str]]:
+        """Every history kept, (record key, history), in SCAN order, a batch at a time
+        (`_get_many`, on the batch's node): what `mcp-once audit verify` reads, never holding
+        more than a batch of histories (the scan remembers the keys it met, not their text)."""
+        async for here, hkeys in self._scan(_glob_escape(self._prefix_bytes) + b"{*}:h"):
+            for hkey, text in zip(hkeys, await self._get_many(here, hkeys), strict=True):
+                if isinstance(text, ReplyError):
+                    if self._cluster is None or text.code not in REDIRECTS:
+                        raise _translate(text)
+                    # Moved since the scan: read on the record's slot owner, as the record is.
+                    text = await self._script(lua.HISTORY, hkey[:-2], (), ())
                 if text is not None:
-                    found.append((self._key_of(hkey[:-2]), _text(text)))
-        return sorted(found)
+                    yield self._key_of(hkey[:-2]), _text(text)
 
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
         """The audit stream from `since` (seconds, Redis clock) on, oldest first; on a
@@ -766,9 +850,11 @@ class RedisKeyStore:
             here = self._loops[loop] = _Here(self._endpoint, self._traffic)
         return here
 
-    async def _scan(self, pattern: bytes | None = None) -> AsyncIterator[list[bytes]]:
+    async def _scan(
+        self, pattern: bytes | None = None
+    ) -> AsyncGenerator[tuple[_Here, list[bytes]], None]:
         """Every record key under the prefix (or every key matching `pattern`), in batches:
-        of the one Redis, or of every master."""
+        of the one Redis, or of every master, each batch with the connections of its node."""
         here = self._here()
         cluster = self._cluster
         if cluster is None:
@@ -788,7 +874,7 @@ class RedisKeyStore:
                 fresh = [k for k in keys if k not in seen]
                 seen.update(fresh)
                 if fresh:
-                    yield fresh
+                    yield node_here, fresh
                 if cursor == b"0":
                     break
 
@@ -1152,10 +1238,6 @@ def _seconds(micros: Any) -> float:
     return int(micros) / 1_000_000
 
 
-def _optional_seconds(micros: Any) -> float | None:
-    return None if int(micros) == 0 else int(micros) / 1_000_000
-
-
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -1203,58 +1285,21 @@ def _claim_outcome(key: str, reply: Any) -> ClaimOutcome:
     raise _failed(key, reply)
 
 
-#: A COMPLETED record's delivery mark, in its lease slot (scripts/lib.lua).
-_DELIVERED = 1
-
-
 def _visible(key: str, reply: Any) -> Record | None:
     kind = reply[0] if isinstance(reply, list) and reply else None
     if kind == b"none":
         return None
     if kind != b"record":
         raise _failed(key, reply)
-    (_, now, state, fence, attempts, created, updated, lease, completed, expires) = reply[:10]
-    fingerprint, token, result, tool = reply[10:14]
-    record_state = _STATES[int(state)]
-    done = record_state is RecordState.COMPLETED
-    record = Record(
-        key=key,
-        state=record_state,
-        fingerprint=_unpack_fingerprint(bytes(fingerprint)),
-        fence=int(fence),
-        attempts=int(attempts),
-        token=_text(token) or None,
-        created_at=_seconds(created),
-        updated_at=_seconds(updated),
-        # A completed record's lease slot is its delivery mark (scripts/lib.lua).
-        lease_deadline=None if done else _optional_seconds(lease),
-        completed_at=_optional_seconds(completed),
-        expires_at=_optional_seconds(expires),
-        result=bytes(result) if done else None,
-        tool=bytes(tool).decode(errors="replace") or None,
-        delivered=done and int(lease) == _DELIVERED,
+    now, state, fence, attempts, created, updated, lease, completed, expires = (
+        int(n) for n in reply[1:10]
     )
-    return rules.visible(record, _seconds(now))
-
-
-def _pack_fingerprint(fingerprint: str) -> bytes:
-    """A SHA-256 hex digest (what the server layer sends) is stored as its 32 raw bytes behind
-    0xFF, a byte UTF-8 never contains; anything else as UTF-8. Saves 31 bytes per record."""
-    if len(fingerprint) == 64:
-        try:
-            raw = bytes.fromhex(fingerprint)
-        except ValueError:
-            return fingerprint.encode()
-        # fromhex also reads upper case and skips spaces: only what hex() gives back is packed
-        if raw.hex() == fingerprint:
-            return b"\xff" + raw
-    return fingerprint.encode()
-
-
-def _unpack_fingerprint(stored: bytes) -> str:
-    if len(stored) == 33 and stored[0] == 0xFF:
-        return stored[1:].hex()
-    return stored.decode(errors="replace")
+    fingerprint, token, result, tool = (bytes(b) for b in reply[10:14])
+    record = stored.of_fields(
+        key, state, fence, attempts, created, updated, lease, completed, expires,
+        fingerprint, token, result, tool,
+    )  # fmt: skip
+    return rules.visible(record, now / 1_000_000)
 
 
 def _glob_escape(text: bytes) -> bytes:

@@ -1,0 +1,133 @@
+"""Operator commands cost what they show, not what the store holds (issue 48, item 7).
+
+On stores of 5,000 records written in bulk by the stores' own encoders (`benchmarks/_populate.py`,
+what the million-record benchmark uses): `keys list --limit 10` reads about ten records (Redis's
+own counters: no script, one TIME, a few keys), `audit verify` streams the histories (it never
+asks for all of them at once) with batched reads, and the table's last line says which records
+it shows. The CLI runs in-process (`cli_run.cli`); the SQLite half of "reads along an index" is
+`tests/store/test_sqlite_store.py`'s (the statement's plan).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cli_run import cli, private_redis_server
+from redis_server import RedisServer
+
+from benchmarks import _populate
+from benchmarks._redis import read_counters
+from idempotency import RedisKeyStore, SQLiteKeyStore
+
+pytestmark = pytest.mark.anyio
+
+RECORDS = 5_000
+#: One record in so many is UNKNOWN, one IN_PROGRESS (what the filters find).
+UNKNOWN_EVERY, RUNNING_EVERY = 1_000, 1_001
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    yield from private_redis_server("keys-at-scale")
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server: RedisServer) -> str:
+    _populate.fill_redis(
+        redis_server.url, RECORDS, unknown_every=UNKNOWN_EVERY, running_every=RUNNING_EVERY
+    )
+    return redis_server.url
+
+
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("keys-at-scale") / "keys.db"
+    _populate.fill_sqlite(path, RECORDS, unknown_every=UNKNOWN_EVERY, running_every=RUNNING_EVERY)
+    return f"sqlite:///{path}"
+
+
+@contextlib.contextmanager
+def counting(server: RedisServer) -> Iterator[dict[str, Any]]:
+    """What the commands run inside the block sent (`Counters.minus`: round trips, calls per
+    command, keys looked up), filled in when the block ends."""
+    client = server.client()
+    try:
+        before = read_counters(client)
+        used: dict[str, Any] = {}
+        yield used
+        used.update(read_counters(client).minus(before))
+    finally:
+        client.close()
+
+
+async def test_a_redis_listing_reads_about_as_many_records_as_it_shows(
+    redis_server: RedisServer, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with counting(redis_server) as used:
+        listed = await cli(capsys, "keys", "list", "--limit", "10", "--store", redis_url)
+    assert listed.code == 0, listed.err
+    assert len(listed.out.splitlines()) == 1 + 10 + 1  # header, ten records, the count
+    assert listed.out.splitlines()[-1] == (
+        "(10 records, the first 10 the store's scan met, not the 10 oldest; oldest first)"
+    )
+    # Was: one EVALSHA (each with a TIME inside) per record of the store, 5,000 of each.
+    sent = used["commands"]
+    assert "evalsha" not in sent and "eval" not in sent
+    assert sent["time"] == 1  # the clock read once for the listing
+    assert used["keys_looked_up"] <= 20, used
+    assert sent["scan"] <= 2, used
+
+
+async def test_a_redis_listing_filters_before_the_limit_and_says_when_it_has_every_match(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Five UNKNOWN records among 5,000: fewer than --limit, so the scan read on to the end,
+    and the listing is every match, oldest first (the footer says so)."""
+    listed = await cli(capsys, "keys", "list", "--state", "unknown", "--store", redis_url)
+    assert listed.code == 0, listed.err
+    rows = listed.out.splitlines()[1:-1]
+    assert len(rows) == RECORDS // UNKNOWN_EVERY
+    assert {row.split()[2] for row in rows} == {"unknown"}
+    assert listed.out.splitlines()[-1] == "(5 records, oldest first)"
+    ages = [row.split()[3] for row in rows]
+    assert ages == sorted(ages, key=_seconds, reverse=True)  # oldest (longest ago) first
+
+
+def _seconds(age: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(float(part[:-1]) * units[part[-1]] for part in age.split())
+
+
+@pytest.mark.parametrize("store", ["redis", "sqlite"])
+async def test_audit_verify_streams_every_history(
+    store: str,
+    redis_server: RedisServer,
+    redis_url: str,
+    sqlite_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`audit verify` reads the histories as the store streams them (`iter_histories`), never
+    the whole list at once (`histories()`, which would hold a million in memory)."""
+
+    async def whole_list(self: object) -> list[tuple[str, str]]:
+        raise AssertionError("audit verify asked for every history at once")
+
+    for cls in (RedisKeyStore, SQLiteKeyStore):
+        monkeypatch.setattr(cls, "histories", whole_list)
+    url = redis_url if store == "redis" else sqlite_url
+    with counting(redis_server) as used:
+        verified = await cli(capsys, "audit", "verify", "--store", url)
+    assert verified.code == 0, verified.err
+    # Two events each (claimed, then completed or lease ran out); IN_PROGRESS ones one.
+    running = sum(1 for n in range(1, RECORDS + 1) if n % RUNNING_EVERY == 0 and n % UNKNOWN_EVERY)
+    events = 2 * RECORDS - running
+    assert verified.out.strip() == (
+        f"verified {RECORDS} histories ({events} events): every chain holds"
+    )
+    if store == "redis":
+        assert "evalsha" not in used["commands"]  # was one script (and round trip) per history
+        assert sum(used["commands"].values()) <= RECORDS // 100, used  # a batch at a time
