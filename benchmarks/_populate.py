@@ -18,6 +18,7 @@ keys are 64 hex digits, as the guard's are.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sqlite3
 import subprocess
@@ -34,6 +35,7 @@ from idempotency import Record, RecordState, encode_result
 from idempotency._stores import history as chain
 from idempotency._stores import sqlite as sqlite_store
 
+_HERE = Path(__file__).resolve().parents[1]
 #: Records one script writes: ~0.2 s of Redis time, short enough not to starve a health check.
 REDIS_BATCH = 10_000
 #: Seconds between two records' creation times.
@@ -213,3 +215,31 @@ def fill_sqlite(
     finally:
         conn.close()
     return time.monotonic() - started
+
+
+def fill_elsewhere(store: str, where: str, count: int, tree: Path | None = None) -> float:
+    """`fill_redis` (`where`: its URL) or `fill_sqlite` (`where`: the file) in a process of its
+    own, so that the caller stays small: a child forked from a big parent counts the parent's
+    pages in its peak memory (`ru_maxrss`), which the benchmark reports per command."""
+    argv = [sys.executable, "-m", "benchmarks._populate", store, where, str(count)]
+    if tree is not None:
+        argv += ["--tree", str(tree)]
+    done = subprocess.run(argv, cwd=_HERE, capture_output=True, text=True, check=True, timeout=3600)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Fill a store in bulk (see the module doc).")
+    parser.add_argument("store", choices=["redis", "sqlite"])
+    parser.add_argument("where", help="the Redis URL, or the SQLite file")
+    parser.add_argument("count", type=int)
+    parser.add_argument("--tree", type=Path, help="the checkout whose SQLite schema to make")
+    args = parser.parse_args()
+    if args.store == "redis":
+        print(fill_redis(args.where, args.count))
+    else:
+        print(fill_sqlite(Path(args.where), args.count, tree=args.tree))
+
+
+if __name__ == "__main__":
+    main()

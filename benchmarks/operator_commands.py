@@ -29,11 +29,11 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,38 +63,51 @@ LIST_TARGET = 1.0
 STARTUP_TARGET = 0.5
 
 
+#: Runs `mcp-once *argv` (its output to this process's stdout) and prints, on stderr, its wall
+#: time, CPU time, peak memory and status. A small process of its own starts the command: a
+#: child forked from a big one (the benchmark, which filled stores) counts the parent's pages in
+#: its peak memory (`ru_maxrss`).
+_LAUNCHER = """
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+child = subprocess.Popen([sys.executable, "-m", "mcp_once", *sys.argv[1:]])
+_, status, usage = os.wait4(child.pid, 0)
+child.returncode = os.waitstatus_to_exitcode(status)
+print(json.dumps({
+    "seconds": time.perf_counter() - started,
+    "cpu_seconds": usage.ru_utime + usage.ru_stime,
+    "rss_mib": round(usage.ru_maxrss / 1024, 1),
+    "exit": child.returncode,
+}), file=sys.stderr)
+"""
+
+
 def run_command(tree: Path, argv: Sequence[str], *, cwd: Path, timeout: float) -> dict[str, Any]:
-    """One run of `mcp-once *argv` in its own process: wall seconds, peak RSS (MiB), exit
-    status, last line of output."""
+    """One run of `mcp-once *argv` in its own process: wall seconds, CPU seconds, peak RSS
+    (MiB), exit status, last line of output; `killed_after_timeout` past `timeout`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
     with tempfile.TemporaryFile() as out:
-        started = time.perf_counter()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mcp_once", *argv],
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHER, *argv],
             cwd=cwd,  # not a checkout: `-m` puts the working directory first on the path
             env=env,
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group: a timeout ends the command too
         )
-        timer = threading.Timer(timeout, process.kill)
-        timer.start()
         try:
-            _, status, usage = os.wait4(process.pid, 0)
-        finally:
-            timer.cancel()
-        seconds = time.perf_counter() - started
-        process.returncode = os.waitstatus_to_exitcode(status)
+            _, err = launcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+            return {"seconds": timeout, "cpu_seconds": 0.0, "rss_mib": 0.0, "exit": None,
+                    "killed_after_timeout": True, "last_line": ""}  # fmt: skip
         out.seek(0)
         lines = out.read().decode(errors="replace").strip().splitlines()
-    return {
-        "seconds": seconds,
-        "cpu_seconds": usage.ru_utime + usage.ru_stime,
-        "rss_mib": round(usage.ru_maxrss / 1024, 1),
-        "exit": process.returncode,
-        "killed_after_timeout": process.returncode == -9,
-        "last_line": lines[-1] if lines else "",
-    }
+    figures: dict[str, Any] = json.loads(err.strip().splitlines()[-1])
+    return {**figures, "killed_after_timeout": False, "last_line": lines[-1] if lines else ""}
 
 
 def measure_command(
@@ -165,7 +178,7 @@ def measure(
             for name, argv in STARTUP.items()
         }
         small = cwd / "small.db"
-        _populate.fill_sqlite(small, SMALL_STORE, tree=tree)
+        _populate.fill_elsewhere("sqlite", str(small), SMALL_STORE, tree)
         found["startup"][f"keys list --limit 10 (SQLite, {SMALL_STORE} records)"] = (
             measure_command(
                 tree, [*COMMANDS["keys list --limit 10"], "--store", f"sqlite:///{small}"],
@@ -175,7 +188,8 @@ def measure(
         found["fill_seconds"] = {}
         if "sqlite" in stores:
             path = cwd / "keys.db"
-            found["fill_seconds"]["sqlite"] = round(_populate.fill_sqlite(path, records, tree=tree))
+            filled = _populate.fill_elsewhere("sqlite", str(path), records, tree)
+            found["fill_seconds"]["sqlite"] = round(filled)
             found["sqlite"] = {
                 name: measure_command(
                     tree,
@@ -189,7 +203,8 @@ def measure(
             path.unlink()
         if "redis" in stores:
             with RedisServer() as server:
-                found["fill_seconds"]["redis"] = round(_populate.fill_redis(server.url, records))
+                filled = _populate.fill_elsewhere("redis", server.url, records)
+                found["fill_seconds"]["redis"] = round(filled)
                 client = redis.Redis.from_url(server.url)
                 try:
                     found["redis_used_memory_mib"] = round(
