@@ -10,7 +10,8 @@ e.g. main's, gives the figures before a change, the stores filled the same way).
 command: wall time from start to exit (median of `--rounds`, with min and max), the CPU time
 the process used (user + system: on a shared machine it moves less than wall time), its peak
 resident memory, its exit status and last line of output, and on Redis what it sent
-(`INFO` around the first round: round trips, calls per command, keys looked up).
+(`INFO` around the first round: round trips, calls per command, keys looked up, and the
+CPU seconds redis-server spent).
 
 Start-up: `mcp-once --help`, `keys list --help` and `audit verify --help`, which do nothing but
 import and build the parser, and `keys list --limit 10` on a store of a few records.
@@ -125,10 +126,11 @@ def measure_command(
     used: dict[str, Any] | None = None
     for round_ in range(rounds):
         admin = server.client() if server is not None and round_ == 0 else None
-        before = None if admin is None else read_counters(admin)
+        before = None if admin is None else (read_counters(admin), _redis_cpu(admin))
         runs.append(run_command(tree, argv, cwd=cwd, timeout=timeout))
         if admin is not None and before is not None:
-            used = read_counters(admin).minus(before)
+            used = read_counters(admin).minus(before[0])
+            used["redis_cpu_s"] = round(_redis_cpu(admin) - before[1], 3)
             admin.close()
         if runs[-1]["killed_after_timeout"]:
             break  # another round would only wait as long again
@@ -148,6 +150,12 @@ def measure_command(
     if used is not None:
         result["redis"] = used
     return result
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    """Seconds of CPU the redis-server process has used (user + system)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def _environment(tree: Path) -> dict[str, Any]:

@@ -67,7 +67,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final
 
 import anyio
@@ -139,6 +139,9 @@ MAX_FINGERPRINT_BYTES: Final = 1024
 MAX_SECONDS: Final = 1e9
 #: How many keys one SCAN step asks for, and how many records one pipelined read carries.
 SCAN_BATCH: Final = 500
+#: The same for a scan that reads on to the end (a listing whose filter few records pass, the
+#: histories of `audit verify`): fewer round trips, each still a short command for the server.
+LONG_SCAN_BATCH: Final = 2000
 
 #: The options of `from_url` a URL's query may carry, each with its parser.
 URL_OPTIONS: Final = {
@@ -644,19 +647,29 @@ class RedisKeyStore:
         if limit == 0:
             return found
         widen = 1  # records read per record still wanted: doubled each time a read falls short
+        listed: set[str] = set()  # a key the scan repeats (see `_scan`) is listed once
         timed: _Here | None = None
         now = 0
-        async with contextlib.aclosing(self._scan()) as batches:
+
+        def step() -> int:  # a scan whose reads come short takes longer steps
+            return SCAN_BATCH if widen < SCAN_BATCH else LONG_SCAN_BATCH
+
+        async with contextlib.aclosing(self._scan(step=step)) as batches:
             async for here, rkeys in batches:
                 if here is not timed:
                     timed, now = here, await self._now(here)
                 start = 0
                 while start < len(rkeys) and len(found) < limit:
-                    chunk = rkeys[start : start + min(SCAN_BATCH, (limit - len(found)) * widen)]
+                    chunk = rkeys[start : start + min(step(), (limit - len(found)) * widen)]
                     start += len(chunk)
                     for record in await self._read_records(here, chunk, now, state):
-                        if len(found) < limit and rules.listed(record, state, tool, created_before):
+                        if (
+                            len(found) < limit
+                            and record.key not in listed
+                            and rules.listed(record, state, tool, created_before)
+                        ):
                             found.append(record)
+                            listed.add(record.key)
                     widen = min(widen * 2, SCAN_BATCH) if len(found) < limit else widen
                 if len(found) >= limit:
                     break
@@ -785,7 +798,8 @@ class RedisKeyStore:
         """Every history kept, (record key, history), in SCAN order, a batch at a time
         (`_get_many`, on the batch's node): what `mcp-once audit verify` reads, never holding
         more than a batch of histories (the scan remembers the keys it met, not their text)."""
-        async for here, hkeys in self._scan(_glob_escape(self._prefix_bytes) + b"{*}:h"):
+        pattern = _glob_escape(self._prefix_bytes) + b"{*}:h"
+        async for here, hkeys in self._scan(pattern, once=True, step=lambda: LONG_SCAN_BATCH):
             for hkey, text in zip(hkeys, await self._get_many(here, hkeys), strict=True):
                 if isinstance(text, ReplyError):
                     if self._cluster is None or text.code not in REDIRECTS:
@@ -851,10 +865,20 @@ class RedisKeyStore:
         return here
 
     async def _scan(
-        self, pattern: bytes | None = None
+        self,
+        pattern: bytes | None = None,
+        *,
+        once: bool = False,
+        step: Callable[[], int] = lambda: SCAN_BATCH,
     ) -> AsyncGenerator[tuple[_Here, list[bytes]], None]:
         """Every record key under the prefix (or every key matching `pattern`), in batches:
-        of the one Redis, or of every master, each batch with the connections of its node."""
+        of the one Redis, or of every master, each batch with the connections of its node.
+
+        SCAN may return a key twice (while Redis rehashes), and a migrating key may sit on two
+        nodes. `once`: never yield a key twice, remembering every key met (about 0.1 KB each);
+        without it the caller copes with a repeat (a purge's scripts find nothing the second
+        time; a listing drops a record it already has), and the scan remembers nothing.
+        `step`: the COUNT of the next SCAN, asked before each."""
         here = self._here()
         cluster = self._cluster
         if cluster is None:
@@ -864,15 +888,17 @@ class RedisKeyStore:
                 await self._refresh(here, cluster.generation)
             nodes = [here.node(cluster, node) for node in cluster.masters()]
         pattern = pattern or _glob_escape(self._prefix_bytes) + b"{*}"
-        seen: set[bytes] = set()  # SCAN may repeat a key, and a migrating key sit on two nodes
+        seen: set[bytes] = set()
         for node_here in nodes:
             cursor = b"0"
             while True:
-                step = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_BATCH)
-                reply = await self._plain(step, here=node_here)
+                asked = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", step())
+                reply = await self._plain(asked, here=node_here)
                 cursor, keys = reply[0], reply[1]
-                fresh = [k for k in keys if k not in seen]
-                seen.update(fresh)
+                fresh = keys
+                if once:
+                    fresh = [k for k in keys if k not in seen]
+                    seen.update(fresh)
                 if fresh:
                     yield node_here, fresh
                 if cursor == b"0":
