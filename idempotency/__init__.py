@@ -54,12 +54,16 @@ from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
 from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
+from ._stores.audit_key import AuditKey
 from ._stores.audit_log import export as export_audit_logs
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
-from ._stores.history import verify as verify_history
+from ._stores.history_verify import HistoryCheck
+from ._stores.history_verify import check as check_history
+from ._stores.history_verify import compare_stream as compare_audit_stream
+from ._stores.history_verify import verify as verify_history
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -85,6 +89,7 @@ logging.getLogger("idempotency").addHandler(logging.NullHandler())
 __all__ = [
     "DEFAULT_LEASE",
     "AuditEntry",
+    "AuditKey",
     "AuditedStore",
     "CallScope",
     "Claim",
@@ -93,6 +98,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "HistoryCheck",
     "HistoryEvent",
     "InDoubt",
     "Interrupted",
@@ -120,6 +126,8 @@ __all__ = [
     "StoreUnavailable",
     "StoredResult",
     "UnreadableResult",
+    "check_history",
+    "compare_audit_stream",
     "current_claim",
     "decode_result",
     "default_scope",
