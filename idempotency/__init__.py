@@ -3,8 +3,9 @@
 Guarding tools: `idempotent` (one `MCPServer` tool), `install` (every tool of an `MCPServer`)
 and `idempotent_call_tool` (a low-level `Server`), each with the options of `Policy`; a FastMCP
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
-`current_claim()` is the claim it runs under, for fencing its own downstream writes; a tool whose
-own downstream call broke after it may have been received (a proxy's upstream link) raises
+`current_claim()` is the claim it runs under, for fencing its own downstream writes (its
+`downstream_key` is the idempotency key to hand the system it writes to, one per intent); a tool
+whose own downstream call broke after it may have been received (a proxy's upstream link) raises
 `Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error (`OutcomeLost`,
 when nothing more can come of that call: the record turns UNKNOWN at once). The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key

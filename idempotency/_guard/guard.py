@@ -74,7 +74,7 @@ from .reconcile import (
     reconciler_for,
     resolve,
 )
-from .replay import UnreadableResult, decode_result, stamped
+from .replay import UnreadableResult, decode_result, origin, stamped
 from .scope import CallScope, default_scope, principal_of, store_key
 from .telemetry import (
     NO_TRACE,
@@ -693,10 +693,10 @@ class Guard:
                     # The common case, stored where it ran: nothing cancels this scope now but
                     # the give-up time, so the first write needs no scope of its own.
                     storing = True
-                    executed_at = time.time()
+                    executed_at, upstream = origin(result)
                     delivered = t.derived and not await self._caller_gone(t, run_scope)
                     stored = await self._store(
-                        t, token, result, executed_at, keeper, True, delivered
+                        t, token, result, executed_at, keeper, True, delivered, upstream
                     )
             if storing:
                 # Only the renewal service, at the give-up time, cancels the scope once the
@@ -726,9 +726,11 @@ class Guard:
                 if raised is not None:
                     result = await self._judge(t, token, raised, error_result, keeper)
                 assert isinstance(result, CallToolResult)
-                executed_at = time.time()
+                executed_at, upstream = origin(result)
                 delivered = t.derived and not await self._caller_gone(t, run_scope)
-                stored = await self._store(t, token, result, executed_at, keeper, False, delivered)
+                stored = await self._store(
+                    t, token, result, executed_at, keeper, False, delivered, upstream
+                )
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
         assert isinstance(result, CallToolResult)
@@ -741,10 +743,12 @@ class Guard:
             result,
             key=t.key,
             key_source=t.source.value,
-            status="executed",
+            # The upstream's replay is not an execution of the effect (rule 18).
+            status="replayed" if upstream else "executed",
             executed_at=executed_at,
             attempts=outcome.attempts,
             stored=stored is True,
+            upstream=upstream,
         )
 
     def _store(
@@ -756,6 +760,7 @@ class Guard:
         keeper: LeaseKeeper,
         in_run_scope: bool,
         delivered: bool,
+        upstream: bool,
     ) -> Awaitable[bool | None]:
         """`complete.store_result` of the ticket's result (awaited by the caller: no frame)."""
         policy = self.policy
@@ -772,6 +777,7 @@ class Guard:
             trace=t.trace,
             in_run_scope=in_run_scope,
             delivered=delivered if t.derived else None,
+            upstream_replayed=upstream,
         )
 
     @staticmethod
@@ -980,6 +986,7 @@ class Guard:
             executed_at=executed_at,
             attempts=attempts,
             reconciled=reconciled,
+            upstream=stored.upstream_replayed,
         )
 
     def _corrupt(self, t: _Ticket, why: str) -> MCPError:

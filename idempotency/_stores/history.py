@@ -26,6 +26,10 @@ for the record left UNKNOWN). Redis scripts do the same: `reconcile.lua` writes 
 and `complete.lua`, `release.lua` and `leave_unknown.lua` a ``reconciled`` one when the caller
 said ``a=ANSWER``.
 
+A result the tool passed on from the server it called, which that server replayed (the proxy's
+upstream answering from its own record), is completed inside ``saying(upstream="replayed")``: its
+``completed`` event says ``upstream=replayed`` (`complete.lua` reads ``u=`` from what was said).
+
 A holder that gives its execution up as unknown (the guard's `OutcomeLost`: a proxy's upstream
 died mid-call) turns the record UNKNOWN with `leave_unknown` inside ``saying(why=...)``: an
 ``interrupted`` event with that why, where a lease that ran out leaves ``lease ran out``.
@@ -145,6 +149,9 @@ class Said:
     reason: str | None = None
     #: A transition that is a reconciliation (issue 36): the system of record's answer.
     reconciled: str | None = None
+    #: completed: the result is the replay of the server the tool called ("replayed": the proxy's
+    #: upstream answered from its own record, rule 18).
+    upstream: str | None = None
 
 
 _NOTHING_SAID = Said()
@@ -226,7 +233,8 @@ def events(
         and not isinstance(answer, ClaimOutcome)
     ):
         verdict = ("K", before.fence, before.attempts, details(a=told.reconciled))
-        after_it = events(before, after, answer, said=Said(why=told.why), started=started)
+        rest = Said(why=told.why, upstream=told.upstream)
+        after_it = events(before, after, answer, said=rest, started=started)
         return [verdict, *after_it]
     if isinstance(answer, ClaimOutcome):
         return _claim_events(before, after, answer, told)
@@ -240,7 +248,8 @@ def events(
     if after.state is RecordState.COMPLETED:
         size = len(after.result or b"")
         took = round((after.updated_at - (started or before.created_at)) * 1000)
-        return [("D", after.fence, after.attempts, details(s=str(size), d=str(took)))]
+        done = details(s=str(size), d=str(took), u=told.upstream)
+        return [("D", after.fence, after.attempts, done)]
     if after.state is RecordState.RELEASED:
         return [("R", before.fence, before.attempts, details(w=told.why or "released"))]
     if after.state is RecordState.UNKNOWN and told.why is not None:
@@ -391,6 +400,7 @@ NAMES = {
     "a": "answer",
     "b": "by",
     "r": "reason",
+    "u": "upstream",
 }
 
 

@@ -495,7 +495,8 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
-        trailer = self._trailer(rkey, chain.details(a=chain.said().reconciled))
+        told = chain.said()
+        trailer = self._trailer(rkey, chain.details(a=told.reconciled, u=told.upstream))
         args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
