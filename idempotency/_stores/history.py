@@ -138,9 +138,11 @@ class Said:
 
     #: released: why (effect_free, nothing_done, cancelled, ...).
     why: str | None = None
-    #: claimed: a digest of the caller's scope.
+    #: claimed: a digest of the caller's scope, and its server's name (`CallScope.server`), so
+    #: that a record knows its server (rule 25: operator tools act within one server's records).
     scope: str | None = None
-    #: settled: by whom, and why.
+    server: str | None = None
+    #: settled, and reconciled by an operator (`keys reconcile`): by whom, and why.
     by: str | None = None
     reason: str | None = None
     #: A transition that is a reconciliation (issue 36): the system of record's answer.
@@ -225,7 +227,7 @@ def events(
         and before.state is RecordState.IN_PROGRESS
         and not isinstance(answer, ClaimOutcome)
     ):
-        verdict = ("K", before.fence, before.attempts, details(a=told.reconciled))
+        verdict = ("K", before.fence, before.attempts, reconciled(told))
         after_it = events(before, after, answer, said=Said(why=told.why), started=started)
         return [verdict, *after_it]
     if isinstance(answer, ClaimOutcome):
@@ -258,12 +260,12 @@ def _claim_events(
         if outcome.took_over and before is not None and before.state is RecordState.UNKNOWN:
             # Rule 19: claimed for its reconciliation (`reconcile`); its lost lease is already
             # in the history.
-            return [("C", outcome.fence, outcome.attempts, details(p=told.scope, w="reconcile"))]
-        claimed = ("C", outcome.fence, outcome.attempts, details(p=told.scope))
+            return [("C", outcome.fence, outcome.attempts, claimed(told, "reconcile"))]
+        claimed_event = ("C", outcome.fence, outcome.attempts, claimed(told))
         if outcome.took_over and before is not None:
             lost = ("L", before.fence, before.attempts, details(w="taken_over"))
-            return [lost, claimed]
-        return [claimed]
+            return [lost, claimed_event]
+        return [claimed_event]
     if status is ClaimStatus.REPLAY:
         return [("P", outcome.fence or 0, outcome.attempts, "")]
     if (
@@ -277,6 +279,16 @@ def _claim_events(
     if code is None or before is None:
         return []
     return [("X", before.fence, before.attempts, details(c=code))]
+
+
+def claimed(told: Said, why: str | None = None) -> str:
+    """DETAILS of a claimed event: the claimer's scope digest, its server's name, why."""
+    return details(p=told.scope, v=told.server, w=why)
+
+
+def reconciled(told: Said) -> str:
+    """DETAILS of a reconciled event: the answer, and who asked when an operator did."""
+    return details(a=told.reconciled, b=told.by, r=told.reason)
 
 
 def settled(done: bool, told: Said) -> str:
@@ -382,6 +394,7 @@ def parse(text: str | None) -> list[Event]:
 #: DETAILS' keys as operators read them.
 NAMES = {
     "p": "scope",
+    "v": "server",
     "s": "result_bytes",
     "d": "duration_ms",
     "n": "count",
@@ -424,6 +437,29 @@ def verify(text: str | None) -> str | None:
             )
         prev = dig
     return None
+
+
+def servers(text: str | None) -> list[str]:
+    """The servers a record's claimed events name, oldest first, each once: one for a record
+    claimed only by its own server (the scope holds the server's name); none when its history
+    is gone or holds no claimed event that names one (an earlier release, or dropped lines)."""
+    found: list[str] = []
+    for event in parse(text):
+        name = event.details.get("server") if event.kind == "claimed" else None
+        if name is not None and name not in found:
+            found.append(name)
+    return found
+
+
+async def servers_of(store: object, key: str) -> list[str]:
+    """The servers the history of the record `key` names (`servers`); none when the store keeps
+    no history or the history cannot be read (`mcp-once audit verify` names that one)."""
+    if not isinstance(store, AuditedStore):
+        return []
+    try:
+        return servers(await store.history(key))
+    except ValueError:
+        return []
 
 
 def claimed_at(text: str) -> float | None:

@@ -27,6 +27,7 @@ from idempotency import (
     SQLiteKeyStore,
     default_scope,
     fingerprint,
+    history_saying,
     store_key,
     wire,
 )
@@ -106,7 +107,8 @@ async def in_doubt(store: KeyStore, key: str, *, tool: str = "charge", unknown: 
     """A record left by a worker that died mid-call (lease already over); UNKNOWN if a claim
     found it since, else IN_PROGRESS under a lease that ran out."""
     name, fp = name_of(key, tool), fingerprint(tool, ARGS)
-    claimed = await store.claim(name, fp, lease=1e-3, takeover=False, tool=tool)
+    with history_saying(server="shop"):  # as the guard of MCPServer("shop") claims
+        claimed = await store.claim(name, fp, lease=1e-3, takeover=False, tool=tool)
     assert claimed.status is ClaimStatus.CLAIMED
     if unknown:
         while (await store.claim(name, fp, lease=1e-3, takeover=False)).status is not (
