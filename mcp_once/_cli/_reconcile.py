@@ -89,6 +89,8 @@ def load_app(spec: str) -> object:
         found: object = importlib.import_module(module_name)
     except ImportError as exc:
         fail(f"--app {spec!r}: cannot import {module_name!r}: {exc}", EXIT_USAGE)
+    except Exception as exc:  # the app's own code failed while building the server object
+        fail(f"--app {spec!r}: importing {module_name!r} failed: {exc}", EXIT_USAGE)
     for part in attr.split("."):
         try:
             found = getattr(found, part)
