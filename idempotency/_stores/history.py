@@ -15,8 +15,12 @@ A line is ``[^PREV|]AT|KIND|FENCE|ATTEMPT|DETAILS|DIGEST``:
 * ``^PREV|``: only on the first line kept once older lines were dropped (a history is bounded,
   `MAX_EVENTS`), so the chain still starts from a known digest.
 
-Never an argument, a result or a raw key: sizes, durations, codes, digests. The record's key is
-already a digest of (scope, tool, key), and is the history's name, not part of its lines.
+Never an argument, a result or a raw key: sizes, durations, codes, digests, names. The record's
+key is already a digest of (scope, tool, key), and is the history's name, not part of its lines.
+So every claimed event names the server that claimed (``v=NAME``, read as ``server``): the
+record's layout does not hold it, and operator tools must act within one server's records
+(rule 25: `keys reconcile` asks a server's reconcilers only about records whose history names
+it; `servers`).
 
 Rule 19's reconciliation leaves two events. Its claim of the UNKNOWN record (`reconcile`) is a
 ``claimed`` event for the new fence, why ``reconcile``; the verdict, written by the transition that

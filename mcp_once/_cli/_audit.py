@@ -3,9 +3,10 @@
 A record shows where a key stands; its history (rule 20) shows how it got there: claimed by which
 attempt and fence, completed (result size, duration), replayed (a count and the last time), refused
 (the code), released (why), its lease ran out, interrupted (its holder gave it up as unknown),
-reconciled, settled (by whom, why), purged. The audit stream is the same events across records in
-arrival order, each naming its record and tool, for an operator or a SIEM (`--json`: one object a
-line). Neither holds an argument, a result or a raw key.
+reconciled (the answer; by whom and why, from `keys reconcile`), settled (by whom, why), purged. The
+audit stream is the same events across records in arrival order, each naming its record, tool and
+server (as the record's history names it: `--server` keeps one server's), for an operator or a
+SIEM (`--json`: one object a line). Neither holds an argument, a result or a raw key.
 
 `audit verify` checks every record's hash chain and names the first event that breaks one, so an
 edited, dropped or reordered event is found. Records an earlier release wrote have no history: they

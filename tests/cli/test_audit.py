@@ -48,10 +48,10 @@ def record_of(tool: str, key: str) -> str:
     return store_key(scope, tool, key)
 
 
-async def guarded_calls(path: Path) -> None:
-    """A charge run, then replayed twice; a refusal that releases its claim."""
+async def guarded_calls(path: Path, name: str = SERVER) -> None:
+    """A charge run, then replayed twice; a refusal that releases its claim: on server `name`."""
     store = SQLiteKeyStore(path)
-    server = MCPServer(SERVER)
+    server = MCPServer(name)
 
     @server.tool()
     @idempotent(store, effect_free=Refused)
@@ -228,21 +228,9 @@ async def test_audit_entries_export_as_opentelemetry_log_records(store_url: str)
 
 
 async def depot_calls(path: Path) -> None:
-    """A second server, "depot", on the same store, with a tool of the same name under the
-    same client key: another record (the scope holds the server's name)."""
-    store = SQLiteKeyStore(path)
-    server = MCPServer("depot")
-
-    @server.tool()
-    @idempotent(store)
-    async def charge(card: str, cents: int) -> str:
-        return f"charged {cents} to {card}"
-
-    async with Client(server) as client:
-        await client.call_tool(
-            "charge", {"card": SECRET, "cents": 700}, meta={wire.KEY_META: "order-1"}
-        )
-    await store.aclose()
+    """A second server, "depot", on the same store, with tools of the same names under the
+    same client keys: other records (the scope holds the server's name)."""
+    await guarded_calls(path, "depot")
 
 
 def depot_record(tool: str, key: str) -> str:
@@ -281,6 +269,7 @@ async def test_list_show_history_and_audit_show_and_filter_by_server(
     assert [(e["event"], e.get("server")) for e in history.json()] == [
         ("claimed", "depot"),
         ("completed", None),
+        ("replayed", None),
     ]
 
     audit = await cli(capsys, "audit", "--server", "depot", "--json", *store)
@@ -288,6 +277,10 @@ async def test_list_show_history_and_audit_show_and_filter_by_server(
     assert [(e["record"], e["event"], e["server"]) for e in entries] == [
         (depot, "claimed", "depot"),
         (depot, "completed", "depot"),
+        (depot, "replayed", "depot"),
+        (depot, "replayed", "depot"),
+        (depot_record("ship", "order-2"), "claimed", "depot"),
+        (depot_record("ship", "order-2"), "released", "depot"),
     ]
     table = await cli(capsys, "audit", "--server", SERVER, "--tool", "ship", *store)
     rows = [line.split() for line in table.out.splitlines()]
