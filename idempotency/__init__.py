@@ -25,7 +25,9 @@ listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
 settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
 per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
-record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
+record)` turns a record whose lease ran out UNKNOWN as a client's retry would;
+`history_servers(history)` and `record_servers(store, key)` name the servers a record's history
+says claimed it (rule 25: operator tools act within one server's records).
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -60,6 +62,8 @@ from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
+from ._stores.history import servers as history_servers
+from ._stores.history import servers_of as record_servers
 from ._stores.history import verify as verify_history
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
@@ -129,12 +133,14 @@ __all__ = [
     "export_audit_logs",
     "fingerprint",
     "history_saying",
+    "history_servers",
     "idempotent",
     "idempotent_call_tool",
     "install",
     "open_store",
     "parse_history",
     "reconcile_unknown",
+    "record_servers",
     "rfc3339",
     "store_key",
     "turn_unknown",

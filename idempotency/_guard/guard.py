@@ -187,6 +187,9 @@ class _Ticket:
     convert: Convert = as_call_result
     #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
     scope_digest: str | None = None
+    #: The server's name (`CallScope.server`), for the record's claimed events: what tells an
+    #: operator's tools which server's record it is (rule 25).
+    server: str | None = None
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -385,6 +388,7 @@ class Guard:
             derived,
             call.request if derived else None,
             scope_digest=scope_digest(scope),
+            server=call.server,
         )
 
     def _scope(self, call: ToolCall) -> str:
@@ -435,7 +439,8 @@ class Guard:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
                 # (A claim that never suspends cannot be cut short: it needs no scope.)
-                with saying(scope=t.scope_digest):  # for the claimed event (rule 20)
+                # For the claimed event (rule 20): whose scope, which server.
+                with saying(scope=t.scope_digest, server=t.server):
                     if self._claim_suspends:
                         with anyio.CancelScope(shield=True):
                             outcome = await self._claim(t, takeover)
@@ -526,18 +531,19 @@ class Guard:
         ):
             return None
         try:
-            resolution = await resolve(
-                store,
-                record,
-                reconciler,
-                tool=t.tool,
-                key=t.key,
-                arguments=t.arguments,
-                convert=t.convert,
-                timeout=self.policy.reconcile_timeout,
-                lease=self.policy.lease,
-                retention=t.retention,
-            )
+            with saying(scope=t.scope_digest, server=t.server):  # its claimed event, as above
+                resolution = await resolve(
+                    store,
+                    record,
+                    reconciler,
+                    tool=t.tool,
+                    key=t.key,
+                    arguments=t.arguments,
+                    convert=t.convert,
+                    timeout=self.policy.reconcile_timeout,
+                    lease=self.policy.lease,
+                    retention=t.retention,
+                )
         except CorruptRecord:
             raise self._corrupt(t, "the stored record is unreadable") from None
         except Exception as exc:

@@ -3,9 +3,10 @@
 A record shows where a key stands; its history (rule 20) shows how it got there: claimed by which
 attempt and fence, completed (result size, duration), replayed (a count and the last time), refused
 (the code), released (why), its lease ran out, interrupted (its holder gave it up as unknown),
-reconciled, settled (by whom, why), purged. The audit stream is the same events across records in
-arrival order, each naming its record and tool, for an operator or a SIEM (`--json`: one object a
-line). Neither holds an argument, a result or a raw key.
+reconciled (the answer; by whom and why, from `keys reconcile`), settled (by whom, why), purged. The
+audit stream is the same events across records in arrival order, each naming its record, tool and
+server (as the record's history names it: `--server` keeps one server's), for an operator or a
+SIEM (`--json`: one object a line). Neither holds an argument, a result or a raw key.
 
 `audit verify` checks every record's hash chain and names the first event that breaks one, so an
 edited, dropped or reordered event is found. Records an earlier release wrote have no history: they
@@ -35,12 +36,13 @@ from idempotency import (
     KeyStore,
     export_audit_logs,
     parse_history,
+    record_servers,
     rfc3339,
     verify_history,
 )
 
-from . import _durations
-from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, print_table
+from . import _addressing, _durations
+from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, print_table, server_cell
 
 #: The event kinds, as issue 37 names them (a contract: scripts filter on them).
 EVENTS = (
@@ -76,15 +78,16 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def add_settle_arguments(settle: argparse.ArgumentParser) -> None:
-    """`keys settle --by --reason`: what the settled event records (rule 20)."""
-    settle.add_argument(
+def add_operator_arguments(parser: argparse.ArgumentParser, does: str) -> None:
+    """`--by --reason` of the commands that decide on a record (`keys settle`, `keys
+    reconcile`): who `does` it and why, for the settled or reconciled event (rule 20)."""
+    parser.add_argument(
         "--by",
         default=None,
         metavar="WHO",
-        help="who settles, for the record's history (default: the OS user @ this host)",
+        help=f"who {does}, for the record's history (default: the OS user @ this host)",
     )
-    settle.add_argument(
+    parser.add_argument(
         "--reason", metavar="TEXT", help="why, for the record's history (a ticket, a finding)"
     )
 
@@ -117,8 +120,8 @@ def add_parser(commands: Any, run: Runner) -> None:
         "audit",
         help="read the audit stream (every record's events, in arrival order); verify chains",
         description="Print the audit stream: every event of every record in arrival order,"
-        " each naming its record (store key) and tool. Nothing in it is an argument, a result"
-        " or a raw key.",
+        " each naming its record (store key), tool and server (as the record's history names"
+        " it). Nothing in it is an argument, a result or a raw key.",
     )
     audit.add_argument(
         "--since",
@@ -127,6 +130,11 @@ def add_parser(commands: Any, run: Runner) -> None:
         help="only events this long ago or later (90, 10m, 2h, 3d) or since an RFC 3339 time",
     )
     audit.add_argument("--tool", metavar="NAME", help="only events of this tool")
+    audit.add_argument(
+        "--server",
+        metavar="NAME",
+        help="only events of this server's records, as their history names it",
+    )
     audit.add_argument("--event", choices=EVENTS, metavar="KIND", help=", ".join(EVENTS))
     audit.add_argument(
         "--follow", action="store_true", help="keep printing new events as they arrive"
@@ -201,8 +209,13 @@ def _at(seconds: float) -> str:
 
 
 async def _history(store: KeyStore, args: argparse.Namespace) -> int:
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     text = await _audited(store).history(args.key)
     events = parse_history(text)
+    if not events and args.client_key is not None:
+        return await _addressing.absent(store, args)  # and which servers hold one
     if args.json:
         json.dump([event.as_json() for event in events], sys.stdout, indent=2)
         print()
@@ -231,10 +244,27 @@ def _history_row(event: HistoryEvent) -> list[str]:
     ]
 
 
-def _wanted(found: AuditEntry, args: argparse.Namespace) -> bool:
+def _wanted(found: AuditEntry, server: str | None, args: argparse.Namespace) -> bool:
     if args.tool is not None and found.tool != args.tool:
         return False
+    if args.server is not None and args.server not in (server or "").split(", "):
+        return False
     return args.event is None or found.event.kind == args.event
+
+
+class _Servers:
+    """The server of each record an audit entry names, read from its history once per record
+    (a claimed event of its own names it too, should the history be gone)."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self._store = store
+        self._known: dict[str, str | None] = {}
+
+    async def of(self, found: AuditEntry) -> str | None:
+        if found.key not in self._known:
+            named = await record_servers(self._store, found.key)
+            self._known[found.key] = ", ".join(named) or found.event.details.get("server")
+        return self._known[found.key]
 
 
 async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
@@ -246,6 +276,7 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
     after another, so an event written during a look may be missed by it and still be older
     than the newest it read."""
     audited = _audited(store)
+    servers = _Servers(store)
     since: float | None = args.since
     seen: set[str] = set()
     first = True
@@ -253,10 +284,13 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
         started = time.monotonic()
         found = await audited.audit(since=since, limit=_READ_ALL)
         took = time.monotonic() - started
-        shown = [entry for entry in found if entry.id not in seen and _wanted(entry, args)]
+        fresh = [(entry, await servers.of(entry)) for entry in found if entry.id not in seen]
+        shown = [(entry, server) for entry, server in fresh if _wanted(entry, server, args)]
         _print_entries(shown, args, header=first)
         if args.otel:
-            export_audit_logs(shown)
+            export_audit_logs(
+                [entry for entry, _ in shown], servers={e.key: server for e, server in shown}
+            )
         first = False
         if not args.follow:
             return 0
@@ -269,10 +303,12 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
         await anyio.sleep(_FOLLOW_EVERY)
 
 
-def _print_entries(entries: list[AuditEntry], args: argparse.Namespace, *, header: bool) -> None:
+def _print_entries(
+    entries: list[tuple[AuditEntry, str | None]], args: argparse.Namespace, *, header: bool
+) -> None:
     if args.json:
-        for found in entries:
-            print(json.dumps(found.as_json()))
+        for found, server in entries:
+            print(json.dumps({**found.as_json(), "server": server}))
         return
     rows = [
         [
@@ -282,15 +318,16 @@ def _print_entries(entries: list[AuditEntry], args: argparse.Namespace, *, heade
             found.event.kind,
             str(found.event.fence),
             str(found.event.attempt),
+            server_cell(server),
             _details(found.event.details),
         ]
-        for found in entries
+        for found, server in entries
     ]
     if header and not rows and not args.follow:
         print("mcp-once: no events", file=sys.stderr)
         return
     if header or rows:
-        columns = ("AT", "RECORD", "TOOL", "EVENT", "FENCE", "ATTEMPT", "DETAILS")
+        columns = ("AT", "RECORD", "TOOL", "EVENT", "FENCE", "ATTEMPT", "SERVER", "DETAILS")
         if header:
             print_table(columns, rows)
         else:

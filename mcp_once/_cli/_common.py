@@ -12,6 +12,7 @@ write, and servers, create one.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -125,6 +126,14 @@ async def store_problem(store: KeyStore, url: str) -> str | None:
     except StoreError as exc:
         return f"the key store at {redacted(url)!r} cannot be used: {exc}"
     return None
+
+
+def server_cell(name: str | None) -> str:
+    """A server's name in a table or a line: "-" when it cannot be read, in JSON quotes when it
+    is empty or holds a blank (a proxy is "mcp-once proxy: NAME"), so columns stay columns."""
+    if name is None:
+        return "-"
+    return json.dumps(name) if not name or any(c.isspace() for c in name) else name
 
 
 def print_table(columns: tuple[str, ...], rows: list[list[str]]) -> None:

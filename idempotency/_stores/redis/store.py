@@ -451,7 +451,7 @@ class RedisKeyStore:
         )
         # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
         first, again = _resendable(doubted is not None, *args)
-        trailer = self._trailer(rkey, chain.details(p=chain.said().scope))
+        trailer = self._trailer(rkey, chain.claimed(chain.said()))
         first, again = (*first, *trailer), (*again, *trailer)
         try:
             if not self._durable:
@@ -496,7 +496,9 @@ class RedisKeyStore:
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
         told = chain.said()
-        trailer = self._trailer(rkey, chain.details(a=told.reconciled, u=told.upstream))
+        verdict = chain.reconciled(told) if told.reconciled else ""
+        said = ",".join(part for part in (verdict, chain.details(u=told.upstream)) if part)
+        trailer = self._trailer(rkey, said)
         args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
@@ -520,7 +522,7 @@ class RedisKeyStore:
         told = chain.said()
         # A reconciliation's verdict (a=...) goes first in release.lua; else why it was released.
         trailer = self._trailer(
-            rkey, chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+            rkey, chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
         )
         args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
@@ -553,7 +555,7 @@ class RedisKeyStore:
         token = os.urandom(16).hex()
         lease_us = _micros("lease", lease)
         rkey = self._rkey(key)
-        told = chain.details(p=chain.said().scope, w="reconcile")
+        told = chain.claimed(chain.said(), "reconcile")
         args = (
             _pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
             *self._trailer(rkey, told),
@@ -582,7 +584,7 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.said()
         # A reconciler's verdict (a=), or why its holder gave the execution up (w=).
-        said = chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+        said = chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
         args = (token, *self._trailer(rkey, said))
         return _done(key, await self._script(lua.LEAVE_UNKNOWN, rkey, args, args))
 
