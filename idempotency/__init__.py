@@ -24,7 +24,9 @@ listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
 settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
 per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
-record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
+record)` turns a record whose lease ran out UNKNOWN as a client's retry would. A store marks
+itself at its first write (`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing
+of mcp-once's is kept at (`holds_anything`) is told from an empty store.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -60,6 +62,7 @@ from ._stores.history import Event as HistoryEvent
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
 from ._stores.history import verify as verify_history
+from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -100,6 +103,7 @@ __all__ = [
     "KeySource",
     "KeyStore",
     "LimitExceeded",
+    "MarkedStore",
     "MemoryKeyStore",
     "OutcomeLost",
     "Policy",
@@ -117,6 +121,7 @@ __all__ = [
     "SQLiteKeyStore",
     "ScopeFn",
     "StoreError",
+    "StoreMark",
     "StoreUnavailable",
     "StoredResult",
     "UnreadableResult",
