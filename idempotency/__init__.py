@@ -27,7 +27,9 @@ settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `R
 per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
 record)` turns a record whose lease ran out UNKNOWN as a client's retry would;
 `history_servers(history)` and `record_servers(store, key)` name the servers a record's history
-says claimed it (rule 25: operator tools act within one server's records).
+says claimed it (rule 25: operator tools act within one server's records). A store marks
+itself at its first write (`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing
+of mcp-once's is kept at (`holds_anything`) is told from an empty store.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -65,6 +67,7 @@ from ._stores.history import saying as history_saying
 from ._stores.history import servers as history_servers
 from ._stores.history import servers_of as record_servers
 from ._stores.history import verify as verify_history
+from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -105,6 +108,7 @@ __all__ = [
     "KeySource",
     "KeyStore",
     "LimitExceeded",
+    "MarkedStore",
     "MemoryKeyStore",
     "OutcomeLost",
     "Policy",
@@ -122,6 +126,7 @@ __all__ = [
     "SQLiteKeyStore",
     "ScopeFn",
     "StoreError",
+    "StoreMark",
     "StoreUnavailable",
     "StoredResult",
     "UnreadableResult",

@@ -10,7 +10,9 @@ SIEM (`--json`: one object a line). Neither holds an argument, a result or a raw
 
 `audit verify` checks every record's hash chain and names the first event that breaks one, so an
 edited, dropped or reordered event is found. Records an earlier release wrote have no history: they
-read as having none, never as an error.
+read as having none, never as an error; a key with neither a record nor a history is one (exit 1).
+Each of these only reads, so none takes an empty answer from a store that holds nothing of
+mcp-once's for an all-clear (`_common.reading`).
 
 Both open the store as `keys` does (`--store`, `$MCP_ONCE_STORE`); `keys.py` lends its runner.
 """
@@ -23,7 +25,7 @@ import json
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,7 +44,18 @@ from idempotency import (
 )
 
 from . import _addressing, _durations
-from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, print_table, server_cell
+from ._common import (
+    EXIT_PROBLEM,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    add_store_option,
+    fail,
+    nothing_here,
+    print_table,
+    reading,
+    redacted,
+    server_cell,
+)
 
 #: The event kinds, as issue 37 names them (a contract: scripts filter on them).
 EVENTS = (
@@ -65,7 +78,6 @@ _FOLLOW_EVERY = 1.0
 #: own duration): what a cluster's shards' clocks may differ by (`_audit`).
 _LATE = 1.0
 
-Action = Callable[[KeyStore, argparse.Namespace], Awaitable[int]]
 Runner = Callable[..., Callable[[argparse.Namespace], int]]
 
 
@@ -111,7 +123,7 @@ def add_history_parser(
     )
     key_arguments(history)
     history.add_argument("--json", action="store_true", help="machine-readable output")
-    history.set_defaults(run=run(_history))
+    history.set_defaults(run=run(reading(_history)))
     return history
 
 
@@ -135,7 +147,13 @@ def add_parser(commands: Any, run: Runner) -> None:
         metavar="NAME",
         help="only events of this server's records, as their history names it",
     )
-    audit.add_argument("--event", choices=EVENTS, metavar="KIND", help=", ".join(EVENTS))
+    audit.add_argument(
+        "--event",
+        type=_event_kind,
+        choices=EVENTS,
+        metavar="KIND",
+        help=", ".join(EVENTS) + " (or in snake_case: lease_ran_out)",
+    )
     audit.add_argument(
         "--follow", action="store_true", help="keep printing new events as they arrive"
     )
@@ -157,7 +175,7 @@ def add_parser(commands: Any, run: Runner) -> None:
         " chain.",
     )
     add_store_option(verify)
-    verify.set_defaults(run=run(_verify))
+    verify.set_defaults(run=run(reading(_verify)))
 
 
 #: What a shell shows for a command ended by Ctrl-C (128 + SIGINT).
@@ -176,6 +194,12 @@ def _stopped_quietly(
             return EXIT_INTERRUPTED
 
     return run
+
+
+def _event_kind(text: str) -> str:
+    """An event kind as `EVENTS` spells it, from that spelling or snake_case (`lease_ran_out`,
+    what a script or a shell without quotes writes)."""
+    return text.replace("_", " ")
 
 
 def _since(text: str) -> float:
@@ -209,13 +233,23 @@ def _at(seconds: float) -> str:
 
 
 async def _history(store: KeyStore, args: argparse.Namespace) -> int:
+    """Exit 1 when there is neither a record nor a history for the key: a wrong key, or a
+    wrong --client-key/--tool/--server, is not a record "written before histories were kept"."""
     problem = await _addressing.addressed(store, args)
     if problem is not None:
         return problem
     text = await _audited(store).history(args.key)
     events = parse_history(text)
-    if not events and args.client_key is not None:
-        return await _addressing.absent(store, args)  # and which servers hold one
+    if not events and await store.get(args.key) is None:
+        if args.client_key is not None:
+            return await _addressing.absent(store, args)  # and which servers hold one
+        print(
+            f"mcp-once: no record {args.key} in the key store at {redacted(args.store)!r}, and"
+            " no history of one: check the key (or --client-key, --tool and --server); a record"
+            " gone longer than its history's grace leaves none either",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEM
     if args.json:
         json.dump([event.as_json() for event in events], sys.stdout, indent=2)
         print()
@@ -226,8 +260,7 @@ async def _history(store: KeyStore, args: argparse.Namespace) -> int:
         )
     if not events:
         print(
-            f"mcp-once: record {args.key} has no history (written before histories were kept,"
-            " or gone longer than its grace)",
+            f"mcp-once: record {args.key} has no history (written before histories were kept)",
             file=sys.stderr,
         )
     return 0
@@ -274,8 +307,16 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
     (`HistoryEvent.written`: a replay's update arrives when it happens, not at its first time).
     Why the margin: on a Redis Cluster the stream is every history merged, read one history
     after another, so an event written during a look may be missed by it and still be older
-    than the newest it read."""
+    than the newest it read.
+
+    On a store that holds nothing of mcp-once's, a listing exits 3 (`reading`); a follower says
+    so and follows all the same: it may have been started beside a server yet to write."""
     audited = _audited(store)
+    problem = await nothing_here(store, args.store)
+    if problem is not None:
+        print(f"mcp-once: {problem}", file=sys.stderr)
+        if not args.follow:
+            return EXIT_UNREACHABLE
     servers = _Servers(store)
     since: float | None = args.since
     seen: set[str] = set()

@@ -59,6 +59,7 @@ from ._common import (
     fail,
     open_or_fail,
     print_table,
+    reading,
     server_cell,
     unreachable,
 )
@@ -130,7 +131,7 @@ def add_parser(commands: Any) -> None:
         "--limit", type=int, default=100, help="list at most N records (default: %(default)s)"
     )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(run=_run(_list, _check_list))
+    listing.set_defaults(run=_run(reading(_list), _check_list))
 
     show = actions.add_parser(
         "show",
@@ -142,7 +143,7 @@ def add_parser(commands: Any) -> None:
     _add_key_arguments(show)
     show.add_argument("--reveal-result", action="store_true", help="print the stored result")
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.set_defaults(run=_run(_show))
+    show.set_defaults(run=_run(reading(_show)))
 
     settle = actions.add_parser(
         "settle",

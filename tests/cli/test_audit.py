@@ -12,11 +12,13 @@ import json
 import os
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 from cli_run import cli
+from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
 from mcp.server.mcpserver import MCPServer
@@ -103,12 +105,13 @@ async def test_keys_history_tells_a_guarded_calls_story(
     ]
 
 
-async def test_a_record_without_history_reads_as_having_none(
+async def test_the_history_of_a_record_that_is_not_there_is_an_error(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Not "written before histories were kept" (tests/cli/test_no_silent_all_clear.py)."""
     ran = await cli(capsys, "keys", "history", "0" * 64, "--store", store_url, "--json")
-    assert ran.code == 0 and ran.json() == []
-    assert "has no history" in ran.err
+    assert (ran.code, ran.out) == (1, "")
+    assert f"no record {'0' * 64} in the key store at" in ran.err
 
 
 async def test_audit_lists_filters_and_never_shows_a_value(
@@ -323,3 +326,29 @@ async def test_a_client_key_without_its_server_names_the_servers_holding_a_recor
     finally:
         await store.aclose()
     assert [r.state.value if r else None for r in states] == ["completed", "completed"]
+
+
+async def test_audit_event_takes_the_snake_case_names_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--event lease_ran_out` (what a script writes) is `--event "lease ran out"`."""
+    path = tmp_path / "keys.db"
+    clock = FakeClock(time.time())
+    store = SQLiteKeyStore(path, clock=clock)
+    record = "cd" * 32
+    await store.claim(record, "fp", lease=30, takeover=False, tool="charge")
+    clock.advance(31)  # its worker died: the next claim finds the lease run out
+    await store.claim(record, "fp", lease=30, takeover=False, tool="charge")
+    await store.aclose()
+    url = f"sqlite:///{path}"
+    found = {}
+    for spelled in ("lease_ran_out", "lease ran out"):
+        ran = await cli(capsys, "audit", "--event", spelled, "--json", "--store", url)
+        assert ran.code == 0, ran.err
+        found[spelled] = [(e["record"], e["event"]) for e in map(json.loads, ran.out.splitlines())]
+    assert found["lease_ran_out"] == found["lease ran out"] == [(record, "lease ran out")]
+    claimed = await cli(capsys, "audit", "--event", "claimed", "--json", "--store", url)
+    assert len(claimed.out.splitlines()) == 1
+    for wrong in ("lease-ran-out", "Lease_Ran_Out"):
+        refused = await cli(capsys, "audit", "--event", wrong, "--store", url)
+        assert refused.code == 2 and "invalid choice" in refused.err
