@@ -230,16 +230,20 @@ async def test_history_of_a_record_that_does_not_exist_exits_1(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = store_url
+    missing = record_of("order-2")
+    ran = await cli(capsys, "keys", "history", missing, "--store", url)
+    assert (ran.code, ran.out) == (1, "")
+    assert ran.err.startswith(f"mcp-once: no record {missing} in the key store at '")
+    assert "and no history of one: check the key (or --client-key, --tool and --server)" in ran.err
+    assert PASSWORD not in ran.err
+    # A client key under a wrong --server: exit 1 too, naming the server that does hold one.
     wrong_server = ["--client-key", "order-1", "--tool", TOOL, "--server", "shop-eu"]
-    for argv in ([record_of("order-2")], wrong_server):
-        missing = record_of("order-2") if len(argv) == 1 else record_of("order-1", "shop-eu")
-        ran = await cli(capsys, "keys", "history", *argv, "--store", url)
-        assert (ran.code, ran.out) == (1, "")
-        assert ran.err.startswith(f"mcp-once: no record {missing} in the key store at '")
-        assert (
-            "and no history of one: check the key (or --client-key, --tool and --server)" in ran.err
-        )
-        assert PASSWORD not in ran.err
+    ran = await cli(capsys, "keys", "history", *wrong_server, "--store", url)
+    assert (ran.code, ran.out) == (1, "")
+    missing = record_of("order-1", "shop-eu")
+    assert ran.err.startswith(f"mcp-once: no live record for key {missing} (server 'shop-eu')")
+    assert f"server {SERVER!r}: store key {record_of('order-1')}" in ran.err
+    assert PASSWORD not in ran.err
     right = ["--client-key", "order-1", "--tool", TOOL, "--server", SERVER]
     found = await cli(capsys, "keys", "history", *right, "--store", url, "--json")
     assert found.code == 0 and [e["event"] for e in found.json()] == ["claimed", "completed"]
