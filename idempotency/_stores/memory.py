@@ -13,6 +13,7 @@ from . import audit_key as audit_keys
 from . import transitions as rules
 from .audit_key import AuditKey
 from .history import AuditEntry, Trail
+from .mark import STORE_FORMAT, StoreMark
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -56,6 +57,7 @@ class MemoryKeyStore:
         #: The key this store MACs and seals histories with; None: plain digests.
         self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         self._trail = Trail(audit_key=self.audit_key) if history else None
+        self._mark: StoreMark | None = None
 
     def _note(self, key: str, new: Record | None, answer: object) -> None:
         """The transition's events, in the same step as its write (nothing runs in between)."""
@@ -80,6 +82,8 @@ class MemoryKeyStore:
         resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
+        if self._mark is None:
+            self._mark = StoreMark(STORE_FORMAT, self._clock())
         new, outcome = rules.claim(
             self._records.get(key),
             key,
@@ -217,6 +221,16 @@ class MemoryKeyStore:
         if self._trail is not None:
             self._trail.forget_before(now)
         return len(gone)
+
+    # -- the store's mark (`mark.py`) --------------------------------------------------------
+
+    async def mark(self) -> StoreMark | None:
+        """The mark this store made at its first claim; None before it."""
+        return self._mark
+
+    async def holds_anything(self) -> bool:
+        """Whether it keeps a record (in any state) or a history."""
+        return bool(self._records) or (self._trail is not None and bool(self._trail.histories))
 
     # -- history (rule 20) -----------------------------------------------------------------
 
