@@ -23,6 +23,7 @@ holding it) on the store, in code or in the store URL's query; else `$MCP_ONCE_A
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -43,13 +44,23 @@ _IPAD = bytes(b ^ 0x36 for b in range(256))
 _OPAD = bytes(b ^ 0x5C for b in range(256))
 
 
-@dataclass(frozen=True, slots=True)
 class RecordMac:
-    """One record's history key: the MACs of its links and its seal."""
+    """One record's history key: the MACs of its links and its seal (HMAC-SHA1, as Python's
+    `hmac` computes it, from the two padded blocks hashed once: a MAC then costs two hash
+    copies, not the setup of a new HMAC)."""
 
-    #: The audit key's id (`AuditKey.id`).
-    key_id: str
-    _secret: bytes = field(repr=False)
+    __slots__ = ("_inner", "_outer", "_pads", "key_id")
+
+    def __init__(self, key_id: str, secret: bytes) -> None:
+        #: The audit key's id (`AuditKey.id`).
+        self.key_id = key_id
+        block = secret.ljust(_BLOCK, b"\0")
+        self._pads = block.translate(_IPAD) + block.translate(_OPAD)
+        self._inner = hashlib.sha1(self._pads[:_BLOCK])
+        self._outer = hashlib.sha1(self._pads[_BLOCK:])
+
+    def __repr__(self) -> str:
+        return f"RecordMac(key_id={self.key_id!r})"
 
     def link(self, prev: str, body: str) -> str:
         """The MAC an event carries instead of `history.digest(prev, body)`."""
@@ -60,13 +71,16 @@ class RecordMac:
         return self._mac(f"seal|{fields}")
 
     def script_argument(self) -> bytes:
-        """What a Redis script gets to compute the same MACs (`scripts/lib.lua`, `hmac`): the
-        key XORed with HMAC's two pads, then the key's id."""
-        block = self._secret.ljust(_BLOCK, b"\0")
-        return block.translate(_IPAD) + block.translate(_OPAD) + self.key_id.encode()
+        """What a Redis script gets to compute the same MACs (`scripts/lib.lua`,
+        `record_event`): the key XORed with HMAC's two pads, then the key's id."""
+        return self._pads + self.key_id.encode()
 
     def _mac(self, text: str) -> str:
-        return hmac.new(self._secret, text.encode(), hashlib.sha1).hexdigest()[:MAC_CHARS]
+        inner = self._inner.copy()
+        inner.update(text.encode())
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest()[:MAC_CHARS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +96,14 @@ class AuditKey:
         object.__setattr__(self, "id", named)
 
     def record(self, key: str) -> RecordMac:
-        """The history key of the record stored under `key`."""
-        secret = hmac.digest(self._secret, b"mcp-once history|" + key.encode(), "sha256")
-        return RecordMac(self.id, secret)
+        """The history key of the record stored under `key` (kept for the records used last)."""
+        return _record_key(self, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _record_key(audit_key: AuditKey, key: str) -> RecordMac:
+    secret = hmac.digest(audit_key._secret, b"mcp-once history|" + key.encode(), "sha256")
+    return RecordMac(audit_key.id, secret)
 
 
 def record_mac(key: AuditKey | None, record: str) -> RecordMac | None:
