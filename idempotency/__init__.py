@@ -59,6 +59,7 @@ from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
 from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
+from ._stores.audit_key import AuditKey
 from ._stores.audit_log import export as export_audit_logs
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
@@ -66,7 +67,10 @@ from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
 from ._stores.history import servers as history_servers
 from ._stores.history import servers_of as record_servers
-from ._stores.history import verify as verify_history
+from ._stores.history_verify import HistoryCheck
+from ._stores.history_verify import check as check_history
+from ._stores.history_verify import compare_stream as compare_audit_stream
+from ._stores.history_verify import verify as verify_history
 from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
@@ -93,6 +97,7 @@ logging.getLogger("idempotency").addHandler(logging.NullHandler())
 __all__ = [
     "DEFAULT_LEASE",
     "AuditEntry",
+    "AuditKey",
     "AuditedStore",
     "CallScope",
     "Claim",
@@ -101,6 +106,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "HistoryCheck",
     "HistoryEvent",
     "InDoubt",
     "Interrupted",
@@ -130,6 +136,8 @@ __all__ = [
     "StoreUnavailable",
     "StoredResult",
     "UnreadableResult",
+    "check_history",
+    "compare_audit_stream",
     "current_claim",
     "decode_result",
     "default_scope",

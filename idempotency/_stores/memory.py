@@ -3,12 +3,15 @@ that accept losing their records on restart."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 
 import anyio
 
+from . import audit_key as audit_keys
 from . import transitions as rules
+from .audit_key import AuditKey
 from .history import AuditEntry, Trail
 from .mark import STORE_FORMAT, StoreMark
 from .store import (
@@ -39,15 +42,21 @@ class MemoryKeyStore:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`history`: keep each record's history and the audit stream (rule 20; on by
-        default, off only to measure what it costs)."""
+        default, off only to measure what it costs). `audit_key` (or `audit_key_file`, else
+        `$MCP_ONCE_AUDIT_KEY` or `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories
+        (`audit_key.py`)."""
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
         self._records: dict[str, Record] = {}
         self._changed: dict[str, anyio.Event] = {}
-        self._trail = Trail() if history else None
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
+        self._trail = Trail(audit_key=self.audit_key) if history else None
         self._mark: StoreMark | None = None
 
     def _note(self, key: str, new: Record | None, answer: object) -> None:

@@ -29,8 +29,10 @@ import anyio
 
 from . import _sqlite_history as trail
 from . import _sqlite_mark as marks
+from . import audit_key as audit_keys
 from . import transitions as rules
 from ._sqlite_writer import Writer
+from .audit_key import AuditKey
 from .history import AuditEntry
 from .mark import Marking, StoreMark
 from .memory import DEFAULT_ORPHAN_RETENTION
@@ -63,6 +65,8 @@ URL_OPTIONS: dict[str, Parser] = {
     "busy_timeout": number,
     "synchronous": str,  # checked by the constructor: "full" or "normal"
     "history": boolean,
+    "audit_key": str,  # checked by the constructor, which never quotes it
+    "audit_key_file": str,
 }
 
 #: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
@@ -166,10 +170,14 @@ class SQLiteKeyStore:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`history`: keep each record's history and the audit stream (rule 20; tables
         `history` and `audit`, written in the transitions' own transactions). On by default;
-        off only to measure what it costs."""
+        off only to measure what it costs. `audit_key` (or `audit_key_file`, else
+        `$MCP_ONCE_AUDIT_KEY` or `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories
+        (`audit_key.py`)."""
         if not os.fspath(path):
             raise ValueError("the SQLite key store needs a file path")
         if busy_timeout < 0:
@@ -179,6 +187,8 @@ class SQLiteKeyStore:
                 f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
             )
         self.path = Path(path)
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
@@ -194,7 +204,7 @@ class SQLiteKeyStore:
             decode=_decode,
             save=_save_many,
             observe=self._observe if history else None,
-            keep=trail.keep if history else None,
+            keep=functools.partial(trail.keep, audit_key=self.audit_key) if history else None,
         )
         self._history = history
         self._wakeups = _Wakeups()
@@ -213,6 +223,8 @@ class SQLiteKeyStore:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> SQLiteKeyStore:
         """`sqlite:///relative/file.db` or `sqlite:////absolute/file.db` (the SQLAlchemy and
         dj-database-url convention: three slashes, then the path as written).
@@ -412,7 +424,7 @@ class SQLiteKeyStore:
                     "DELETE FROM records WHERE key = ?", [(record.key,) for record in gone]
                 )
                 if self._history:
-                    trail.purged(conn, gone, now)
+                    trail.purged(conn, gone, now, self.audit_key)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:

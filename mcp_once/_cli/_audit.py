@@ -8,8 +8,11 @@ audit stream is the same events across records in arrival order, each naming its
 server (as the record's history names it: `--server` keeps one server's), for an operator or a
 SIEM (`--json`: one object a line). Neither holds an argument, a result or a raw key.
 
-`audit verify` checks every record's hash chain and names the first event that breaks one, so an
-edited, dropped or reordered event is found. Records an earlier release wrote have no history: they
+`audit verify` checks every record's chain and names the first event that breaks one; with the
+audit key (the store's `audit_key=`, `$MCP_ONCE_AUDIT_KEY`) it checks the MACs and seals too, and
+with the audit stream it names histories the stream outlived or that lack its newest event
+(`idempotency.check_history`, `compare_audit_stream` say what each proves). `keys history` warns
+when the history it prints does not verify. Records an earlier release wrote have no history: they
 read as having none, never as an error; a key with neither a record nor a history is one (exit 1).
 Each of these only reads, so none takes an empty answer from a store that holds nothing of
 mcp-once's for an all-clear (`_common.reading`).
@@ -34,13 +37,16 @@ import anyio
 from idempotency import (
     AuditedStore,
     AuditEntry,
+    AuditKey,
+    HistoryCheck,
     HistoryEvent,
     KeyStore,
+    check_history,
+    compare_audit_stream,
     export_audit_logs,
     parse_history,
     record_servers,
     rfc3339,
-    verify_history,
 )
 
 from . import _addressing, _durations
@@ -119,7 +125,9 @@ def add_history_parser(
         " the last time), refused (the code), released (why), lease ran out, interrupted,"
         " reconciled,"
         " settled (by, reason), purged; with fence, attempt and the digest chaining each to"
-        " the one before. A record written before histories were kept has none.",
+        " the one before (with the audit key, a MAC). A history that does not verify is shown"
+        " with a warning on stderr (--json: `verified` on each event). A record written before"
+        " histories were kept has none.",
     )
     key_arguments(history)
     history.add_argument("--json", action="store_true", help="machine-readable output")
@@ -169,10 +177,19 @@ def add_parser(commands: Any, run: Runner) -> None:
     actions = audit.add_subparsers(dest="audit_action", metavar="ACTION")
     verify = actions.add_parser(
         "verify",
-        help="check every record's hash chain; name the first broken event",
+        help="check every record's history chain (and seal, with the audit key); name each break",
         description="Check every record's history: each event must carry the digest of the"
-        " one before and match its own. Exits 1 naming the first broken event of each broken"
-        " chain.",
+        " one before and match its own; with the audit key (audit_key= in the store URL,"
+        " $MCP_ONCE_AUDIT_KEY) each link is a MAC and the seal must name the history's count"
+        " and newest event. With the audit stream, a history the stream outlived, or missing"
+        " the newest event the stream holds for it, is named too. Exits 1 naming each problem;"
+        " 2 when histories are sealed with an audit key and none was given.",
+    )
+    verify.add_argument(
+        "--allow-unsealed",
+        action="store_true",
+        help="with the audit key, list histories written without it (before it was configured)"
+        " without failing: for the days after the key is first configured",
     )
     add_store_option(verify)
     verify.set_defaults(run=run(reading(_verify)))
@@ -232,6 +249,12 @@ def _at(seconds: float) -> str:
     return rfc3339(seconds)
 
 
+def _audit_key(store: KeyStore) -> AuditKey | None:
+    """The audit key the store was opened with (a store of one's own may have none)."""
+    key = getattr(store, "audit_key", None)
+    return key if isinstance(key, AuditKey) else None
+
+
 async def _history(store: KeyStore, args: argparse.Namespace) -> int:
     """Exit 1 when there is neither a record nor a history for the key: a wrong key, or a
     wrong --client-key/--tool/--server, is not a record "written before histories were kept"."""
@@ -239,6 +262,9 @@ async def _history(store: KeyStore, args: argparse.Namespace) -> int:
     if problem is not None:
         return problem
     text = await _audited(store).history(args.key)
+    found = check_history(text, record=args.key, key=_audit_key(store))
+    if not found.verified and found.problem is not None:  # not even readable
+        fail(f"record {args.key}'s history {found.problem}", EXIT_PROBLEM)
     events = parse_history(text)
     if not events and await store.get(args.key) is None:
         if args.client_key is not None:
@@ -250,8 +276,18 @@ async def _history(store: KeyStore, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_PROBLEM
+    if found.problem is not None:
+        warning = "WARNING: " if found.status != "unchecked" else ""
+        print(
+            f"mcp-once: {warning}record {args.key}'s history does not verify: {found.problem}",
+            file=sys.stderr,
+        )
     if args.json:
-        json.dump([event.as_json() for event in events], sys.stdout, indent=2)
+        rows = [
+            {**event.as_json(), "verified": verified}
+            for event, verified in zip(events, found.verified, strict=True)
+        ]
+        json.dump(rows, sys.stdout, indent=2)
         print()
     elif events:
         print_table(
@@ -381,19 +417,55 @@ def _print_rows(rows: list[list[str]]) -> None:
 
 
 async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
-    del args
-    histories = await _audited(store).histories()
-    broken = 0
-    events = 0
-    for key, text in histories:
-        problem = verify_history(text)
-        if problem is not None:
-            broken += 1
-            print(f"mcp-once: record {key}: {problem}", file=sys.stderr)
-        else:
-            events += len(parse_history(text))
+    """Check every history, then compare the audit stream with them. The stream is read first
+    (`compare_audit_stream`): an event written between the two reads is then in a history and
+    not yet in the stream, never the other way round."""
+    audited = _audited(store)
+    key = _audit_key(store)
+    stream = await audited.audit(limit=_READ_ALL)
+    histories = await audited.histories()
+    found: dict[str, HistoryCheck] = {}
+    for record, text in histories:
+        found[record] = checked = check_history(text, record=record, key=key)
+        if checked.problem is not None:
+            print(f"mcp-once: record {record}: {checked.problem}", file=sys.stderr)
+    # A broken history is named once, by its check.
+    stream_problems = [
+        (record, problem)
+        for record, problem in compare_audit_stream(stream, dict(histories), now=time.time())
+        if record not in found or found[record].status != "broken"
+    ]
+    for record, problem in stream_problems:
+        print(f"mcp-once: record {record}: {problem}", file=sys.stderr)
+    statuses = [checked.status for checked in found.values()]
+    broken = statuses.count("broken") + len(stream_problems)
+    unsealed, unchecked = statuses.count("unsealed"), statuses.count("unchecked")
+    events = sum(len(checked.verified) for checked in found.values())
+    clean = not (broken or unsealed or unchecked)
+    how = (
+        f"links and seals MACed with audit key {key.id}"
+        if key is not None
+        else "no audit key: an edit is caught, a recomputed chain or a cut is not"
+    )
+    print(
+        f"{'verified' if clean else 'checked'} {len(histories)} histories ({events} events)"
+        f"{': every chain holds' if clean else ''}\n{how}; compared with the audit stream"
+    )
     if broken:
-        print(f"{broken} of {len(histories)} histories are broken", file=sys.stderr)
+        print(f"{broken} histories are broken or disagree with the audit stream", file=sys.stderr)
+    if unsealed:
+        print(
+            f"{unsealed} histories hold events not sealed with the audit key: only an edit is"
+            " caught in those"
+            + ("" if args.allow_unsealed else " (--allow-unsealed accepts them)"),
+            file=sys.stderr,
+        )
+    if unchecked:
+        print(
+            f"{unchecked} histories are sealed with an audit key and were not checked: give it"
+            " (audit_key= in the store URL, $MCP_ONCE_AUDIT_KEY)",
+            file=sys.stderr,
+        )
+    if broken or (unsealed and not args.allow_unsealed):
         return EXIT_PROBLEM
-    print(f"verified {len(histories)} histories ({events} events): every chain holds")
-    return 0
+    return EXIT_USAGE if unchecked else 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -73,7 +74,9 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 def redacted(url: str) -> str:
-    """`url` without its password, for printing (a Redis URL may carry one)."""
+    """`url` without its password or audit key, for printing (a Redis URL may carry one, and
+    any store URL an `audit_key=`)."""
+    url = _AUDIT_KEY_OPTION.sub(r"\1***", url)
     try:
         parts = urlsplit(url)
         password = parts.password
@@ -84,6 +87,9 @@ def redacted(url: str) -> str:
     host = parts.netloc.rsplit("@", 1)[1]
     user = f"{parts.username}:***@" if parts.username else ":***@"
     return urlunsplit(parts._replace(netloc=user + host))
+
+
+_AUDIT_KEY_OPTION = re.compile(r"([?&]audit_key=)[^&#]*")
 
 
 def unreachable(url: str, exc: Exception) -> NoReturn:

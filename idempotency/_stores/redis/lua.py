@@ -20,7 +20,7 @@ class Script:
     sha: str
     #: `EVALSHA <sha> 1` as bytes, the head of every call on one key: encoded once, not per call.
     evalsha: tuple[bytes, bytes, bytes]
-    #: Records history events: two more trailing arguments (lib.lua: said, audit).
+    #: Records history events: three more trailing arguments (lib.lua: said, audit, mac).
     audited: bool = False
 
 

@@ -77,8 +77,10 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._system_task import current_loop, loop_alive
+from .. import audit_key as audit_keys
 from .. import history as chain
 from .. import transitions as rules
+from ..audit_key import AuditKey
 from ..history import AuditEntry
 from ..mark import STORE_FORMAT, Marking, StoreMark
 from ..memory import DEFAULT_ORPHAN_RETENTION
@@ -157,6 +159,8 @@ URL_OPTIONS: Final = {
     "wait_aof": boolean,
     "socket_timeout": number_or_none,
     "history": boolean,
+    "audit_key": string,  # checked by the constructor, which never quotes it
+    "audit_key_file": string,
 }
 #: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
 _TRANSIENT_REPLIES: Final = (
@@ -264,6 +268,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """Connect where `client` connects, as it would (URL, TLS, credentials, database,
         timeouts, Sentinel). The store opens connections of its own and never uses the
@@ -279,6 +285,9 @@ class RedisKeyStore:
 
         `history`: keep each record's history and the audit stream (rule 20, `history.py`),
         written by the transition's own script. On by default; off only to measure its cost.
+        `audit_key` (or `audit_key_file`, else `$MCP_ONCE_AUDIT_KEY` or
+        `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories (`audit_key.py`); each script is
+        given its record's own key, never this one.
         """
         if "{" in prefix or "}" in prefix:
             raise ValueError(
@@ -329,6 +338,8 @@ class RedisKeyStore:
         self._durable = durable
         self._durability_checked = False
         self._history = history
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         # wait(): the first re-read after no news, doubling up to the cap (missed messages).
         self._poll_first = 0.05
         self._poll_cap = 1.0
@@ -346,6 +357,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
         **redis_kwargs: Any,
     ) -> RedisKeyStore:
@@ -735,14 +748,18 @@ class RedisKeyStore:
 
     # -- history (rule 20) -------------------------------------------------------------------
 
-    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes]:
-        """An audited script's two last arguments (lib.lua): what the caller said, and where
+    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes, bytes]:
+        """An audited script's three last arguments (lib.lua): what the caller said, where
         the audit stream is ('' when this store keeps no history; '-' on a cluster, where the
-        histories are the audit trail: `history.py`)."""
-        del rkey
+        histories are the audit trail: `history.py`), and the record's history key ('' without
+        an audit key: `RecordMac.script_argument`)."""
         if not self._history:
-            return b"", b""
-        return said.encode(), b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
+            return b"", b"", b""
+        stream = b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
+        if self.audit_key is None:
+            return said.encode(), stream, b""
+        mac = self.audit_key.record(self._key_of(rkey)).script_argument()
+        return said.encode(), stream, mac
 
     async def history(self, key: str) -> str | None:
         """The record's history as stored (`history.parse` reads it); None: it has none."""
@@ -1050,7 +1067,8 @@ class RedisKeyStore:
             replies.update(zip(group, batch, strict=True))
         for rkey, reply in replies.items():
             if isinstance(reply, ReplyError):
-                replies[rkey] = await self._script(script, rkey, (), ())
+                args = self._trailer(rkey, "") if script.audited else ()
+                replies[rkey] = await self._script(script, rkey, args, args)
         return [replies[rkey] for rkey in rkeys]
 
     async def _script_batch(

@@ -1,5 +1,5 @@
 -- claim(KEYS[1]; ARGV: offset_us, fingerprint, lease_us, takeover 1|0, orphan_retention_us, token,
---       tool name ('' for none; at most 255 bytes), resend_only 1|0, resent 1|0, said, audit)
+--       tool name ('' for none; at most 255 bytes), resend_only 1|0, resent 1|0, said, audit, mac)
 -- Mirrors idempotency._stores.transitions.claim. Replies:
 --   {'claimed', token, fence, attempts, took_over 1|0}
 --   {'replay', fence, attempts, completed_us, result}

@@ -1,4 +1,4 @@
--- purge(KEYS[1]; ARGV: offset_us, said (unused), audit) -> 1 when a logically expired record was deleted, else 0.
+-- purge(KEYS[1]; ARGV: offset_us, said (unused), audit, mac) -> 1 when a logically expired record was deleted, else 0.
 -- A record that cannot be read as ours is left for an operator, never deleted.
 local now = clock()
 local r, why = load(KEYS[1])
