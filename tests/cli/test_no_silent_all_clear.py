@@ -217,9 +217,9 @@ async def test_a_store_whose_records_are_all_gone_is_still_ours(
     listed = await cli(capsys, "keys", "list", "--state", "unknown", "--store", url)
     assert (listed.code, listed.out.splitlines()[-1], listed.err) == (0, "(0 records)", "")
     verified = await cli(capsys, "audit", "verify", "--store", url)
-    assert (verified.code, verified.out) == (
+    assert (verified.code, verified.out.splitlines()[0]) == (
         0,
-        "verified 0 histories (0 events): every chain holds\n",
+        "verified 0 histories (0 events): every chain holds",
     )
 
 
