@@ -41,6 +41,7 @@ from idempotency import (
 
 from . import _durations
 from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, print_table
+from ._proxies import add_proxy_option
 
 #: The event kinds, as issue 37 names them (a contract: scripts filter on them).
 EVENTS = (
@@ -139,6 +140,7 @@ def add_parser(commands: Any, run: Runner) -> None:
         " environment configures (e.g. under opentelemetry-instrument)",
     )
     add_store_option(audit)
+    add_proxy_option(audit)
     audit.set_defaults(run=_stopped_quietly(run(_audit)))
     actions = audit.add_subparsers(dest="audit_action", metavar="ACTION")
     verify = actions.add_parser(
@@ -149,6 +151,7 @@ def add_parser(commands: Any, run: Runner) -> None:
         " chain.",
     )
     add_store_option(verify)
+    add_proxy_option(verify)
     verify.set_defaults(run=run(_verify))
 
 

@@ -40,15 +40,23 @@ def from_environment(variable: str, fallback: str) -> str:
     return os.environ.get(variable) or fallback
 
 
-def add_store_option(parser: argparse.ArgumentParser) -> None:
+def add_store_option(parser: argparse.ArgumentParser, *, fallback: str | None = None) -> None:
+    """`--store URL`, defaulting to `$MCP_ONCE_STORE`, else `DEFAULT_STORE_URL`; or, where the
+    command's default is not one URL (the proxy's: a file per upstream), else None, with
+    `fallback` saying in the help what it is."""
+    default = (
+        from_environment(STORE_VARIABLE, DEFAULT_STORE_URL)
+        if fallback is None
+        else os.environ.get(STORE_VARIABLE) or None
+    )
     parser.add_argument(
         "--store",
-        default=from_environment(STORE_VARIABLE, DEFAULT_STORE_URL),
+        default=default,
         help="key store URL: memory://, sqlite:///path.db, redis://host:port/db,"
         " redis+sentinel://host:port[,host:port...]/service_name[/db] or"
         " redis+cluster://host:port[,host:port...] (rediss+... for TLS); the query carries"
         " the store's options, e.g. redis://host:6379/0?prefix=app:&wait_replicas=1&wait_aof=true"
-        f" (default: ${STORE_VARIABLE} if set, else {DEFAULT_STORE_URL})",
+        f" (default: ${STORE_VARIABLE} if set, else {fallback or DEFAULT_STORE_URL})",
     )
 
 
@@ -103,7 +111,12 @@ def open_or_fail(url: str, *, existing: bool = False) -> KeyStore:
     except (ValueError, TypeError) as exc:
         fail(f"bad key store URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
     if existing and isinstance(store, SQLiteKeyStore):
-        require_file("key store", url, store.path, made_by="a guarded server")
+        require_file(
+            "key store",
+            url,
+            store.path,
+            made_by="a guarded server; a proxy's store is elsewhere: `mcp-once proxy --list`",
+        )
     return store
 
 

@@ -66,6 +66,7 @@ from ._common import (
     redacted,
     unreachable,
 )
+from ._proxies import add_proxy_option, apply_proxy
 
 #: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `idempotency.store_key`.
 _STORE_KEY = re.compile(r"[0-9a-f]{64}")
@@ -89,6 +90,8 @@ _EPILOG = (
     " find the record of a call from what the client saw, give --client-key, --tool and"
     " --server, where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
     + "; ".join(f"{name} for {where}" for name, where in EXAMPLE_SERVERS.items())
+    + '; for an mcp-once proxy "mcp-once proxy: NAME@ID" (`mcp-once proxy --list`), or give'
+    " --proxy NAME instead of --store and --server"
     + ". What to do about -32010, -32012, -32013, -32014 and UNKNOWN records: docs/runbook.md."
 )
 
@@ -193,6 +196,7 @@ def add_parser(commands: Any) -> None:
 
     for parser in (listing, show, settle, purge, history):
         add_store_option(parser)
+        add_proxy_option(parser)
     _reconcile.add_parser(actions, _run)
 
 
@@ -210,7 +214,7 @@ def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
     derive.add_argument(
         "--server",
         help="the MCP server's own name, MCPServer(name) or FastMCP(name) (the example"
-        f" servers: {', '.join(EXAMPLE_SERVERS)})",
+        f" servers: {', '.join(EXAMPLE_SERVERS)}; a proxy's: --proxy NAME gives it)",
     )
 
 
@@ -246,6 +250,7 @@ def _run(
     failures into exit codes. Every usage error is found before the store is touched."""
 
     def run(args: argparse.Namespace) -> int:
+        apply_proxy(args)  # --proxy NAME: that proxy's store and server
         if hasattr(args, "client_key"):  # an action addressing one record
             args.key = _store_key(args)
         if prepare is not None:

@@ -19,6 +19,7 @@ from typing import Any
 from idempotency import KeyStore, Reconciliation, reconcile_unknown
 
 from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail
+from ._proxies import add_proxy_option
 
 #: What each answer makes of a record, as the output says it (after "would be" when dry).
 _BECOMES = {
@@ -56,6 +57,7 @@ def add_parser(actions: Any, run: Any) -> None:
     reconcile.add_argument("--json", action="store_true", help="machine-readable output")
     reconcile.set_defaults(run=run(_reconcile, _check_app))
     add_store_option(reconcile)
+    add_proxy_option(reconcile)
 
 
 def load_app(spec: str) -> object:
