@@ -83,13 +83,14 @@ def unreachable(url: str, exc: Exception) -> NoReturn:
     fail(f"the key store at {redacted(url)!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
 
 
-def require_file(what: str, url: str, path: Path, *, made_by: str) -> None:
+def require_file(what: str, url: str, path: Path, *, made_by: str, also: str = "") -> None:
     """Exit 3 naming `path` when the SQLite file a command only reads does not exist, instead
-    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it."""
+    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it,
+    `also` where else to look."""
     if not path.is_file():
         fail(
             f"the {what} at {redacted(url)!r} cannot be reached: no {what} file at {path} (it"
-            f" does not exist; looking creates nothing: {made_by} creates it)",
+            f" does not exist; looking creates nothing: {made_by} creates it){also}",
             EXIT_UNREACHABLE,
         )
 
@@ -115,7 +116,9 @@ def open_or_fail(url: str, *, existing: bool = False) -> KeyStore:
             "key store",
             url,
             store.path,
-            made_by="a guarded server; a proxy's store is elsewhere: `mcp-once proxy --list`",
+            made_by="a guarded server",
+            also="; an mcp-once proxy keeps its own: `mcp-once proxy --list` shows them, and"
+            " `--proxy NAME` reads one",
         )
     return store
 

@@ -73,7 +73,7 @@ class StateFolderUnwritable(OSError):
 
 def record(manifest: Manifest, stem: str) -> Path:
     """Write `manifest` as `<state folder>/<stem>.json`, atomically (a reader never sees half of
-    it). Raises `StateFolderUnwritable` naming the folder."""
+    it). Raises `StateFolderUnwritable` saying why the folder cannot be written."""
     folder = state_folder()
     path = folder / f"{stem}{MANIFEST_SUFFIX}"
     partial = path.with_name(f".{path.name}.{os.getpid()}")
@@ -84,7 +84,7 @@ def record(manifest: Manifest, stem: str) -> Path:
     except OSError as exc:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
-        raise StateFolderUnwritable(f"{folder}: {exc.strerror or exc}") from exc
+        raise StateFolderUnwritable(exc.strerror or str(exc)) from exc
     return path
 
 

@@ -61,8 +61,8 @@ def check_name(name: str) -> str:
         raise ValueError("an upstream's name must not be empty")
     if len(name) > NAME_MAX:
         raise ValueError(f"an upstream's name is at most {NAME_MAX} characters, not {len(name)}")
-    if not name.isprintable() or "@" in name:
-        raise ValueError(f"an upstream's name is printable text without '@', not {name!r}")
+    if not name.isprintable():
+        raise ValueError(f"an upstream's name is printable text on one line, not {name!r}")
     return name
 
 

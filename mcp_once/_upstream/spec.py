@@ -90,16 +90,18 @@ class Upstream:
 
     @property
     def name(self) -> str:
-        """What the upstream is called: its `label`, else a word of its command or URL."""
+        """What the upstream is called: its `label`, else a word of its command, or its URL's
+        host and path (never its credentials or query, which may hold a secret)."""
         if self.label is not None:
             return self.label
-        words = self.command if self.command else (self.url or "",)
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            return slug(f"{parts.hostname or ''}{parts.path}")
         # Skip runners and flags (`npx -y @scope/server-memory` names `server-memory`).
         picked = [
-            w for w in words if not w.startswith("-") and Path(w).name not in _RUNNERS
-        ] or list(words)
-        base = picked[0].rstrip("/").rsplit("/", 1)[-1] if self.command else picked[0]
-        return slug(base)
+            w for w in self.command if not w.startswith("-") and Path(w).name not in _RUNNERS
+        ] or list(self.command)
+        return slug(picked[0].rstrip("/").rsplit("/", 1)[-1])
 
     @property
     def folder(self) -> str | None:

@@ -235,41 +235,59 @@ def processes_naming(marker: str) -> set[int]:
     return found
 
 
-def run_watching(
-    argv: list[str], home: Path, marker: str, limit: float
-) -> tuple[int, str, float, set[int]]:
-    """Run `argv` as a desktop client would, for at most `limit` seconds, noting every process
-    whose command line names `marker` while it runs: its exit status, stderr, time, and those
-    pids."""
+@dataclass(frozen=True)
+class Watched:
+    code: int
+    stderr: str
+    #: Seconds from start to exit, on the wall clock and of CPU (the process and its children).
+    wall: float
+    cpu: float
+    #: Every process seen whose command line named the marker.
+    seen: set[int]
+
+
+def run_watching(argv: list[str], home: Path, marker: str, log: Path) -> Watched:
+    """Run `argv` as a desktop client would, until it exits on its own (60 s at most), noting
+    every process whose command line names `marker` meanwhile."""
     started = time.monotonic()
-    process = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=desktop_env(home),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=desktop_env(home),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
     seen: set[int] = set()
-    try:
-        while process.poll() is None and time.monotonic() - started < limit:
-            seen |= processes_naming(marker)
-    finally:
-        took = time.monotonic() - started
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate(timeout=30)
-    return process.returncode, stderr.decode(), took, seen
+    done = (0, 0, None)
+    while time.monotonic() - started < 60.0 and not done[0]:
+        seen |= processes_naming(marker)
+        done = os.wait4(process.pid, os.WNOHANG)
+    wall = time.monotonic() - started
+    if not done[0]:
+        os.killpg(process.pid, signal.SIGKILL)
+        done = os.wait4(process.pid, 0)
+    _, status, usage = done
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    assert process.stdin is not None
+    process.stdin.close()
+    assert usage is not None
+    cpu = usage.ru_utime + usage.ru_stime
+    return Watched(process.returncode, log.read_text(), wall, cpu, seen)
 
 
 async def test_a_config_entry_that_runs_the_proxy_on_itself_stops_at_once(tmp_path: Path) -> None:
     """The docs' `mcp-once proxy --config FILE --server memory`, put in FILE as the entry
-    `memory` itself: exit 2 naming the loop in under 5 s, the one proxy the client started the
-    only one ever alive (measured before: one more every ~1.5 s, without end): the loop is seen
-    in the entry's command line, before FastMCP is imported. A loop no command line shows (a
-    script that runs the proxy) is stopped by the chain in the child's environment, one level
-    down: two proxies, the first one's start (FastMCP imported, the child started) its time."""
+    `memory` itself: exit 2 naming the loop, the one proxy the client started the only one ever
+    alive (measured before: one more every ~1.5 s, without end): the loop is seen in the entry's
+    command line, before FastMCP is imported. A loop no command line shows (a script that runs
+    the proxy) is stopped by the chain in the child's environment, one level down: two proxies.
+
+    "At once" is measured in CPU seconds (the proxy's and its children's): under 5 s, the CLI's
+    own start (~1.5 s here) and nothing more; on a shared, loaded test machine the wall clock
+    measures the machine (it must still exit on its own within 60 s)."""
     home = tmp_path / "home"
     home.mkdir()
     config = tmp_path / "claude_desktop_config.json"
@@ -281,15 +299,15 @@ async def test_a_config_entry_that_runs_the_proxy_on_itself_stops_at_once(tmp_pa
         "hidden": {"command": "/bin/sh", "args": [str(script), *PROXY]},
     }
     config.write_text(json.dumps({"mcpServers": servers}))
-    for server, limit, most in (("memory", 5.0, 1), ("hidden", 60.0, 2)):
+    for server, most in (("memory", 1), ("hidden", 2)):
         entry = servers[server]
         argv = [entry["command"], *entry["args"]]
-        watched = await anyio.to_thread.run_sync(run_watching, argv, home, str(config), limit)
-        code, said, took, seen = watched
-        assert code == 2, (server, took, seen, said)
-        assert took < limit and len(seen) <= most, (server, took, seen)
-        assert f"proxy loop: '{server}' -> '{server}'" in said, said
-        assert "Traceback" not in said, said
+        log = tmp_path / f"{server}.stderr"
+        run = await anyio.to_thread.run_sync(run_watching, argv, home, str(config), log)
+        assert run.code == 2, (server, run)
+        assert run.cpu < 5.0 and len(run.seen) <= most, (server, run)
+        assert f"proxy loop: '{server}' -> '{server}'" in run.stderr, run
+        assert "Traceback" not in run.stderr, run
 
 
 async def test_tools_sees_through_an_entry_that_is_already_wrapped(
