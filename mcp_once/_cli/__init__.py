@@ -68,17 +68,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     written elsewhere against (docker-compose.yml's, a desktop config's)."""
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
-    # `proxy` and `tools` take the upstream's command line after `--`, untouched by argparse.
-    command_line: list[str] = []
-    if words and words[0] in _proxy.TAKES_COMMAND and "--" in words:
-        split = words.index("--")
-        words, command_line = words[:split], words[split + 1 :]
+    # `proxy` and `tools` take the upstream's command line after their options (with or without
+    # `--`), untouched by argparse.
+    if words and words[0] in _proxy.TAKES_COMMAND:
+        args = _proxy.parse_command(parser, words)
+        args.extra = []
+        return args
     # `bench` forwards its own options to benchmarks/run.py, which owns them.
     args, extra = parser.parse_known_args(words)
     if extra and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    args.command_line = command_line
+    args.command_line = []
     return args
 
 

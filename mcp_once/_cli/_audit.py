@@ -62,6 +62,7 @@ from ._common import (
     redacted,
     server_cell,
 )
+from ._proxies import add_proxy_option
 
 #: The event kinds, as issue 37 names them (a contract: scripts filter on them).
 EVENTS = (
@@ -173,6 +174,7 @@ def add_parser(commands: Any, run: Runner) -> None:
         " environment configures (e.g. under opentelemetry-instrument)",
     )
     add_store_option(audit)
+    add_proxy_option(audit)
     audit.set_defaults(run=_stopped_quietly(run(_audit)))
     actions = audit.add_subparsers(dest="audit_action", metavar="ACTION")
     verify = actions.add_parser(
@@ -192,6 +194,7 @@ def add_parser(commands: Any, run: Runner) -> None:
         " without failing: for the days after the key is first configured",
     )
     add_store_option(verify)
+    add_proxy_option(verify)
     verify.set_defaults(run=run(reading(_verify)))
 
 

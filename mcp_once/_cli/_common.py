@@ -56,15 +56,23 @@ def from_environment(variable: str, fallback: str) -> str:
     return os.environ.get(variable) or fallback
 
 
-def add_store_option(parser: argparse.ArgumentParser) -> None:
+def add_store_option(parser: argparse.ArgumentParser, *, fallback: str | None = None) -> None:
+    """`--store URL`, defaulting to `$MCP_ONCE_STORE`, else `DEFAULT_STORE_URL`; or, where the
+    command's default is not one URL (the proxy's: a file per upstream), else None, with
+    `fallback` saying in the help what it is."""
+    default = (
+        from_environment(STORE_VARIABLE, DEFAULT_STORE_URL)
+        if fallback is None
+        else os.environ.get(STORE_VARIABLE) or None
+    )
     parser.add_argument(
         "--store",
-        default=from_environment(STORE_VARIABLE, DEFAULT_STORE_URL),
+        default=default,
         help="key store URL: memory://, sqlite:///path.db, redis://host:port/db,"
         " redis+sentinel://host:port[,host:port...]/service_name[/db] or"
         " redis+cluster://host:port[,host:port...] (rediss+... for TLS); the query carries"
         " the store's options, e.g. redis://host:6379/0?prefix=app:&wait_replicas=1&wait_aof=true"
-        f" (default: ${STORE_VARIABLE} if set, else {DEFAULT_STORE_URL})",
+        f" (default: ${STORE_VARIABLE} if set, else {fallback or DEFAULT_STORE_URL})",
     )
 
 
@@ -96,13 +104,14 @@ def unreachable(url: str, exc: Exception) -> NoReturn:
     fail(f"the key store at {redacted(url)!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
 
 
-def require_file(what: str, url: str, path: Path, *, made_by: str) -> None:
+def require_file(what: str, url: str, path: Path, *, made_by: str, also: str = "") -> None:
     """Exit 3 naming `path` when the SQLite file a command only reads does not exist, instead
-    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it."""
+    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it,
+    `also` where else to look."""
     if not path.is_file():
         fail(
             f"the {what} at {redacted(url)!r} cannot be reached: no {what} file at {path} (it"
-            f" does not exist; looking creates nothing: {made_by} creates it)",
+            f" does not exist; looking creates nothing: {made_by} creates it){also}",
             EXIT_UNREACHABLE,
         )
 
@@ -124,7 +133,14 @@ def open_or_fail(url: str, *, existing: bool = False) -> KeyStore:
     except (ValueError, TypeError) as exc:
         fail(f"bad key store URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
     if existing and isinstance(store, SQLiteKeyStore):
-        require_file("key store", url, store.path, made_by="a guarded server")
+        require_file(
+            "key store",
+            url,
+            store.path,
+            made_by="a guarded server",
+            also="; an mcp-once proxy keeps its own: `mcp-once proxy --list` shows them, and"
+            " `--proxy NAME` reads one",
+        )
     return store
 
 

@@ -63,6 +63,7 @@ from ._common import (
     server_cell,
     unreachable,
 )
+from ._proxies import add_proxy_option, apply_proxy
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
@@ -84,6 +85,8 @@ _EPILOG = (
     " --server (without --server, the servers holding a record for that key and tool are"
     " named), where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
     + "; ".join(f"{name} for {where}" for name, where in EXAMPLE_SERVERS.items())
+    + '; for an mcp-once proxy "mcp-once proxy: NAME@ID" (`mcp-once proxy --list`), or give'
+    " --proxy NAME instead of --store and --server"
     + ". What to do about -32010, -32012, -32013, -32014 and UNKNOWN records: docs/runbook.md."
 )
 
@@ -194,6 +197,7 @@ def add_parser(commands: Any) -> None:
 
     for parser in (listing, show, settle, purge, history):
         add_store_option(parser)
+        add_proxy_option(parser)
     _reconcile.add_parser(actions, _run)
 
 
@@ -211,9 +215,9 @@ def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
     derive.add_argument(
         "--server",
         help="the MCP server's own name, MCPServer(name) or FastMCP(name) (the example"
-        f" servers: {', '.join(EXAMPLE_SERVERS)}); without it, the servers holding a record"
-        " for --client-key and --tool are named. With a store key: refused unless the record's"
-        " history names this server",
+        f" servers: {', '.join(EXAMPLE_SERVERS)}; a proxy's: --proxy NAME gives it); without"
+        " it, the servers holding a record for --client-key and --tool are named. With a store"
+        " key: refused unless the record's history names this server",
     )
 
 
@@ -225,6 +229,7 @@ def _run(
     failures into exit codes. Every usage error is found before the store is touched."""
 
     def run(args: argparse.Namespace) -> int:
+        apply_proxy(args)  # --proxy NAME: that proxy's store and server
         if hasattr(args, "client_key"):  # an action addressing one record
             args.key = _addressing.store_key_of(args)
         if prepare is not None:

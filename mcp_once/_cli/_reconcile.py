@@ -21,6 +21,7 @@ from idempotency import KeyStore, Reconciliation, reconcile_unknown
 
 from . import _audit
 from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, server_cell
+from ._proxies import add_proxy_option
 
 #: The answer of a record another server's history names: left alone, counted, not listed.
 _OTHER_SERVER = "other_server"
@@ -75,6 +76,7 @@ def add_parser(actions: Any, run: Any) -> None:
     _audit.add_operator_arguments(reconcile, "asks")
     reconcile.set_defaults(run=run(_reconcile, _check_app))
     add_store_option(reconcile)
+    add_proxy_option(reconcile)
 
 
 def load_app(spec: str) -> object:

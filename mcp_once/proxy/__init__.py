@@ -19,10 +19,12 @@ except ImportError as exc:  # pragma: no cover - the extra is a dev dependency h
         "mcp-once proxy needs FastMCP: install the extra, pip install 'mcp-once[fastmcp]'"
     ) from exc
 
+from mcp_once._upstream import Upstream, UpstreamConfigError
+
 from .failures import UpstreamUnreachable
 from .policy import PolicyError, ProxyPolicy, ToolPolicy, load_policy, parse_policy
 from .server import OnceProxy, build_proxy
-from .upstream import Upstream, UpstreamConfigError, UpstreamLink, UpstreamStartFailed
+from .upstream import UpstreamLink, UpstreamStartFailed
 
 __all__ = [
     "OnceProxy",

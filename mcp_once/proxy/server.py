@@ -7,6 +7,8 @@ any transport FastMCP serves.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +20,7 @@ from fastmcp.server.middleware import CallNext, MiddlewareContext
 from fastmcp.server.providers.proxy import ProxyMetadataMiddleware, ProxyProvider
 
 from idempotency import KeyStore
+from mcp_once._upstream import Upstream
 from orchestrator import RetryPolicy
 
 from .completions import forward_completions
@@ -25,7 +28,7 @@ from .failures import UpstreamUnreachable
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
 from .tools import OnceProxyProvider
-from .upstream import Upstream, UpstreamLink, UpstreamStartFailed
+from .upstream import UpstreamLink, UpstreamStartFailed
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -143,24 +146,53 @@ def build_proxy(
 
     # The upstream's schemas are listed as it wrote them: FastMCP's default inlines `$ref`s and
     # drops `$defs` (and the `$anchor`s in them), which a proxy has no business changing.
+    # The server's name is what the guard scopes records by: the upstream's name and identity
+    # (`identity.py`), so two upstreams never answer each other's calls on one store.
     server = OnceProxy(
         link,
         provider,
-        name=name or f"mcp-once proxy: {upstream.name}",
+        name=name or upstream.identity.server,
+        version=_VERSION,
         lifespan=lifespan,
         dereference_schemas=False,
     )
     server.add_provider(provider)
     forward_completions(server, link)
     server.add_middleware(guard)
-    server.add_middleware(UpstreamMetadata(provider, identity="proxy"))
+    server.add_middleware(UpstreamMetadata(provider, server.name))
     return server
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("mcp-once")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a bare tree
+        return "0"
+
+
+#: mcp-once's version: the front's `serverInfo.version` while the upstream cannot be reached.
+_VERSION = _version()
+
+
 class UpstreamMetadata(ProxyMetadataMiddleware):
-    """FastMCP's metadata forwarding (the upstream's instructions on the front's handshake), but
-    a front session still opens while the upstream cannot be reached: without them, then.
-    (FastMCP's asks the provider for its client first, which for this proxy means connecting.)"""
+    """FastMCP's metadata forwarding with the upstream's identity: the front's `serverInfo` is
+    the upstream's name and version (a client shows and logs the server it uses), with the proxy
+    named in its `title` ("server-memory via mcp-once proxy: memory@..."), and the upstream's
+    instructions. A front session still opens while the upstream cannot be reached: with the
+    proxy's own `serverInfo` and no instructions, then. (FastMCP's asks the provider for its
+    client first, which for this proxy means connecting.)"""
+
+    def __init__(self, provider: ProxyProvider, proxy: str) -> None:
+        super().__init__(provider, identity="upstream")
+        self.proxy = proxy
+
+    async def _read_upstream(self, client: Any, context: Any) -> Any:
+        found = await super()._read_upstream(client, context)
+        if found is None or found.server_info is None:
+            return found
+        info = found.server_info
+        title = f"{info.title or info.name} via {self.proxy}"
+        return dataclasses.replace(found, server_info=info.model_copy(update={"title": title}))
 
     async def _reachable(self) -> bool:
         try:

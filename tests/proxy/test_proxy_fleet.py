@@ -316,7 +316,7 @@ async def replayed_by_the_restarted_replica(fleet: Fleet, fates: list[Fate]) -> 
 
 async def shown_unknown(fleet: Fleet, fate: Fate, capsys: pytest.CaptureFixture[str]) -> bool:
     """Whether `mcp-once keys show` finds the call's record UNKNOWN."""
-    server = f"mcp-once proxy: {Upstream.http(fleet.upstream.url).name}"
+    server = Upstream.http(fleet.upstream.url).identity.server
     record = ["--client-key", fate.key, "--tool", "charge", "--server", server]
     capsys.readouterr()
     status = await anyio.to_thread.run_sync(

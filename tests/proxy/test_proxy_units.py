@@ -88,7 +88,7 @@ def test_upstreams_from_a_desktop_config(tmp_path: Path) -> None:
     config.write_text(json.dumps({"mcpServers": servers}))
     memory = Upstream.from_config(config, "memory")
     assert memory.command == ("npx", "-y", "@modelcontextprotocol/server-memory")
-    assert memory.env == {"A": "1"} and memory.name == "server-memory"
+    assert memory.env == {"A": "1"} and memory.name == "memory"  # the entry's name
     assert Upstream.from_config(config, "remote").url == "https://example.test/mcp"
     with pytest.raises(UpstreamConfigError, match="memory, remote"):
         Upstream.from_config(config, "nope")
@@ -167,7 +167,14 @@ def test_tools_rows_say_what_and_why_and_flag_contradictions() -> None:
     ("argv", "said"),
     [
         (["proxy"], "name one upstream"),
-        (["proxy", "--upstream", "http://x/mcp", "--", "node", "s.js"], "name one upstream"),
+        (
+            ["proxy", "--upstream", "http://x/mcp", "--", "node", "s.js"],
+            "conflicting upstreams: the command 'node' and --upstream http://x/mcp each name one",
+        ),
+        (
+            ["proxy", "--config", "c.json", "--server", "a", "node"],
+            "conflicting upstreams: the command 'node' and --config c.json each name one",
+        ),
         (["proxy", "--config", "c.json"], "--config and --server go together"),
         (["tools", "--listen", "x"], "unrecognized arguments"),
     ],
@@ -205,17 +212,21 @@ def test_the_desktop_config_snippets_run_the_proxy() -> None:
         build_parser().parse_args(entry["args"][:split])  # the options exist as written
 
 
-def test_the_default_store_is_named_after_the_upstream(
+def test_the_default_store_is_the_upstreams_own_file_in_the_state_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Not in the working directory: `$XDG_STATE_HOME/mcp-once/NAME-ID.sqlite3`."""
     from mcp_once._cli import build_parser
     from mcp_once._cli._proxy import _store_url
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("MCP_ONCE_STORE", raising=False)
     args = build_parser().parse_args(["proxy"])
-    upstream = Upstream.stdio("npx", "-y", "@modelcontextprotocol/server-memory")
-    assert _store_url(args, upstream) == "sqlite:///.mcp-once/proxy-server-memory.sqlite3"
-    assert (tmp_path / ".mcp-once").is_dir()
+    identity = Upstream.stdio("npx", "-y", "@modelcontextprotocol/server-memory").identity
+    assert identity.stem == f"server-memory-{identity.id}"
+    state = tmp_path / "state" / "mcp-once"
+    assert _store_url(args, identity.stem) == f"sqlite:///{state}/{identity.stem}.sqlite3"
+    assert not (tmp_path / ".mcp-once").exists()
     monkeypatch.setenv("MCP_ONCE_STORE", "memory://")
-    assert _store_url(build_parser().parse_args(["proxy"]), upstream) == "memory://"
+    assert _store_url(build_parser().parse_args(["proxy"]), identity.stem) == "memory://"
