@@ -3,8 +3,9 @@
 Guarding tools: `idempotent` (one `MCPServer` tool), `install` (every tool of an `MCPServer`)
 and `idempotent_call_tool` (a low-level `Server`), each with the options of `Policy`; a FastMCP
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
-`current_claim()` is the claim it runs under, for fencing its own downstream writes; a tool whose
-own downstream call broke after it may have been received (a proxy's upstream link) raises
+`current_claim()` is the claim it runs under, for fencing its own downstream writes (its
+`downstream_key` is the idempotency key to hand the system it writes to, one per intent); a tool
+whose own downstream call broke after it may have been received (a proxy's upstream link) raises
 `Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error (`OutcomeLost`,
 when nothing more can come of that call: the record turns UNKNOWN at once). The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
@@ -24,7 +25,11 @@ listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
 settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
 per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
-record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
+record)` turns a record whose lease ran out UNKNOWN as a client's retry would;
+`history_servers(history)` and `record_servers(store, key)` name the servers a record's history
+says claimed it (rule 25: operator tools act within one server's records). A store marks
+itself at its first write (`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing
+of mcp-once's is kept at (`holds_anything`) is told from an empty store.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -59,7 +64,10 @@ from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
+from ._stores.history import servers as history_servers
+from ._stores.history import servers_of as record_servers
 from ._stores.history import verify as verify_history
+from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -100,6 +108,7 @@ __all__ = [
     "KeySource",
     "KeyStore",
     "LimitExceeded",
+    "MarkedStore",
     "MemoryKeyStore",
     "OutcomeLost",
     "Policy",
@@ -117,6 +126,7 @@ __all__ = [
     "SQLiteKeyStore",
     "ScopeFn",
     "StoreError",
+    "StoreMark",
     "StoreUnavailable",
     "StoredResult",
     "UnreadableResult",
@@ -128,12 +138,14 @@ __all__ = [
     "export_audit_logs",
     "fingerprint",
     "history_saying",
+    "history_servers",
     "idempotent",
     "idempotent_call_tool",
     "install",
     "open_store",
     "parse_history",
     "reconcile_unknown",
+    "record_servers",
     "rfc3339",
     "store_key",
     "turn_unknown",

@@ -15,8 +15,12 @@ A line is ``[^PREV|]AT|KIND|FENCE|ATTEMPT|DETAILS|DIGEST``:
 * ``^PREV|``: only on the first line kept once older lines were dropped (a history is bounded,
   `MAX_EVENTS`), so the chain still starts from a known digest.
 
-Never an argument, a result or a raw key: sizes, durations, codes, digests. The record's key is
-already a digest of (scope, tool, key), and is the history's name, not part of its lines.
+Never an argument, a result or a raw key: sizes, durations, codes, digests, names. The record's
+key is already a digest of (scope, tool, key), and is the history's name, not part of its lines.
+So every claimed event names the server that claimed (``v=NAME``, read as ``server``): the
+record's layout does not hold it, and operator tools must act within one server's records
+(rule 25: `keys reconcile` asks a server's reconcilers only about records whose history names
+it; `servers`).
 
 Rule 19's reconciliation leaves two events. Its claim of the UNKNOWN record (`reconcile`) is a
 ``claimed`` event for the new fence, why ``reconcile``; the verdict, written by the transition that
@@ -25,6 +29,10 @@ applies it inside ``saying(reconciled=ANSWER)``, is a ``reconciled`` event with 
 for the record left UNKNOWN). Redis scripts do the same: `reconcile.lua` writes the claimed event,
 and `complete.lua`, `release.lua` and `leave_unknown.lua` a ``reconciled`` one when the caller
 said ``a=ANSWER``.
+
+A result the tool passed on from the server it called, which that server replayed (the proxy's
+upstream answering from its own record), is completed inside ``saying(upstream="replayed")``: its
+``completed`` event says ``upstream=replayed`` (`complete.lua` reads ``u=`` from what was said).
 
 A holder that gives its execution up as unknown (the guard's `OutcomeLost`: a proxy's upstream
 died mid-call) turns the record UNKNOWN with `leave_unknown` inside ``saying(why=...)``: an
@@ -138,13 +146,18 @@ class Said:
 
     #: released: why (effect_free, nothing_done, cancelled, ...).
     why: str | None = None
-    #: claimed: a digest of the caller's scope.
+    #: claimed: a digest of the caller's scope, and its server's name (`CallScope.server`), so
+    #: that a record knows its server (rule 25: operator tools act within one server's records).
     scope: str | None = None
-    #: settled: by whom, and why.
+    server: str | None = None
+    #: settled, and reconciled by an operator (`keys reconcile`): by whom, and why.
     by: str | None = None
     reason: str | None = None
     #: A transition that is a reconciliation (issue 36): the system of record's answer.
     reconciled: str | None = None
+    #: completed: the result is the replay of the server the tool called ("replayed": the proxy's
+    #: upstream answered from its own record, rule 18).
+    upstream: str | None = None
 
 
 _NOTHING_SAID = Said()
@@ -225,8 +238,9 @@ def events(
         and before.state is RecordState.IN_PROGRESS
         and not isinstance(answer, ClaimOutcome)
     ):
-        verdict = ("K", before.fence, before.attempts, details(a=told.reconciled))
-        after_it = events(before, after, answer, said=Said(why=told.why), started=started)
+        verdict = ("K", before.fence, before.attempts, reconciled(told))
+        rest = Said(why=told.why, upstream=told.upstream)
+        after_it = events(before, after, answer, said=rest, started=started)
         return [verdict, *after_it]
     if isinstance(answer, ClaimOutcome):
         return _claim_events(before, after, answer, told)
@@ -240,7 +254,8 @@ def events(
     if after.state is RecordState.COMPLETED:
         size = len(after.result or b"")
         took = round((after.updated_at - (started or before.created_at)) * 1000)
-        return [("D", after.fence, after.attempts, details(s=str(size), d=str(took)))]
+        done = details(s=str(size), d=str(took), u=told.upstream)
+        return [("D", after.fence, after.attempts, done)]
     if after.state is RecordState.RELEASED:
         return [("R", before.fence, before.attempts, details(w=told.why or "released"))]
     if after.state is RecordState.UNKNOWN and told.why is not None:
@@ -258,12 +273,12 @@ def _claim_events(
         if outcome.took_over and before is not None and before.state is RecordState.UNKNOWN:
             # Rule 19: claimed for its reconciliation (`reconcile`); its lost lease is already
             # in the history.
-            return [("C", outcome.fence, outcome.attempts, details(p=told.scope, w="reconcile"))]
-        claimed = ("C", outcome.fence, outcome.attempts, details(p=told.scope))
+            return [("C", outcome.fence, outcome.attempts, claimed(told, "reconcile"))]
+        claimed_event = ("C", outcome.fence, outcome.attempts, claimed(told))
         if outcome.took_over and before is not None:
             lost = ("L", before.fence, before.attempts, details(w="taken_over"))
-            return [lost, claimed]
-        return [claimed]
+            return [lost, claimed_event]
+        return [claimed_event]
     if status is ClaimStatus.REPLAY:
         return [("P", outcome.fence or 0, outcome.attempts, "")]
     if (
@@ -277,6 +292,16 @@ def _claim_events(
     if code is None or before is None:
         return []
     return [("X", before.fence, before.attempts, details(c=code))]
+
+
+def claimed(told: Said, why: str | None = None) -> str:
+    """DETAILS of a claimed event: the claimer's scope digest, its server's name, why."""
+    return details(p=told.scope, v=told.server, w=why)
+
+
+def reconciled(told: Said) -> str:
+    """DETAILS of a reconciled event: the answer, and who asked when an operator did."""
+    return details(a=told.reconciled, b=told.by, r=told.reason)
 
 
 def settled(done: bool, told: Said) -> str:
@@ -382,6 +407,7 @@ def parse(text: str | None) -> list[Event]:
 #: DETAILS' keys as operators read them.
 NAMES = {
     "p": "scope",
+    "v": "server",
     "s": "result_bytes",
     "d": "duration_ms",
     "n": "count",
@@ -391,6 +417,7 @@ NAMES = {
     "a": "answer",
     "b": "by",
     "r": "reason",
+    "u": "upstream",
 }
 
 
@@ -424,6 +451,29 @@ def verify(text: str | None) -> str | None:
             )
         prev = dig
     return None
+
+
+def servers(text: str | None) -> list[str]:
+    """The servers a record's claimed events name, oldest first, each once: one for a record
+    claimed only by its own server (the scope holds the server's name); none when its history
+    is gone or holds no claimed event that names one (an earlier release, or dropped lines)."""
+    found: list[str] = []
+    for event in parse(text):
+        name = event.details.get("server") if event.kind == "claimed" else None
+        if name is not None and name not in found:
+            found.append(name)
+    return found
+
+
+async def servers_of(store: object, key: str) -> list[str]:
+    """The servers the history of the record `key` names (`servers`); none when the store keeps
+    no history or the history cannot be read (`mcp-once audit verify` names that one)."""
+    if not isinstance(store, AuditedStore):
+        return []
+    try:
+        return servers(await store.history(key))
+    except ValueError:
+        return []
 
 
 def claimed_at(text: str) -> float | None:

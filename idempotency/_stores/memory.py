@@ -10,6 +10,7 @@ import anyio
 
 from . import transitions as rules
 from .history import AuditEntry, Trail
+from .mark import STORE_FORMAT, StoreMark
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -47,6 +48,7 @@ class MemoryKeyStore:
         self._records: dict[str, Record] = {}
         self._changed: dict[str, anyio.Event] = {}
         self._trail = Trail() if history else None
+        self._mark: StoreMark | None = None
 
     def _note(self, key: str, new: Record | None, answer: object) -> None:
         """The transition's events, in the same step as its write (nothing runs in between)."""
@@ -71,6 +73,8 @@ class MemoryKeyStore:
         resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
+        if self._mark is None:
+            self._mark = StoreMark(STORE_FORMAT, self._clock())
         new, outcome = rules.claim(
             self._records.get(key),
             key,
@@ -208,6 +212,16 @@ class MemoryKeyStore:
         if self._trail is not None:
             self._trail.forget_before(now)
         return len(gone)
+
+    # -- the store's mark (`mark.py`) --------------------------------------------------------
+
+    async def mark(self) -> StoreMark | None:
+        """The mark this store made at its first claim; None before it."""
+        return self._mark
+
+    async def holds_anything(self) -> bool:
+        """Whether it keeps a record (in any state) or a history."""
+        return bool(self._records) or (self._trail is not None and bool(self._trail.histories))
 
     # -- history (rule 20) -----------------------------------------------------------------
 

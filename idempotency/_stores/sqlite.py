@@ -28,9 +28,11 @@ from typing import Literal, TypeVar
 import anyio
 
 from . import _sqlite_history as trail
+from . import _sqlite_mark as marks
 from . import transitions as rules
 from ._sqlite_writer import Writer
 from .history import AuditEntry
+from .mark import Marking, StoreMark
 from .memory import DEFAULT_ORPHAN_RETENTION
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -196,6 +198,8 @@ class SQLiteKeyStore:
         )
         self._history = history
         self._wakeups = _Wakeups()
+        #: The file's mark (`mark.py`), written once by this object, before its first claim.
+        self._marking = Marking()
 
     @classmethod
     def from_url(
@@ -235,6 +239,8 @@ class SQLiteKeyStore:
         resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
+        if not self._marking.done:
+            await self._marking(self._write_mark, str(self.path))
         token = secrets.token_hex(16)
         label = tool_label(tool)
 
@@ -426,6 +432,20 @@ class SQLiteKeyStore:
                 return purged
             after = (last[_EXPIRES_AT], str(last[0]))
 
+    # -- the store's mark (`mark.py`) ------------------------------------------------------
+
+    async def _write_mark(self) -> None:
+        # Shielded as the claim after it is: a claim made in a cancelled scope still lands.
+        await self._writer.run(lambda conn: marks.write(conn, self._clock()), shield=True)
+
+    async def mark(self) -> StoreMark | None:
+        """The file's mark (its `meta` table); None before its first claim."""
+        return await self._writer.run(marks.read)
+
+    async def holds_anything(self) -> bool:
+        """Whether the file keeps a record (in any state) or a history."""
+        return await self._writer.run(lambda conn: marks.holds_anything(conn, trail.missing(conn)))
+
     # -- history (rule 20) ---------------------------------------------------------------
 
     def _observe(
@@ -560,6 +580,7 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
         _schema_state(conn, where) == "ours"
         and not _missing_columns(conn)
         and not trail.missing(conn)
+        and not marks.missing(conn)
     ):
         return
     # An empty file gets the schema, a file of an earlier release the columns added since: under
@@ -574,6 +595,7 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
             conn.execute(f"ALTER TABLE records ADD COLUMN {column} {_ADDED_COLUMNS[column]}")
         # Tables added since, made in place: a release before ignores tables it does not know.
         trail.create(conn)
+        marks.create(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

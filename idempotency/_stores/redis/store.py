@@ -67,7 +67,7 @@ import heapq
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any, Final
 
 import anyio
@@ -80,6 +80,7 @@ from ..._system_task import current_loop, loop_alive
 from .. import history as chain
 from .. import transitions as rules
 from ..history import AuditEntry
+from ..mark import STORE_FORMAT, Marking, StoreMark
 from ..memory import DEFAULT_ORPHAN_RETENTION
 from ..store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -316,6 +317,9 @@ class RedisKeyStore:
         self._doubts = Doubts()
         self._prefix = prefix
         self._prefix_bytes = prefix.encode()
+        #: The prefix's mark (`mark.py`), written once by this object, before its first claim.
+        self._mark_key = self._prefix_bytes + b"meta"
+        self._marking = Marking()
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention_us = _micros("orphan_retention", orphan_retention)
         self._offset_us = 0
@@ -407,6 +411,11 @@ class RedisKeyStore:
             client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
         return cls(client, **settings)
 
+    @property
+    def prefix(self) -> str:
+        """What every key of this store starts with (records, histories, audit stream, mark)."""
+        return self._prefix
+
     def advance_clock_for_testing(self, seconds: float) -> None:
         """Move this store's view of the Redis clock forward, so tests need not sleep.
 
@@ -435,6 +444,10 @@ class RedisKeyStore:
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey_of(encoded)
+        if not self._marking.done:
+            if self._durable:  # refused before anything is written, the mark included
+                await self._check_durability()
+            await self._marking(self._write_mark, f"under the prefix {self._prefix!r}")
         # A claim of ours that may have landed is claimed again under its own token: taken, so
         # that no concurrent claim re-sends it too, and given back if this try gets no answer
         # either (it may not even have been sent: the earlier one is still in doubt).
@@ -451,7 +464,7 @@ class RedisKeyStore:
         )
         # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
         first, again = _resendable(doubted is not None, *args)
-        trailer = self._trailer(rkey, chain.details(p=chain.said().scope))
+        trailer = self._trailer(rkey, chain.claimed(chain.said()))
         first, again = (*first, *trailer), (*again, *trailer)
         try:
             if not self._durable:
@@ -495,7 +508,10 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
-        trailer = self._trailer(rkey, chain.details(a=chain.said().reconciled))
+        told = chain.said()
+        verdict = chain.reconciled(told) if told.reconciled else ""
+        said = ",".join(part for part in (verdict, chain.details(u=told.upstream)) if part)
+        trailer = self._trailer(rkey, said)
         args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
@@ -519,7 +535,7 @@ class RedisKeyStore:
         told = chain.said()
         # A reconciliation's verdict (a=...) goes first in release.lua; else why it was released.
         trailer = self._trailer(
-            rkey, chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+            rkey, chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
         )
         args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
@@ -552,7 +568,7 @@ class RedisKeyStore:
         token = os.urandom(16).hex()
         lease_us = _micros("lease", lease)
         rkey = self._rkey(key)
-        told = chain.details(p=chain.said().scope, w="reconcile")
+        told = chain.claimed(chain.said(), "reconcile")
         args = (
             _pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
             *self._trailer(rkey, told),
@@ -581,7 +597,7 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.said()
         # A reconciler's verdict (a=), or why its holder gave the execution up (w=).
-        said = chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+        said = chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
         args = (token, *self._trailer(rkey, said))
         return _done(key, await self._script(lua.LEAVE_UNKNOWN, rkey, args, args))
 
@@ -673,6 +689,8 @@ class RedisKeyStore:
         if self._cluster is None:  # a cluster keeps no stream (its histories are its trail)
             with self._reaching():
                 await self._plain(command(b"UNLINK", self._prefix_bytes + b"audit"))
+        await self._script(lua.FORGET, self._mark_key, (), ())
+        self._marking = Marking()  # this object's next claim marks the prefix again
         return deleted
 
     async def aclose(self) -> None:
@@ -681,6 +699,39 @@ class RedisKeyStore:
         for here in loops.values():
             here.close()
         await anyio.lowlevel.checkpoint()
+
+    # -- the store's mark (`mark.py`) ----------------------------------------------------------
+
+    async def _write_mark(self) -> None:
+        args = (STORE_FORMAT, 1)
+        await self._script(lua.MARK, self._mark_key, args, args)
+
+    async def mark(self) -> StoreMark | None:
+        """The prefix's mark (the hash `{prefix}meta`); None before the first claim under the
+        prefix, or when that key holds something else (another program's)."""
+        args = (STORE_FORMAT, 0)
+        found = await self._script(lua.MARK, self._mark_key, args, args)
+        if not isinstance(found, list) or len(found) != 2:
+            return None
+        try:
+            return StoreMark(int(found[0]), int(found[1]) / 1000)
+        except ValueError:
+            return None
+
+    async def holds_anything(self) -> bool:
+        """Whether a record (in any state) or a history is kept under the prefix, or its audit
+        stream: SCAN stops at the first key found, so this costs a whole SCAN of the database
+        only where the prefix holds nothing of ours (where it has no mark)."""
+        if self._cluster is None:
+            with self._reaching():
+                if await self._plain(command(b"EXISTS", self._prefix_bytes + b"audit")):
+                    return True
+        async with contextlib.aclosing(
+            self._scan(_glob_escape(self._prefix_bytes) + b"{*")
+        ) as found:
+            async for _ in found:
+                return True
+        return False
 
     # -- history (rule 20) -------------------------------------------------------------------
 
@@ -766,7 +817,7 @@ class RedisKeyStore:
             here = self._loops[loop] = _Here(self._endpoint, self._traffic)
         return here
 
-    async def _scan(self, pattern: bytes | None = None) -> AsyncIterator[list[bytes]]:
+    async def _scan(self, pattern: bytes | None = None) -> AsyncGenerator[list[bytes]]:
         """Every record key under the prefix (or every key matching `pattern`), in batches:
         of the one Redis, or of every master."""
         here = self._here()
