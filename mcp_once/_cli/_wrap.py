@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 
 from ._common import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, fail, print_table
+from ._durations import duration
 from ._jsonc import Document, JsoncError, parse
 from ._launcher import Launcher, find_launcher
 from ._wrap_edit import (
@@ -89,10 +90,11 @@ def add_parser(commands: Any) -> None:
     )
     wrap.add_argument(
         "--timeout",
-        type=float,
+        type=duration,
         default=TOOLS_TIMEOUT,
-        metavar="SECONDS",
-        help=f"how long each server may take to list its tools (default {TOOLS_TIMEOUT:g})",
+        metavar="DURATION",
+        help="how long each server may take to list its tools (seconds, or 1m;"
+        f" default {TOOLS_TIMEOUT:g})",
     )
     wrap.set_defaults(run=run_wrap)
 

@@ -2,7 +2,8 @@
 started here; `tests/proxy/test_proxy_wrap.py` starts every wrapped entry as its client would).
 
 For Claude Desktop, Claude Code (`.mcp.json`, `~/.claude.json` per project), Cursor, Windsurf
-(tabs, CRLF) and VS Code (JSONC: comments, trailing commas): the wrapped file is exactly the text
+(tabs, CRLF) and VS Code (JSONC: comments, trailing commas; `mcp.json`'s `servers` and its
+settings' `mcp.servers`): the wrapped file is exactly the text
 written below (only the entries' command lines differ), the backup is the original, `--dry-run`
 prints the unified diff and writes nothing, wrapping again changes nothing ("already wrapped"),
 and `--undo` gives the original back byte for byte, also after other edits of the file, after
@@ -332,7 +333,39 @@ VSCODE = Shape(
 """,
 )
 
-SHAPES = [CLAUDE_DESKTOP, CLAUDE_CODE_PROJECT, CLAUDE_CODE_USER, CURSOR, WINDSURF, VSCODE]
+#: VS Code's user settings, whose servers are under `mcp.servers`.
+VSCODE_SETTINGS = Shape(
+    "vscode-settings",
+    "settings.json",
+    """{
+    "editor.fontSize": 13, // mine
+    "mcp": {
+        "servers": {
+            "git": {"type": "stdio", "command": "uvx", "args": ["mcp-server-git"]}
+        }
+    }
+}
+""",
+    """{
+    "editor.fontSize": 13, // mine
+    "mcp": {
+        "servers": {
+            "git": {"type": "stdio", "command": "@M@", "args": ["proxy", "--name", "git", "--", "uvx", "mcp-server-git"]}
+        }
+    }
+}
+""",  # noqa: E501
+)
+
+SHAPES = [
+    CLAUDE_DESKTOP,
+    CLAUDE_CODE_PROJECT,
+    CLAUDE_CODE_USER,
+    CURSOR,
+    WINDSURF,
+    VSCODE,
+    VSCODE_SETTINGS,
+]
 
 
 def wrapped_text(shape: Shape) -> str:
@@ -788,6 +821,8 @@ def test_the_reader_reads_what_json_reads_and_notes_jsonc(shape: Shape) -> None:
     document = parse(shape.before)
     if shape is VSCODE:
         assert document.jsonc == (2, 3)
+    elif shape is VSCODE_SETTINGS:
+        assert document.jsonc == (2, 28)
     else:
         assert document.jsonc is None
         assert document.root.value() == json.loads(shape.before)
