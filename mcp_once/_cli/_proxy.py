@@ -55,6 +55,8 @@ from ._proxies import (
 from ._serve import serve_on
 
 if TYPE_CHECKING:
+    from mcp_types import Tool
+
     from mcp_once.proxy import ProxyPolicy
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -395,7 +397,6 @@ def run_tools(args: argparse.Namespace) -> int:
     upstream = _upstream(args)
     wrapped = _check_loops(upstream)
     _need_fastmcp()
-    from mcp_once.proxy import UpstreamLink
     from mcp_once.proxy.failures import UpstreamUnreachable
     from mcp_once.proxy.report import rows, table
 
@@ -410,13 +411,8 @@ def run_tools(args: argparse.Namespace) -> int:
         upstream = real.upstream
     policy = _policy(args)
 
-    async def listed() -> list[Any]:
-        async with UpstreamLink(upstream) as link:
-            client = await link.client()
-            return list(await client.list_tools())
-
     try:
-        tools = anyio.run(listed)
+        tools = anyio.run(upstream_tools, upstream)
     except UpstreamUnreachable as exc:
         fail(f"cannot reach the upstream {upstream.name}: {exc.__cause__ or exc}", EXIT_UNREACHABLE)
     found = rows(tools, policy)
@@ -427,3 +423,13 @@ def run_tools(args: argparse.Namespace) -> int:
     for pattern in policy.unmatched(t.name for t in tools):
         print(f"mcp-once: policy pattern {pattern!r} matches no tool", file=sys.stderr)
     return EXIT_OK
+
+
+async def upstream_tools(upstream: Upstream) -> list[Tool]:
+    """`upstream`'s tools, listed through the proxy's own link (as `tools` and `wrap` show them);
+    its child, if any, stopped after. Needs FastMCP."""
+    from mcp_once.proxy import UpstreamLink
+
+    async with UpstreamLink(upstream) as link:
+        client = await link.client()
+        return list(await client.list_tools())

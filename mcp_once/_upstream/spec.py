@@ -76,17 +76,24 @@ class Upstream:
         if not isinstance(servers, dict) or server not in servers:
             names = ", ".join(sorted(servers)) if isinstance(servers, dict) else "none"
             raise UpstreamConfigError(f"no server {server!r} in {path} (mcpServers: {names})")
-        entry = servers[server]
+        return cls.from_entry(servers[server], server, f"mcpServers.{server} in {path}")
+
+    @classmethod
+    def from_entry(cls, entry: object, name: str, where: str | None = None) -> Upstream:
+        """A client config's server entry (`command`, `args`, `env`, `cwd`; or `url`, Windsurf's
+        `serverUrl`, and `headers`), named `name`; `where` says where it is in errors."""
+        where = where or name
         if not isinstance(entry, dict):
-            raise UpstreamConfigError(f"mcpServers.{server} in {path} must be an object")
-        if isinstance(entry.get("url"), str):
-            return cls.http(entry["url"], entry.get("headers") or {}, name=server)
+            raise UpstreamConfigError(f"{where} must be an object")
+        url = entry.get("url", entry.get("serverUrl"))
+        if isinstance(url, str):
+            return cls.http(url, entry.get("headers") or {}, name=name)
         command = entry.get("command")
         if not isinstance(command, str):
-            raise UpstreamConfigError(f"mcpServers.{server} in {path} has no command or url")
+            raise UpstreamConfigError(f"{where} has no command or url")
         args = [str(a) for a in entry.get("args") or []]
         env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
-        return cls(command=(command, *args), env=env, cwd=entry.get("cwd"), label=server)
+        return cls(command=(command, *args), env=env, cwd=entry.get("cwd"), label=name)
 
     @property
     def name(self) -> str:
