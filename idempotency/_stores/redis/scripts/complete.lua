@@ -1,4 +1,5 @@
--- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0, said, audit)
+-- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0, said,
+--          audit, index)
 -- said: '', or a reconciliation's answer (a=...), written as a reconciled event first.
 -- Mirrors idempotency._stores.transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this complete is sent again after its first reply was lost: then a record
