@@ -55,7 +55,7 @@ from .._stores.store import (
     suspends,
 )
 from .._system_task import cancelled_beyond, loop_time
-from . import answers, errors
+from . import answers, errors, in_doubt_gauge
 from .caller import caller_of, cancel_requested, disconnected
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
@@ -187,6 +187,8 @@ class _Ticket:
     convert: Convert = as_call_result
     #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
     scope_digest: str | None = None
+    #: The server's name (`ToolCall.server`), for the log lines an operator alerts on.
+    server: str = ""
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -312,6 +314,8 @@ class Guard:
                 )
             ticket.trace = trace
             ticket.arguments = call.arguments
+            ticket.server = call.server
+            in_doubt_gauge.watch(self.store)
             if convert is not None:
                 ticket.convert = convert
             answer = await self._claim_loop(ticket, execute, error_result, takeover)
@@ -461,6 +465,10 @@ class Guard:
                 t.trace.outcome(Outcome.CONFLICT)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
+                if outcome.turned_unknown:
+                    self._turned_unknown(
+                        t, "its last lease ran out mid-call (the worker died or hung)"
+                    )
                 if not reconciled and reconciler_for(self.policy.reconcile, t.tool) is not None:
                     reconciled = True
                     claimed_at = loop_time()
@@ -884,6 +892,19 @@ class Guard:
                 )
         return False
 
+    def _turned_unknown(self, t: _Ticket, why: str) -> None:
+        """Rule 25's alert: one WARNING per record turned UNKNOWN, from the call that turned it
+        (never a key, an argument or a result). The record is kept, without expiry, until it
+        is settled or reconciled; `mcp_once_records_in_doubt` counts it meanwhile."""
+        logger.warning(
+            "record %s of tool %r on server %r is in doubt (UNKNOWN): %s; it is kept until"
+            " settled or reconciled (mcp-once keys list --state unknown)",
+            record_name(t.store_key),
+            t.tool,
+            t.server,
+            why,
+        )
+
     async def _peek(self, t: _Ticket) -> Record | None:
         record: Record | None = None
         with anyio.CancelScope(shield=True):
@@ -915,6 +936,7 @@ class Guard:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
         logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
         if lost and not lease_lost and not takeover and await self._leave_unknown(t, token):
+            self._turned_unknown(t, f"its execution was cut short because {why}")
             raise errors.outcome_unknown(
                 t.key, f"the attempt was cut short mid-execution because {why}"
             )

@@ -16,7 +16,6 @@ unknown leaves it UNKNOWN. Each is the same fenced transition as on a retry (rul
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -33,6 +32,7 @@ from .._guard.reconcile import (
     resolve,
 )
 from .._stores.history import saying
+from .._stores.in_doubt import in_doubt_records
 from .._stores.store import ClaimStatus, KeyStore, ReconcilingStore, Record, RecordState
 from .lowlevel import GuardedCallTool
 
@@ -106,16 +106,6 @@ async def _guards_of(app: object) -> Callable[[str], GuardedTool | None]:
     return lambda name: tools.get(name) or tools.get(name.partition("@")[0])
 
 
-async def _in_doubt(store: KeyStore, tool: str | None, limit: int) -> list[Record]:
-    """UNKNOWN records, and IN_PROGRESS ones whose lease ran out (UNKNOWN in all but name: the
-    store turns them so at the next claim), oldest first."""
-    now = time.time()
-    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
-    found = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
-    found += [r for r in running if r.lease_deadline is not None and r.lease_deadline <= now]
-    return sorted(found, key=lambda r: r.created_at)[:limit]
-
-
 async def turn_unknown(store: KeyStore, record: Record) -> None:
     """Turn a record whose lease ran out UNKNOWN exactly as a client's retry would have: the
     store's claim, without takeover, which decides on the store's own clock (and writes the
@@ -150,7 +140,7 @@ async def reconcile_unknown(
     `mcp-once keys --store` names it)."""
     lookup = await _guards_of(app)
     done: list[Reconciliation] = []
-    for record in await _in_doubt(store, tool, limit):
+    for record in await in_doubt_records(store, tool=tool, limit=limit):
         name = record.tool or ""
         guarded = lookup(name) if name else None
         policy = guarded.guard.policy if guarded is not None else None

@@ -1,0 +1,92 @@
+"""Rule 25's alert in the log: a record turned UNKNOWN leaves exactly one WARNING line under the
+`idempotency` logger, from the call that turned it, naming the record (its short digest), the
+tool and the server, never the key, an argument or a result. A retry that finds it UNKNOWN
+already adds no line of this kind. (The gauge `mcp_once_records_in_doubt` is shown on real
+processes: tests/server/test_processes.py.)"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import pytest
+from fake_clock import FakeClock
+from mcp import MCPError
+from mcp.client import Client
+from server_kit import SOON, Effects, call_fingerprint, effect_server, meta, record_key
+
+from idempotency import ClaimStatus, MemoryKeyStore, OutcomeLost, wire
+from idempotency._guard.telemetry import record_name
+
+pytestmark = pytest.mark.anyio
+
+ARGS: dict[str, Any] = {"order": "order-5521", "cents": 4242}
+KEY = "client-key-7f3a"
+
+
+def in_doubt_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "idempotency" and r.levelno == logging.WARNING and "in doubt" in r.message
+    ]
+
+
+async def test_a_record_whose_worker_died_turns_unknown_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker claimed the record and died (its claim is made here, as the dead worker's was);
+    its lease ran out. The first retry turns the record UNKNOWN and says so once; the second
+    finds it UNKNOWN and says nothing more of the kind."""
+    clock = FakeClock()
+    store = MemoryKeyStore(clock=clock)
+    server = effect_server(store, Effects(), name="shop", gated=False)
+    stored = record_key("shop", "charge", KEY)
+    dead = await store.claim(stored, call_fingerprint("charge", ARGS), lease=30, takeover=False)
+    assert dead.status is ClaimStatus.CLAIMED
+    clock.advance(31)
+    caplog.set_level(logging.WARNING, logger="idempotency")
+    with anyio.fail_after(SOON):
+        async with Client(server) as client:
+            for _ in range(2):
+                with pytest.raises(MCPError) as unknown:
+                    await client.call_tool("charge", ARGS, meta=meta(KEY))
+                assert unknown.value.code == wire.OUTCOME_UNKNOWN
+    [line] = in_doubt_lines(caplog)
+    said = line.message
+    assert record_name(stored) in said and "'charge'" in said and "'shop'" in said
+    assert "lease ran out" in said
+    for secret in (KEY, ARGS["order"], str(ARGS["cents"]), stored):
+        assert secret not in said
+
+
+async def test_a_call_given_up_as_unknown_by_its_holder_leaves_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The other way a record turns UNKNOWN: its own holder gives the call up (`OutcomeLost`)."""
+    from mcp.server.mcpserver import MCPServer
+
+    from idempotency import idempotent
+
+    store = MemoryKeyStore()
+    server = MCPServer("relay")
+
+    @server.tool()
+    @idempotent(store)
+    async def forward(order: str, cents: int) -> str:
+        raise OutcomeLost("the upstream connection broke after the request was written")
+
+    caplog.set_level(logging.WARNING, logger="idempotency")
+    with anyio.fail_after(SOON):
+        async with Client(server) as client:
+            for _ in range(2):
+                with pytest.raises(MCPError) as unknown:
+                    await client.call_tool("forward", ARGS, meta=meta(KEY))
+                assert unknown.value.code == wire.OUTCOME_UNKNOWN
+    [line] = in_doubt_lines(caplog)
+    said = line.message
+    stored = record_key("relay", "forward", KEY)
+    assert record_name(stored) in said and "'forward'" in said and "'relay'" in said
+    for secret in (KEY, ARGS["order"], str(ARGS["cents"]), stored):
+        assert secret not in said
