@@ -25,12 +25,24 @@ ARGS: dict[str, Any] = {"order": "order-5521", "cents": 4242}
 KEY = "client-key-7f3a"
 
 
-def in_doubt_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [
-        r
+async def the_one_line(caplog: pytest.LogCaptureFixture, server: Any, tool: str) -> str:
+    """Call `tool` twice with the same key (each answered -32012) with logging at WARNING; the
+    one in-doubt line they left, checked to name neither the key nor an argument."""
+    caplog.set_level(logging.WARNING, logger="idempotency")
+    with anyio.fail_after(SOON):
+        async with Client(server) as client:
+            for _ in range(2):
+                with pytest.raises(MCPError) as unknown:
+                    await client.call_tool(tool, ARGS, meta=meta(KEY))
+                assert unknown.value.code == wire.OUTCOME_UNKNOWN
+    [line] = [
+        r.message
         for r in caplog.records
         if r.name == "idempotency" and r.levelno == logging.WARNING and "in doubt" in r.message
     ]
+    for secret in (KEY, ARGS["order"], str(ARGS["cents"])):
+        assert secret not in line
+    return line
 
 
 async def test_a_record_whose_worker_died_turns_unknown_with_one_warning(
@@ -46,19 +58,9 @@ async def test_a_record_whose_worker_died_turns_unknown_with_one_warning(
     dead = await store.claim(stored, call_fingerprint("charge", ARGS), lease=30, takeover=False)
     assert dead.status is ClaimStatus.CLAIMED
     clock.advance(31)
-    caplog.set_level(logging.WARNING, logger="idempotency")
-    with anyio.fail_after(SOON):
-        async with Client(server) as client:
-            for _ in range(2):
-                with pytest.raises(MCPError) as unknown:
-                    await client.call_tool("charge", ARGS, meta=meta(KEY))
-                assert unknown.value.code == wire.OUTCOME_UNKNOWN
-    [line] = in_doubt_lines(caplog)
-    said = line.message
+    said = await the_one_line(caplog, server, "charge")
     assert record_name(stored) in said and "'charge'" in said and "'shop'" in said
-    assert "lease ran out" in said
-    for secret in (KEY, ARGS["order"], str(ARGS["cents"]), stored):
-        assert secret not in said
+    assert "lease ran out" in said and stored not in said
 
 
 async def test_a_call_given_up_as_unknown_by_its_holder_leaves_one_warning(
@@ -77,16 +79,7 @@ async def test_a_call_given_up_as_unknown_by_its_holder_leaves_one_warning(
     async def forward(order: str, cents: int) -> str:
         raise OutcomeLost("the upstream connection broke after the request was written")
 
-    caplog.set_level(logging.WARNING, logger="idempotency")
-    with anyio.fail_after(SOON):
-        async with Client(server) as client:
-            for _ in range(2):
-                with pytest.raises(MCPError) as unknown:
-                    await client.call_tool("forward", ARGS, meta=meta(KEY))
-                assert unknown.value.code == wire.OUTCOME_UNKNOWN
-    [line] = in_doubt_lines(caplog)
-    said = line.message
+    said = await the_one_line(caplog, server, "forward")
     stored = record_key("relay", "forward", KEY)
     assert record_name(stored) in said and "'forward'" in said and "'relay'" in said
-    for secret in (KEY, ARGS["order"], str(ARGS["cents"]), stored):
-        assert secret not in said
+    assert stored not in said

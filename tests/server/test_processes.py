@@ -122,6 +122,21 @@ async def frozen_mid_call(
         await client.call_tool("open_gate")
 
 
+async def killed_mid_call(params: StdioServerParameters, order: str, key: str) -> int:
+    """Call `effect(order)` under `key` on a (gated) server process started with `params`, and
+    SIGKILL the process once the tool started there. Its pid."""
+    async with doomed(params) as a, anyio.create_task_group() as tg:
+
+        async def doomed_call() -> None:
+            with pytest.raises(MCPError):
+                await a.call_tool("effect", {"order": order}, meta=meta(key))
+
+        tg.start_soon(doomed_call)
+        pid = await pid_of(a)
+        os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 def _only_connection_errors(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_only_connection_errors(e) for e in exc.exceptions)
@@ -370,15 +385,7 @@ async def test_a_killed_workers_record_is_settled_without_a_client(
         return code, out, err
 
     with anyio.fail_after(STARTUP_BOUND):
-        async with doomed(victim) as a, anyio.create_task_group() as tg:
-
-            async def doomed_call() -> None:
-                with pytest.raises(MCPError):
-                    await a.call_tool("effect", {"order": "S1"}, meta=meta("kill-S1"))
-
-            tg.start_soon(doomed_call)
-            victim_pid = await pid_of(a)
-            os.kill(victim_pid, signal.SIGKILL)
+        victim_pid = await killed_mid_call(victim, "S1", "kill-S1")
     _, running, _ = await operator("keys", "list", "--json")
     _, none_yet, _ = await operator("keys", "list", "--state", "unknown", "--json")
     later["by"] = 60.0  # the 30 s lease ran out 30 s ago: within the 90 s grace
@@ -432,15 +439,7 @@ async def test_a_killed_workers_orphan_stays_in_doubt_without_expiry_and_is_coun
     orphan = record_key("effects", "effect", "kill-O1")
     with anyio.fail_after(STARTUP_BOUND):
         async with Client(replica) as b:
-            async with doomed(victim) as a, anyio.create_task_group() as tg:
-
-                async def doomed_call() -> None:
-                    with pytest.raises(MCPError):
-                        await a.call_tool("effect", {"order": "O1"}, meta=meta("kill-O1"))
-
-                tg.start_soon(doomed_call)
-                victim_pid = await pid_of(a)
-                os.kill(victim_pid, signal.SIGKILL)
+            victim_pid = await killed_mid_call(victim, "O1", "kill-O1")
             # The replica serves other calls (its first protected call starts its count); nobody
             # retries the killed one. The gauge reaches 1 once the victim's 1 s lease ran out.
             await b.call_tool("effect", {"order": "O2"}, meta=meta("other-O2"))
