@@ -83,9 +83,7 @@ async def ours_in_slot(cluster: LocalCluster, node: RedisServer, slot: int, pref
     names = await admin(cluster, node, "CLUSTER", "GETKEYSINSLOT", slot, 10_000)
     # Records, not their histories (`:h`, rule 20) or fence memos (`:f`, rule 25), which move
     # with them.
-    return sum(
-        1 for n in names if n.decode().startswith(prefix) and not n.endswith((b":h", b":f"))
-    )
+    return sum(1 for n in names if n.decode().startswith(prefix) and not n.endswith((b":h", b":f")))
 
 
 def stats(cluster: LocalCluster, node: RedisServer, section: str) -> dict[str, Any]:

@@ -136,6 +136,8 @@ DEFAULT_SOCKET_TIMEOUT: Final = 5.0
 MAX_FINGERPRINT_BYTES: Final = 1024
 #: Durations are sent as integer microseconds; past ~31 years Lua's doubles would round them.
 MAX_SECONDS: Final = 1e9
+#: The in-doubt index's key, after the prefix (scripts/lib.lua: index).
+IN_DOUBT_INDEX: Final = b"in-doubt"
 #: How many keys one SCAN step asks for, and how many records one pipelined read carries.
 SCAN_BATCH: Final = 500
 
@@ -318,7 +320,7 @@ class RedisKeyStore:
         self._prefix_bytes = prefix.encode()
         #: The in-doubt index (scripts/lib.lua: index); none on a cluster, where one set could
         #: not be in every record's slot.
-        self._index = b"" if cluster is not None else self._prefix_bytes + b"in-doubt"
+        self._index = b"" if cluster is not None else self._prefix_bytes + IN_DOUBT_INDEX
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention_us = _micros("orphan_retention", orphan_retention)
         self._offset_us = 0
