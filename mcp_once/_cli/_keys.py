@@ -186,7 +186,8 @@ def add_parser(commands: Any) -> None:
         help="physically remove expired records",
         description="Physically remove the records past their expiry (completed and released"
         " ones past their retention). The server already ignores them; this only frees the"
-        " space. UNKNOWN records never expire and are never purged.",
+        " space. UNKNOWN and IN_PROGRESS records never expire and are never purged; a purged"
+        " record's last fence is kept a day, so that its key's next execution gets a higher one.",
     )
     purge.set_defaults(run=_run(_purge))
 

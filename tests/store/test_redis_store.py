@@ -598,6 +598,13 @@ async def test_the_index_is_built_for_in_doubt_records_written_without_it(
     await raw.sadd(index, rkey(prefix, "done"))  # completed by a release that kept no index
     assert [r.key for r in await store.list_records(state=RecordState.UNKNOWN)] == ["lost"]
     assert await raw.smembers(index) == {b"", rkey(prefix, "lost")}
+    # Claimed by a release that kept no index, turned UNKNOWN here: it joins the index then.
+    await store.claim("old", FP, lease=1.0, takeover=False)
+    await raw.srem(index, rkey(prefix, "old"))
+    store.advance_clock_for_testing(2.0)
+    assert (await store.claim("old", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
+    listed = await store.list_records(state=RecordState.UNKNOWN)
+    assert sorted(r.key for r in listed) == ["lost", "old"]
 
 
 async def test_the_scripts_and_the_python_side_agree_on_the_constants_of_rule_25() -> None:

@@ -45,7 +45,7 @@ if r == nil or r.state == RELEASED or repeated then
     local fresh = {
         state = IN_PROGRESS, fence = last + 1, attempts = attempts, created = now, updated = now,
         lease = now + lease, completed = 0, expires = 0,
-        fp = fp, token = token, tool = tool, result = '', was_open = stored and stored.was_open,
+        fp = fp, token = token, tool = tool, result = '', saved_state = stored and stored.saved_state,
     }
     save(key, fresh, now)
     record_event(key, fresh, 'C', said(), now, false)

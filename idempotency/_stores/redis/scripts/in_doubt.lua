@@ -7,7 +7,7 @@ local r, why = load(KEYS[1])
 if why then
     return {'corrupt', why}
 end
-if r == nil or not r.was_open then
+if r == nil or not open(r.state) then
     redis.call('SREM', ARGV[#ARGV], KEYS[1])
     return {'none', now}
 end

@@ -2,7 +2,7 @@
 -- in doubt (IN_PROGRESS or UNKNOWN) and so in the in-doubt index now, else 0: the scan that
 -- builds the index the first time it is read (`RedisKeyStore.list_records`).
 local r = load(KEYS[1])
-if r ~= nil and r.was_open then
+if r ~= nil and open(r.state) then
     redis.call('SADD', ARGV[#ARGV], KEYS[1])
     return 1
 end

@@ -121,7 +121,7 @@ local function decode(raw)
     if st == IN_PROGRESS then
         rec.expires = 0 -- kept until it ends, whatever expiry it was stored with
     end
-    rec.was_open = st == IN_PROGRESS or st == UNKNOWN
+    rec.saved_state = st
     if (st == IN_PROGRESS and ls <= 0) or (st == COMPLETED and cp <= 0) then
         return nil, 'deadline missing for the state'
     end
@@ -158,22 +158,30 @@ local function encode(r)
         .. r.result
 end
 
--- Keep the in-doubt index in step with the record `r` at `key` about to be saved: only when it
--- moves between in doubt (IN_PROGRESS, UNKNOWN) and not, which only audited scripts do (they
--- carry the index's key last). Before the record is written: a failure changes nothing.
+-- Whether a record in `state` is in doubt, or may turn so: IN_PROGRESS or UNKNOWN.
+local function open(state)
+    return state == IN_PROGRESS or state == UNKNOWN
+end
+
+-- Keep the in-doubt index in step with the record `r` at `key` about to be saved, when its state
+-- changes (which only audited scripts do: they carry the index's key last; a renewal or a
+-- delivery mark does not): in it while in doubt, out of it once not. Adding on every change
+-- within doubt too (a record the previous release claimed, turned UNKNOWN here) keeps a record
+-- written without the index from staying out of it. Before the record is written: a failure
+-- changes nothing.
 local function index(key, r)
-    local open = r.state == IN_PROGRESS or r.state == UNKNOWN
-    if open == (r.was_open == true) then
+    local before = r.saved_state
+    if r.state == before then
         return
     end
-    r.was_open = open
+    r.saved_state = r.state
     local set = ARGV[#ARGV]
     if set == '' then
         return
     end
-    if open then
+    if open(r.state) then
         redis.call('SADD', set, key)
-    else
+    elseif open(before) then
         redis.call('SREM', set, key)
     end
 end

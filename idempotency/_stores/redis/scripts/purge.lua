@@ -4,7 +4,7 @@
 -- the in-doubt index, should it be missing there (written by the previous release).
 local now = clock()
 local r, why = load(KEYS[1])
-if r ~= nil and r.was_open and ARGV[#ARGV] ~= '' then
+if r ~= nil and open(r.state) and ARGV[#ARGV] ~= '' then
     redis.call('SADD', ARGV[#ARGV], KEYS[1])
 end
 if why or r == nil or live(r, now) ~= nil then
