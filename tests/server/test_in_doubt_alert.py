@@ -10,6 +10,8 @@ import logging
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 import pytest
 from fake_clock import FakeClock
 from mcp import MCPError
@@ -17,6 +19,7 @@ from mcp.client import Client
 from server_kit import SOON, Effects, call_fingerprint, effect_server, meta, record_key
 
 from idempotency import ClaimStatus, MemoryKeyStore, OutcomeLost, wire
+from idempotency._guard import in_doubt_gauge
 from idempotency._guard.telemetry import record_name
 
 pytestmark = pytest.mark.anyio
@@ -83,3 +86,37 @@ async def test_a_call_given_up_as_unknown_by_its_holder_leaves_one_warning(
     stored = record_key("relay", "forward", KEY)
     assert record_name(stored) in said and "'forward'" in said and "'relay'" in said
     assert stored not in said
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_census_counts_again_when_a_collection_asks_from_another_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gauge's count (`in_doubt_gauge`): a census task counts the store's records in doubt
+    when a metrics collection, on the exporter's thread, asked for it; under asyncio and trio.
+    (End to end, with an SDK and a killed worker: tests/server/test_processes.py.)"""
+    monkeypatch.setattr(in_doubt_gauge, "CENSUS_INTERVAL", 0.0)
+    clock = FakeClock()
+    store = MemoryKeyStore(clock=clock)
+    census = in_doubt_gauge._Census(store)
+    with anyio.fail_after(SOON):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(census.run)
+            while census.value is None:
+                await anyio.lowlevel.checkpoint()
+            assert census.value == 0
+            await store.claim("k", "fp", lease=30, takeover=False)
+            clock.advance(31)
+            lost = await store.claim("k", "fp", lease=30, takeover=False)
+            assert lost.status is ClaimStatus.UNKNOWN
+            await anyio.to_thread.run_sync(census.ask)
+            while census.value != 1:
+                await anyio.lowlevel.checkpoint()
+            tg.cancel_scope.cancel()
+
+
+async def test_no_census_runs_while_no_meter_provider_is_set() -> None:
+    """Counting reads the store: with no meter provider (the default), nothing is counted."""
+    store = MemoryKeyStore()
+    in_doubt_gauge.watch(store)
+    assert id(store) not in in_doubt_gauge._censuses
