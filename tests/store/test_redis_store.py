@@ -99,6 +99,19 @@ def private_server() -> Iterator[RedisServer]:
     server.cleanup()
 
 
+@pytest_asyncio.fixture
+async def alone(
+    private_server: RedisServer, prefix: str
+) -> AsyncIterator[tuple[RedisKeyStore, aioredis.Redis]]:
+    """A store and a raw client of a server of our own, for counting the commands it serves
+    (`INFO commandstats`), to which no other test can add then."""
+    store = RedisKeyStore.from_url(private_server.url, prefix=prefix)
+    client = aioredis.Redis.from_url(private_server.url, socket_timeout=None)
+    yield store, client
+    await client.aclose()
+    await store.aclose()
+
+
 def rkey(prefix: str, key: str = KEY) -> bytes:
     return f"{prefix}{{{key}}}".encode()
 
@@ -551,12 +564,13 @@ def commands(stats: dict[str, Any], name: str) -> int:
 
 
 async def test_in_doubt_records_are_listed_from_their_index_without_a_scan(
-    store: RedisKeyStore, raw: aioredis.Redis, prefix: str
+    alone: tuple[RedisKeyStore, aioredis.Redis], prefix: str
 ) -> None:
     """What `keys list --state unknown` asks (UNKNOWN, and IN_PROGRESS for the leases that ran
     out) reads the in-doubt index: no SCAN, one read per record in doubt or running, however
     many completed records the store holds. The scripts keep the index in the transition's own
     operation: a record enters it when claimed and leaves it when completed."""
+    store, raw = alone
     for i in range(600):
         done = await store.claim(f"done-{i}", FP, lease=LEASE, takeover=False)
         assert done.token and await store.complete(f"done-{i}", done.token, b"r", retention=600)
@@ -605,6 +619,51 @@ async def test_the_index_is_built_for_in_doubt_records_written_without_it(
     assert (await store.claim("old", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
     listed = await store.list_records(state=RecordState.UNKNOWN)
     assert sorted(r.key for r in listed) == ["lost", "old"]
+
+
+async def test_one_process_builds_the_index_while_the_others_wait_for_it(
+    alone: tuple[RedisKeyStore, aioredis.Redis], prefix: str
+) -> None:
+    """Every replica's first count after an upgrade needs the index: one builds it (under a
+    lock), the others wait for its mark instead of scanning the store each; a builder that
+    died leaves the lock to expire, and a waiter builds then."""
+    store, raw = alone
+    await store.claim("lost", FP, lease=1.0, takeover=False)
+    store.advance_clock_for_testing(2.0)
+    assert (await store.claim("lost", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
+    index = prefix.encode() + b"in-doubt"
+    await raw.delete(index)
+    await raw.set(index + b":building", b"another process", px=60_000)
+    before = await raw.info("commandstats")
+    listed: list[list[str]] = []
+    async with anyio.create_task_group() as tg:
+
+        async def list_unknown() -> None:
+            records = await store.list_records(state=RecordState.UNKNOWN)
+            listed.append([r.key for r in records])
+
+        tg.start_soon(list_unknown)
+        with anyio.fail_after(10):
+            await looked_for_the_mark(raw, commands(before, "sismember") + 3)
+        assert not listed
+        assert commands(await raw.info("commandstats"), "scan") == commands(before, "scan")
+        await raw.sadd(index, b"", rkey(prefix, "lost"))  # what the other process built
+    assert listed == [["lost"]]
+    # A builder that died: its lock expires, and the next lister builds the index itself.
+    await raw.delete(index)
+    await raw.set(index + b":building", b"a dead process", px=200)
+    with anyio.fail_after(10):
+        assert [r.key for r in await store.list_records(state=RecordState.UNKNOWN)] == ["lost"]
+    assert await raw.smembers(index) == {b"", rkey(prefix, "lost")}
+    assert await raw.exists(index + b":building") == 0
+
+
+async def looked_for_the_mark(raw: aioredis.Redis, times: int) -> None:
+    """Until the server has answered `times` SISMEMBERs in all (a waiting lister's looks)."""
+    for _ in range(100_000):
+        if commands(await raw.info("commandstats"), "sismember") >= times:
+            return
+        await anyio.sleep(0.01)
 
 
 async def test_the_scripts_and_the_python_side_agree_on_the_constants_of_rule_25() -> None:

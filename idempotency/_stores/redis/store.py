@@ -138,6 +138,9 @@ MAX_FINGERPRINT_BYTES: Final = 1024
 MAX_SECONDS: Final = 1e9
 #: The in-doubt index's key, after the prefix (scripts/lib.lua: index).
 IN_DOUBT_INDEX: Final = b"in-doubt"
+#: Seconds one process may take to build the in-doubt index before another may (a scan of
+#: every record: ~70 s per million on one Redis).
+BUILD_LOCK: Final = 600.0
 #: How many keys one SCAN step asks for, and how many records one pipelined read carries.
 SCAN_BATCH: Final = 500
 
@@ -652,15 +655,9 @@ class RedisKeyStore:
         """`list_records` of one in-doubt state, from the in-doubt index (scripts/lib.lua:
         index): SSCAN plus one pipelined read per 500 members, each of which drops a member
         whose record left doubt meanwhile. An index not marked complete (a store written before
-        it, or emptied by `delete_all`) is built first by one scan of every record."""
+        it, or emptied by `delete_all`) is built first (`_build_index`)."""
         index = self._index
-        with self._reaching():
-            complete = await self._plain(command(b"SISMEMBER", index, b""))
-        if not complete:
-            async for rkeys in self._scan():
-                await self._script_many(lua.INDEX, rkeys)
-            with self._reaching():
-                await self._plain(command(b"SADD", index, b""))
+        await self._build_index(index)
         found: list[Record] = []
         seen: set[bytes] = set()  # SSCAN may repeat a member
         cursor = b"0"
@@ -677,6 +674,35 @@ class RedisKeyStore:
                 break
         found.sort(key=_listing_order)
         return found[:limit]
+
+    async def _build_index(self, index: bytes) -> None:
+        """Make sure the in-doubt index is complete: unless marked so, one process builds it by
+        one scan of every record (each in doubt added by a script, atomically with its
+        record), under a lock (`{prefix}in-doubt:building`, held at most `BUILD_LOCK`), while
+        any other waits for the mark (every replica's gauge count starts at once after an
+        upgrade: one scan, not one per replica). A builder that died leaves the lock to expire,
+        and the next to find it gone builds."""
+        lock = index + b":building"
+        delay = 0.05
+        while True:
+            with self._reaching():
+                if await self._plain(command(b"SISMEMBER", index, b"")):
+                    return
+                took = await self._plain(
+                    command(b"SET", lock, b"1", b"NX", b"PX", int(BUILD_LOCK * 1000))
+                )
+            if took is not None:
+                break
+            await anyio.sleep(delay)  # another process is building it
+            delay = min(delay * 2, 1.0)
+        try:
+            async for rkeys in self._scan():
+                await self._script_many(lua.INDEX, rkeys)
+            with self._reaching():
+                await self._plain(command(b"SADD", index, b""))
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError), self._reaching():
+                await self._plain(command(b"DEL", lock))
 
     def _keep_listed(
         self,
@@ -720,7 +746,12 @@ class RedisKeyStore:
             deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
         if self._cluster is None:  # a cluster keeps no stream (its histories are its trail)
             with self._reaching():
-                await self._plain(command(b"UNLINK", self._prefix_bytes + b"audit", self._index))
+                await self._plain(
+                    command(
+                        b"UNLINK", self._prefix_bytes + b"audit", self._index,
+                        self._index + b":building",
+                    )
+                )  # fmt: skip
         return deleted
 
     async def aclose(self) -> None:
