@@ -3,8 +3,9 @@
 Guarding tools: `idempotent` (one `MCPServer` tool), `install` (every tool of an `MCPServer`)
 and `idempotent_call_tool` (a low-level `Server`), each with the options of `Policy`; a FastMCP
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
-`current_claim()` is the claim it runs under, for fencing its own downstream writes; a tool whose
-own downstream call broke after it may have been received (a proxy's upstream link) raises
+`current_claim()` is the claim it runs under, for fencing its own downstream writes (its
+`downstream_key` is the idempotency key to hand the system it writes to, one per intent); a tool
+whose own downstream call broke after it may have been received (a proxy's upstream link) raises
 `Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error (`OutcomeLost`,
 when nothing more can come of that call: the record turns UNKNOWN at once). The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
@@ -26,7 +27,11 @@ settling a record as failed is counted in. `in_doubt_records(store)` lists the r
 doubt (UNKNOWN, or IN_PROGRESS under a lease that ran out: `lease_ran_out`), which never
 expire. `reconcile_unknown(app, store)` (a `Reconciliation`
 per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
-record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
+record)` turns a record whose lease ran out UNKNOWN as a client's retry would;
+`history_servers(history)` and `record_servers(store, key)` name the servers a record's history
+says claimed it (rule 25: operator tools act within one server's records). A store marks
+itself at its first write (`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing
+of mcp-once's is kept at (`holds_anything`) is told from an empty store.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -56,13 +61,20 @@ from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
 from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
+from ._stores.audit_key import AuditKey
 from ._stores.audit_log import export as export_audit_logs
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
-from ._stores.history import verify as verify_history
+from ._stores.history import servers as history_servers
+from ._stores.history import servers_of as record_servers
+from ._stores.history_verify import HistoryCheck
+from ._stores.history_verify import check as check_history
+from ._stores.history_verify import compare_stream as compare_audit_stream
+from ._stores.history_verify import verify as verify_history
 from ._stores.in_doubt import in_doubt_records, lease_ran_out
+from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -88,6 +100,7 @@ logging.getLogger("idempotency").addHandler(logging.NullHandler())
 __all__ = [
     "DEFAULT_LEASE",
     "AuditEntry",
+    "AuditKey",
     "AuditedStore",
     "CallScope",
     "Claim",
@@ -96,6 +109,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "HistoryCheck",
     "HistoryEvent",
     "InDoubt",
     "Interrupted",
@@ -103,6 +117,7 @@ __all__ = [
     "KeySource",
     "KeyStore",
     "LimitExceeded",
+    "MarkedStore",
     "MemoryKeyStore",
     "OutcomeLost",
     "Policy",
@@ -120,9 +135,12 @@ __all__ = [
     "SQLiteKeyStore",
     "ScopeFn",
     "StoreError",
+    "StoreMark",
     "StoreUnavailable",
     "StoredResult",
     "UnreadableResult",
+    "check_history",
+    "compare_audit_stream",
     "current_claim",
     "decode_result",
     "default_scope",
@@ -131,6 +149,7 @@ __all__ = [
     "export_audit_logs",
     "fingerprint",
     "history_saying",
+    "history_servers",
     "idempotent",
     "idempotent_call_tool",
     "in_doubt_records",
@@ -139,6 +158,7 @@ __all__ = [
     "open_store",
     "parse_history",
     "reconcile_unknown",
+    "record_servers",
     "rfc3339",
     "store_key",
     "turn_unknown",

@@ -30,6 +30,7 @@ decoded and stamped by `replay.py`. The tool reads its claim with `current_claim
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -74,13 +75,15 @@ from .reconcile import (
     reconciler_for,
     resolve,
 )
-from .replay import UnreadableResult, decode_result, stamped
+from .replay import UnreadableResult, decode_result, origin, stamped
 from .scope import CallScope, default_scope, principal_of, store_key
 from .telemetry import (
     NO_TRACE,
     Outcome,
     Trace,
     count_outcome,
+    log_about,
+    log_answer,
     logger,
     record_name,
     traced,
@@ -187,8 +190,13 @@ class _Ticket:
     convert: Convert = as_call_result
     #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
     scope_digest: str | None = None
-    #: The server's name (`ToolCall.server`), for the log lines an operator alerts on.
+    #: The server's name (`CallScope.server`): for the record's claimed events, what tells an
+    #: operator's tools which server's record it is (rule 25), and for the log lines about it.
     server: str = ""
+
+    def log(self, level: int, event: str, what: str, *args: object) -> None:
+        """A log line about the ticket's record (`telemetry.log_about`)."""
+        log_about(level, event, self.store_key, self.tool, self.server, what, *args)
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -318,9 +326,18 @@ class Guard:
             in_doubt_gauge.watch(self.store)
             if convert is not None:
                 ticket.convert = convert
-            answer = await self._claim_loop(ticket, execute, error_result, takeover)
+            try:
+                answer = await self._claim_loop(ticket, execute, error_result, takeover)
+            except MCPError as exc:
+                # The guard's refusals and OUTCOME_UNKNOWN, logged as answered (telemetry.py).
+                log_answer(
+                    trace.outcome_seen, exc.code, ticket.store_key, ticket.tool, ticket.server
+                )
+                raise
         if answer is None:  # the store is down and the author chose fail-open
             return await passthrough()
+        if trace.outcome_seen is Outcome.REPLAYED:
+            ticket.log(logging.DEBUG, "replayed", "replayed its stored answer")
         return render(answer)
 
     def _ticket(self, call: ToolCall) -> _Ticket | None:
@@ -389,6 +406,7 @@ class Guard:
             derived,
             call.request if derived else None,
             scope_digest=scope_digest(scope),
+            server=call.server,
         )
 
     def _scope(self, call: ToolCall) -> str:
@@ -439,7 +457,8 @@ class Guard:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
                 # (A claim that never suspends cannot be cut short: it needs no scope.)
-                with saying(scope=t.scope_digest):  # for the claimed event (rule 20)
+                # For the claimed event (rule 20): whose scope, which server.
+                with saying(scope=t.scope_digest, server=t.server or None):
                     if self._claim_suspends:
                         with anyio.CancelScope(shield=True):
                             outcome = await self._claim(t, takeover)
@@ -462,7 +481,7 @@ class Guard:
                     await self._answered(t, outcome.fence, delivered=True)
                 return replay
             if status is ClaimStatus.MISMATCH:
-                t.trace.outcome(Outcome.CONFLICT)
+                t.trace.outcome(Outcome.KEY_REUSED)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
                 if outcome.turned_unknown:
@@ -534,34 +553,44 @@ class Guard:
         ):
             return None
         try:
-            resolution = await resolve(
-                store,
-                record,
-                reconciler,
-                tool=t.tool,
-                key=t.key,
-                arguments=t.arguments,
-                convert=t.convert,
-                timeout=self.policy.reconcile_timeout,
-                lease=self.policy.lease,
-                retention=t.retention,
-            )
+            # Its claimed event, as above.
+            with saying(scope=t.scope_digest, server=t.server or None):
+                resolution = await resolve(
+                    store,
+                    record,
+                    reconciler,
+                    tool=t.tool,
+                    key=t.key,
+                    arguments=t.arguments,
+                    convert=t.convert,
+                    timeout=self.policy.reconcile_timeout,
+                    lease=self.policy.lease,
+                    retention=t.retention,
+                )
         except CorruptRecord:
             raise self._corrupt(t, "the stored record is unreadable") from None
         except Exception as exc:
             t.trace.store_error("reconcile", exc)
-            logger.warning(
-                "could not reconcile record %s: %r; it stays as it was",
-                record_name(t.store_key),
-                exc,
+            t.log(
+                logging.WARNING,
+                "reconcile_unknown",
+                "could not reconcile (%s); the record stays UNKNOWN",
+                type(exc).__name__,
             )
             return Resolution(Verdict.UNKNOWN.value)
-        logger.info(
-            "tool %r's reconciler on record %s: %s",
-            t.tool,
-            record_name(t.store_key),
-            resolution.answer,
-        )
+        if resolution.answer == Verdict.UNKNOWN.value:
+            t.log(
+                logging.WARNING,
+                "reconcile_unknown",
+                "the reconciler could not decide; the record stays UNKNOWN",
+            )
+        else:
+            t.log(
+                logging.INFO,
+                "reconciled",
+                "the reconciler answered %s",
+                resolution.answer,
+            )
         if t.trace.recording:
             t.trace.set(reconciled=resolution.answer)
         return resolution
@@ -654,9 +683,10 @@ class Guard:
         policy = self.policy
         if outcome.took_over:
             t.trace.set(took_over=True)
-            logger.warning(
-                "took over the expired lease of record %s (execution %d)",
-                record_name(t.store_key),
+            t.log(
+                logging.WARNING,
+                "taken_over",
+                "took over its expired lease (execution %d)",
                 outcome.attempts,
             )
         fence = outcome.fence
@@ -682,6 +712,8 @@ class Guard:
             max_run_time=policy.max_run_time,
             run_scope=run_scope,
             trace=trace,
+            tool=t.tool,
+            server=t.server,
         )
         try:
             result: ToolResult | None = None
@@ -701,10 +733,10 @@ class Guard:
                     # The common case, stored where it ran: nothing cancels this scope now but
                     # the give-up time, so the first write needs no scope of its own.
                     storing = True
-                    executed_at = time.time()
+                    executed_at, upstream = origin(result)
                     delivered = t.derived and not await self._caller_gone(t, run_scope)
                     stored = await self._store(
-                        t, token, result, executed_at, keeper, True, delivered
+                        t, token, result, executed_at, keeper, True, delivered, upstream
                     )
             if storing:
                 # Only the renewal service, at the give-up time, cancels the scope once the
@@ -734,9 +766,11 @@ class Guard:
                 if raised is not None:
                     result = await self._judge(t, token, raised, error_result, keeper)
                 assert isinstance(result, CallToolResult)
-                executed_at = time.time()
+                executed_at, upstream = origin(result)
                 delivered = t.derived and not await self._caller_gone(t, run_scope)
-                stored = await self._store(t, token, result, executed_at, keeper, False, delivered)
+                stored = await self._store(
+                    t, token, result, executed_at, keeper, False, delivered, upstream
+                )
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
         assert isinstance(result, CallToolResult)
@@ -749,10 +783,12 @@ class Guard:
             result,
             key=t.key,
             key_source=t.source.value,
-            status="executed",
+            # The upstream's replay is not an execution of the effect (rule 18).
+            status="replayed" if upstream else "executed",
             executed_at=executed_at,
             attempts=outcome.attempts,
             stored=stored is True,
+            upstream=upstream,
         )
 
     def _store(
@@ -764,6 +800,7 @@ class Guard:
         keeper: LeaseKeeper,
         in_run_scope: bool,
         delivered: bool,
+        upstream: bool,
     ) -> Awaitable[bool | None]:
         """`complete.store_result` of the ticket's result (awaited by the caller: no frame)."""
         policy = self.policy
@@ -780,6 +817,7 @@ class Guard:
             trace=t.trace,
             in_run_scope=in_run_scope,
             delivered=delivered if t.derived else None,
+            upstream_replayed=upstream,
         )
 
     @staticmethod
@@ -893,15 +931,15 @@ class Guard:
         return False
 
     def _turned_unknown(self, t: _Ticket, why: str) -> None:
-        """Rule 25's alert: one WARNING per record turned UNKNOWN, from the call that turned it
-        (never a key, an argument or a result). The record is kept, without expiry, until it
-        is settled or reconciled; `mcp_once_records_in_doubt` counts it meanwhile."""
-        logger.warning(
-            "record %s of tool %r on server %r is in doubt (UNKNOWN): %s; it is kept until"
-            " settled or reconciled (mcp-once keys list --state unknown)",
-            record_name(t.store_key),
-            t.tool,
-            t.server,
+        """Rule 25's alert: one WARNING per record turned UNKNOWN (event `in_doubt`), from the
+        call that turned it, besides the one per -32012 answer (`unknown`, `log_answer`). The
+        record is kept, without expiry, until it is settled or reconciled;
+        `mcp_once_records_in_doubt` counts it meanwhile."""
+        t.log(
+            logging.WARNING,
+            "in_doubt",
+            "turned UNKNOWN: %s; kept, without expiry, until settled or reconciled"
+            " (mcp-once keys list --state unknown)",
             why,
         )
 
@@ -934,7 +972,8 @@ class Guard:
             why = interrupted
         else:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
-        logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
+        if not lease_lost:  # else the lost lease was logged as it was found (lease.py)
+            t.log(logging.WARNING, "cut_short", "cancelled the running tool: %s", why)
         if lost and not lease_lost and not takeover and await self._leave_unknown(t, token):
             self._turned_unknown(t, f"its execution was cut short because {why}")
             raise errors.outcome_unknown(
@@ -954,9 +993,10 @@ class Guard:
         """The tool finished after its claim had passed to another attempt: that attempt's
         answer is the key's answer, so this one is discarded and the record's is served."""
         t.trace.outcome(Outcome.STALE)
-        logger.warning(
-            "record %s was taken over while this attempt ran; its result was discarded",
-            record_name(t.store_key),
+        t.log(
+            logging.WARNING,
+            "stale",
+            "taken over while this attempt ran; its result was discarded",
         )
         with anyio.CancelScope(shield=True):
             record = await self._wait(t, self.policy.wait)
@@ -1002,9 +1042,10 @@ class Guard:
             executed_at=executed_at,
             attempts=attempts,
             reconciled=reconciled,
+            upstream=stored.upstream_replayed,
         )
 
     def _corrupt(self, t: _Ticket, why: str) -> MCPError:
         t.trace.outcome(Outcome.CORRUPT)
-        logger.error("record %s cannot be read (%s); left untouched", record_name(t.store_key), why)
+        t.log(logging.ERROR, "corrupt", "cannot be read (%s); left untouched", why)
         return errors.corrupt_record(t.key)

@@ -3,13 +3,17 @@ that accept losing their records on restart."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 
 import anyio
 
+from . import audit_key as audit_keys
 from . import transitions as rules
+from .audit_key import AuditKey
 from .history import AuditEntry, Trail
+from .mark import STORE_FORMAT, StoreMark
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
@@ -42,9 +46,13 @@ class MemoryKeyStore:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`history`: keep each record's history and the audit stream (rule 20; on by
-        default, off only to measure what it costs)."""
+        default, off only to measure what it costs). `audit_key` (or `audit_key_file`, else
+        `$MCP_ONCE_AUDIT_KEY` or `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories
+        (`audit_key.py`)."""
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
@@ -52,7 +60,10 @@ class MemoryKeyStore:
         #: The last fence of each record purged, and when it expired (rule 25).
         self._fences: dict[str, tuple[int, float]] = {}
         self._changed: dict[str, anyio.Event] = {}
-        self._trail = Trail() if history else None
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
+        self._trail = Trail(audit_key=self.audit_key) if history else None
+        self._mark: StoreMark | None = None
 
     def _note(self, key: str, new: Record | None, answer: object) -> None:
         """The transition's events, in the same step as its write (nothing runs in between)."""
@@ -78,6 +89,8 @@ class MemoryKeyStore:
     ) -> ClaimOutcome:
         self._limits.check_key(key)
         now = self._clock()
+        if self._mark is None:
+            self._mark = StoreMark(STORE_FORMAT, now)
         new, outcome = rules.claim(
             self._records.get(key) or self._forgotten(key),
             key,
@@ -216,6 +229,16 @@ class MemoryKeyStore:
         for key in [k for k, (_, at) in self._fences.items() if at + FENCE_MEMORY <= now]:
             del self._fences[key]
         return len(gone)
+
+    # -- the store's mark (`mark.py`) --------------------------------------------------------
+
+    async def mark(self) -> StoreMark | None:
+        """The mark this store made at its first claim; None before it."""
+        return self._mark
+
+    async def holds_anything(self) -> bool:
+        """Whether it keeps a record (in any state) or a history."""
+        return bool(self._records) or (self._trail is not None and bool(self._trail.histories))
 
     # -- history (rule 20) -----------------------------------------------------------------
 

@@ -28,9 +28,13 @@ from typing import Literal, TypeVar
 import anyio
 
 from . import _sqlite_history as trail
+from . import _sqlite_mark as marks
+from . import audit_key as audit_keys
 from . import transitions as rules
 from ._sqlite_writer import Writer
+from .audit_key import AuditKey
 from .history import AuditEntry
+from .mark import Marking, StoreMark
 from .memory import DEFAULT_ORPHAN_RETENTION
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -63,6 +67,8 @@ URL_OPTIONS: dict[str, Parser] = {
     "busy_timeout": number,
     "synchronous": str,  # checked by the constructor: "full" or "normal"
     "history": boolean,
+    "audit_key": str,  # checked by the constructor, which never quotes it
+    "audit_key_file": str,
 }
 
 #: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
@@ -178,10 +184,14 @@ class SQLiteKeyStore:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`history`: keep each record's history and the audit stream (rule 20; tables
         `history` and `audit`, written in the transitions' own transactions). On by default;
-        off only to measure what it costs."""
+        off only to measure what it costs. `audit_key` (or `audit_key_file`, else
+        `$MCP_ONCE_AUDIT_KEY` or `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories
+        (`audit_key.py`)."""
         if not os.fspath(path):
             raise ValueError("the SQLite key store needs a file path")
         if busy_timeout < 0:
@@ -191,6 +201,8 @@ class SQLiteKeyStore:
                 f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
             )
         self.path = Path(path)
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
@@ -206,10 +218,12 @@ class SQLiteKeyStore:
             decode=_decode,
             save=_save_many,
             observe=self._observe if history else None,
-            keep=trail.keep if history else None,
+            keep=functools.partial(trail.keep, audit_key=self.audit_key) if history else None,
         )
         self._history = history
         self._wakeups = _Wakeups()
+        #: The file's mark (`mark.py`), written once by this object, before its first claim.
+        self._marking = Marking()
 
     @classmethod
     def from_url(
@@ -223,6 +237,8 @@ class SQLiteKeyStore:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> SQLiteKeyStore:
         """`sqlite:///relative/file.db` or `sqlite:////absolute/file.db` (the SQLAlchemy and
         dj-database-url convention: three slashes, then the path as written).
@@ -249,6 +265,8 @@ class SQLiteKeyStore:
         resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
+        if not self._marking.done:
+            await self._marking(self._write_mark, str(self.path))
         token = secrets.token_hex(16)
         label = tool_label(tool)
 
@@ -419,7 +437,7 @@ class SQLiteKeyStore:
                 )
                 _remember_fences(conn, gone, now)
                 if self._history:
-                    trail.purged(conn, gone, now)
+                    trail.purged(conn, gone, now, self.audit_key)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -438,6 +456,20 @@ class SQLiteKeyStore:
             if not last:
                 return purged
             after = (last[_EXPIRES_AT], str(last[0]))
+
+    # -- the store's mark (`mark.py`) ------------------------------------------------------
+
+    async def _write_mark(self) -> None:
+        # Shielded as the claim after it is: a claim made in a cancelled scope still lands.
+        await self._writer.run(lambda conn: marks.write(conn, self._clock()), shield=True)
+
+    async def mark(self) -> StoreMark | None:
+        """The file's mark (its `meta` table); None before its first claim."""
+        return await self._writer.run(marks.read)
+
+    async def holds_anything(self) -> bool:
+        """Whether the file keeps a record (in any state) or a history."""
+        return await self._writer.run(lambda conn: marks.holds_anything(conn, trail.missing(conn)))
 
     # -- history (rule 20) ---------------------------------------------------------------
 
@@ -574,6 +606,7 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
         and not _missing_columns(conn)
         and not trail.missing(conn)
         and _has_fences(conn)
+        and not marks.missing(conn)
     ):
         return
     # An empty file gets the schema, a file of an earlier release the columns added since: under
@@ -591,6 +624,7 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
         for statement in _FENCES.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        marks.create(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

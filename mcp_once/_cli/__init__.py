@@ -1,7 +1,8 @@
 """`mcp-once`: the command line. One module per command; this file only dispatches.
 
 Exit codes: 0 success, 1 the command ran and found a problem (a duplicate effect in the demo, a
-record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached, 141 the
+record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached (or, for a
+command that only reads, holds nothing of mcp-once's: `_common.reading`), 141 the
 reader of its output went away (`mcp-once keys list --json | head`), quietly.
 """
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -34,7 +33,6 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from idempotency import (
-    CallScope,
     CorruptRecord,
     KeyStore,
     LimitExceeded,
@@ -43,19 +41,17 @@ from idempotency import (
     StoreUnavailable,
     UnreadableResult,
     decode_result,
-    default_scope,
     domain_form,
     encode_result,
     history_saying,
     in_doubt_records,
+    record_servers,
     rfc3339,
-    store_key,
     turn_unknown,
     unreadable_records,
-    wire,
 )
 
-from . import _audit, _durations, _grace, _reconcile
+from . import _addressing, _audit, _durations, _grace, _reconcile
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -64,12 +60,10 @@ from ._common import (
     fail,
     open_or_fail,
     print_table,
-    redacted,
+    reading,
+    server_cell,
     unreachable,
 )
-
-#: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `idempotency.store_key`.
-_STORE_KEY = re.compile(r"[0-9a-f]{64}")
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
@@ -88,7 +82,8 @@ _EPILOG = (
     "Records are stored under a SHA-256 hash of (scope, tool, key); `keys list` shows each"
     " one's tool (- for a record an earlier release wrote), state, age, lease and fence. To"
     " find the record of a call from what the client saw, give --client-key, --tool and"
-    " --server, where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
+    " --server (without --server, the servers holding a record for that key and tool are"
+    " named), where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
     + "; ".join(f"{name} for {where}" for name, where in EXAMPLE_SERVERS.items())
     + ". What to do about -32010, -32012, -32013, -32014 and UNKNOWN records: docs/runbook.md."
 )
@@ -122,6 +117,12 @@ def add_parser(commands: Any) -> None:
         " none and never match)",
     )
     listing.add_argument(
+        "--server",
+        metavar="NAME",
+        help="only records of this server, as their history names it (records whose history"
+        " names none never match)",
+    )
+    listing.add_argument(
         "--older-than",
         type=_durations.duration,
         metavar="DURATION",
@@ -131,7 +132,7 @@ def add_parser(commands: Any) -> None:
         "--limit", type=int, default=100, help="list at most N records (default: %(default)s)"
     )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(run=_run(_list, _check_list))
+    listing.set_defaults(run=_run(reading(_list), _check_list))
 
     show = actions.add_parser(
         "show",
@@ -143,7 +144,7 @@ def add_parser(commands: Any) -> None:
     _add_key_arguments(show)
     show.add_argument("--reveal-result", action="store_true", help="print the stored result")
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.set_defaults(run=_run(_show))
+    show.set_defaults(run=_run(reading(_show)))
 
     settle = actions.add_parser(
         "settle",
@@ -178,7 +179,7 @@ def add_parser(commands: Any) -> None:
         " expires (default: %(default)s, 24 h, as a completed record); at least --grace",
     )
     _grace.add_arguments(settle)
-    _audit.add_settle_arguments(settle)
+    _audit.add_operator_arguments(settle, "settles")
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 
     purge = actions.add_parser(
@@ -212,32 +213,10 @@ def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
     derive.add_argument(
         "--server",
         help="the MCP server's own name, MCPServer(name) or FastMCP(name) (the example"
-        f" servers: {', '.join(EXAMPLE_SERVERS)})",
+        f" servers: {', '.join(EXAMPLE_SERVERS)}); without it, the servers holding a record"
+        " for --client-key and --tool are named. With a store key: refused unless the record's"
+        " history names this server",
     )
-
-
-def _store_key(args: argparse.Namespace) -> str:
-    derived = (args.client_key, args.tool, args.server)
-    if args.key and any(derived):
-        fail("give either a store key or --client-key/--tool/--server, not both", EXIT_USAGE)
-    if args.key:
-        if not _STORE_KEY.fullmatch(args.key.lower()):
-            fail(
-                f"{args.key!r} is not a store key (64 hex digits, as `keys list` prints them);"
-                " to find a record by the key the client sent, give --client-key, --tool and"
-                " --server",
-                EXIT_USAGE,
-            )
-        return str(args.key).lower()
-    if not all(derived):
-        fail("give a store key, or all of --client-key, --tool and --server", EXIT_USAGE)
-    problem = wire.key_problem(args.client_key)
-    if problem is not None:
-        fail(f"--client-key: {problem}", EXIT_USAGE)
-    scope = default_scope(
-        CallScope(server=args.server, tool=args.tool, principal=None, meta=None, request=None)
-    )
-    return store_key(scope, args.tool, args.client_key)
 
 
 def _run(
@@ -249,7 +228,7 @@ def _run(
 
     def run(args: argparse.Namespace) -> int:
         if hasattr(args, "client_key"):  # an action addressing one record
-            args.key = _store_key(args)
+            args.key = _addressing.store_key_of(args)
         if prepare is not None:
             prepare(args)
         store = open_or_fail(args.store, existing=True)
@@ -277,18 +256,20 @@ def _when(timestamp: float | None) -> str | None:
     return None if timestamp is None else rfc3339(timestamp)
 
 
-def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
+def _describe(record: Record, *, reveal: bool, servers: list[str]) -> dict[str, Any]:
     """One record for an operator. `tool` is None for a record an earlier release wrote;
     `ageSeconds` counts from its first claim (the store's clock) to now (this machine's);
     `fence` is the fence of its last lease, `leaseRanOutAt` when that lease ran out (on this
     machine's clock; None while it runs, or when it ended with a stored result): what to weigh
-    before settling an UNKNOWN record as failed."""
+    before settling an UNKNOWN record as failed. `server` is what its history names (None:
+    nothing; several are joined with ", ")."""
     now = _grace.clock()
     ran_out = record.lease_deadline is not None and record.lease_deadline <= now
     shown = RecordState.UNKNOWN if _grace.lease_ran_out(record, now) else record.state
     described: dict[str, Any] = {
         "key": record.key,
         "tool": record.tool,
+        "server": ", ".join(servers) or None,
         "state": shown.value,
         "storedState": record.state.value,
         "ageSeconds": round(max(0.0, now - record.created_at), 3),
@@ -321,7 +302,16 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
 
 def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
     """A record the store could not read at all: its key and why, nothing else is known."""
-    fields = ("tool", "storedState", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
+    fields = (
+        "tool",
+        "server",
+        "storedState",
+        "ageSeconds",
+        "fence",
+        "attempts",
+        "createdAt",
+        "updatedAt",
+    )
     more = ("leaseDeadline", "leaseRanOutAt", "completedAt", "expiresAt", "resultBytes")
     return {
         "key": found.key,
@@ -343,6 +333,7 @@ _COLUMNS = (
     "leaseRanOutAt",
     "expiresAt",
     "resultBytes",
+    "server",
 )
 
 
@@ -350,6 +341,8 @@ def _cell(row: dict[str, Any], column: str) -> str:
     if column == "age":
         seconds = row["ageSeconds"]
         return "-" if seconds is None else _durations.age(seconds)
+    if column == "server":
+        return server_cell(row["server"])
     value = row[column]
     return "-" if value is None else str(value)
 
@@ -365,6 +358,8 @@ def _check_list(args: argparse.Namespace) -> None:
         fail("--limit must be at least 1", EXIT_USAGE)
     if args.tool is not None and not args.tool.strip():
         fail("--tool needs a tool name", EXIT_USAGE)
+    if args.server is not None and not args.server.strip():
+        fail("--server needs a server name", EXIT_USAGE)
 
 
 async def _listed(
@@ -381,6 +376,22 @@ async def _listed(
     return [r for r in running if not _grace.lease_ran_out(r, now)]
 
 
+async def _of_server(
+    store: KeyStore, state: RecordState | None, tool: str | None, limit: int, server: str | None
+) -> list[tuple[Record, list[str]]]:
+    """The records `_listed` gives, each with the servers its history names; with `server`,
+    the first `limit` whose history names it. The store cannot filter by server, so the window
+    read grows until `limit` are found or it holds every record that passes the other filters."""
+    window = limit
+    while True:
+        found = await _listed(store, state, tool, window)
+        named = [(record, await record_servers(store, record.key)) for record in found]
+        kept = [pair for pair in named if server is None or server in pair[1]]
+        if server is None or len(kept) >= limit or len(found) < window:
+            return kept[:limit]
+        window *= 4
+
+
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     """Exit 1 when a corrupt record was listed: something an operator must look at.
 
@@ -389,19 +400,19 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     any age are the first ones of its answer."""
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
     with unreadable_records() as unreadable:
-        records = await _listed(store, state, args.tool, args.limit)
+        records = await _of_server(store, state, args.tool, args.limit, args.server)
     if args.older_than is not None:
         cutoff = _grace.clock() - args.older_than
-        records = [r for r in records if r.created_at <= cutoff]
-    rows = [_describe(r, reveal=False) for r in records]
-    if state is None and args.tool is None and args.older_than is None:
+        records = [(r, named) for r, named in records if r.created_at <= cutoff]
+    rows = [_describe(r, reveal=False, servers=named) for r, named in records]
+    if state is None and args.tool is None and args.older_than is None and args.server is None:
         # An unreadable record has no state, tool or age to filter on: shown when nothing is
         # filtered on, else counted on stderr, so that a filtered view never hides it silently.
         rows += [_describe_unreadable(found) for found in unreadable]
     elif unreadable:
         print(
-            f"mcp-once: {len(unreadable)} unreadable record(s) not shown: their state, tool and"
-            " age cannot be read (`mcp-once keys list --state corrupt` lists them)",
+            f"mcp-once: {len(unreadable)} unreadable record(s) not shown: their state, tool,"
+            " server and age cannot be read (`mcp-once keys list --state corrupt` lists them)",
             file=sys.stderr,
         )
     if args.state == CORRUPT:
@@ -422,15 +433,14 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
 
 
 async def _show(store: KeyStore, args: argparse.Namespace) -> int:
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     record = await store.get(args.key)
     if record is None:
-        print(
-            f"mcp-once: no live record for key {args.key} in the key store at"
-            f" {redacted(args.store)!r}",
-            file=sys.stderr,
-        )
-        return EXIT_PROBLEM
-    described = _describe(record, reveal=args.reveal_result)
+        return await _addressing.absent(store, args)
+    servers = await record_servers(store, record.key)
+    described = _describe(record, reveal=args.reveal_result, servers=servers)
     if args.json:
         json.dump(described, sys.stdout, indent=2)
         print()
@@ -495,7 +505,12 @@ def _prepare_settle(args: argparse.Namespace) -> None:
 
 async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
     result: bytes | None = args.settled
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     record = await store.get(args.key)
+    if record is None and args.client_key is not None:
+        return await _addressing.absent(store, args)
     if result is None and not args.force:
         refusal = _grace.too_soon_to_fail(record, args.grace)
         if refusal is not None:

@@ -1,8 +1,9 @@
 """Rule 25's alert in the log: a record turned UNKNOWN leaves exactly one WARNING line under the
-`idempotency` logger, from the call that turned it, naming the record (its short digest), the
-tool and the server, never the key, an argument or a result. A retry that finds it UNKNOWN
-already adds no line of this kind. (The gauge `mcp_once_records_in_doubt` is shown on real
-processes: tests/server/test_processes.py.)"""
+`idempotency` logger (event `in_doubt`), from the call that turned it, naming the record (its
+short digest), the tool and the server, never the key, an argument or a result. A retry that
+finds it UNKNOWN already adds no line of this kind (only the one every -32012 answer has,
+event `unknown`). (The gauge `mcp_once_records_in_doubt` is shown on real processes:
+tests/server/test_processes.py.)"""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ KEY = "client-key-7f3a"
 
 async def the_one_line(caplog: pytest.LogCaptureFixture, server: Any, tool: str) -> str:
     """Call `tool` twice with the same key (each answered -32012) with logging at WARNING; the
-    one in-doubt line they left, checked to name neither the key nor an argument."""
+    one in-doubt line they left (beside one line per answer), checked to name neither the key
+    nor an argument."""
     caplog.set_level(logging.WARNING, logger="idempotency")
     with anyio.fail_after(SOON):
         async with Client(server) as client:
@@ -38,11 +40,18 @@ async def the_one_line(caplog: pytest.LogCaptureFixture, server: Any, tool: str)
                 with pytest.raises(MCPError) as unknown:
                     await client.call_tool(tool, ARGS, meta=meta(KEY))
                 assert unknown.value.code == wire.OUTCOME_UNKNOWN
-    [line] = [
-        r.message
-        for r in caplog.records
-        if r.name == "idempotency" and r.levelno == logging.WARNING and "in doubt" in r.message
-    ]
+
+    def lines(event: str) -> list[str]:
+        return [
+            r.message
+            for r in caplog.records
+            if r.name == "idempotency"
+            and r.levelno == logging.WARNING
+            and getattr(r, "mcp_once_event", None) == event
+        ]
+
+    [line] = lines("in_doubt")
+    assert len(lines("unknown")) == 2  # one per answer
     for secret in (KEY, ARGS["order"], str(ARGS["cents"])):
         assert secret not in line
     return line

@@ -422,3 +422,24 @@ async def test_a_holder_giving_its_execution_up_leaves_an_interrupted_event(
     assert verify_history(text) is None
     refused = await store.claim("k", "fp", lease=30, takeover=False)
     assert refused.status.value == "unknown"
+
+
+async def test_a_record_claimed_anew_over_a_long_history_keeps_it(backend: Backend) -> None:
+    """Issue 48: the Redis claim that finds a history already there (its `SET NX` refused) goes
+    on to append to it, also when it is too long for the short path (over 1 KB): that claim
+    failed its script before, so a key whose record expired could not run again for a day."""
+    store = backend.store
+    for n in range(chain.MAX_EVENTS // 2):  # a refusal and a replay a turn: a line each
+        if n == 0:
+            claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+            assert claimed.token is not None
+            await store.complete("k", claimed.token, b"r", retention=1)
+        await store.claim("k", f"other-{n}", lease=30, takeover=False)
+        await store.claim("k", "fp", lease=30, takeover=False)
+    assert len((await audited(backend).history("k") or "").encode()) > 1024
+    await backend.advance(5)
+    again = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert again.token is not None and again.fence == 2  # rule 25: the fence goes on
+    text = await audited(backend).history("k")
+    assert [e.kind for e in parse_history(text)][-2:] == ["replayed", "claimed"]
+    assert verify_history(text) is None

@@ -79,11 +79,13 @@ async def load_scripts(client: aioredis.Redis) -> None:
 
 @pytest_asyncio.fixture
 async def counted(redis_url: str, prefix: str, raw: aioredis.Redis) -> AsyncIterator[RedisKeyStore]:
-    """A store whose scripts are cached and whose connection is open, so that counting starts
-    from steady state."""
+    """A store whose scripts are cached, whose connection is open and whose mark is written
+    (its first claim's extra round trip, once per store object: tests/store/test_store_mark.py),
+    so that counting starts from steady state."""
     await load_scripts(raw)
     opened = RedisKeyStore.from_url(redis_url, prefix=prefix)
     assert await opened.get("warm-up") is None
+    await opened._marking(opened._write_mark, "the test's")
     yield opened
     await opened.aclose()
 
@@ -506,10 +508,11 @@ async def test_every_key_the_store_writes_carries_a_hash_tag(
     # Each record's history beside it (rule 20), the fence memo of each record saved with an
     # expiry (rule 25: completed, released), and the one audit stream and in-doubt index of a
     # lone Redis (on a cluster, a stream per slot, each tagged: tests/store/test_history.py;
-    # and no index).
+    # and no index). The store's mark has no tag: written alone (a script of its own,
+    # `mark.lua`), it needs no slot but its own.
     histories = [record + b":h" for record in records]
     memos = [rkey(prefix, key) + b":f" for i, key in enumerate(keys) if i % 3 != 2]
-    lone = [prefix.encode() + b"audit", prefix.encode() + b"in-doubt"]
+    lone = [prefix.encode() + b"audit", prefix.encode() + b"in-doubt", prefix.encode() + b"meta"]
     assert names == sorted([*records, *histories, *memos, *lone])
     for name in records:
         assert name.startswith(prefix.encode() + b"{") and name.endswith(b"}")
@@ -686,6 +689,7 @@ async def test_wait_replicas_without_replicas_withdraws_the_claim(
     durable = RedisKeyStore.from_url(redis_url, prefix=prefix, wait_replicas=1, wait_timeout=0.2)
     plain = RedisKeyStore.from_url(redis_url, prefix=prefix)
     try:
+        await durable._marking(durable._write_mark, "the test's")  # once per store object
         started = time.monotonic()
         before = durable._traffic.writes
         with pytest.raises(ReplicationUnconfirmed) as caught:
@@ -776,6 +780,7 @@ async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
                     break
                 await anyio.sleep(0.05)
         await load_scripts(primary)
+        await durable._marking(durable._write_mark, "the test's")  # once per store object
         first, n = await trips(durable, durable.claim(KEY, FP, lease=LEASE, takeover=False))
         assert first.status is ClaimStatus.CLAIMED and n == 1
         assert first.token

@@ -67,7 +67,7 @@ import heapq
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any, Final
 
 import anyio
@@ -77,9 +77,12 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._system_task import current_loop, loop_alive
+from .. import audit_key as audit_keys
 from .. import history as chain
 from .. import transitions as rules
+from ..audit_key import AuditKey
 from ..history import AuditEntry
+from ..mark import STORE_FORMAT, Marking, StoreMark
 from ..memory import DEFAULT_ORPHAN_RETENTION
 from ..store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -161,6 +164,8 @@ URL_OPTIONS: Final = {
     "wait_aof": boolean,
     "socket_timeout": number_or_none,
     "history": boolean,
+    "audit_key": string,  # checked by the constructor, which never quotes it
+    "audit_key_file": string,
 }
 #: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
 _TRANSIENT_REPLIES: Final = (
@@ -268,6 +273,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """Connect where `client` connects, as it would (URL, TLS, credentials, database,
         timeouts, Sentinel). The store opens connections of its own and never uses the
@@ -283,6 +290,9 @@ class RedisKeyStore:
 
         `history`: keep each record's history and the audit stream (rule 20, `history.py`),
         written by the transition's own script. On by default; off only to measure its cost.
+        `audit_key` (or `audit_key_file`, else `$MCP_ONCE_AUDIT_KEY` or
+        `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories (`audit_key.py`); each script is
+        given its record's own key, never this one.
         """
         if "{" in prefix or "}" in prefix:
             raise ValueError(
@@ -324,6 +334,9 @@ class RedisKeyStore:
         #: The in-doubt index (scripts/lib.lua: index); none on a cluster, where one set could
         #: not be in every record's slot.
         self._index = b"" if cluster is not None else self._prefix_bytes + IN_DOUBT_INDEX
+        #: The prefix's mark (`mark.py`), written once by this object, before its first claim.
+        self._mark_key = self._prefix_bytes + b"meta"
+        self._marking = Marking()
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention_us = _micros("orphan_retention", orphan_retention)
         self._offset_us = 0
@@ -333,6 +346,8 @@ class RedisKeyStore:
         self._durable = durable
         self._durability_checked = False
         self._history = history
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         # wait(): the first re-read after no news, doubling up to the cap (missed messages).
         self._poll_first = 0.05
         self._poll_cap = 1.0
@@ -350,6 +365,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
         **redis_kwargs: Any,
     ) -> RedisKeyStore:
@@ -415,6 +432,11 @@ class RedisKeyStore:
             client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
         return cls(client, **settings)
 
+    @property
+    def prefix(self) -> str:
+        """What every key of this store starts with (records, histories, audit stream, mark)."""
+        return self._prefix
+
     def advance_clock_for_testing(self, seconds: float) -> None:
         """Move this store's view of the Redis clock forward, so tests need not sleep.
 
@@ -443,6 +465,10 @@ class RedisKeyStore:
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey_of(encoded)
+        if not self._marking.done:
+            if self._durable:  # refused before anything is written, the mark included
+                await self._check_durability()
+            await self._marking(self._write_mark, f"under the prefix {self._prefix!r}")
         # A claim of ours that may have landed is claimed again under its own token: taken, so
         # that no concurrent claim re-sends it too, and given back if this try gets no answer
         # either (it may not even have been sent: the earlier one is still in doubt).
@@ -458,7 +484,7 @@ class RedisKeyStore:
         )
         # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
         first, again = _resendable(doubted is not None, *args)
-        trailer = self._trailer(rkey, chain.details(p=chain.said().scope))
+        trailer = self._trailer(rkey, chain.claimed(chain.said()))
         first, again = (*first, *trailer), (*again, *trailer)
         try:
             if not self._durable:
@@ -502,7 +528,10 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
-        trailer = self._trailer(rkey, chain.details(a=chain.said().reconciled))
+        told = chain.said()
+        verdict = chain.reconciled(told) if told.reconciled else ""
+        said = ",".join(part for part in (verdict, chain.details(u=told.upstream)) if part)
+        trailer = self._trailer(rkey, said)
         args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
@@ -526,7 +555,7 @@ class RedisKeyStore:
         told = chain.said()
         # A reconciliation's verdict (a=...) goes first in release.lua; else why it was released.
         trailer = self._trailer(
-            rkey, chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+            rkey, chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
         )
         args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
@@ -559,7 +588,7 @@ class RedisKeyStore:
         token = os.urandom(16).hex()
         lease_us = _micros("lease", lease)
         rkey = self._rkey(key)
-        told = chain.details(p=chain.said().scope, w="reconcile")
+        told = chain.claimed(chain.said(), "reconcile")
         args = (
             _pack_fingerprint(fingerprint), fence, lease_us, token, *self._trailer(rkey, told),
         )  # fmt: skip
@@ -587,7 +616,7 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.said()
         # A reconciler's verdict (a=), or why its holder gave the execution up (w=).
-        said = chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+        said = chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
         args = (token, *self._trailer(rkey, said))
         return _done(key, await self._script(lua.LEAVE_UNKNOWN, rkey, args, args))
 
@@ -752,6 +781,8 @@ class RedisKeyStore:
                         self._index + b":building",
                     )
                 )  # fmt: skip
+        await self._script(lua.FORGET, self._mark_key, (), ())
+        self._marking = Marking()  # this object's next claim marks the prefix again
         return deleted
 
     async def aclose(self) -> None:
@@ -761,18 +792,54 @@ class RedisKeyStore:
             here.close()
         await anyio.lowlevel.checkpoint()
 
+    # -- the store's mark (`mark.py`) ----------------------------------------------------------
+
+    async def _write_mark(self) -> None:
+        args = (STORE_FORMAT, 1)
+        await self._script(lua.MARK, self._mark_key, args, args)
+
+    async def mark(self) -> StoreMark | None:
+        """The prefix's mark (the hash `{prefix}meta`); None before the first claim under the
+        prefix, or when that key holds something else (another program's)."""
+        args = (STORE_FORMAT, 0)
+        found = await self._script(lua.MARK, self._mark_key, args, args)
+        if not isinstance(found, list) or len(found) != 2:
+            return None
+        try:
+            return StoreMark(int(found[0]), int(found[1]) / 1000)
+        except ValueError:
+            return None
+
+    async def holds_anything(self) -> bool:
+        """Whether a record (in any state) or a history is kept under the prefix, or its audit
+        stream: SCAN stops at the first key found, so this costs a whole SCAN of the database
+        only where the prefix holds nothing of ours (where it has no mark)."""
+        if self._cluster is None:
+            with self._reaching():
+                if await self._plain(command(b"EXISTS", self._prefix_bytes + b"audit")):
+                    return True
+        async with contextlib.aclosing(
+            self._scan(_glob_escape(self._prefix_bytes) + b"{*")
+        ) as found:
+            async for _ in found:
+                return True
+        return False
+
     # -- history (rule 20) -------------------------------------------------------------------
 
-    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes, bytes]:
-        """An audited script's three last arguments (lib.lua): what the caller said, where
+    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes, bytes, bytes]:
+        """An audited script's four last arguments (lib.lua): the in-doubt index ('' on a
+        cluster), what the caller said, where
         the audit stream is ('' when this store keeps no history; '-' on a cluster, where the
-        histories are the audit trail: `history.py`), and the in-doubt index ('' on a
-        cluster)."""
-        del rkey
+        histories are the audit trail: `history.py`), and the record's history key ('' without
+        an audit key: `RecordMac.script_argument`)."""
         if not self._history:
-            return b"", b"", self._index
-        audit = b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
-        return said.encode(), audit, self._index
+            return self._index, b"", b"", b""
+        stream = b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
+        if self.audit_key is None:
+            return self._index, said.encode(), stream, b""
+        mac = self.audit_key.record(self._key_of(rkey)).script_argument()
+        return self._index, said.encode(), stream, mac
 
     async def history(self, key: str) -> str | None:
         """The record's history as stored (`history.parse` reads it); None: it has none."""
@@ -847,7 +914,7 @@ class RedisKeyStore:
             here = self._loops[loop] = _Here(self._endpoint, self._traffic)
         return here
 
-    async def _scan(self, pattern: bytes | None = None) -> AsyncIterator[list[bytes]]:
+    async def _scan(self, pattern: bytes | None = None) -> AsyncGenerator[list[bytes]]:
         """Every record key under the prefix (or every key matching `pattern`), in batches:
         of the one Redis, or of every master."""
         here = self._here()
@@ -1080,7 +1147,8 @@ class RedisKeyStore:
             replies.update(zip(group, batch, strict=True))
         for rkey, reply in replies.items():
             if isinstance(reply, ReplyError):
-                replies[rkey] = await self._script(script, rkey, (), ())
+                args = self._trailer(rkey, "") if script.audited else ()
+                replies[rkey] = await self._script(script, rkey, args, args)
         return [replies[rkey] for rkey in rkeys]
 
     async def _script_batch(

@@ -1,5 +1,5 @@
 -- claim(KEYS[1]; ARGV: offset_us, fingerprint, lease_us, takeover 1|0, token, tool name ('' for
---       none; at most 255 bytes), resend_only 1|0, resent 1|0, said, audit, index)
+--       none; at most 255 bytes), resend_only 1|0, resent 1|0, index, said, audit, mac)
 -- Mirrors idempotency._stores.transitions.claim. Replies:
 --   {'claimed', token, fence, attempts, took_over 1|0}
 --   {'replay', fence, attempts, completed_us, result}
@@ -45,7 +45,8 @@ if r == nil or r.state == RELEASED or repeated then
     local fresh = {
         state = IN_PROGRESS, fence = last + 1, attempts = attempts, created = now, updated = now,
         lease = now + lease, completed = 0, expires = 0,
-        fp = fp, token = token, tool = tool, result = '', saved_state = stored and stored.saved_state,
+        fp = fp, token = token, tool = tool, result = '',
+        saved_state = stored and stored.saved_state,
     }
     save(key, fresh, now)
     record_event(key, fresh, 'C', said(), now, false)

@@ -37,8 +37,8 @@
 -- "FENCE:EXPIRES_US", which a claim of the key after the record expired numbers its new
 -- execution above, for FENCE_MEMORY past the record's expiry (`remembered_fence`).
 --
--- In-doubt index: the set ARGV[#ARGV] (audited scripts; '' on a Redis Cluster, where one set
--- could not share every record's slot) holds the key of every IN_PROGRESS or UNKNOWN record,
+-- In-doubt index: the set ARGV[#ARGV - 3] (audited scripts; '' on a Redis Cluster, where one
+-- set could not share every record's slot) holds the key of every IN_PROGRESS or UNKNOWN record,
 -- changed by `save` in the transition's own script, so that listing them reads only them
 -- (`RedisKeyStore.list_records`). Its member '' marks it complete (built by a scan of every
 -- record the first time it is read: records written before it, or by the previous release,
@@ -164,18 +164,18 @@ local function open(state)
 end
 
 -- Keep the in-doubt index in step with the record `r` at `key` about to be saved, when its state
--- changes (which only audited scripts do: they carry the index's key last; a renewal or a
--- delivery mark does not): in it while in doubt, out of it once not. Adding on every change
--- within doubt too (a record the previous release claimed, turned UNKNOWN here) keeps a record
--- written without the index from staying out of it. Before the record is written: a failure
--- changes nothing.
+-- changes (which only audited scripts do: their trailer carries the index's key; a renewal or a
+-- delivery mark changes no state): in it while in doubt, out of it once not. Adding on every
+-- change within doubt too (a record the previous release claimed, turned UNKNOWN here) keeps a
+-- record written without the index from staying out of it. Before the record is written: a
+-- failure changes nothing.
 local function index(key, r)
     local before = r.saved_state
     if r.state == before then
         return
     end
     r.saved_state = r.state
-    local set = ARGV[#ARGV]
+    local set = ARGV[#ARGV - 3]
     if set == '' then
         return
     end
@@ -301,18 +301,21 @@ local function announce(key, r)
 end
 
 -- History and audit stream (rule 20; idempotency._stores.history is the reference: the same
--- line format, chaining, counting and bounds, read back by one parser in Python).
+-- line format, chaining, counting, bounds and seal, read back by one parser in Python).
 -- A record's history is one string beside it, KEYS[1] .. ':h' (the record's hash tag, so its
 -- slot), kept while the record is plus a grace. It is not declared (a script declaring two keys
 -- could not create a record while its slot migrates: TRYAGAIN), so it is read and written with
 -- pcall: in the moment a migration has moved one of the pair and not the other, the cluster
 -- refuses the access and the transition, already saved, goes without its event rather than
 -- fail half done. Scripts that record events get three more arguments at the end:
--- ARGV[#ARGV - 2], what the caller said (DETAILS, already encoded: a scope digest, why released,
--- who settled), ARGV[#ARGV - 1], the audit stream's key: '' when the store keeps no history,
--- '-' on a Redis Cluster, where the histories are the audit trail (a stream shared by a slot's
--- records would be a key no script declares, split from them by a migration), and ARGV[#ARGV],
--- the in-doubt index's key (see `index`).
+-- ARGV[#ARGV - 2], what the caller said (DETAILS, already encoded: a scope digest, why
+-- released, who settled); ARGV[#ARGV - 1], the audit stream's key: '' when the store keeps no
+-- history, '-' on a Redis Cluster, where the histories are the audit trail (a stream shared by
+-- a slot's records would be a key no script declares, split from them by a migration); and
+-- ARGV[#ARGV], '' or, with an audit key, this record's own history key as HMAC-SHA1's two
+-- padded blocks (64 bytes each) and the audit key's id (idempotency._stores.audit_key): never
+-- the audit key itself, and never stored. Before these three, ARGV[#ARGV - 3]: the in-doubt
+-- index's key (see `index`).
 local HISTORY_MAX = 32
 local HISTORY_GRACE_MS = 86400000
 local AUDIT_MAX = '100000' -- a string: XADD takes it as is
@@ -343,8 +346,46 @@ local function split_line(line)
     return anchor, at, code, fence, info, digest
 end
 
-local function chained(prev, body)
+-- The digest an event carries: SHA-1 over its predecessor's digest and its body, or with an
+-- audit key the record's HMAC of the same.
+local function chained(keyed, prev, body)
+    if keyed ~= nil then
+        return keyed.mac(prev .. '|' .. body)
+    end
     return string.sub(redis.sha1hex(prev .. '|' .. body), 1, DIGEST_CHARS)
+end
+
+-- `text` (event lines) with its seal: without an audit key, the seal found, unchanged; with
+-- one, the count and adopted lines carried over from its own seal (never recounted, so lines
+-- cut out stay missing; else every line of `old`, the lines before this event, adopted), moved
+-- on by this event (`grew`: a line added, else one replaced; `dropped`: lines dropped from the
+-- front), and MACed.
+local function sealed(keyed, seal, old, text, grew, dropped)
+    if keyed == nil then
+        return seal and (seal .. '\n' .. text) or text
+    end
+    local id, count, adopted
+    if seal ~= nil then
+        id, count, adopted = string.match(seal, '^#(%x+)|(%d+)|(%d+)|%x+|%x+$')
+    end
+    if id == keyed.id then
+        count, adopted = tonumber(count), tonumber(adopted)
+    elseif old == '' then
+        count, adopted = 0, 0
+    else
+        local _, breaks = string.gsub(old, '\n', '')
+        count, adopted = breaks + 1, breaks + 1
+    end
+    if grew then
+        count = count + 1
+    elseif adopted == count then -- the replaced line was adopted; its successor is keyed
+        adopted = adopted - 1
+    end
+    count = math.max(0, count - dropped)
+    adopted = math.min(count, math.max(0, adopted - dropped))
+    local fields = keyed.id .. '|' .. int(count) .. '|' .. int(adopted) .. '|'
+        .. string.sub(text, -DIGEST_CHARS)
+    return '#' .. fields .. '|' .. keyed.mac('seal|' .. fields) .. '\n' .. text
 end
 
 -- An event's line up to its digest, AT|KIND|FENCE|ATTEMPT|DETAILS, in one format call: the hot
@@ -376,15 +417,16 @@ end
 -- The first claim of a record (fence 1) usually starts its history: written with SET NX, without
 -- reading first (one call less on the hot path). The line (false when a history is already
 -- there: a record gone within the grace, then claimed anew) or a refusal ({err = ...}).
-local function start_history(hkey, r, code, info, now)
+local function start_history(hkey, r, code, info, now, keyed)
     local body = event_body(math.floor(now / 1000), code, r, info)
-    local line = body .. '|' .. chained('', body)
+    local line = body .. '|' .. chained(keyed, '', body)
+    local text = keyed and sealed(keyed, nil, '', line, true, 0) or line
     local ttl = history_ttl(r, now)
     local done
     if ttl == nil then
-        done = redis.pcall('SET', hkey, line, 'NX')
+        done = redis.pcall('SET', hkey, text, 'NX')
     else
-        done = redis.pcall('SET', hkey, line, 'NX', 'PX', ttl)
+        done = redis.pcall('SET', hkey, text, 'NX', 'PX', ttl)
     end
     if type(done) == 'table' and done.err then
         return done
@@ -416,8 +458,8 @@ end
 -- The common case, without splitting the history into lines: an event that is not counted, on a
 -- history short enough that it needs no trimming, chains to the last 16 characters (the last
 -- digest). A completion takes its claim's time from the last line; nil (another last line):
--- use `append_full`.
-local function append_fast(hkey, text, r, code, info, now)
+-- use `append_full`. The event lines after it, and the line.
+local function append_fast(text, r, code, info, now, keyed)
     local at = math.floor(now / 1000)
     local body
     if code == 'D' then
@@ -429,17 +471,17 @@ local function append_fast(hkey, text, r, code, info, now)
     else
         body = event_body(at, code, r, info)
     end
-    local line = body .. '|' .. chained(string.sub(text, -DIGEST_CHARS), body)
-    save_history(hkey, #text > 0 and (text .. '\n' .. line) or line, r, now)
-    return line
+    local line = body .. '|' .. chained(keyed, string.sub(text, -DIGEST_CHARS), body)
+    return #text > 0 and (text .. '\n' .. line) or line, line
 end
 
--- Any event, reading and rewriting the whole history: counted ones replace a last line they
--- repeat, and a history past HISTORY_MAX lines drops its oldest (anchoring the first kept).
-local function append_full(hkey, text, r, code, info, now, counted)
+-- Any event, splitting the history into lines: counted ones replace a last line they repeat,
+-- and a history past HISTORY_MAX lines drops its oldest (anchoring the first kept). The event
+-- lines after it, the line, whether it was added (not a replacement), how many were dropped.
+local function append_full(text, r, code, info, now, counted, keyed)
     local lines = history_lines(text)
     local at = int(math.floor(now / 1000))
-    local prev, anchored = '', false
+    local prev, anchored, grew = '', false, true
     local last = lines[#lines]
     if last then
         local anchor, lat, lcode, lfence, linfo, ldigest = split_line(last)
@@ -448,6 +490,7 @@ local function append_full(hkey, text, r, code, info, now, counted)
             local count = tonumber(string.match(linfo, 'n=(%d+)') or '1') + 1
             info = (info ~= '' and (info .. ',') or '') .. 'n=' .. int(count) .. ',l=' .. at
             at = lat
+            grew = false
             lines[#lines] = nil
             if anchor then
                 prev, anchored = anchor, true
@@ -469,24 +512,24 @@ local function append_full(hkey, text, r, code, info, now, counted)
         end
     end
     local body = event_body(at, code, r, info)
-    local line = body .. '|' .. chained(prev, body)
+    local line = body .. '|' .. chained(keyed, prev, body)
     if anchored then
         line = '^' .. prev .. '|' .. line
     end
     lines[#lines + 1] = line
-    if #lines > HISTORY_MAX then
-        local _, _, _, _, _, dropped = split_line(lines[#lines - HISTORY_MAX])
+    local dropped = math.max(0, #lines - HISTORY_MAX)
+    if dropped > 0 then
+        local _, _, _, _, _, before = split_line(lines[dropped])
         local kept = {}
-        for i = #lines - HISTORY_MAX + 1, #lines do
+        for i = dropped + 1, #lines do
             kept[#kept + 1] = lines[i]
         end
         if string.sub(kept[1], 1, 1) ~= '^' then
-            kept[1] = '^' .. dropped .. '|' .. kept[1]
+            kept[1] = '^' .. before .. '|' .. kept[1]
         end
         lines = kept
     end
-    save_history(hkey, table.concat(lines, '\n'), r, now)
-    return lines[#lines]
+    return table.concat(lines, '\n'), lines[#lines], grew, dropped
 end
 
 -- Append one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history and
@@ -496,26 +539,50 @@ local function record_event(key, r, code, info, now, counted)
     if audit == '' then
         return
     end
+    -- The record's history key from the last argument, or nil (no audit key: plain digests):
+    -- its id, and `mac`, HMAC-SHA1 of a text under it as Python's hmac.new(key, text, sha1)
+    -- (the first DIGEST_CHARS hex digits). Made here, not as a function of the prelude (each
+    -- of which is made again on every call), so that a store without a key pays nothing for it.
+    local keyed, given = nil, ARGV[#ARGV]
+    if given ~= '' then
+        local sub, sha = string.sub, redis.sha1hex
+        local ipad, opad = sub(given, 1, 64), sub(given, 65, 128)
+        keyed = {id = sub(given, 129), mac = function(text)
+            local h = sha(ipad .. text)
+            -- The inner digest's 20 bytes, as five 32-bit numbers (the cheapest way measured).
+            local inner = struct.pack('>I4I4I4I4I4', tonumber(sub(h, 1, 8), 16),
+                tonumber(sub(h, 9, 16), 16), tonumber(sub(h, 17, 24), 16),
+                tonumber(sub(h, 25, 32), 16), tonumber(sub(h, 33, 40), 16))
+            return sub(sha(opad .. inner), 1, DIGEST_CHARS)
+        end}
+    end
     local hkey = key .. ':h'
     local line
     if code == 'C' and r.fence == 1 then
-        line = start_history(hkey, r, code, info, now)
+        line = start_history(hkey, r, code, info, now, keyed)
         if type(line) == 'table' then
             return -- refused (a slot migration split the pair): no event this time
         end
     end
     if not line then
-        local text = redis.pcall('GET', hkey)
-        if type(text) == 'table' then
+        local stored = redis.pcall('GET', hkey)
+        if type(stored) == 'table' then
             return -- refused, as above
         end
-        text = text or ''
+        local seal, text = nil, stored or ''
+        if string.byte(text, 1) == 35 then -- '#': the seal line, then the event lines
+            local at = string.find(text, '\n', 1, true) or #text + 1
+            seal, text = string.sub(text, 1, at - 1), string.sub(text, at + 1)
+        end
+        local new, grew, dropped
         if not counted and #text < FAST_BYTES then
-            line = append_fast(hkey, text, r, code, info, now)
+            new, line = append_fast(text, r, code, info, now, keyed)
+            grew, dropped = true, 0
         end
-        if line == nil then
-            line = append_full(hkey, text, r, code, info, now, counted)
+        if not line then -- nil, or false: a fence-1 claim found a history (start_history)
+            new, line, grew, dropped = append_full(text, r, code, info, now, counted, keyed)
         end
+        save_history(hkey, sealed(keyed, seal, text, new, grew, dropped), r, now)
     end
     if audit ~= '-' then
         -- One field (fewer for XADD to encode): the line, then the tool's name after its length

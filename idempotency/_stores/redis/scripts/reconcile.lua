@@ -1,4 +1,5 @@
--- reconcile(KEYS[1]; ARGV: offset_us, fingerprint, fence, lease_us, token, said, audit, index)
+-- reconcile(KEYS[1]; ARGV: offset_us, fingerprint, fence, lease_us, token, index, said, audit,
+-- mac)
 -- Mirrors idempotency._stores.transitions.reconcile: a record still UNKNOWN under `fence` is
 -- claimed for its reconciliation (IN_PROGRESS under `token`, the fence one higher). Replies
 -- {'claimed', token, fence, attempts, 1}, {'lost'} (anything else: another resolver acted
