@@ -23,7 +23,9 @@ and `purge_expired` read and settle records, and `unreadable_records()` reports 
 listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
 `domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
-settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
+settling a record as failed is counted in. `in_doubt_records(store)` lists the records in
+doubt (UNKNOWN, or IN_PROGRESS under a lease that ran out: `lease_ran_out`), which never
+expire. `reconcile_unknown(app, store)` (a `Reconciliation`
 per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
 record)` turns a record whose lease ran out UNKNOWN as a client's retry would;
 `history_servers(history)` and `record_servers(store, key)` name the servers a record's history
@@ -71,6 +73,7 @@ from ._stores.history_verify import HistoryCheck
 from ._stores.history_verify import check as check_history
 from ._stores.history_verify import compare_stream as compare_audit_stream
 from ._stores.history_verify import verify as verify_history
+from ._stores.in_doubt import in_doubt_records, lease_ran_out
 from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
@@ -149,7 +152,9 @@ __all__ = [
     "history_servers",
     "idempotent",
     "idempotent_call_tool",
+    "in_doubt_records",
     "install",
+    "lease_ran_out",
     "open_store",
     "parse_history",
     "reconcile_unknown",

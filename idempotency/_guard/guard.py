@@ -56,7 +56,7 @@ from .._stores.store import (
     suspends,
 )
 from .._system_task import cancelled_beyond, loop_time
-from . import answers, errors
+from . import answers, errors, in_doubt_gauge
 from .caller import caller_of, cancel_requested, disconnected
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
@@ -322,6 +322,8 @@ class Guard:
                 )
             ticket.trace = trace
             ticket.arguments = call.arguments
+            ticket.server = call.server
+            in_doubt_gauge.watch(self.store)
             if convert is not None:
                 ticket.convert = convert
             try:
@@ -482,6 +484,10 @@ class Guard:
                 t.trace.outcome(Outcome.KEY_REUSED)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
+                if outcome.turned_unknown:
+                    self._turned_unknown(
+                        t, "its last lease ran out mid-call (the worker died or hung)"
+                    )
                 if not reconciled and reconciler_for(self.policy.reconcile, t.tool) is not None:
                     reconciled = True
                     claimed_at = loop_time()
@@ -924,6 +930,19 @@ class Guard:
                 )
         return False
 
+    def _turned_unknown(self, t: _Ticket, why: str) -> None:
+        """Rule 25's alert: one WARNING per record turned UNKNOWN (event `in_doubt`), from the
+        call that turned it, besides the one per -32012 answer (`unknown`, `log_answer`). The
+        record is kept, without expiry, until it is settled or reconciled;
+        `mcp_once_records_in_doubt` counts it meanwhile."""
+        t.log(
+            logging.WARNING,
+            "in_doubt",
+            "turned UNKNOWN: %s; kept, without expiry, until settled or reconciled"
+            " (mcp-once keys list --state unknown)",
+            why,
+        )
+
     async def _peek(self, t: _Ticket) -> Record | None:
         record: Record | None = None
         with anyio.CancelScope(shield=True):
@@ -956,6 +975,7 @@ class Guard:
         if not lease_lost:  # else the lost lease was logged as it was found (lease.py)
             t.log(logging.WARNING, "cut_short", "cancelled the running tool: %s", why)
         if lost and not lease_lost and not takeover and await self._leave_unknown(t, token):
+            self._turned_unknown(t, f"its execution was cut short because {why}")
             raise errors.outcome_unknown(
                 t.key, f"the attempt was cut short mid-execution because {why}"
             )

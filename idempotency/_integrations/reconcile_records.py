@@ -28,7 +28,6 @@ unknown leaves it UNKNOWN. Each is the same fenced transition as on a retry (rul
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -45,6 +44,7 @@ from .._guard.reconcile import (
     resolve,
 )
 from .._stores.history import saying, servers_of
+from .._stores.in_doubt import in_doubt_records
 from .._stores.store import ClaimStatus, KeyStore, ReconcilingStore, Record, RecordState
 from .lowlevel import GuardedCallTool
 
@@ -141,16 +141,6 @@ async def _guards_of(app: object) -> tuple[str, Lookup]:
     return found.name, lambda name: by_name.get(name) or by_name.get(name.partition("@")[0])
 
 
-async def _in_doubt(store: KeyStore, tool: str | None, limit: int) -> list[Record]:
-    """UNKNOWN records, and IN_PROGRESS ones whose lease ran out (UNKNOWN in all but name: the
-    store turns them so at the next claim), oldest first."""
-    now = time.time()
-    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
-    found = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
-    found += [r for r in running if r.lease_deadline is not None and r.lease_deadline <= now]
-    return sorted(found, key=lambda r: r.created_at)[:limit]
-
-
 def _kind(named: list[str], server: str) -> str | None:
     """Whether a record whose history names `named` is asked about by `server`'s reconcilers:
     None when it is, else why not (`OTHER_SERVER`, `SERVER_UNKNOWN`)."""
@@ -168,7 +158,7 @@ async def _candidates(
     every in-doubt record: another server's many records never starve this one's."""
     window = limit
     while True:
-        found = await _in_doubt(store, tool, window)
+        found = await in_doubt_records(store, tool=tool, limit=window)
         named = [(record, await servers_of(store, record.key)) for record in found]
         chosen: list[tuple[Record, list[str]]] = []
         counted = 0

@@ -17,6 +17,7 @@ from .mark import STORE_FORMAT, StoreMark
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
+    FENCE_MEMORY,
     ClaimOutcome,
     Clock,
     Limits,
@@ -27,7 +28,10 @@ from .store import (
     tool_label,
 )
 
-#: How long an abandoned IN_PROGRESS record and a release tombstone are kept.
+#: How long a released claim's tombstone is kept (`orphan_retention`): a retry of the call within
+#: it goes on counting its attempts (the same intent); after it, the record's fence is still
+#: remembered (`FENCE_MEMORY`). IN_PROGRESS and UNKNOWN records never expire (rule 25), so
+#: despite its name it applies to no orphaned claim.
 DEFAULT_ORPHAN_RETENTION = 24 * 3600.0
 
 
@@ -53,6 +57,8 @@ class MemoryKeyStore:
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
         self._records: dict[str, Record] = {}
+        #: The last fence of each record purged, and when it expired (rule 25).
+        self._fences: dict[str, tuple[int, float]] = {}
         self._changed: dict[str, anyio.Event] = {}
         #: The key this store MACs and seals histories with; None: plain digests.
         self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
@@ -82,16 +88,16 @@ class MemoryKeyStore:
         resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
+        now = self._clock()
         if self._mark is None:
-            self._mark = StoreMark(STORE_FORMAT, self._clock())
+            self._mark = StoreMark(STORE_FORMAT, now)
         new, outcome = rules.claim(
-            self._records.get(key),
+            self._records.get(key) or self._forgotten(key),
             key,
             fingerprint,
-            now=self._clock(),
+            now=now,
             lease=lease,
             takeover=takeover,
-            retention=self._orphan_retention,
             token=secrets.token_hex(16),
             tool=tool_label(tool),
             resend_only=resend_only,
@@ -101,14 +107,13 @@ class MemoryKeyStore:
             self._write(key, new)
         return outcome
 
+    def _forgotten(self, key: str) -> Record | None:
+        """What is kept of the purged record of `key` (`transitions.forgotten`), if anything."""
+        memo = self._fences.get(key)
+        return None if memo is None else rules.forgotten(key, *memo)
+
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
-        new = rules.renew(
-            self._records.get(key),
-            token,
-            now=self._clock(),
-            lease=lease,
-            retention=self._orphan_retention,
-        )
+        new = rules.renew(self._records.get(key), token, now=self._clock(), lease=lease)
         if new is None:
             return False
         self._records[key] = new
@@ -196,7 +201,6 @@ class MemoryKeyStore:
             now=self._clock(),
             token=secrets.token_hex(16),
             lease=lease,
-            retention=self._orphan_retention,
         )
         if new is not None:
             self._note(key, new, outcome)
@@ -216,10 +220,14 @@ class MemoryKeyStore:
         gone = [k for k, r in self._records.items() if rules.live(r, now) is None]
         for key in gone:
             record = self._records.pop(key)
+            assert record.expires_at is not None  # records without an expiry never expire
+            self._fences[key] = (record.fence, record.expires_at)
             if self._trail is not None:
                 self._trail.purged(key, record, now)
         if self._trail is not None:
             self._trail.forget_before(now)
+        for key in [k for k, (_, at) in self._fences.items() if at + FENCE_MEMORY <= now]:
+            del self._fences[key]
         return len(gone)
 
     # -- the store's mark (`mark.py`) --------------------------------------------------------

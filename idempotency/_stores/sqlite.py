@@ -39,6 +39,8 @@ from .memory import DEFAULT_ORPHAN_RETENTION
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
+    FENCE_MEMORY,
+    NEVER_EXPIRES,
     ClaimOutcome,
     Clock,
     CorruptRecord,
@@ -119,6 +121,18 @@ CREATE INDEX records_by_expiry ON records (expires_at);
 CREATE INDEX records_by_state ON records (state, created_at);
 PRAGMA application_id = {APPLICATION_ID};
 PRAGMA user_version = {SCHEMA_VERSION};
+"""
+
+#: The last fence of each record `purge_expired` removed, and when it expired: a claim of its
+#: key numbers the new execution above it for `FENCE_MEMORY` after that (rule 25). A table made
+#: in place, as the histories' are: a release before this one ignores it.
+_FENCES = """
+CREATE TABLE IF NOT EXISTS fences (
+    key TEXT PRIMARY KEY NOT NULL,
+    fence INTEGER NOT NULL,
+    expired_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fences_by_expiry ON fences (expired_at);
 """
 
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM records WHERE key = ?"
@@ -264,7 +278,6 @@ class SQLiteKeyStore:
                 now=self._clock(),
                 lease=lease,
                 takeover=takeover,
-                retention=self._orphan_retention,
                 token=token,
                 tool=label,
                 resend_only=resend_only,
@@ -274,9 +287,7 @@ class SQLiteKeyStore:
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
         def decide(record: Record | None) -> tuple[Record | None, bool]:
-            new = rules.renew(
-                record, token, now=self._clock(), lease=lease, retention=self._orphan_retention
-            )
+            new = rules.renew(record, token, now=self._clock(), lease=lease)
             return new, new is not None
 
         # A renewal changes nothing a waiter looks for, so it wakes no one.
@@ -333,7 +344,6 @@ class SQLiteKeyStore:
                 now=self._clock(),
                 token=token,
                 lease=lease,
-                retention=self._orphan_retention,
             )
 
         return await self._transition(key, decide)
@@ -378,10 +388,10 @@ class SQLiteKeyStore:
         def read(conn: sqlite3.Connection) -> list[Record]:
             now = self._clock()
             sql = (
-                f"SELECT {_COLUMNS} FROM records"
-                " WHERE state IS NOT ? AND (expires_at IS NULL OR expires_at > ?)"
+                f"SELECT {_COLUMNS} FROM records WHERE state IS NOT ?"
+                " AND (state = ? OR expires_at IS NULL OR expires_at > ?)"
             )
-            args: list[object] = [RecordState.RELEASED.value, now]
+            args: list[object] = [RecordState.RELEASED.value, RecordState.IN_PROGRESS.value, now]
             if state is not None:
                 sql += " AND state = ?"
                 args.append(state.value)
@@ -417,12 +427,15 @@ class SQLiteKeyStore:
                 gone = []
                 for row in rows:
                     try:
-                        gone.append(_decode(str(row[0]), row[1:]))
+                        record = _decode(str(row[0]), row[1:])
                     except CorruptRecord:
                         continue
+                    if rules.live(record, now) is None:  # not an in-doubt record: they stay
+                        gone.append(record)
                 conn.executemany(
                     "DELETE FROM records WHERE key = ?", [(record.key,) for record in gone]
                 )
+                _remember_fences(conn, gone, now)
                 if self._history:
                     trail.purged(conn, gone, now, self.audit_key)
                 conn.execute("COMMIT")
@@ -592,6 +605,7 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
         _schema_state(conn, where) == "ours"
         and not _missing_columns(conn)
         and not trail.missing(conn)
+        and _has_fences(conn)
         and not marks.missing(conn)
     ):
         return
@@ -607,12 +621,28 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
             conn.execute(f"ALTER TABLE records ADD COLUMN {column} {_ADDED_COLUMNS[column]}")
         # Tables added since, made in place: a release before ignores tables it does not know.
         trail.create(conn)
+        for statement in _FENCES.split(";"):
+            if statement.strip():
+                conn.execute(statement)
         marks.create(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _has_fences(conn: sqlite3.Connection) -> bool:
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='fences'")
+    return found.fetchone() is not None
+
+
+def _remember_fences(conn: sqlite3.Connection, gone: list[Record], now: float) -> None:
+    """Keep the last fence of each record `purge_expired` removes (and forget those kept past
+    their time), in its transaction."""
+    kept = [(r.key, r.fence, r.expires_at) for r in gone]
+    conn.executemany("INSERT OR REPLACE INTO fences (key, fence, expired_at) VALUES (?,?,?)", kept)
+    conn.execute("DELETE FROM fences WHERE expired_at <= ?", (now - FENCE_MEMORY,))
 
 
 def _missing_columns(conn: sqlite3.Connection) -> list[str]:
@@ -653,15 +683,23 @@ def _load(conn: sqlite3.Connection, key: str) -> Record | None:
 _LOAD_CHUNK = 500
 
 
-def _load_many(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Row]:
+def _load_many(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Row | Record]:
     """The rows of those of `keys` that have one, undecoded (a corrupt one fails only the
-    transitions on its key)."""
-    rows: dict[str, Row] = {}
+    transitions on its key); for a key without one, what is kept of its purged record
+    (`transitions.forgotten`: its last fence, and when it expired)."""
+    rows: dict[str, Row | Record] = {}
     for start in range(0, len(keys), _LOAD_CHUNK):
         chunk = keys[start : start + _LOAD_CHUNK]
         sql = f"SELECT {_COLUMNS} FROM records WHERE key IN ({','.join('?' * len(chunk))})"
         for row in conn.execute(sql, chunk):
             rows[str(row[0])] = row[1:]
+    absent = [key for key in keys if key not in rows]
+    for start in range(0, len(absent), _LOAD_CHUNK):
+        chunk = absent[start : start + _LOAD_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        sql = f"SELECT key, fence, expired_at FROM fences WHERE key IN ({marks})"
+        for key, fence, expired_at in conn.execute(sql, chunk):
+            rows[str(key)] = rules.forgotten(str(key), int(fence), float(expired_at))
     return rows
 
 
@@ -681,7 +719,8 @@ def _encode(record: Record) -> Row:
         record.updated_at,
         record.lease_deadline,
         record.completed_at,
-        record.expires_at,
+        # What the previous release needs to read an IN_PROGRESS record (`NEVER_EXPIRES`).
+        NEVER_EXPIRES if record.state is RecordState.IN_PROGRESS else record.expires_at,
         record.result,
         record.tool,
         1 if record.delivered else None,
@@ -737,7 +776,9 @@ def _decode(key: str, row: Row) -> Record:
         raise CorruptRecord(key, "an in-progress record without a token or a lease deadline")
     if record_state is RecordState.COMPLETED and (result is None or completed is None):
         raise CorruptRecord(key, "a completed record without a result or a completion time")
-    if record_state is not RecordState.UNKNOWN and expires is None:
+    if record_state is RecordState.IN_PROGRESS:
+        expires = None  # kept until it ends (rule 25): whatever expiry an older release wrote
+    elif record_state is not RecordState.UNKNOWN and expires is None:
         raise CorruptRecord(key, f"a {record_state.value} record without an expiry")
     return Record(
         key,

@@ -44,6 +44,7 @@ from idempotency import (
     domain_form,
     encode_result,
     history_saying,
+    in_doubt_records,
     record_servers,
     rfc3339,
     turn_unknown,
@@ -178,7 +179,7 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_SETTLE_RETENTION,
         metavar="SECONDS",
         help="how long a record settled as completed keeps replaying its result before it"
-        " expires (default: %(default)s, 24 h, as a completed record)",
+        " expires (default: %(default)s, 24 h, as a completed record); at least --grace",
     )
     _grace.add_arguments(settle)
     _audit.add_operator_arguments(settle, "settles")
@@ -189,7 +190,8 @@ def add_parser(commands: Any) -> None:
         help="physically remove expired records",
         description="Physically remove the records past their expiry (completed and released"
         " ones past their retention). The server already ignores them; this only frees the"
-        " space. UNKNOWN records never expire and are never purged.",
+        " space. UNKNOWN and IN_PROGRESS records never expire and are never purged; a purged"
+        " record's last fence is kept a day, so that its key's next execution gets a higher one.",
     )
     purge.set_defaults(run=_run(_purge))
 
@@ -370,15 +372,13 @@ async def _listed(
 ) -> list[Record]:
     """The records `--state` asks for, as an operator sees states: a record under a lease that
     ran out is unknown (see the module doc), not in_progress."""
-    if state not in (RecordState.UNKNOWN, RecordState.IN_PROGRESS):
+    if state is RecordState.UNKNOWN:
+        return await in_doubt_records(store, tool=tool, limit=limit, now=_grace.clock())
+    if state is not RecordState.IN_PROGRESS:
         return await store.list_records(state=state, tool=tool, limit=limit)
     now = _grace.clock()
     running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
-    if state is RecordState.IN_PROGRESS:
-        return [r for r in running if not _grace.lease_ran_out(r, now)]
-    unknown = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
-    unknown += [r for r in running if _grace.lease_ran_out(r, now)]
-    return sorted(unknown, key=lambda r: r.created_at)[:limit]
+    return [r for r in running if not _grace.lease_ran_out(r, now)]
 
 
 async def _of_server(
@@ -494,6 +494,17 @@ def _prepare_settle(args: argparse.Namespace) -> None:
         fail("--retention must be a positive number of seconds", EXIT_USAGE)
     if not (math.isfinite(args.grace) and args.grace >= 0):
         fail("--grace must be a number of seconds >= 0", EXIT_USAGE)
+    if args.retention < args.grace:
+        # Rule 25: the settled record would be gone while the worker that held it may still be
+        # merely paused, and a retry after that runs the tool again, unseen.
+        fail(
+            f"--retention {args.retention:g} s is shorter than the grace of {args.grace:g} s:"
+            " the settled record would be forgotten while the worker that held it may still"
+            " resume, and a client retrying after that runs the tool again (at a higher fence,"
+            " but a second effect all the same). Keep it at least as long as --grace (the"
+            " default keeps it 24 h). Nothing was changed.",
+            EXIT_USAGE,
+        )
     args.settled = _settled_result(args)
 
 

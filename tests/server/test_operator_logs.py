@@ -123,14 +123,17 @@ async def test_an_unknown_answer_leaves_one_warning_naming_record_tool_and_serve
             with pytest.raises(MCPError) as caught:
                 await client.call_tool("charge", ARGS, meta=meta(KEY))
     assert caught.value.code == wire.OUTCOME_UNKNOWN and effects.count == 0
-    [(level, event, message)] = lines.said()
+    # This answer's claim turned the record UNKNOWN: that is said once per record (`in_doubt`,
+    # rule 25: tests/server/test_in_doubt_alert.py), the answer once per answer.
+    [(level, event, message)] = [said for said in lines.said() if said[1] != "in_doubt"]
+    assert [event for _, event, _ in lines.said()] == ["in_doubt", "unknown"]
     assert (level, event) == (logging.WARNING, "unknown")
     assert message == (
         f"record {RECORD} (tool 'charge', server 'shop'): answered OUTCOME_UNKNOWN (-32012): an"
         " earlier execution stopped mid-tool (its lease ran out) and this tool is not safe to run"
         " twice; reconcile the record or settle it"
     )
-    assert lines.fields() == [about("unknown")]
+    assert lines.fields() == [about("in_doubt"), about("unknown")]
     never_the_callers_data(lines)
 
 
@@ -235,14 +238,15 @@ async def test_a_reconciler_that_cannot_decide_is_a_warning() -> None:
                 await client.call_tool("charge", ARGS, meta=meta(KEY))
     assert caught.value.code == wire.OUTCOME_UNKNOWN and asked == ["charge"]
     assert [(level, event) for level, event, _ in lines.said()] == [
+        (logging.WARNING, "in_doubt"),
         (logging.WARNING, "reconcile_unknown"),
         (logging.WARNING, "unknown"),
     ]
-    assert lines.said()[0][2] == (
+    assert lines.said()[1][2] == (
         f"record {RECORD} (tool 'charge', server 'shop'): the reconciler could not decide; the"
         " record stays UNKNOWN"
     )
-    assert lines.fields() == [about("reconcile_unknown"), about("unknown")]
+    assert lines.fields() == [about("in_doubt"), about("reconcile_unknown"), about("unknown")]
     never_the_callers_data(lines)
 
 

@@ -114,9 +114,6 @@ async def test_one_intent_keeps_its_key_and_a_repeat_after_delivery_gets_a_new_o
     assert (third.fence, third.attempt, third.downstream_key) == (11, 1, f"{KEY}/11")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs fences that never repeat across expiry (issue 48 item 4)"
-)
 async def test_a_record_claimed_again_after_it_expired_is_a_new_intent(backend: Backend) -> None:
     """A call 24 h later under the same client key: the record expired, the claim is a new call,
     and the system downstream (keeping its records longer) must not answer it from the old one."""

@@ -139,6 +139,11 @@ DEFAULT_SOCKET_TIMEOUT: Final = 5.0
 MAX_FINGERPRINT_BYTES: Final = 1024
 #: Durations are sent as integer microseconds; past ~31 years Lua's doubles would round them.
 MAX_SECONDS: Final = 1e9
+#: The in-doubt index's key, after the prefix (scripts/lib.lua: index).
+IN_DOUBT_INDEX: Final = b"in-doubt"
+#: Seconds one process may take to build the in-doubt index before another may (a scan of
+#: every record: ~70 s per million on one Redis).
+BUILD_LOCK: Final = 600.0
 #: How many keys one SCAN step asks for, and how many records one pipelined read carries.
 SCAN_BATCH: Final = 500
 
@@ -326,6 +331,9 @@ class RedisKeyStore:
         self._doubts = Doubts()
         self._prefix = prefix
         self._prefix_bytes = prefix.encode()
+        #: The in-doubt index (scripts/lib.lua: index); none on a cluster, where one set could
+        #: not be in every record's slot.
+        self._index = b"" if cluster is not None else self._prefix_bytes + IN_DOUBT_INDEX
         #: The prefix's mark (`mark.py`), written once by this object, before its first claim.
         self._mark_key = self._prefix_bytes + b"meta"
         self._marking = Marking()
@@ -470,7 +478,6 @@ class RedisKeyStore:
             fingerprint_bytes,
             _micros("lease", lease),
             1 if takeover else 0,
-            self._orphan_retention_us,
             token,
             (tool_label(tool) or "").encode() if tool else b"",
             1 if resend_only else 0,
@@ -506,7 +513,7 @@ class RedisKeyStore:
         lease_us = _micros("lease", lease)
         if not self._fits(key):
             return False
-        args = (token, lease_us, self._orphan_retention_us)
+        args = (token, lease_us)
         return _done(key, await self._script(lua.RENEW, self._rkey(key), args, args))
 
     async def complete(
@@ -583,8 +590,7 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.claimed(chain.said(), "reconcile")
         args = (
-            _pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
-            *self._trailer(rkey, told),
+            _pack_fingerprint(fingerprint), fence, lease_us, token, *self._trailer(rkey, told),
         )  # fmt: skip
         # Always safe to re-send as it is: reconcile.lua recognises its own token.
         if not self._durable:
@@ -655,28 +661,96 @@ class RedisKeyStore:
     ) -> list[Record]:
         """Scans every key under the prefix (SCAN plus one pipelined read per 500 keys): an
         operator's tool whose cost grows with the number of records, not a request path.
-        Records that cannot be read as ours are skipped with a warning."""
+        Records that cannot be read as ours are skipped with a warning.
+
+        In-doubt records (IN_PROGRESS and UNKNOWN) are read from their index instead, off a
+        cluster (`_list_in_doubt`): what `keys list --state unknown` lists costs as many reads
+        as there are records in doubt or running, however many the store holds."""
         check_list_limit(limit)
-
-        def order(record: Record) -> tuple[float, str]:
-            return (record.created_at, record.key)
-
+        if state in _IN_DOUBT and self._index:
+            return await self._list_in_doubt(state, tool, limit)
         found: list[Record] = []
         async for rkeys in self._scan():
             replies = await self._script_many(lua.READ, rkeys)
-            for rkey, reply in zip(rkeys, replies, strict=True):
-                key = self._key_of(rkey)
-                try:
-                    record = _visible(key, reply)
-                except CorruptRecord as exc:
-                    pass_over(exc)
-                    continue
-                if record is not None and rules.listed(record, state, tool):
-                    found.append(record)
+            self._keep_listed(rkeys, replies, state, tool, found)
             if limit >= 0 and len(found) > 2 * limit + SCAN_BATCH:
-                found = heapq.nsmallest(limit, found, key=order)
-        found.sort(key=order)
+                found = heapq.nsmallest(limit, found, key=_listing_order)
+        found.sort(key=_listing_order)
         return found[:limit]
+
+    async def _list_in_doubt(
+        self, state: RecordState | None, tool: str | None, limit: int
+    ) -> list[Record]:
+        """`list_records` of one in-doubt state, from the in-doubt index (scripts/lib.lua:
+        index): SSCAN plus one pipelined read per 500 members, each of which drops a member
+        whose record left doubt meanwhile. An index not marked complete (a store written before
+        it, or emptied by `delete_all`) is built first (`_build_index`)."""
+        index = self._index
+        await self._build_index(index)
+        found: list[Record] = []
+        seen: set[bytes] = set()  # SSCAN may repeat a member
+        cursor = b"0"
+        while True:
+            step = command(b"SSCAN", index, cursor, b"COUNT", SCAN_BATCH)
+            with self._reaching():
+                cursor, members = await self._plain(step)
+            rkeys = [m for m in members if m and m not in seen]
+            seen.update(rkeys)
+            if rkeys:
+                replies = await self._script_many(lua.IN_DOUBT, rkeys)
+                self._keep_listed(rkeys, replies, state, tool, found)
+            if cursor == b"0":
+                break
+        found.sort(key=_listing_order)
+        return found[:limit]
+
+    async def _build_index(self, index: bytes) -> None:
+        """Make sure the in-doubt index is complete: unless marked so, one process builds it by
+        one scan of every record (each in doubt added by a script, atomically with its
+        record), under a lock (`{prefix}in-doubt:building`, held at most `BUILD_LOCK`), while
+        any other waits for the mark (every replica's gauge count starts at once after an
+        upgrade: one scan, not one per replica). A builder that died leaves the lock to expire,
+        and the next to find it gone builds."""
+        lock = index + b":building"
+        delay = 0.05
+        while True:
+            with self._reaching():
+                if await self._plain(command(b"SISMEMBER", index, b"")):
+                    return
+                took = await self._plain(
+                    command(b"SET", lock, b"1", b"NX", b"PX", int(BUILD_LOCK * 1000))
+                )
+            if took is not None:
+                break
+            await anyio.sleep(delay)  # another process is building it
+            delay = min(delay * 2, 1.0)
+        try:
+            async for rkeys in self._scan():
+                await self._script_many(lua.INDEX, rkeys)
+            with self._reaching():
+                await self._plain(command(b"SADD", index, b""))
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError), self._reaching():
+                await self._plain(command(b"DEL", lock))
+
+    def _keep_listed(
+        self,
+        rkeys: Sequence[bytes],
+        replies: Sequence[Any],
+        state: RecordState | None,
+        tool: str | None,
+        found: list[Record],
+    ) -> None:
+        """Add to `found` the records read (`replies` to READ of `rkeys`) that are visible and
+        pass the listing's filters; an unreadable one is passed over (`pass_over`)."""
+        for rkey, reply in zip(rkeys, replies, strict=True):
+            try:
+                record = _visible(self._key_of(rkey), reply)
+            except CorruptRecord as exc:
+                pass_over(exc)
+                continue
+            if record is not None and rules.listed(record, state, tool):
+                found.append(record)
 
     async def purge_expired(self) -> int:
         """Deletes records whose logical expiry has passed (SCAN over the prefix, as in
@@ -701,7 +775,12 @@ class RedisKeyStore:
             deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
         if self._cluster is None:  # a cluster keeps no stream (its histories are its trail)
             with self._reaching():
-                await self._plain(command(b"UNLINK", self._prefix_bytes + b"audit"))
+                await self._plain(
+                    command(
+                        b"UNLINK", self._prefix_bytes + b"audit", self._index,
+                        self._index + b":building",
+                    )
+                )  # fmt: skip
         await self._script(lua.FORGET, self._mark_key, (), ())
         self._marking = Marking()  # this object's next claim marks the prefix again
         return deleted
@@ -748,18 +827,19 @@ class RedisKeyStore:
 
     # -- history (rule 20) -------------------------------------------------------------------
 
-    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes, bytes]:
-        """An audited script's three last arguments (lib.lua): what the caller said, where
+    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes, bytes, bytes]:
+        """An audited script's four last arguments (lib.lua): the in-doubt index ('' on a
+        cluster), what the caller said, where
         the audit stream is ('' when this store keeps no history; '-' on a cluster, where the
         histories are the audit trail: `history.py`), and the record's history key ('' without
         an audit key: `RecordMac.script_argument`)."""
         if not self._history:
-            return b"", b"", b""
+            return self._index, b"", b"", b""
         stream = b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
         if self.audit_key is None:
-            return said.encode(), stream, b""
+            return self._index, said.encode(), stream, b""
         mac = self.audit_key.record(self._key_of(rkey)).script_argument()
-        return said.encode(), stream, mac
+        return self._index, said.encode(), stream, mac
 
     async def history(self, key: str) -> str | None:
         """The record's history as stored (`history.parse` reads it); None: it has none."""
@@ -1268,8 +1348,22 @@ def _claim_outcome(key: str, reply: Any) -> ClaimOutcome:
     if kind == b"mismatch":
         return ClaimOutcome(ClaimStatus.MISMATCH)
     if kind == b"unknown":
-        return ClaimOutcome(ClaimStatus.UNKNOWN, fence=int(reply[1]), attempts=int(reply[2]))
+        return ClaimOutcome(
+            ClaimStatus.UNKNOWN,
+            fence=int(reply[1]),
+            attempts=int(reply[2]),
+            turned_unknown=int(reply[3]) == 1,
+        )
     raise _failed(key, reply)
+
+
+#: The states the in-doubt index holds (scripts/lib.lua: index).
+_IN_DOUBT: Final = (RecordState.IN_PROGRESS, RecordState.UNKNOWN)
+
+
+def _listing_order(record: Record) -> tuple[float, str]:
+    """`list_records` lists oldest first."""
+    return (record.created_at, record.key)
 
 
 #: A COMPLETED record's delivery mark, in its lease slot (scripts/lib.lua).

@@ -1,4 +1,5 @@
--- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0, said, audit, mac)
+-- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0,
+--          index, said, audit, mac)
 -- said: '', a reconciliation's details (a=ANSWER, and b=/r= when an operator asked), written
 -- as a reconciled event first, and/or the upstream's replay (u=replayed, last), added to the
 -- completed event. Values are percent-encoded, so "u=" can only start the u pair.

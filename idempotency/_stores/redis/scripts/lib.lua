@@ -26,6 +26,23 @@
 --
 -- All times are microseconds of the Redis clock (TIME) plus ARGV[1], a test-only offset.
 -- expires_us decides liveness; the key's PEXPIRE is only garbage collection, never earlier.
+--
+-- IN_PROGRESS and UNKNOWN records never expire (rule 25: an in-doubt record is never forgotten
+-- unseen) and have no PEXPIRE. An UNKNOWN record stores expires_us 0; an IN_PROGRESS one stores
+-- NEVER, because the previous release refuses an IN_PROGRESS record without an expiry (and
+-- reads NEVER as a deadline it never reaches). This release reads any IN_PROGRESS expiry as 0.
+--
+-- A key's fence never repeats (rule 25): a record saved with an expiry leaves its fence in a
+-- memo beside it, KEYS[1] .. ':f' (the same hash tag, so the same slot; pcall, as the history),
+-- "FENCE:EXPIRES_US", which a claim of the key after the record expired numbers its new
+-- execution above, for FENCE_MEMORY past the record's expiry (`remembered_fence`).
+--
+-- In-doubt index: the set ARGV[#ARGV - 3] (audited scripts; '' on a Redis Cluster, where one
+-- set could not share every record's slot) holds the key of every IN_PROGRESS or UNKNOWN record,
+-- changed by `save` in the transition's own script, so that listing them reads only them
+-- (`RedisKeyStore.list_records`). Its member '' marks it complete (built by a scan of every
+-- record the first time it is read: records written before it, or by the previous release,
+-- are found that way; `purge` adds any it meets too).
 
 local FORMAT, FORMAT_WITH_TOOL = 1, 2
 local IN_PROGRESS, COMPLETED, UNKNOWN, RELEASED = 1, 2, 3, 4
@@ -33,6 +50,11 @@ local HEAD = '>BBi8i8i8i8i8i8i8'
 local HEAD_BYTES = 58
 local DELIVERED = 1
 local TOKEN_BYTES = 32
+-- The expiry an IN_PROGRESS record stores (year 2286; idempotency._stores.store.NEVER_EXPIRES).
+local NEVER = 1e16
+-- How long a record's fence is remembered after it expired (idempotency._stores.store.
+-- FENCE_MEMORY: a day).
+local FENCE_MEMORY_US = 86400000000
 -- A logically expired record stays physically at least this long, so purge can still count it.
 local MIN_TTL_MS = 1000
 
@@ -93,9 +115,13 @@ local function decode(raw)
     if (st == IN_PROGRESS) ~= (tlen == TOKEN_BYTES) or (st ~= IN_PROGRESS and tlen ~= 0) then
         return nil, 'token does not match the state'
     end
-    if (st == UNKNOWN) ~= (ex == 0) then
+    if (st == UNKNOWN and ex ~= 0) or ((st == COMPLETED or st == RELEASED) and ex == 0) then
         return nil, 'expiry does not match the state'
     end
+    if st == IN_PROGRESS then
+        rec.expires = 0 -- kept until it ends, whatever expiry it was stored with
+    end
+    rec.saved_state = st
     if (st == IN_PROGRESS and ls <= 0) or (st == COMPLETED and cp <= 0) then
         return nil, 'deadline missing for the state'
     end
@@ -122,13 +148,46 @@ local function encode(r)
     if #r.tool > 0 then
         format, tool = FORMAT_WITH_TOOL, string.char(#r.tool) .. r.tool
     end
+    local expires = r.expires
+    if r.state == IN_PROGRESS then
+        expires = NEVER
+    end
     return struct.pack(HEAD, format, r.state, r.fence, r.attempts, r.created, r.updated,
-            r.lease, r.completed, r.expires)
+            r.lease, r.completed, expires)
         .. struct.pack('>H', #r.fp) .. r.fp .. string.char(#r.token) .. r.token .. tool
         .. r.result
 end
 
+-- Whether a record in `state` is in doubt, or may turn so: IN_PROGRESS or UNKNOWN.
+local function open(state)
+    return state == IN_PROGRESS or state == UNKNOWN
+end
+
+-- Keep the in-doubt index in step with the record `r` at `key` about to be saved, when its state
+-- changes (which only audited scripts do: their trailer carries the index's key; a renewal or a
+-- delivery mark changes no state): in it while in doubt, out of it once not. Adding on every
+-- change within doubt too (a record the previous release claimed, turned UNKNOWN here) keeps a
+-- record written without the index from staying out of it. Before the record is written: a
+-- failure changes nothing.
+local function index(key, r)
+    local before = r.saved_state
+    if r.state == before then
+        return
+    end
+    r.saved_state = r.state
+    local set = ARGV[#ARGV - 3]
+    if set == '' then
+        return
+    end
+    if open(r.state) then
+        redis.call('SADD', set, key)
+    elseif open(before) then
+        redis.call('SREM', set, key)
+    end
+end
+
 local function save(key, r, now)
+    index(key, r)
     local raw = encode(r)
     if r.expires == 0 then
         redis.call('SET', key, raw)
@@ -136,6 +195,28 @@ local function save(key, r, now)
     end
     local ttl = math.max(math.ceil((r.expires - now) / 1000), MIN_TTL_MS)
     redis.call('SET', key, raw, 'PX', int(ttl))
+    local forget = r.expires + FENCE_MEMORY_US
+    redis.pcall('SET', key .. ':f', int(r.fence) .. ':' .. int(r.expires), 'PX',
+        int(math.max(math.ceil((forget - now) / 1000), MIN_TTL_MS)))
+end
+
+-- The last fence of the record at `key` that expired (`stored`: it, if still stored), while it
+-- is remembered: FENCE_MEMORY past the record's expiry (0: none). Mirrors idempotency._stores.
+-- transitions.remembered.
+local function remembered_fence(key, stored, now)
+    local fence = 0
+    if stored ~= nil and stored.expires ~= 0 and stored.expires + FENCE_MEMORY_US > now then
+        fence = stored.fence
+    end
+    local memo = redis.pcall('GET', key .. ':f')
+    if type(memo) ~= 'string' then
+        return fence
+    end
+    local kept, expired = string.match(memo, '^(%d+):(%d+)$')
+    if kept ~= nil and tonumber(expired) + FENCE_MEMORY_US > now then
+        fence = math.max(fence, tonumber(kept))
+    end
+    return fence
 end
 
 local function live(r, now)
@@ -143,6 +224,14 @@ local function live(r, now)
         return nil
     end
     return r
+end
+
+-- The record as read.lua replies it:
+--   {'record', now, state, fence, attempts, created, updated, lease, completed, expires,
+--    fingerprint, token, result, tool ('' when the record names none)}
+local function fields(r, now)
+    return {'record', now, r.state, r.fence, r.attempts, r.created, r.updated, r.lease,
+        r.completed, r.expires, r.fp, r.token, r.result, r.tool}
 end
 
 -- The record while `token` holds its claim (even past the lease, as long as no one took over).
@@ -225,7 +314,8 @@ end
 -- a slot's records would be a key no script declares, split from them by a migration); and
 -- ARGV[#ARGV], '' or, with an audit key, this record's own history key as HMAC-SHA1's two
 -- padded blocks (64 bytes each) and the audit key's id (idempotency._stores.audit_key): never
--- the audit key itself, and never stored.
+-- the audit key itself, and never stored. Before these three, ARGV[#ARGV - 3]: the in-doubt
+-- index's key (see `index`).
 local HISTORY_MAX = 32
 local HISTORY_GRACE_MS = 86400000
 local AUDIT_MAX = '100000' -- a string: XADD takes it as is
@@ -321,17 +411,6 @@ local function save_history(hkey, text, r, now)
         redis.call('SET', hkey, text)
     else
         redis.call('SET', hkey, text, 'PX', ttl)
-    end
-end
-
--- Stretch the history's time to live to its record's plus the grace, for a write that moves the
--- record's expiry without an event (a renewal, a re-sent claim): a call running longer than its
--- first lease + orphan retention + grace keeps the claim its completion chains to. PEXPIRE on a
--- missing history (none kept) does nothing; pcall: a migration may have split the pair.
-local function keep_history(key, r, now)
-    local ttl = history_ttl(r, now)
-    if ttl ~= nil then
-        redis.pcall('PEXPIRE', key .. ':h', ttl)
     end
 end
 
@@ -518,14 +597,14 @@ end
 -- saved with its claimed event (said(): the claimer's scope digest, and why). A claim's takeover
 -- of an expired lease (claim.lua) and a reconciliation's claim of an UNKNOWN record
 -- (reconcile.lua).
-local function hand_over(key, r, token, lease, retention, now)
+local function hand_over(key, r, token, lease, now)
     r.state = IN_PROGRESS
     r.token = token
     r.fence = r.fence + 1
     r.attempts = r.attempts + 1
     r.updated = now
     r.lease = now + lease
-    r.expires = now + lease + retention
+    r.expires = 0
     save(key, r, now)
     record_event(key, r, 'C', said(), now, false)
 end

@@ -1,4 +1,5 @@
--- settle(KEYS[1]; ARGV: offset_us, has_result 1|0, retention_us, result, resent 1|0, said, audit, mac)
+-- settle(KEYS[1]; ARGV: offset_us, has_result 1|0, retention_us, result, resent 1|0, index,
+--        said, audit, mac)
 -- Mirrors idempotency._stores.transitions.settle: only an UNKNOWN record takes an operator's
 -- verdict.
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}.
