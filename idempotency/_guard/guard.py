@@ -187,6 +187,9 @@ class _Ticket:
     convert: Convert = as_call_result
     #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
     scope_digest: str | None = None
+    #: A digest of the authenticated principal (None without one), for the same events: who
+    #: claimed, the same digest on every server (`principal_digest`), never the principal.
+    principal_digest: str | None = None
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -339,6 +342,7 @@ class Guard:
             key_argument=policy.key_argument,
             key_header=policy.key_header,
         )
+        principal = principal_of(call.request)
         scopes: list[str] = []
         if found or policy.keys != "derived":
             resolved = resolve_key(found, policy.keys, _underived, elsewhere=self._elsewhere())
@@ -355,7 +359,7 @@ class Guard:
                 if fp is None:
                     raise errors.unfingerprintable(None, fp_problem)
                 params = call.request.params if call.request is not None else None
-                scopes.append(self._scope(call))
+                scopes.append(self._scope(call, principal))
                 return derive_key(
                     scopes[0],
                     call.tool,
@@ -373,7 +377,7 @@ class Guard:
         assert fp is not None
         key, source = resolved
         # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
-        scope = scopes[0] if scopes else self._scope(call)
+        scope = scopes[0] if scopes else self._scope(call, principal)
         derived = source is KeySource.DERIVED
         return _Ticket(
             call.tool,
@@ -385,11 +389,12 @@ class Guard:
             derived,
             call.request if derived else None,
             scope_digest=scope_digest(scope),
+            principal_digest=None if principal is None else scope_digest(principal),
         )
 
-    def _scope(self, call: ToolCall) -> str:
-        """The partition the call's key lives in (`Policy.scope`)."""
-        principal = principal_of(call.request)
+    def _scope(self, call: ToolCall, principal: str | None) -> str:
+        """The partition the call's key lives in (`Policy.scope`); `principal`: the call's
+        authenticated principal (`principal_of`)."""
         scope_fn = self.policy.scope
         if scope_fn is default_scope:
             pair = (call.server, principal)
@@ -435,7 +440,8 @@ class Guard:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
                 # (A claim that never suspends cannot be cut short: it needs no scope.)
-                with saying(scope=t.scope_digest):  # for the claimed event (rule 20)
+                # For the claimed event (rule 20): who claimed, as digests.
+                with saying(scope=t.scope_digest, principal=t.principal_digest):
                     if self._claim_suspends:
                         with anyio.CancelScope(shield=True):
                             outcome = await self._claim(t, takeover)

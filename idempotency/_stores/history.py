@@ -138,8 +138,9 @@ class Said:
 
     #: released: why (effect_free, nothing_done, cancelled, ...).
     why: str | None = None
-    #: claimed: a digest of the caller's scope.
+    #: claimed: a digest of the caller's scope, and of its authenticated principal (if any).
     scope: str | None = None
+    principal: str | None = None
     #: settled: by whom, and why.
     by: str | None = None
     reason: str | None = None
@@ -178,7 +179,8 @@ def said() -> Said:
 
 
 def scope_digest(scope: str) -> str:
-    """The caller's scope as the history keeps it: a digest, never the principal itself."""
+    """The caller's scope (or its principal's canonical text) as the history keeps it: a digest,
+    never the principal itself."""
     return hashlib.sha256(scope.encode()).hexdigest()[:DIGEST_CHARS]
 
 
@@ -258,12 +260,12 @@ def _claim_events(
         if outcome.took_over and before is not None and before.state is RecordState.UNKNOWN:
             # Rule 19: claimed for its reconciliation (`reconcile`); its lost lease is already
             # in the history.
-            return [("C", outcome.fence, outcome.attempts, details(p=told.scope, w="reconcile"))]
-        claimed = ("C", outcome.fence, outcome.attempts, details(p=told.scope))
+            return [("C", outcome.fence, outcome.attempts, claimed(told, "reconcile"))]
+        claim = ("C", outcome.fence, outcome.attempts, claimed(told))
         if outcome.took_over and before is not None:
             lost = ("L", before.fence, before.attempts, details(w="taken_over"))
-            return [lost, claimed]
-        return [claimed]
+            return [lost, claim]
+        return [claim]
     if status is ClaimStatus.REPLAY:
         return [("P", outcome.fence or 0, outcome.attempts, "")]
     if (
@@ -277,6 +279,12 @@ def _claim_events(
     if code is None or before is None:
         return []
     return [("X", before.fence, before.attempts, details(c=code))]
+
+
+def claimed(told: Said, why: str | None = None) -> str:
+    """DETAILS of a claimed event: who claimed (digests of its scope and principal), and why
+    when it is not a plain call's claim (`reconcile`)."""
+    return details(p=told.scope, u=told.principal, w=why)
 
 
 def settled(done: bool, told: Said) -> str:
@@ -382,6 +390,7 @@ def parse(text: str | None) -> list[Event]:
 #: DETAILS' keys as operators read them.
 NAMES = {
     "p": "scope",
+    "u": "principal",
     "s": "result_bytes",
     "d": "duration_ms",
     "n": "count",

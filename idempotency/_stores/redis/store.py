@@ -451,7 +451,7 @@ class RedisKeyStore:
         )
         # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
         first, again = _resendable(doubted is not None, *args)
-        trailer = self._trailer(rkey, chain.details(p=chain.said().scope))
+        trailer = self._trailer(rkey, chain.claimed(chain.said()))
         first, again = (*first, *trailer), (*again, *trailer)
         try:
             if not self._durable:
@@ -552,7 +552,7 @@ class RedisKeyStore:
         token = os.urandom(16).hex()
         lease_us = _micros("lease", lease)
         rkey = self._rkey(key)
-        told = chain.details(p=chain.said().scope, w="reconcile")
+        told = chain.claimed(chain.said(), "reconcile")
         args = (
             _pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
             *self._trailer(rkey, told),
