@@ -18,7 +18,8 @@ anything implementing `KeyStore` will do. Records (`Record`, `RecordState`) and 
 (`StoreError` and its subclasses) are the same for every backend.
 
 Operator tooling (what `mcp-once keys` is built on): `store_key` (with `default_scope` and
-`CallScope`) names the record of a key a client sent; `KeyStore.get`, `list_records`, `settle`
+`CallScope`) names the record of a key a client sent; `principal_digest` names an authenticated
+principal as records' histories do; `KeyStore.get`, `list_records`, `settle`
 and `purge_expired` read and settle records, and `unreadable_records()` reports the ones a
 listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
 `domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
@@ -56,7 +57,7 @@ from ._guard.replay import (
     encode_result,
     rfc3339,
 )
-from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
+from ._guard.scope import CallScope, ScopeFn, default_scope, principal_digest, store_key
 from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
 from ._integrations.mcpserver.decorator import idempotent
 from ._integrations.mcpserver.install import install
@@ -157,6 +158,7 @@ __all__ = [
     "lease_ran_out",
     "open_store",
     "parse_history",
+    "principal_digest",
     "reconcile_unknown",
     "record_servers",
     "rfc3339",

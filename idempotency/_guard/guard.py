@@ -197,6 +197,9 @@ class _Ticket:
     def log(self, level: int, event: str, what: str, *args: object) -> None:
         """A log line about the ticket's record (`telemetry.log_about`)."""
         log_about(level, event, self.store_key, self.tool, self.server, what, *args)
+    #: A digest of the authenticated principal (None without one), for the same events: who
+    #: claimed, the same digest on every server (`principal_digest`), never the principal.
+    principal_digest: str | None = None
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -360,6 +363,7 @@ class Guard:
             key_argument=policy.key_argument,
             key_header=policy.key_header,
         )
+        principal = principal_of(call.request)
         scopes: list[str] = []
         if found or policy.keys != "derived":
             resolved = resolve_key(found, policy.keys, _underived, elsewhere=self._elsewhere())
@@ -376,7 +380,7 @@ class Guard:
                 if fp is None:
                     raise errors.unfingerprintable(None, fp_problem)
                 params = call.request.params if call.request is not None else None
-                scopes.append(self._scope(call))
+                scopes.append(self._scope(call, principal))
                 return derive_key(
                     scopes[0],
                     call.tool,
@@ -394,7 +398,7 @@ class Guard:
         assert fp is not None
         key, source = resolved
         # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
-        scope = scopes[0] if scopes else self._scope(call)
+        scope = scopes[0] if scopes else self._scope(call, principal)
         derived = source is KeySource.DERIVED
         return _Ticket(
             call.tool,
@@ -407,11 +411,12 @@ class Guard:
             call.request if derived else None,
             scope_digest=scope_digest(scope),
             server=call.server,
+            principal_digest=None if principal is None else scope_digest(principal),
         )
 
-    def _scope(self, call: ToolCall) -> str:
-        """The partition the call's key lives in (`Policy.scope`)."""
-        principal = principal_of(call.request)
+    def _scope(self, call: ToolCall, principal: str | None) -> str:
+        """The partition the call's key lives in (`Policy.scope`); `principal`: the call's
+        authenticated principal (`principal_of`)."""
         scope_fn = self.policy.scope
         if scope_fn is default_scope:
             pair = (call.server, principal)
@@ -457,8 +462,10 @@ class Guard:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
                 # (A claim that never suspends cannot be cut short: it needs no scope.)
-                # For the claimed event (rule 20): whose scope, which server.
-                with saying(scope=t.scope_digest, server=t.server or None):
+                # For the claimed event (rule 20): whose scope, which server, who claimed.
+                with saying(
+                    scope=t.scope_digest, server=t.server or None, principal=t.principal_digest
+                ):
                     if self._claim_suspends:
                         with anyio.CancelScope(shield=True):
                             outcome = await self._claim(t, takeover)

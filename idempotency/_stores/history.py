@@ -159,10 +159,12 @@ class Said:
 
     #: released: why (effect_free, nothing_done, cancelled, ...).
     why: str | None = None
-    #: claimed: a digest of the caller's scope, and its server's name (`CallScope.server`), so
-    #: that a record knows its server (rule 25: operator tools act within one server's records).
+    #: claimed: a digest of the caller's scope, its server's name (`CallScope.server`), so that
+    #: a record knows its server (rule 25: operator tools act within one server's records), and
+    #: a digest of its authenticated principal (if any).
     scope: str | None = None
     server: str | None = None
+    principal: str | None = None
     #: settled, and reconciled by an operator (`keys reconcile`): by whom, and why.
     by: str | None = None
     reason: str | None = None
@@ -204,7 +206,8 @@ def said() -> Said:
 
 
 def scope_digest(scope: str) -> str:
-    """The caller's scope as the history keeps it: a digest, never the principal itself."""
+    """The caller's scope (or its principal's canonical text) as the history keeps it: a digest,
+    never the principal itself."""
     return hashlib.sha256(scope.encode()).hexdigest()[:DIGEST_CHARS]
 
 
@@ -308,8 +311,9 @@ def _claim_events(
 
 
 def claimed(told: Said, why: str | None = None) -> str:
-    """DETAILS of a claimed event: the claimer's scope digest, its server's name, why."""
-    return details(p=told.scope, v=told.server, w=why)
+    """DETAILS of a claimed event: the claimer's scope digest, its server's name, its
+    principal's digest, and why when it is not a plain call's claim (`reconcile`)."""
+    return details(p=told.scope, v=told.server, i=told.principal, w=why)
 
 
 def reconciled(told: Said) -> str:
@@ -500,6 +504,7 @@ def parse(text: str | None) -> list[Event]:
 NAMES = {
     "p": "scope",
     "v": "server",
+    "i": "principal",
     "s": "result_bytes",
     "d": "duration_ms",
     "n": "count",

@@ -1,8 +1,9 @@
 """`mcp-once keys`: see and settle records, for the operator who must reconcile an unknown outcome.
 
-`keys list` shows per record its tool, state, age, lease and fence, and filters by state, tool
-and age. Records are stored under a hash, so the tool's name is what tells an operator which
-record is which; records written by a release that did not store it show "-" (and never match
+`keys list` shows per record its tool, state, age, lease and fence, and the authenticated
+principal that claimed it, by digest (`_principals`), and filters by state, tool and age.
+Records are stored under a hash, so the tool's name is what tells an operator which record is
+which; records written by a release that did not store it show "-" (and never match
 `--tool`). Stored results are not printed unless asked (`--reveal-result`): they are user data,
 and an operator listing records should not see them by accident. Records that cannot be read
 are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
@@ -51,7 +52,7 @@ from idempotency import (
     unreadable_records,
 )
 
-from . import _addressing, _audit, _durations, _grace, _reconcile
+from . import _addressing, _audit, _durations, _grace, _principals, _reconcile
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -339,6 +340,7 @@ _COLUMNS = (
     "expiresAt",
     "resultBytes",
     "server",
+    "principal",
 )
 
 
@@ -422,6 +424,7 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
         )
     if args.state == CORRUPT:
         rows = [row for row in rows if row["state"] == CORRUPT]
+    await _principals.add_principals(store, rows)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
@@ -446,6 +449,7 @@ async def _show(store: KeyStore, args: argparse.Namespace) -> int:
         return await _addressing.absent(store, args)
     servers = await record_servers(store, record.key)
     described = _describe(record, reveal=args.reveal_result, servers=servers)
+    await _principals.add_principals(store, [described])
     if args.json:
         json.dump(described, sys.stdout, indent=2)
         print()

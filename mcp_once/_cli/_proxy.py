@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ import anyio
 
 from mcp_once._upstream import LoopError, Upstream, UpstreamConfigError, check_chain, loop_message
 
+from . import _front, _upstream_headers
 from ._common import (
     EXIT_OK,
     EXIT_UNREACHABLE,
@@ -72,6 +73,7 @@ def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy", metavar="FILE", help='per-tool policy (TOML, [tools."<name or glob>"] tables)'
     )
+    _upstream_headers.add_option(parser)
 
 
 def add_parser(commands: Any) -> None:
@@ -104,6 +106,7 @@ def add_parser(commands: Any) -> None:
         proxy,
         fallback=f"a SQLite file per upstream in {state_folder()}{os.sep} (NAME-ID.sqlite3)",
     )
+    _front.add_options(proxy)
     proxy.set_defaults(run=run_proxy)
     tools = commands.add_parser(
         "tools",
@@ -163,10 +166,13 @@ def parse_command(root: argparse.ArgumentParser, words: Sequence[str]) -> argpar
     return args
 
 
-def upstream_of(args: argparse.Namespace, folder: str | None = None) -> Upstream:
+def upstream_of(
+    args: argparse.Namespace, folder: str | None = None, environ: Mapping[str, str] | None = None
+) -> Upstream:
     """The upstream `args` name, or `UpstreamConfigError` saying what is wrong (no upstream, two
     that conflict, a bad config entry or name). `folder`: where a relative `--config` is read
-    from (the working directory of the proxy that was given it)."""
+    from (the working directory of the proxy that was given it); `environ`: where its
+    `--upstream-header` values are read (that proxy's environment; default ours)."""
     command: list[str] = args.command_line
     named = [
         f"the command {command[0]!r}" if command else None,
@@ -193,7 +199,11 @@ def upstream_of(args: argparse.Namespace, folder: str | None = None) -> Upstream
     else:
         upstream = Upstream.from_config(os.path.join(folder or "", args.config), args.server)
     name = getattr(args, "name", None)
-    return upstream if name is None else replace(upstream, label=name)
+    upstream = upstream if name is None else replace(upstream, label=name)
+    headers = getattr(args, "upstream_header", None) or []
+    return _upstream_headers.with_headers(
+        upstream, headers, os.environ if environ is None else environ
+    )
 
 
 def _upstream(args: argparse.Namespace) -> Upstream:
@@ -235,7 +245,7 @@ def _inner(upstream: Upstream) -> Wrapped | None:
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             args = parse_proxy_arguments(rest)
-        inner = upstream_of(args, folder)
+        inner = upstream_of(args, folder, {**os.environ, **upstream.env})
     except (SystemExit, UpstreamConfigError):
         return None
     if inner.command:
@@ -344,10 +354,14 @@ def run_proxy(args: argparse.Namespace) -> int:
     if args.list:
         return print_proxies()
     logging.basicConfig(level=logging.WARNING)  # to stderr: stdout is the MCP channel in stdio
+    listen = _listen(args.listen) if args.listen else None
+    front = _front.check(args, listen)  # at once: an open listener is refused before anything
     upstream = _upstream(args)
     wrapped = _check_loops(upstream)  # at once: before FastMCP is imported (seconds)
     _need_fastmcp()
     from mcp_once.proxy import PolicyError, UpstreamStartFailed, build_proxy
+
+    auth = _front.auth_of(front)
 
     if wrapped:
         logger.warning(
@@ -357,14 +371,14 @@ def run_proxy(args: argparse.Namespace) -> int:
             wrapped[-1].upstream.name,
         )
     policy = _policy(args)
-    listen = _listen(args.listen) if args.listen else None
     identity = upstream.identity
     url = _store_url(args, identity.stem)
     _record(upstream, url, default=args.store is None)
     store = open_or_fail(url)
     options: dict[str, Any] = {"key_header": "Idempotency-Key"} if listen else {}
+    limits: dict[str, Any] = {"max_in_flight": args.max_in_flight, "max_body": args.max_body}
     try:
-        server = build_proxy(upstream, store, policy=policy, **options)
+        server = build_proxy(upstream, store, policy=policy, auth=auth, **limits, **options)
     except (PolicyError, TypeError, ValueError) as exc:
         fail(f"the policy cannot be applied: {exc}", EXIT_USAGE)
 
@@ -374,6 +388,7 @@ def run_proxy(args: argparse.Namespace) -> int:
                 await server.run_async(transport="stdio", show_banner=False)
                 return
             host, port = listen
+            await _front.announce(front, auth)
             async with server.opened():
                 # Host and Origin are checked when the proxy listens on a loopback address (DNS
                 # rebinding: a web page must not reach a local proxy), as MCP's transports say;

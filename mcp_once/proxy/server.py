@@ -2,7 +2,8 @@
 
 What `mcp-once proxy` runs, and the Python API beside it: the result is a plain `FastMCP`
 server, so a user adds middleware of their own (`server.add_middleware`), mounts it, or runs it on
-any transport FastMCP serves.
+any transport FastMCP serves. Its HTTP front takes FastMCP's `auth=` (`auth.py`) and bounds
+request bodies and each principal's calls in flight (`limits.py`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,20 @@ from typing import Any
 
 import mcp_types
 from fastmcp import FastMCP
+from fastmcp.server.auth import AuthProvider
+from fastmcp.server.http import StarletteWithLifespan
 from fastmcp.server.middleware import CallNext, MiddlewareContext
 from fastmcp.server.providers.proxy import ProxyMetadataMiddleware, ProxyProvider
+from starlette.middleware import Middleware
 
 from idempotency import KeyStore
+from mcp_once._limits import DEFAULT_MAX_BODY, DEFAULT_MAX_IN_FLIGHT
 from mcp_once._upstream import Upstream
 from orchestrator import RetryPolicy
 
 from .completions import forward_completions
 from .failures import UpstreamUnreachable
+from .limits import BodyLimit, InFlightLimit
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
 from .tools import OnceProxyProvider
@@ -50,10 +56,19 @@ class OnceProxy(FastMCP[Any]):
     and the next one after that works, with no restart.
     """
 
-    def __init__(self, link: UpstreamLink, provider: ProxyProvider, **settings: Any) -> None:
+    def __init__(
+        self,
+        link: UpstreamLink,
+        provider: ProxyProvider,
+        *,
+        max_body: int | None = DEFAULT_MAX_BODY,
+        **settings: Any,
+    ) -> None:
         super().__init__(**settings)
         self.link = link
         self.provider = provider
+        #: The bound of an HTTP request's body (`limits.BodyLimit`; None: none).
+        self.max_body = max_body
         # An upstream failure reaches whoever listed or called, as the retryable error it is,
         # instead of FastMCP's default: a warning, an empty listing and "Unknown tool".
         self.provider_error_strategy = "raise"
@@ -94,6 +109,14 @@ class OnceProxy(FastMCP[Any]):
     def open(self) -> bool:
         return self._open
 
+    def http_app(  # type: ignore[override]  # its own parameters, passed on
+        self, path: str | None = None, middleware: list[Middleware] | None = None, **kwargs: Any
+    ) -> StarletteWithLifespan:
+        """FastMCP's HTTP app, its request bodies bounded by `max_body`: after the Host/Origin
+        check, before anything reads the body (the transport, OAuth routes)."""
+        bounded = [] if self.max_body is None else [Middleware(BodyLimit, max_bytes=self.max_body)]
+        return super().http_app(path, [*bounded, *(middleware or [])], **kwargs)
+
     async def run_async(self, *args: Any, **kwargs: Any) -> None:
         if self._open:
             await super().run_async(*args, **kwargs)
@@ -109,6 +132,9 @@ def build_proxy(
     policy: ProxyPolicy | None = None,
     retry: RetryPolicy | None = None,
     name: str | None = None,
+    auth: AuthProvider | None = None,
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT,
+    max_body: int | None = DEFAULT_MAX_BODY,
     **options: Any,
 ) -> OnceProxy:
     """A FastMCP server proxying `upstream`, its tools guarded on `store`.
@@ -116,6 +142,11 @@ def build_proxy(
     `policy` sets per-tool behaviour (see `policy.py`); `options` are `IdempotencyMiddleware`'s
     (the defaults of every guarded tool: `key_header="Idempotency-Key"` for HTTP fronts, `lease`,
     `wait`, ...); `retry` bounds re-sends to the upstream (it must not trust annotations).
+
+    `auth`: who may call the HTTP front (any FastMCP `AuthProvider`: `token_file_auth`,
+    `jwt_auth`, or one of FastMCP's); each authenticated principal's records are its own.
+    `max_in_flight` bounds each principal's calls running at once (-32013 past it) and
+    `max_body` an HTTP request's body (413 past it); None lifts a bound (`limits.py`).
 
     The policy's options are checked here (a bad one raises). At the first listing that
     succeeds (as the proxy opens, or later if the upstream could not be reached then) every
@@ -155,9 +186,14 @@ def build_proxy(
         version=_VERSION,
         lifespan=lifespan,
         dereference_schemas=False,
+        auth=auth,
+        max_body=max_body,
     )
     server.add_provider(provider)
     forward_completions(server, link)
+    if max_in_flight is not None:
+        # Outside the guard: a call refused for its caller's load is never claimed.
+        server.add_middleware(InFlightLimit(max_in_flight))
     server.add_middleware(guard)
     server.add_middleware(UpstreamMetadata(provider, server.name))
     return server

@@ -296,6 +296,7 @@ async def test_list_all_by_state_and_as_json(
 #: The table's header: its columns, in order.
 HEADER = (
     "key tool state age fence attempts leaseDeadline leaseRanOutAt expiresAt resultBytes server"
+    " principal"
 )
 COLUMNS = HEADER.split()
 HOURS = 3600.0
