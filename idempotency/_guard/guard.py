@@ -197,6 +197,7 @@ class _Ticket:
     def log(self, level: int, event: str, what: str, *args: object) -> None:
         """A log line about the ticket's record (`telemetry.log_about`)."""
         log_about(level, event, self.store_key, self.tool, self.server, what, *args)
+
     #: A digest of the authenticated principal (None without one), for the same events: who
     #: claimed, the same digest on every server (`principal_digest`), never the principal.
     principal_digest: str | None = None
