@@ -3,7 +3,9 @@
 `build_proxy(upstream, store, policy=..., **options)` returns a FastMCP server that forwards to one
 `Upstream` (a stdio command, a streamable HTTP URL, or an entry of a desktop client's
 `mcpServers` config) and runs each of its tools under `IdempotencyMiddleware`, as the
-`ProxyPolicy` (`load_policy(path)`, TOML) says. Needs the `fastmcp` extra
+`ProxyPolicy` (`load_policy(path)`, TOML) says; `build_gateway(upstreams, store, ...)` serves
+several upstreams on one front, each through a proxy of its own, its tools named
+`<upstream>_<tool>`. Needs the `fastmcp` extra
 (`pip install 'mcp-once[fastmcp]'`); importing this package without it raises an ImportError that
 says so.
 
@@ -22,11 +24,13 @@ except ImportError as exc:  # pragma: no cover - the extra is a dev dependency h
 from mcp_once._upstream import Upstream, UpstreamConfigError
 
 from .failures import UpstreamUnreachable
+from .gateway import OnceGateway, build_gateway
 from .policy import PolicyError, ProxyPolicy, ToolPolicy, load_policy, parse_policy
 from .server import OnceProxy, build_proxy
 from .upstream import UpstreamLink, UpstreamStartFailed
 
 __all__ = [
+    "OnceGateway",
     "OnceProxy",
     "PolicyError",
     "ProxyPolicy",
@@ -36,6 +40,7 @@ __all__ = [
     "UpstreamLink",
     "UpstreamStartFailed",
     "UpstreamUnreachable",
+    "build_gateway",
     "build_proxy",
     "load_policy",
     "parse_policy",

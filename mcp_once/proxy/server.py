@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,7 +44,9 @@ class OnceProxy(FastMCP[Any]):
     cancel scope of its own, which a task group (the link's session host) cannot be closed in.
 
     Opening lists the upstream once. A stdio upstream that cannot be started raises
-    `UpstreamStartFailed` (bad input: nothing to serve). An HTTP upstream that cannot be reached
+    `UpstreamStartFailed` (bad input: nothing to serve), unless started with `required=False` (one
+    upstream among several on one front, `gateway.py`): then it is kept in `start_failed` and
+    served as one that cannot be reached. An HTTP upstream that cannot be reached
     yet (a fleet restarting, a deploy, compose starting services in any order) is logged and the
     proxy serves: listings and calls answer the retryable `UpstreamUnreachable` until it is back,
     and the next one after that works, with no restart.
@@ -60,17 +62,35 @@ class OnceProxy(FastMCP[Any]):
         self._open = False
         #: Policy patterns that matched no upstream tool at the first successful listing.
         self.unmatched: list[str] = []
+        #: Why the stdio upstream could not be started as the proxy opened (`required=False`).
+        self.start_failed: UpstreamStartFailed | None = None
 
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[OnceProxy]:
         """The proxy with its upstream link open, for the block."""
+        async with self.linked():
+            await self.start()
+            yield self
+
+    @asynccontextmanager
+    async def linked(self) -> AsyncIterator[OnceProxy]:
+        """The upstream link open for the block; the proxy serves once `start` has run (what
+        `opened` does; a gateway starts its upstreams' proxies all at once)."""
         async with self.link:
-            await self._first_listing()
-            self._open = True
             try:
                 yield self
             finally:
                 self._open = False
+
+    async def start(self, *, required: bool = True) -> None:
+        """List the upstream once (the link open), then serve."""
+        try:
+            await self._first_listing()
+        except UpstreamStartFailed as exc:
+            if required:
+                raise
+            self.start_failed = exc
+        self._open = True
 
     async def _first_listing(self) -> None:
         upstream = self.link.upstream
@@ -109,28 +129,33 @@ def build_proxy(
     policy: ProxyPolicy | None = None,
     retry: RetryPolicy | None = None,
     name: str | None = None,
+    unmatched: Callable[[list[str]], None] | None = None,
     **options: Any,
 ) -> OnceProxy:
     """A FastMCP server proxying `upstream`, its tools guarded on `store`.
 
-    `policy` sets per-tool behaviour (see `policy.py`); `options` are `IdempotencyMiddleware`'s
-    (the defaults of every guarded tool: `key_header="Idempotency-Key"` for HTTP fronts, `lease`,
-    `wait`, ...); `retry` bounds re-sends to the upstream (it must not trust annotations).
+    `policy` sets per-tool behaviour (see `policy.py`; the tables of `upstream`'s own
+    `[servers."<name>"]` section apply with the plain ones); `options` are
+    `IdempotencyMiddleware`'s (the defaults of every guarded tool: `key_header="Idempotency-Key"`
+    for HTTP fronts, `lease`, `wait`, ...); `retry` bounds re-sends to the upstream (it must not
+    trust annotations).
 
     The policy's options are checked here (a bad one raises). At the first listing that
     succeeds (as the proxy opens, or later if the upstream could not be reached then) every
-    listed tool's guard is built, and a policy pattern that matches no tool is logged as a
-    warning and kept in `unmatched`."""
+    listed tool's guard is built, and the policy patterns that match no tool are kept in
+    `unmatched` and passed to `unmatched(patterns)` (by default each logged as a warning)."""
     link = UpstreamLink(upstream, retry)
-    guard = ProxyGuardMiddleware(store, policy, **options)
+    guard = ProxyGuardMiddleware(
+        store, (policy or ProxyPolicy()).for_server(upstream.name), **options
+    )
     server: OnceProxy | None = None
+    report = unmatched or _warn_unmatched
 
     def first_listing(names: list[str]) -> None:
-        unmatched = guard.check(names)
-        for pattern in unmatched:
-            logger.warning("policy pattern %r matches no tool of the upstream", pattern)
+        found = guard.check(names)
+        report(found)
         if server is not None:
-            server.unmatched = unmatched
+            server.unmatched = found
 
     provider = OnceProxyProvider(link, guard.resend, first_listing)
 
@@ -161,6 +186,11 @@ def build_proxy(
     server.add_middleware(guard)
     server.add_middleware(UpstreamMetadata(provider, server.name))
     return server
+
+
+def _warn_unmatched(patterns: list[str]) -> None:
+    for pattern in patterns:
+        logger.warning("policy pattern %r matches no tool of the upstream", pattern)
 
 
 def _version() -> str:
