@@ -12,12 +12,14 @@ records scoped by each upstream's identity.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mcp_once._upstream import Upstream, UpstreamConfigError, check_names, loop_message
 
+from . import _proxy
 from ._common import EXIT_USAGE, fail, open_or_fail, redacted
 from ._proxies import state_folder
 from ._proxy import (
@@ -30,6 +32,7 @@ from ._proxy import (
     check_upstreams_named,
     parse_proxy_arguments,
     proxied_arguments,
+    run_proxy,
     serve,
     serves_several,
     warn_wrapped,
@@ -37,6 +40,19 @@ from ._proxy import (
 
 if TYPE_CHECKING:
     from idempotency import KeyStore
+
+
+def add_parser(commands: Any) -> None:
+    """`proxy` and `tools` (`_proxy.py`); `proxy` runs here, and serves several upstreams on one
+    front where its arguments name them."""
+    _proxy.add_parser(commands)
+    commands.choices["proxy"].set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list or not serves_several(args):
+        return run_proxy(args)
+    return run_gateway(args)
 
 
 def upstreams_of(args: argparse.Namespace, folder: str | None = None) -> list[Upstream]:
@@ -81,6 +97,7 @@ def _serves_itself(upstream: Upstream) -> bool:
 
 
 def run_gateway(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING)  # to stderr: stdout is the MCP channel in stdio
     try:
         upstreams = upstreams_of(args)
     except UpstreamConfigError as exc:

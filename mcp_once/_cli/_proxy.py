@@ -90,7 +90,10 @@ def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.set_defaults(servers=[])
     parser.add_argument(
-        "--policy", metavar="FILE", help='per-tool policy (TOML, [tools."<name or glob>"] tables)'
+        "--policy",
+        metavar="FILE",
+        help='per-tool policy (TOML, [tools."<name or glob>"] tables, and'
+        ' [servers."<name>".tools."<name or glob>"] for one upstream only)',
     )
 
 
@@ -395,10 +398,6 @@ def run_proxy(args: argparse.Namespace) -> int:
     if args.list:
         return print_proxies()
     logging.basicConfig(level=logging.WARNING)  # to stderr: stdout is the MCP channel in stdio
-    if serves_several(args):
-        from ._gateway import run_gateway
-
-        return run_gateway(args)
     upstream = _upstream(args)
     wrapped = check_loops(upstream)  # at once: before FastMCP is imported (seconds)
     _need_fastmcp()
