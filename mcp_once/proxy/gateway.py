@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from fastmcp import FastMCP
 from fastmcp.server.completions import CompletionReference
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.server.providers.fastmcp_provider import FastMCPProvider
@@ -61,7 +60,7 @@ from orchestrator import RetryPolicy
 
 from .completions import complete_upstream
 from .policy import ProxyPolicy
-from .server import _VERSION, OnceProxy, UpstreamMetadata, build_proxy
+from .server import _VERSION, LinkedServer, OnceProxy, UpstreamMetadata, build_proxy
 from .upstream import UpstreamStartFailed
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -162,12 +161,10 @@ class _Dispatch(Middleware):
         return await mount.proxy.call_tool(name, message.arguments)
 
 
-class OnceGateway(FastMCP[Any]):
-    """The front of several upstreams, each its own `OnceProxy` (`proxies`, by upstream name).
-
-    As `OnceProxy`: `run_async` opens every upstream's link for the run; to serve it some other
-    way, open it first (`async with gateway.opened():`). Opening starts (lists) every upstream at
-    once; one that cannot be started is logged and served as unreachable."""
+class OnceGateway(LinkedServer):
+    """The front of several upstreams, each its own `OnceProxy` (`proxies`, by upstream name),
+    whose links it keeps open while it serves (`LinkedServer`). Opening starts (lists) every
+    upstream at once; one that cannot be started is logged and served as unreachable."""
 
     def __init__(self, proxies: Sequence[OnceProxy], *, prefixed: bool, **settings: Any) -> None:
         super().__init__(**settings)
@@ -176,7 +173,6 @@ class OnceGateway(FastMCP[Any]):
         # Whatever an upstream's provider raises for a lookup reaches the caller (an upstream
         # that cannot be reached: -32013); its listings never raise (`_UpstreamMount`).
         self.provider_error_strategy = "raise"
-        self._open = False
 
     def route(self, name: str) -> tuple[_Mount, str] | None:
         """The mount of the front's tool or prompt `name`, and the upstream's own name of it."""
@@ -212,10 +208,6 @@ class OnceGateway(FastMCP[Any]):
         mount, own = found
         return await complete_upstream(mount.proxy.link, own, argument, context)
 
-    @property
-    def open(self) -> bool:
-        return self._open
-
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[OnceGateway]:
         """The gateway with every upstream's link open, for the block."""
@@ -246,13 +238,6 @@ class OnceGateway(FastMCP[Any]):
                 name,
                 name,
             )
-
-    async def run_async(self, *args: Any, **kwargs: Any) -> None:
-        if self._open:
-            await super().run_async(*args, **kwargs)
-            return
-        async with self.opened():
-            await super().run_async(*args, **kwargs)
 
 
 def build_gateway(
@@ -318,7 +303,6 @@ def build_gateway(
         prefixed=prefixed,
         name=f"mcp-once proxy: {', '.join(names)}" if prefixed else proxies[0].name,
         version=_VERSION,
-        lifespan=_lifespan,
         dereference_schemas=False,
     )
     for mount in gateway._mounts:
@@ -331,14 +315,3 @@ def build_gateway(
         only = proxies[0]
         gateway.add_middleware(UpstreamMetadata(only.provider, only.name))
     return gateway
-
-
-@asynccontextmanager
-async def _lifespan(served: FastMCP[Any]) -> AsyncIterator[dict[str, Any]]:
-    assert isinstance(served, OnceGateway)
-    if not served.open:
-        raise RuntimeError(
-            "the gateway's upstream links are not open: serve it with run/run_async, or enter it"
-            " first (async with gateway.opened():)"
-        )
-    yield {}

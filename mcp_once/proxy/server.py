@@ -11,7 +11,7 @@ import dataclasses
 import importlib.metadata
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import mcp_types
@@ -33,15 +33,49 @@ from .upstream import UpstreamLink, UpstreamStartFailed
 logger = logging.getLogger("mcp_once.proxy")
 
 
-class OnceProxy(FastMCP[Any]):
-    """The proxy server: FastMCP's, with its upstream link to keep open while it serves.
+class LinkedServer(FastMCP[Any]):
+    """A FastMCP server with upstream links to keep open while it serves (`OnceProxy`, and
+    `OnceGateway` in front of several). `run_async` (what `run` and the CLI use) opens them for
+    the run; to serve it some other way (an in-memory `Client(server)`, an ASGI app), open them
+    first: `async with server.opened():`. (Not `async with server:` itself: the SDK's `Client`
+    takes an async context manager for a transport, and would mistake the server for one.)
+    They are not opened in FastMCP's lifespan because FastMCP closes lifespans inside a cancel
+    scope of its own, which a task group (a link's session host) cannot be closed in; the
+    lifespan only refuses to serve while they are closed."""
 
-    `run_async` (what `run` and the CLI use) opens the link for the run. To serve it some other
-    way (an in-memory `Client(proxy)`, an ASGI app), open it first: `async with proxy.opened():`.
-    (Not `async with proxy:` itself: the SDK's `Client` takes an async context manager for a
-    transport, and would mistake the server for one.)
-    The link is not opened in FastMCP's lifespan because FastMCP closes lifespans inside a
-    cancel scope of its own, which a task group (the link's session host) cannot be closed in.
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(lifespan=_links_open, **settings)
+        self._open = False
+
+    def opened(self) -> AbstractAsyncContextManager[Any]:
+        raise NotImplementedError
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    async def run_async(self, *args: Any, **kwargs: Any) -> None:
+        if self._open:
+            await super().run_async(*args, **kwargs)
+            return
+        async with self.opened():
+            await super().run_async(*args, **kwargs)
+
+
+@asynccontextmanager
+async def _links_open(served: FastMCP[Any]) -> AsyncIterator[dict[str, Any]]:
+    assert isinstance(served, LinkedServer)
+    if not served.open:
+        raise RuntimeError(
+            f"the upstream links of {served.name!r} are not open: serve it with run/run_async,"
+            " or enter it first (async with server.opened():)"
+        )
+    yield {}
+
+
+class OnceProxy(LinkedServer):
+    """The proxy server: FastMCP's, with its upstream link to keep open while it serves
+    (`LinkedServer`).
 
     Opening lists the upstream once. A stdio upstream that cannot be started raises
     `UpstreamStartFailed` (bad input: nothing to serve), unless started with `required=False` (one
@@ -59,7 +93,6 @@ class OnceProxy(FastMCP[Any]):
         # An upstream failure reaches whoever listed or called, as the retryable error it is,
         # instead of FastMCP's default: a warning, an empty listing and "Unknown tool".
         self.provider_error_strategy = "raise"
-        self._open = False
         #: Policy patterns that matched no upstream tool at the first successful listing.
         self.unmatched: list[str] = []
         #: Why the stdio upstream could not be started as the proxy opened (`required=False`).
@@ -110,17 +143,6 @@ class OnceProxy(FastMCP[Any]):
                 reason,
             )
 
-    @property
-    def open(self) -> bool:
-        return self._open
-
-    async def run_async(self, *args: Any, **kwargs: Any) -> None:
-        if self._open:
-            await super().run_async(*args, **kwargs)
-            return
-        async with self.opened():
-            await super().run_async(*args, **kwargs)
-
 
 def build_proxy(
     upstream: Upstream,
@@ -159,16 +181,6 @@ def build_proxy(
 
     provider = OnceProxyProvider(link, guard.resend, first_listing)
 
-    @asynccontextmanager
-    async def lifespan(served: FastMCP[Any]) -> AsyncIterator[dict[str, Any]]:
-        assert isinstance(served, OnceProxy)
-        if not served.open:
-            raise RuntimeError(
-                "the proxy's upstream link is not open: serve it with run/run_async, or enter it"
-                " first (async with proxy.opened():)"
-            )
-        yield {}
-
     # The upstream's schemas are listed as it wrote them: FastMCP's default inlines `$ref`s and
     # drops `$defs` (and the `$anchor`s in them), which a proxy has no business changing.
     # The server's name is what the guard scopes records by: the upstream's name and identity
@@ -178,7 +190,6 @@ def build_proxy(
         provider,
         name=name or upstream.identity.server,
         version=_VERSION,
-        lifespan=lifespan,
         dereference_schemas=False,
     )
     server.add_provider(provider)
