@@ -45,7 +45,7 @@ from mcp import Client
 from nginx_server import NginxServer  # tests/ is on sys.path (conftest)
 from proxy_kit import NodeServers, meta_key, proxy_command, tapped, text
 from test_proxy_desktop import git_repository
-from test_proxy_fleet import PLAN, POLICY, RECONCILE, effects, until_effect
+from test_proxy_fleet import PLAN, POLICY, ask_again, effects, until_effect
 
 from mcp_once._cli import main
 from mcp_once.scenarios import ServerProcess
@@ -53,7 +53,6 @@ from orchestrator import (
     NotExecuted,
     OutcomeUnknown,
     RetryingSession,
-    ServerOutcomeUnknown,
     streamable_http_transport,
 )
 from orchestrator.chaos import Chaos
@@ -74,7 +73,6 @@ WORKERS = {"ledger": 2, "memory": 1, "repo": 1}
 HELD = 100_001
 HOLD_MS = 120_000
 WAIT = 60.0
-LEASE_OUT = 60.0
 
 
 @dataclass
@@ -309,34 +307,6 @@ async def run_calls(gw: Gateway, fates: list[Fate], chaos: Chaos, *, kill: bool)
         fates.append(held)
 
 
-async def ask_again(gw: Gateway, fates: list[Fate]) -> None:
-    """Every call that ended without its result, asked again with its key through nginx on a
-    clean link: the record's answer (replayed), a first run (nothing had run), or UNKNOWN."""
-    async with RetryingSession(
-        connect=lambda: Client(streamable_http_transport(gw.nginx.url)), policy=RECONCILE
-    ) as session:
-        for fate in fates:
-            if fate.result is not None:
-                continue
-            with anyio.fail_after(LEASE_OUT):
-                while True:
-                    try:
-                        result, report = await session.call_tool_with_report(
-                            fate.tool, fate.arguments(gw.repo), idempotency_key=fate.key
-                        )
-                    except ServerOutcomeUnknown:
-                        fate.unknown = True
-                        break
-                    except NotExecuted:  # left undecided: the verdict names it
-                        break
-                    except OutcomeUnknown as exc:  # still in progress
-                        assert exc.report is not None
-                        assert exc.report.attempts[-1].failure == "in_progress", exc
-                        continue
-                    fate.result, fate.replayed = text(result), report.replayed
-                    break
-
-
 async def keys_show(
     gw: Gateway, fate: Fate, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> str | None:
@@ -376,7 +346,7 @@ async def test_a_gateway_of_three_servers_behind_nginx_with_chaos_and_a_child_ki
         ran = time.monotonic()
         await run_calls(gw, fates, chaos, kill=True)
         workload = time.monotonic() - ran
-        await ask_again(gw, fates)
+        await ask_again(gw.nginx.url, fates, lambda f: (f.tool, f.arguments(gw.repo)))
         served = Counter(
             request.upstreams[-1]
             for request in gw.nginx.requests()
