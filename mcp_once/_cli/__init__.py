@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from . import _audit, _bench, _demo, _keys, _proxy, _runs, _serve, _wrap
+from . import _audit, _bench, _demo, _gateway, _keys, _proxy, _runs, _serve, _wrap
 from ._common import DEFAULT_STORE_URL
 from ._runs import DEFAULT_JOURNAL_URL
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         " --store, deleted when it ends.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (_demo, _keys, _runs, _serve, _proxy, _wrap, _bench):
+    for module in (_demo, _keys, _runs, _serve, _gateway, _wrap, _bench):
         module.add_parser(commands)
     _audit.add_parser(commands, _keys.run_on_store)
     return parser

@@ -58,7 +58,8 @@ from ._serve import serve_on
 if TYPE_CHECKING:
     from mcp_types import Tool
 
-    from mcp_once.proxy import ProxyPolicy
+    from idempotency import KeyStore
+    from mcp_once.proxy import OnceGateway, OnceProxy, ProxyPolicy
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -66,12 +67,36 @@ logger = logging.getLogger("mcp_once.proxy")
 TAKES_COMMAND = frozenset({"proxy", "tools"})
 
 
+class _ServerNames(argparse.Action):
+    """`--server NAME`, repeatable: `servers` lists every name given, `server` is the first."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.servers = [*(getattr(namespace, "servers", None) or []), str(values)]
+        namespace.server = namespace.servers[0]
+
+
 def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", metavar="URL", help="the upstream's streamable HTTP URL")
     parser.add_argument("--config", metavar="FILE", help="a desktop client's mcpServers JSON")
-    parser.add_argument("--server", metavar="NAME", help="the server of --config to proxy")
     parser.add_argument(
-        "--policy", metavar="FILE", help='per-tool policy (TOML, [tools."<name or glob>"] tables)'
+        "--server",
+        metavar="NAME",
+        action=_ServerNames,
+        help="the server of --config to proxy (proxy: repeat it, or leave it out for every"
+        " server, to serve several on one front, their tools named SERVER_TOOL)",
+    )
+    parser.set_defaults(servers=[])
+    parser.add_argument(
+        "--policy",
+        metavar="FILE",
+        help='per-tool policy (TOML, [tools."<name or glob>"] tables, and'
+        ' [servers."<name>".tools."<name or glob>"] for one upstream only)',
     )
     _upstream_headers.add_option(parser)
 
@@ -82,7 +107,9 @@ def add_parser(commands: Any) -> None:
         help="serve an MCP server you did not write, its tools guarded (-- COMMAND, --upstream)",
         description="An MCP server that forwards to one upstream and runs its tools under the"
         " idempotency guard. Upstream: [--] COMMAND ARGS... (a stdio child, restarted on the"
-        " next call when it dies), --upstream URL, or --config FILE --server NAME. Front: stdio,"
+        " next call when it dies), --upstream URL, or --config FILE --server NAME; --config FILE"
+        " alone (or with several --server) serves every (named) server on one front, each tool"
+        " named SERVER_TOOL, each upstream with its own records and policy section. Front: stdio,"
         " or streamable HTTP with --listen (the Idempotency-Key header is read there). Its"
         " records are scoped by the upstream's name and identity (command, arguments, working"
         " directory and the entry's env, or URL and headers): two upstreams never share one.",
@@ -166,13 +193,15 @@ def parse_command(root: argparse.ArgumentParser, words: Sequence[str]) -> argpar
     return args
 
 
-def upstream_of(
-    args: argparse.Namespace, folder: str | None = None, environ: Mapping[str, str] | None = None
-) -> Upstream:
-    """The upstream `args` name, or `UpstreamConfigError` saying what is wrong (no upstream, two
-    that conflict, a bad config entry or name). `folder`: where a relative `--config` is read
-    from (the working directory of the proxy that was given it); `environ`: where its
-    `--upstream-header` values are read (that proxy's environment; default ours)."""
+def serves_several(args: argparse.Namespace) -> bool:
+    """Whether `args` name the servers of a config file to serve on one front: `--config FILE`
+    without `--server`, or with several."""
+    return args.config is not None and len(args.servers) != 1
+
+
+def check_upstreams_named(args: argparse.Namespace) -> None:
+    """`UpstreamConfigError` unless `args` name their upstream(s) one way: a command,
+    `--upstream URL` or `--config FILE`."""
     command: list[str] = args.command_line
     named = [
         f"the command {command[0]!r}" if command else None,
@@ -190,8 +219,24 @@ def upstream_of(
             f"conflicting upstreams: {' and '.join(given)} each name one; a proxy serves one"
             " upstream: give only one of them"
         )
-    if (args.config is None) != (args.server is None):
-        raise UpstreamConfigError("--config and --server go together")
+    if args.config is None and args.servers:
+        raise UpstreamConfigError("--server names an entry of --config FILE: give the file")
+
+
+def upstream_of(
+    args: argparse.Namespace, folder: str | None = None, environ: Mapping[str, str] | None = None
+) -> Upstream:
+    """The upstream `args` name, or `UpstreamConfigError` saying what is wrong (no upstream, two
+    that conflict, a bad config entry or name). `folder`: where a relative `--config` is read
+    from (the working directory of the proxy that was given it); `environ`: where its
+    `--upstream-header` values are read (that proxy's environment; default ours)."""
+    check_upstreams_named(args)
+    command: list[str] = args.command_line
+    if args.config is not None and len(args.servers) != 1:
+        raise UpstreamConfigError(
+            "--config FILE names one upstream here with one --server NAME (`mcp-once proxy"
+            " --config FILE` serves several on one front)"
+        )
     if command:
         upstream = Upstream.stdio(*command)
     elif args.upstream is not None:
@@ -275,7 +320,18 @@ def seen_through(upstream: Upstream) -> tuple[list[Wrapped], bool]:
     return found, False
 
 
-def _check_loops(upstream: Upstream) -> list[Wrapped]:
+def warn_wrapped(upstream: Upstream, wrapped: list[Wrapped]) -> None:
+    """Say that `upstream` is itself a proxy (`wrapped`: what it serves), if it is."""
+    if wrapped:
+        logger.warning(
+            "the upstream %r is itself mcp-once proxy, in front of %s: every call is guarded"
+            " twice, on two stores; proxy that upstream directly",
+            upstream.name,
+            wrapped[-1].upstream.name,
+        )
+
+
+def check_loops(upstream: Upstream) -> list[Wrapped]:
     """Exit 2 naming the loop when `upstream` would start this proxy again, seen in its command
     line or in the chain this proxy was started in; else the proxies it is wrapped in."""
     wrapped, loop = seen_through(upstream)
@@ -357,19 +413,12 @@ def run_proxy(args: argparse.Namespace) -> int:
     listen = _listen(args.listen) if args.listen else None
     front = _front.check(args, listen)  # at once: an open listener is refused before anything
     upstream = _upstream(args)
-    wrapped = _check_loops(upstream)  # at once: before FastMCP is imported (seconds)
+    wrapped = check_loops(upstream)  # at once: before FastMCP is imported (seconds)
     _need_fastmcp()
-    from mcp_once.proxy import PolicyError, UpstreamStartFailed, build_proxy
+    from mcp_once.proxy import PolicyError, build_proxy
 
     auth = _front.auth_of(front)
-
-    if wrapped:
-        logger.warning(
-            "the upstream %r is itself mcp-once proxy, in front of %s: every call is guarded"
-            " twice, on two stores; proxy that upstream directly",
-            upstream.name,
-            wrapped[-1].upstream.name,
-        )
+    warn_wrapped(upstream, wrapped)
     policy = _policy(args)
     identity = upstream.identity
     url = _store_url(args, identity.stem)
@@ -381,8 +430,23 @@ def run_proxy(args: argparse.Namespace) -> int:
         server = build_proxy(upstream, store, policy=policy, auth=auth, **limits, **options)
     except (PolicyError, TypeError, ValueError) as exc:
         fail(f"the policy cannot be applied: {exc}", EXIT_USAGE)
+    return serve(server, listen, [store], redacted(url), front, auth)
 
-    async def serve() -> None:
+
+def serve(
+    server: OnceProxy | OnceGateway,
+    listen: tuple[str, int] | None,
+    stores: Sequence[KeyStore],
+    shown: str,
+    front: _front.Front,
+    auth: Any,
+) -> int:
+    """Serve `server` on stdio, or streamable HTTP at `listen` behind `front` (`auth`, FastMCP's
+    provider of it, already given to `server`), until interrupted; then close `stores`. A stdio
+    upstream that cannot be started stops it: exit 2, one line."""
+    from mcp_once.proxy import UpstreamStartFailed
+
+    async def run() -> None:
         try:
             if listen is None:
                 await server.run_async(transport="stdio", show_banner=False)
@@ -394,15 +458,16 @@ def run_proxy(args: argparse.Namespace) -> int:
                 # rebinding: a web page must not reach a local proxy), as MCP's transports say;
                 # FastMCP's default checks nothing.
                 app = server.http_app(host_origin_protection="auto")
-                await serve_on(app, host, port, "mcp-once proxy", redacted(url))
+                await serve_on(app, host, port, "mcp-once proxy", shown)
         finally:
             with anyio.CancelScope(shield=True):
-                await store.aclose()
+                for store in stores:
+                    await store.aclose()
 
     # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown.
     with contextlib.suppress(KeyboardInterrupt):
         try:
-            anyio.run(serve)
+            anyio.run(run)
         except UpstreamStartFailed as exc:
             fail(str(exc), EXIT_USAGE)
     return EXIT_OK
@@ -410,7 +475,7 @@ def run_proxy(args: argparse.Namespace) -> int:
 
 def run_tools(args: argparse.Namespace) -> int:
     upstream = _upstream(args)
-    wrapped = _check_loops(upstream)
+    wrapped = check_loops(upstream)
     _need_fastmcp()
     from mcp_once.proxy.failures import UpstreamUnreachable
     from mcp_once.proxy.report import rows, table
@@ -430,12 +495,12 @@ def run_tools(args: argparse.Namespace) -> int:
         tools = anyio.run(upstream_tools, upstream)
     except UpstreamUnreachable as exc:
         fail(f"cannot reach the upstream {upstream.name}: {exc.__cause__ or exc}", EXIT_UNREACHABLE)
-    found = rows(tools, policy)
+    found = rows(tools, policy.for_server(upstream.name))
     if args.json:
         print(json.dumps([r.as_json() for r in found], indent=2))
     else:
         print(table(found))
-    for pattern in policy.unmatched(t.name for t in tools):
+    for pattern in policy.for_server(upstream.name).unmatched(t.name for t in tools):
         print(f"mcp-once: policy pattern {pattern!r} matches no tool", file=sys.stderr)
     return EXIT_OK
 
