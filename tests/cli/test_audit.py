@@ -252,8 +252,9 @@ async def test_list_show_history_and_audit_show_and_filter_by_server(
     assert {(r["key"], r["server"]) for r in listed.json()} == {(shop, SERVER), (depot, "depot")}
     only = await cli(capsys, "keys", "list", "--server", "depot", *store)
     lines = only.out.splitlines()
-    assert lines[0].split()[-1] == "server" and lines[-1] == "(1 record)"
-    assert lines[1].split()[0] == depot and lines[1].split()[-1] == "depot"
+    # The last two columns: server, then principal ("-": no authentication).
+    assert lines[0].split()[-2:] == ["server", "principal"] and lines[-1] == "(1 record)"
+    assert lines[1].split()[0] == depot and lines[1].split()[-2:] == ["depot", "-"]
     limited = await cli(
         capsys, "keys", "list", "--server", "depot", "--limit", "1", "--json", *store
     )
