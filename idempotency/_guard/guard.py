@@ -59,7 +59,7 @@ from . import answers, errors
 from .caller import caller_of, cancel_requested, disconnected
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
-from .fingerprint import UnfingerprintableArguments, covered, fingerprint
+from .fingerprint import UnfingerprintableArguments, covered, fingerprints
 from .hooks import Replay, replayed
 from .keyplaces import found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
@@ -187,6 +187,10 @@ class _Ticket:
     convert: Convert = as_call_result
     #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
     scope_digest: str | None = None
+    #: The call's fingerprint with its integral floats as written, where it differs from
+    #: `fingerprint` (numbers by value): what a record written before that holds
+    #: (`fingerprint.fingerprints`), tried once when the claim finds another fingerprint.
+    legacy_fingerprint: str | None = None
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -328,10 +332,10 @@ class Guard:
             arguments = covered(
                 call.arguments, key_argument=policy.key_argument, option=policy.fingerprint
             )
-            fp: str | None = fingerprint(call.tool, arguments)
+            fp, legacy = fingerprints(call.tool, arguments)
             fp_problem = ""
         except UnfingerprintableArguments as exc:
-            fp, fp_problem = None, str(exc)
+            fp, legacy, fp_problem = None, None, str(exc)
         found = found_keys(
             call.meta,
             call.arguments,
@@ -356,10 +360,12 @@ class Guard:
                     raise errors.unfingerprintable(None, fp_problem)
                 params = call.request.params if call.request is not None else None
                 scopes.append(self._scope(call))
+                # The fingerprint of the bytes as sent (`legacy` when it differs): a re-send
+                # repeats them, and a record derived before numbers compared by value is found.
                 return derive_key(
                     scopes[0],
                     call.tool,
-                    fp,
+                    fp if legacy is None else legacy,
                     caller=caller,
                     round_fields=input_round(params),
                     meta=call.meta,
@@ -385,6 +391,7 @@ class Guard:
             derived,
             call.request if derived else None,
             scope_digest=scope_digest(scope),
+            legacy_fingerprint=legacy,
         )
 
     def _scope(self, call: ToolCall) -> str:
@@ -458,6 +465,11 @@ class Guard:
                     await self._answered(t, outcome.fence, delivered=True)
                 return replay
             if status is ClaimStatus.MISMATCH:
+                if t.legacy_fingerprint is not None:
+                    # Maybe a record written before numbers compared by value: it holds the
+                    # float as written. Claimed once more with that; another mismatch refuses.
+                    t.fingerprint, t.legacy_fingerprint = t.legacy_fingerprint, None
+                    continue
                 t.trace.outcome(Outcome.CONFLICT)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
