@@ -424,6 +424,6 @@ def run_tools(args: argparse.Namespace) -> int:
         print(json.dumps([r.as_json() for r in found], indent=2))
     else:
         print(table(found))
-    for pattern in policy.unmatched(t.name for t in tools):
-        print(f"mcp-once: policy pattern {pattern!r} matches no tool", file=sys.stderr)
+    for sentence in policy.unmatched_said(t.name for t in tools):
+        print(f"mcp-once: {sentence}", file=sys.stderr)
     return EXIT_OK

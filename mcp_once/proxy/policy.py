@@ -17,11 +17,15 @@ upstream_idempotent = true   # the upstream tool may run twice: re-sent after a 
 
 Every table applies to the tools its name matches (`fnmatch` globs); where several match, an exact
 name wins over globs, and among globs the later table wins key by key. A key this module does not
-know is a start-up error that names it: a typo must not silently leave a tool unguarded.
+know, or a value the guard would refuse (`keys = "mandatory"`, `retention = "1d"`), is an error
+that names its table, raised as the file is read: `mcp-once proxy` and `mcp-once tools` both read
+it with `load_policy`, so a policy `tools` accepts is one the proxy starts with. A pattern that
+matches no tool of the upstream is reported with the nearest tool name (`unmatched_said`).
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from idempotency import PolicyOptions
+from idempotency import Policy, PolicyOptions
 
 #: The guard options a table may set (each as `IdempotencyMiddleware` takes it).
 GUARD_KEYS = frozenset(
@@ -111,6 +115,19 @@ class ProxyPolicy:
         listed = list(names)
         return [r.pattern for r in self.rules if not any(r.matches(n) for n in listed)]
 
+    def unmatched_said(self, names: Iterable[str]) -> list[str]:
+        """A sentence per pattern that matches none of `names`, with the nearest name where
+        one is close (`difflib`): what `mcp-once tools` prints and the proxy logs."""
+        listed = list(names)
+        said = []
+        for pattern in self.unmatched(listed):
+            sentence = f"policy pattern {pattern!r} matches no tool of the upstream"
+            nearest = difflib.get_close_matches(pattern, listed, n=1, cutoff=0.6)
+            if nearest:
+                sentence += f"; did you mean {nearest[0]!r}?"
+            said.append(sentence)
+        return said
+
 
 def _flag(pattern: str, key: str, value: object) -> bool | None:
     if value is None:
@@ -139,10 +156,20 @@ def parse_policy(data: Mapping[str, Any]) -> ProxyPolicy:
                 f" (known: {', '.join(sorted(TOOL_KEYS))})"
             )
         options = {k: v for k, v in table.items() if k in GUARD_KEYS}
+        _check_options(pattern, options)
         guard = _flag(pattern, "guard", table.get("guard"))
         idempotent = _flag(pattern, "upstream_idempotent", table.get("upstream_idempotent"))
         rules.append(ToolRule(pattern, guard, idempotent, options))
     return ProxyPolicy(tuple(rules))
+
+
+def _check_options(pattern: str, options: Mapping[str, Any]) -> None:
+    """The table's guard options as the guard checks them (`Policy`): each option is checked on
+    its own there, so a table that passes alone passes merged with others."""
+    try:
+        Policy(**options)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f'[tools."{pattern}"]: {exc}') from exc
 
 
 def load_policy(path: str | Path) -> ProxyPolicy:

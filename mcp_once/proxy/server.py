@@ -127,8 +127,8 @@ def build_proxy(
 
     def first_listing(names: list[str]) -> None:
         unmatched = guard.check(names)
-        for pattern in unmatched:
-            logger.warning("policy pattern %r matches no tool of the upstream", pattern)
+        for sentence in guard.policy.unmatched_said(names):
+            logger.warning("%s", sentence)
         if server is not None:
             server.unmatched = unmatched
 

@@ -279,9 +279,10 @@ def _stdout_of(main: Any, argv: list[str]) -> str:
 async def test_tools_command_lists_what_the_proxy_does(
     node_servers: NodeServers, ledger: Path
 ) -> None:
-    """`mcp-once tools --json` against a real upstream, with a policy pattern matching nothing."""
+    """`mcp-once tools --json` against a real upstream, with a policy pattern matching nothing
+    (the nearest tool name suggested) and one whose options are said in words."""
     policy = ledger / "policy.toml"
-    policy.write_text('[tools."chrage"]\nguard = false\n')
+    policy.write_text('[tools."chrage"]\nguard = false\n[tools."charge"]\nretention = 3600\n')
     command = [sys.executable, "-m", "mcp_once", "tools", "--json", "--policy", str(policy)]
     with anyio.fail_after(120):
         done = await anyio.run_process([*command, "--", *node_servers.ledger(ledger)], check=False)
@@ -290,8 +291,13 @@ async def test_tools_command_lists_what_the_proxy_does(
     rows = {r["name"]: r for r in json.loads(done.stdout)}
     assert rows["charge"]["action"] == "guarded"
     assert rows["charge"]["annotations"] == {"destructive": True, "idempotent": False}
+    assert rows["charge"]["effects"] == [
+        "retention = 3600 s (1 h): a keyed answer is replayed that long (default 86400 s (1 d))"
+    ]
     assert rows["balance"]["action"] == "pass-through"
-    assert "policy pattern 'chrage' matches no tool" in stderr
+    assert "policy pattern 'chrage' matches no tool of the upstream; did you mean 'charge'?" in (
+        stderr
+    )
 
 
 async def test_the_desktop_config_snippet_starts(node_servers: NodeServers, tmp_path: Path) -> None:
