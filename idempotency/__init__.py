@@ -22,9 +22,13 @@ and `purge_expired` read and settle records, and `unreadable_records()` reports 
 listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
 `domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
-settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
-per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
-record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
+settling a record as failed is counted in; `history_interruption` (the `interrupted` event that
+left a record UNKNOWN, saying whether its holder saw the execution end) and
+`history_operator_settle` (the settle that made a record COMPLETED, which `settle(...,
+replacing=fence)` may correct) read a record's history. `reconcile_unknown(app, store)` (a
+`Reconciliation` per record) puts every in-doubt record of a server to its tool's reconciler;
+`turn_unknown(store, record)` turns a record whose lease ran out UNKNOWN as a client's retry
+would.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -57,8 +61,10 @@ from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, 
 from ._stores.audit_log import export as export_audit_logs
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
+from ._stores.history import interruption as history_interruption
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
+from ._stores.history import settled_by_operator as history_operator_settle
 from ._stores.history import verify as verify_history
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
@@ -127,6 +133,8 @@ __all__ = [
     "encode_result",
     "export_audit_logs",
     "fingerprint",
+    "history_interruption",
+    "history_operator_settle",
     "history_saying",
     "idempotent",
     "idempotent_call_tool",

@@ -42,7 +42,7 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
 from .. import wire
-from .._stores.history import saying, scope_digest
+from .._stores.history import AuditedStore, interruption, saying, scope_digest
 from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
@@ -94,6 +94,9 @@ ErrorResult = Callable[[Exception], CallToolResult]
 #: The framework's answer type: what `passthrough` returns and what `render` makes of the guard's.
 N = TypeVar("N")
 
+#: The longest `OutcomeLost.why` a record's history keeps (its words, not an essay).
+MAX_WHY_CHARS = 200
+
 #: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
 #: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
 RETRY_HINT_CAP = 1.0
@@ -140,7 +143,18 @@ class OutcomeLost(Interrupted):
     (`ReconcilingStore.leave_unknown`; an ``interrupted`` event in its history), and the call
     and every re-send get OUTCOME_UNKNOWN (-32012) until a reconciler or an operator settles it.
     A tool whose policy allows a takeover (`takeover`) is left to its lease as before: the next
-    claim after it runs the tool again, which such a tool permits."""
+    claim after it runs the tool again, which such a tool permits.
+
+    `why` says what happened, in words an operator and a caller can act on ("the upstream
+    process exited while the call ran; its effect may have happened"): it is the caller's
+    message, every re-send's, and the record's `interrupted` event (so: words, never an argument).
+    `ended`: the holder knows the execution is over, nothing of it can still be running (the
+    process that ran it exited); `mcp-once keys settle --failed` then needs no grace period,
+    which exists for a holder that may only be paused."""
+
+    def __init__(self, why: str, *, ended: bool = False) -> None:
+        super().__init__(why)
+        self.ended = ended
 
 
 @dataclass(slots=True)
@@ -491,11 +505,7 @@ class Guard:
                             t, done.result, done.completed_at, done.attempts, reconciled=True
                         )
                 t.trace.outcome(Outcome.UNKNOWN)
-                raise errors.outcome_unknown(
-                    t.key,
-                    "an earlier attempt stopped renewing its lease in the middle of the tool,"
-                    " and this tool is not declared safe to run twice",
-                )
+                raise errors.outcome_unknown(t.key, await self._unknown_because(t))
             # BUSY: another attempt holds the claim. Wait for it (bounded), then look again.
             held_elsewhere = True
             remaining = deadline - loop_time()
@@ -724,7 +734,7 @@ class Guard:
                     takeover,
                     lease_lost=keeper.lost,
                     interrupted=cut,
-                    lost=isinstance(raised, OutcomeLost),
+                    lost=raised if isinstance(raised, OutcomeLost) else None,
                 )
             elif isinstance(result, InputRequiredResult):
                 # An input_required round is a question, not an outcome: never stored (rule 8).
@@ -876,14 +886,17 @@ class Guard:
                     exc,
                 )
 
-    async def _leave_unknown(self, t: _Ticket, token: str) -> bool:
-        """Turn the claim `token` holds UNKNOWN now (`OutcomeLost`); False when the store
-        cannot (a `KeyStore` of one's own without `leave_unknown`: the lease settles it), the
-        token no longer holds the record, or the store failed (logged; the lease settles it)."""
+    async def _leave_unknown(self, t: _Ticket, token: str, lost: OutcomeLost) -> bool:
+        """Turn the claim `token` holds UNKNOWN now (`OutcomeLost`), its why and whether it
+        ended in the `interrupted` event; False when the store cannot (a `KeyStore` of one's own
+        without `leave_unknown`: the lease settles it), the token no longer holds the record, or
+        the store failed (logged; the lease settles it)."""
         leave = getattr(self.store, "leave_unknown", None)
         if not callable(leave):
             return False
-        with anyio.CancelScope(shield=True), saying(why="interrupted"):
+        ended = "yes" if lost.ended else None
+        why = lost.why[:MAX_WHY_CHARS]
+        with anyio.CancelScope(shield=True), saying(why=why, ended=ended):
             try:
                 return bool(await leave(t.store_key, token))
             except Exception as exc:
@@ -895,6 +908,27 @@ class Guard:
                     exc,
                 )
         return False
+
+    async def _unknown_because(self, t: _Ticket) -> str:
+        """Why the ticket's record is UNKNOWN, for a re-send's -32012: what its holder said when
+        it gave the execution up (`OutcomeLost`: its `interrupted` event), else that a lease ran
+        out. Read from the record's history only on this answer (never on the hot path), and
+        only from a store that keeps one; a failed read leaves the lease's words."""
+        store = self.store
+        if isinstance(store, AuditedStore):
+            with anyio.CancelScope(shield=True):
+                try:
+                    event = interruption(await store.history(t.store_key))
+                except Exception as exc:
+                    t.trace.store_error("history", exc)
+                    event = None
+            said = None if event is None else event.details.get("why")
+            if said:
+                return said
+        return (
+            "an earlier attempt stopped renewing its lease in the middle of the tool, and this"
+            " tool is not declared safe to run twice"
+        )
 
     async def _peek(self, t: _Ticket) -> Record | None:
         record: Record | None = None
@@ -913,11 +947,11 @@ class Guard:
         *,
         lease_lost: bool,
         interrupted: str | None = None,
-        lost: bool = False,
+        lost: OutcomeLost | None = None,
     ) -> ToolResult:
         """The run was cut short mid-tool (lost lease, max run time, or the framework's own
-        timeout: `interrupted`): say what is known. `lost`: the tool raised `OutcomeLost`, so
-        the record turns UNKNOWN now unless a takeover may run it again."""
+        timeout: `interrupted`): say what is known. `lost`: the tool raised it, so the record
+        turns UNKNOWN now unless a takeover may run it again."""
         t.trace.outcome(Outcome.ABORTED)
         if lease_lost:
             why = "it lost its lease (another worker took the record over, or it was declared lost)"
@@ -925,20 +959,28 @@ class Guard:
             why = interrupted
         else:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
-        logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
-        if lost and not lease_lost and not takeover and await self._leave_unknown(t, token):
-            raise errors.outcome_unknown(
-                t.key, f"the attempt was cut short mid-execution because {why}"
+        if lost is not None and not lease_lost and not takeover:
+            # The tool said what happened (`OutcomeLost`): its words are the answer and the
+            # record's, in one line for the operator.
+            logger.warning(
+                "record %s (tool %r): outcome unknown (-32012): %s",
+                record_name(t.store_key),
+                t.tool,
+                lost.why,
             )
+            if await self._leave_unknown(t, token, lost):
+                raise errors.outcome_unknown(t.key, lost.why)
+        else:
+            logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
         record = await self._peek(t)
         if record is not None and record.fingerprint == t.fingerprint:
             if record.state is RecordState.COMPLETED and record.result is not None:
                 return self._replayed(t, record.result, record.completed_at, record.attempts)
             if record.state is RecordState.IN_PROGRESS and (record.token != token or takeover):
                 raise errors.in_progress(t.key, _hint(None))
-        raise errors.outcome_unknown(
-            t.key, f"the attempt was cancelled mid-execution because {why}"
-        )
+        if lost is None:
+            why = f"the attempt was cancelled mid-execution because {why}"
+        raise errors.outcome_unknown(t.key, lost.why if lost is not None else why)
 
     async def _after_stale(self, t: _Ticket) -> ToolResult:
         """The tool finished after its claim had passed to another attempt: that attempt's

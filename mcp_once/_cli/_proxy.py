@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,9 @@ if TYPE_CHECKING:
     from mcp_once.proxy import ProxyPolicy
 
 logger = logging.getLogger("mcp_once.proxy")
+
+#: `proxy --log-level`'s choices.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 #: The commands that take an upstream's command line after their options.
 TAKES_COMMAND = frozenset({"proxy", "tools"})
@@ -92,6 +95,13 @@ def add_parser(commands: Any) -> None:
     )
     proxy.add_argument(
         "--listen", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp"
+    )
+    proxy.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="WARNING",
+        help="what the proxy logs to stderr (default: %(default)s: one line per outcome an"
+        " operator must act on, such as -32012; DEBUG adds the tracebacks behind them)",
     )
     proxy.add_argument(
         "--list",
@@ -307,10 +317,11 @@ def _store_url(args: argparse.Namespace, stem: str) -> str:
     return str(args.store) if args.store is not None else default_store(stem)
 
 
-def _record(upstream: Upstream, url: str, *, default: bool) -> None:
-    """Write the proxy's manifest. Where the store is the default one (in the same folder), a
-    folder that cannot be written stops the proxy (exit 2, one line); with a store of its own it
-    only cannot be found by name, which a warning says."""
+def _record(upstream: Upstream, url: str, *, default: bool) -> Manifest | None:
+    """Write the proxy's manifest (and return it; None when it cannot be written). Where the
+    store is the default one (in the same folder), a folder that cannot be written stops the
+    proxy (exit 2, one line); with a store of its own it only cannot be found by name, which a
+    warning says."""
     identity = upstream.identity
     manifest = Manifest(
         name=identity.name,
@@ -322,6 +333,7 @@ def _record(upstream: Upstream, url: str, *, default: bool) -> None:
     )
     try:
         record(manifest, identity.stem)
+        return manifest
     except StateFolderUnwritable as exc:
         if default:
             fail(
@@ -336,15 +348,31 @@ def _record(upstream: Upstream, url: str, *, default: bool) -> None:
             exc,
             identity.name,
         )
+        return None
+
+
+def _listed(manifest: Manifest | None, stem: str) -> Callable[[dict[str, Any]], None] | None:
+    """`build_proxy`'s `on_listing`: the manifest written again with the tools' output schemas,
+    for `keys settle --proxy NAME` (a folder that went read-only since: left as it was)."""
+    if manifest is None:
+        return None
+
+    def listed(schemas: dict[str, Any]) -> None:
+        with contextlib.suppress(StateFolderUnwritable):
+            record(replace(manifest, output_schemas=schemas), stem)
+
+    return listed
 
 
 def run_proxy(args: argparse.Namespace) -> int:
     if args.list:
         return print_proxies()
-    logging.basicConfig(level=logging.WARNING)  # to stderr: stdout is the MCP channel in stdio
+    level = logging.getLevelNamesMapping()[args.log_level]
+    logging.basicConfig(level=level)  # to stderr: stdout is the MCP channel in stdio
     upstream = _upstream(args)
     wrapped = _check_loops(upstream)  # at once: before FastMCP is imported (seconds)
     _need_fastmcp()
+    _quiet_below(level)
     from mcp_once.proxy import PolicyError, UpstreamStartFailed, build_proxy
 
     if wrapped:
@@ -358,9 +386,10 @@ def run_proxy(args: argparse.Namespace) -> int:
     listen = _listen(args.listen) if args.listen else None
     identity = upstream.identity
     url = _store_url(args, identity.stem)
-    _record(upstream, url, default=args.store is None)
+    manifest = _record(upstream, url, default=args.store is None)
     store = open_or_fail(url)
     options: dict[str, Any] = {"key_header": "Idempotency-Key"} if listen else {}
+    options["on_listing"] = _listed(manifest, identity.stem)
     try:
         server = build_proxy(upstream, store, policy=policy, **options)
     except (PolicyError, TypeError, ValueError) as exc:
@@ -389,6 +418,15 @@ def run_proxy(args: argparse.Namespace) -> int:
         except UpstreamStartFailed as exc:
             fail(str(exc), EXIT_USAGE)
     return EXIT_OK
+
+
+def _quiet_below(level: int) -> None:
+    """One line per outcome (the guard's, the proxy's): FastMCP's own logger (its own handler,
+    INFO by default: a start line in a box on every start) at the proxy's level, and the
+    upstream link's client library, whose warnings say again what the proxy's line says, only
+    from INFO down."""
+    logging.getLogger("fastmcp").setLevel(level)
+    logging.getLogger("orchestrator").setLevel(level if level < logging.WARNING else logging.ERROR)
 
 
 def run_tools(args: argparse.Namespace) -> int:

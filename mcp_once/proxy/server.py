@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -109,6 +109,7 @@ def build_proxy(
     policy: ProxyPolicy | None = None,
     retry: RetryPolicy | None = None,
     name: str | None = None,
+    on_listing: Callable[[dict[str, dict[str, Any]]], None] | None = None,
     **options: Any,
 ) -> OnceProxy:
     """A FastMCP server proxying `upstream`, its tools guarded on `store`.
@@ -120,9 +121,14 @@ def build_proxy(
     The policy's options are checked here (a bad one raises). At the first listing that
     succeeds (as the proxy opens, or later if the upstream could not be reached then) every
     listed tool's guard is built, and a policy pattern that matches no tool is logged as a
-    warning and kept in `unmatched`."""
+    warning and kept in `unmatched`.
+
+    `on_listing` is called with the output schemas of the listed tools (by name; tools without
+    one left out) at the first listing and whenever the listing changes: the CLI keeps them in
+    the proxy's manifest, so that `keys settle --proxy NAME` can check a result against them."""
     link = UpstreamLink(upstream, retry)
     guard = ProxyGuardMiddleware(store, policy, **options)
+    guard.settle_with = f" --proxy {upstream.identity.name}@{upstream.identity.id}"
     server: OnceProxy | None = None
 
     def first_listing(names: list[str]) -> None:
@@ -132,7 +138,7 @@ def build_proxy(
         if server is not None:
             server.unmatched = unmatched
 
-    provider = OnceProxyProvider(link, guard.resend, first_listing)
+    provider = OnceProxyProvider(link, guard.resend, first_listing, on_listing)
 
     @asynccontextmanager
     async def lifespan(served: FastMCP[Any]) -> AsyncIterator[dict[str, Any]]:

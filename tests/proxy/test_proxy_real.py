@@ -221,7 +221,10 @@ async def test_in_doubt_record_turns_unknown_at_once_and_settles(
         assert record.state is RecordState.UNKNOWN and record.tool == "charge"
         events = parse_history(await store.history(record.key))  # type: ignore[attr-defined]
         assert [e.kind for e in events] == ["claimed", "interrupted"]
-        assert events[1].details == {"why": "interrupted"}
+        assert events[1].details == {
+            "why": "the upstream process exited while the call ran; its effect may have happened",
+            "ended": "yes",
+        }
         with pytest.raises(MCPError) as again:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
         assert again.value.code == wire.OUTCOME_UNKNOWN  # not IN_PROGRESS (-32010)
@@ -261,6 +264,8 @@ async def test_an_http_upstream_dying_mid_call_turns_the_record_unknown_at_once(
             with pytest.raises(MCPError) as again:
                 await client.call_tool("charge", crash, meta=meta_key("stream-broke"))
     print(f"[http upstream killed mid-call] -32012 after {took:.2f} s (lease {lease:g} s)")
+    broke = "the connection to the upstream broke while the call ran; its effect may have happened"
+    assert broke in caught.value.message and broke in again.value.message
     assert caught.value.code == wire.OUTCOME_UNKNOWN and took < lease / 3
     assert again.value.code == wire.OUTCOME_UNKNOWN
     (record,) = await store.list_records()
