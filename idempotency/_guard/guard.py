@@ -30,6 +30,7 @@ decoded and stamped by `replay.py`. The tool reads its claim with `current_claim
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ from .._stores.store import (
     suspends,
 )
 from .._system_task import cancelled_beyond, loop_time
-from . import answers, errors
+from . import answers, errors, in_doubt_gauge
 from .caller import caller_of, cancel_requested, disconnected
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
@@ -74,13 +75,15 @@ from .reconcile import (
     reconciler_for,
     resolve,
 )
-from .replay import UnreadableResult, decode_result, stamped
+from .replay import UnreadableResult, decode_result, origin, stamped
 from .scope import CallScope, default_scope, principal_of, store_key
 from .telemetry import (
     NO_TRACE,
     Outcome,
     Trace,
     count_outcome,
+    log_about,
+    log_answer,
     logger,
     record_name,
     traced,
@@ -201,6 +204,17 @@ class _Ticket:
     convert: Convert = as_call_result
     #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
     scope_digest: str | None = None
+    #: The server's name (`CallScope.server`): for the record's claimed events, what tells an
+    #: operator's tools which server's record it is (rule 25), and for the log lines about it.
+    server: str = ""
+
+    def log(self, level: int, event: str, what: str, *args: object) -> None:
+        """A log line about the ticket's record (`telemetry.log_about`)."""
+        log_about(level, event, self.store_key, self.tool, self.server, what, *args)
+
+    #: A digest of the authenticated principal (None without one), for the same events: who
+    #: claimed, the same digest on every server (`principal_digest`), never the principal.
+    principal_digest: str | None = None
     #: The call's fingerprint with its integral floats as written, where it differs from
     #: `fingerprint` (numbers by value): what a record written before that holds
     #: (`fingerprint.fingerprints`), tried once when the claim finds another fingerprint.
@@ -330,11 +344,22 @@ class Guard:
                 )
             ticket.trace = trace
             ticket.arguments = call.arguments
+            ticket.server = call.server
+            in_doubt_gauge.watch(self.store)
             if convert is not None:
                 ticket.convert = convert
-            answer = await self._claim_loop(ticket, execute, error_result, takeover)
+            try:
+                answer = await self._claim_loop(ticket, execute, error_result, takeover)
+            except MCPError as exc:
+                # The guard's refusals and OUTCOME_UNKNOWN, logged as answered (telemetry.py).
+                log_answer(
+                    trace.outcome_seen, exc.code, ticket.store_key, ticket.tool, ticket.server
+                )
+                raise
         if answer is None:  # the store is down and the author chose fail-open
             return await passthrough()
+        if trace.outcome_seen is Outcome.REPLAYED:
+            ticket.log(logging.DEBUG, "replayed", "replayed its stored answer")
         return render(answer)
 
     def _ticket(self, call: ToolCall) -> _Ticket | None:
@@ -357,6 +382,7 @@ class Guard:
             key_argument=policy.key_argument,
             key_header=policy.key_header,
         )
+        principal = principal_of(call.request)
         scopes: list[str] = []
         if found or policy.keys != "derived":
             resolved = resolve_key(found, policy.keys, _underived, elsewhere=self._elsewhere())
@@ -373,7 +399,7 @@ class Guard:
                 if fp is None:
                     raise errors.unfingerprintable(None, fp_problem)
                 params = call.request.params if call.request is not None else None
-                scopes.append(self._scope(call))
+                scopes.append(self._scope(call, principal))
                 # The fingerprint of the bytes as sent (`legacy` when it differs): a re-send
                 # repeats them, and a record derived before numbers compared by value is found.
                 return derive_key(
@@ -393,7 +419,7 @@ class Guard:
         assert fp is not None
         key, source = resolved
         # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
-        scope = scopes[0] if scopes else self._scope(call)
+        scope = scopes[0] if scopes else self._scope(call, principal)
         derived = source is KeySource.DERIVED
         return _Ticket(
             call.tool,
@@ -405,12 +431,14 @@ class Guard:
             derived,
             call.request if derived else None,
             scope_digest=scope_digest(scope),
+            server=call.server,
+            principal_digest=None if principal is None else scope_digest(principal),
             legacy_fingerprint=legacy,
         )
 
-    def _scope(self, call: ToolCall) -> str:
-        """The partition the call's key lives in (`Policy.scope`)."""
-        principal = principal_of(call.request)
+    def _scope(self, call: ToolCall, principal: str | None) -> str:
+        """The partition the call's key lives in (`Policy.scope`); `principal`: the call's
+        authenticated principal (`principal_of`)."""
         scope_fn = self.policy.scope
         if scope_fn is default_scope:
             pair = (call.server, principal)
@@ -456,7 +484,10 @@ class Guard:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
                 # (A claim that never suspends cannot be cut short: it needs no scope.)
-                with saying(scope=t.scope_digest):  # for the claimed event (rule 20)
+                # For the claimed event (rule 20): whose scope, which server, who claimed.
+                with saying(
+                    scope=t.scope_digest, server=t.server or None, principal=t.principal_digest
+                ):
                     if self._claim_suspends:
                         with anyio.CancelScope(shield=True):
                             outcome = await self._claim(t, takeover)
@@ -484,9 +515,13 @@ class Guard:
                     # float as written. Claimed once more with that; another mismatch refuses.
                     t.fingerprint, t.legacy_fingerprint = t.legacy_fingerprint, None
                     continue
-                t.trace.outcome(Outcome.CONFLICT)
+                t.trace.outcome(Outcome.KEY_REUSED)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
+                if outcome.turned_unknown:
+                    self._turned_unknown(
+                        t, "its last lease ran out mid-call (the worker died or hung)"
+                    )
                 if not reconciled and reconciler_for(self.policy.reconcile, t.tool) is not None:
                     reconciled = True
                     claimed_at = loop_time()
@@ -548,34 +583,44 @@ class Guard:
         ):
             return None
         try:
-            resolution = await resolve(
-                store,
-                record,
-                reconciler,
-                tool=t.tool,
-                key=t.key,
-                arguments=t.arguments,
-                convert=t.convert,
-                timeout=self.policy.reconcile_timeout,
-                lease=self.policy.lease,
-                retention=t.retention,
-            )
+            # Its claimed event, as above.
+            with saying(scope=t.scope_digest, server=t.server or None):
+                resolution = await resolve(
+                    store,
+                    record,
+                    reconciler,
+                    tool=t.tool,
+                    key=t.key,
+                    arguments=t.arguments,
+                    convert=t.convert,
+                    timeout=self.policy.reconcile_timeout,
+                    lease=self.policy.lease,
+                    retention=t.retention,
+                )
         except CorruptRecord:
             raise self._corrupt(t, "the stored record is unreadable") from None
         except Exception as exc:
             t.trace.store_error("reconcile", exc)
-            logger.warning(
-                "could not reconcile record %s: %r; it stays as it was",
-                record_name(t.store_key),
-                exc,
+            t.log(
+                logging.WARNING,
+                "reconcile_unknown",
+                "could not reconcile (%s); the record stays UNKNOWN",
+                type(exc).__name__,
             )
             return Resolution(Verdict.UNKNOWN.value)
-        logger.info(
-            "tool %r's reconciler on record %s: %s",
-            t.tool,
-            record_name(t.store_key),
-            resolution.answer,
-        )
+        if resolution.answer == Verdict.UNKNOWN.value:
+            t.log(
+                logging.WARNING,
+                "reconcile_unknown",
+                "the reconciler could not decide; the record stays UNKNOWN",
+            )
+        else:
+            t.log(
+                logging.INFO,
+                "reconciled",
+                "the reconciler answered %s",
+                resolution.answer,
+            )
         if t.trace.recording:
             t.trace.set(reconciled=resolution.answer)
         return resolution
@@ -668,9 +713,10 @@ class Guard:
         policy = self.policy
         if outcome.took_over:
             t.trace.set(took_over=True)
-            logger.warning(
-                "took over the expired lease of record %s (execution %d)",
-                record_name(t.store_key),
+            t.log(
+                logging.WARNING,
+                "taken_over",
+                "took over its expired lease (execution %d)",
                 outcome.attempts,
             )
         fence = outcome.fence
@@ -696,6 +742,8 @@ class Guard:
             max_run_time=policy.max_run_time,
             run_scope=run_scope,
             trace=trace,
+            tool=t.tool,
+            server=t.server,
         )
         try:
             result: ToolResult | None = None
@@ -715,10 +763,10 @@ class Guard:
                     # The common case, stored where it ran: nothing cancels this scope now but
                     # the give-up time, so the first write needs no scope of its own.
                     storing = True
-                    executed_at = time.time()
+                    executed_at, upstream = origin(result)
                     delivered = t.derived and not await self._caller_gone(t, run_scope)
                     stored = await self._store(
-                        t, token, result, executed_at, keeper, True, delivered
+                        t, token, result, executed_at, keeper, True, delivered, upstream
                     )
             if storing:
                 # Only the renewal service, at the give-up time, cancels the scope once the
@@ -748,9 +796,11 @@ class Guard:
                 if raised is not None:
                     result = await self._judge(t, token, raised, error_result, keeper)
                 assert isinstance(result, CallToolResult)
-                executed_at = time.time()
+                executed_at, upstream = origin(result)
                 delivered = t.derived and not await self._caller_gone(t, run_scope)
-                stored = await self._store(t, token, result, executed_at, keeper, False, delivered)
+                stored = await self._store(
+                    t, token, result, executed_at, keeper, False, delivered, upstream
+                )
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
         assert isinstance(result, CallToolResult)
@@ -763,10 +813,12 @@ class Guard:
             result,
             key=t.key,
             key_source=t.source.value,
-            status="executed",
+            # The upstream's replay is not an execution of the effect (rule 18).
+            status="replayed" if upstream else "executed",
             executed_at=executed_at,
             attempts=outcome.attempts,
             stored=stored is True,
+            upstream=upstream,
         )
 
     def _store(
@@ -778,6 +830,7 @@ class Guard:
         keeper: LeaseKeeper,
         in_run_scope: bool,
         delivered: bool,
+        upstream: bool,
     ) -> Awaitable[bool | None]:
         """`complete.store_result` of the ticket's result (awaited by the caller: no frame)."""
         policy = self.policy
@@ -794,6 +847,7 @@ class Guard:
             trace=t.trace,
             in_run_scope=in_run_scope,
             delivered=delivered if t.derived else None,
+            upstream_replayed=upstream,
         )
 
     @staticmethod
@@ -930,6 +984,19 @@ class Guard:
             " tool is not declared safe to run twice"
         )
 
+    def _turned_unknown(self, t: _Ticket, why: str) -> None:
+        """Rule 25's alert: one WARNING per record turned UNKNOWN (event `in_doubt`), from the
+        call that turned it, besides the one per -32012 answer (`unknown`, `log_answer`). The
+        record is kept, without expiry, until it is settled or reconciled;
+        `mcp_once_records_in_doubt` counts it meanwhile."""
+        t.log(
+            logging.WARNING,
+            "in_doubt",
+            "turned UNKNOWN: %s; kept, without expiry, until settled or reconciled"
+            " (mcp-once keys list --state unknown)",
+            why,
+        )
+
     async def _peek(self, t: _Ticket) -> Record | None:
         record: Record | None = None
         with anyio.CancelScope(shield=True):
@@ -960,18 +1027,14 @@ class Guard:
         else:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
         if lost is not None and not lease_lost and not takeover:
-            # The tool said what happened (`OutcomeLost`): its words are the answer and the
-            # record's, in one line for the operator.
-            logger.warning(
-                "record %s (tool %r): outcome unknown (-32012): %s",
-                record_name(t.store_key),
-                t.tool,
-                lost.why,
-            )
+            # The tool said what happened (`OutcomeLost`): its words are the caller's answer,
+            # the record's `interrupted` event and its `in_doubt` line; the -32012 answer has
+            # its own line (`log_answer`), so no `cut_short` line says it a third time.
             if await self._leave_unknown(t, token, lost):
+                self._turned_unknown(t, f"its execution was cut short because {why}")
                 raise errors.outcome_unknown(t.key, lost.why)
-        else:
-            logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
+        elif not lease_lost:  # else the lost lease was logged as it was found (lease.py)
+            t.log(logging.WARNING, "cut_short", "cancelled the running tool: %s", why)
         record = await self._peek(t)
         if record is not None and record.fingerprint == t.fingerprint:
             if record.state is RecordState.COMPLETED and record.result is not None:
@@ -986,9 +1049,10 @@ class Guard:
         """The tool finished after its claim had passed to another attempt: that attempt's
         answer is the key's answer, so this one is discarded and the record's is served."""
         t.trace.outcome(Outcome.STALE)
-        logger.warning(
-            "record %s was taken over while this attempt ran; its result was discarded",
-            record_name(t.store_key),
+        t.log(
+            logging.WARNING,
+            "stale",
+            "taken over while this attempt ran; its result was discarded",
         )
         with anyio.CancelScope(shield=True):
             record = await self._wait(t, self.policy.wait)
@@ -1034,9 +1098,10 @@ class Guard:
             executed_at=executed_at,
             attempts=attempts,
             reconciled=reconciled,
+            upstream=stored.upstream_replayed,
         )
 
     def _corrupt(self, t: _Ticket, why: str) -> MCPError:
         t.trace.outcome(Outcome.CORRUPT)
-        logger.error("record %s cannot be read (%s); left untouched", record_name(t.store_key), why)
+        t.log(logging.ERROR, "corrupt", "cannot be read (%s); left untouched", why)
         return errors.corrupt_record(t.key)

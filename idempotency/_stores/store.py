@@ -28,6 +28,15 @@ DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 #: Longest tool name a record keeps, in UTF-8 bytes (see `tool_label`). MCP asks for names of at
 #: most 128 characters from [A-Za-z0-9_.-], so every conforming name is kept whole.
 MAX_TOOL_BYTES = 255
+#: How long a store remembers a record's last fence after the record itself expired (seconds):
+#: a claim of its key within that time gets a higher fence (rule 25: a key's fence never
+#: repeats). A day, as a record's history outlives it (`history.HISTORY_GRACE`); what it costs
+#: per record is in docs/guarantee.md.
+FENCE_MEMORY = 24 * 3600.0
+#: The expiry stored in an IN_PROGRESS record (seconds since the epoch, year 2286), which has
+#: none: the previous release refuses an IN_PROGRESS record without one, and reads this as a
+#: deadline it never reaches. This release reads an IN_PROGRESS record's expiry as None.
+NEVER_EXPIRES = 1e10
 
 
 class RecordState(enum.StrEnum):
@@ -66,6 +75,9 @@ class ClaimOutcome:
     attempts: int = 0
     #: BUSY: seconds until the running attempt's lease ends (a hint, never negative).
     retry_after: float | None = None
+    #: UNKNOWN: this claim found the lease run out and turned the record UNKNOWN (the first
+    #: to learn it is in doubt); False when it was UNKNOWN already.
+    turned_unknown: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +94,9 @@ class Record:
     updated_at: float
     lease_deadline: float | None
     completed_at: float | None
-    #: When the store forgets the record; None for UNKNOWN (kept until settled).
+    #: When the store forgets the record; None for UNKNOWN and IN_PROGRESS, which are kept until
+    #: completed, settled or reconciled (an IN_PROGRESS record whose lease ran out is in doubt
+    #: as an UNKNOWN one is). A forgotten record's fence is remembered (`FENCE_MEMORY`).
     expires_at: float | None
     result: bytes | None
     #: The tool the record is for (see `tool_label`), so that an operator listing records sees

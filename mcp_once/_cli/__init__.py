@@ -1,7 +1,8 @@
 """`mcp-once`: the command line. One module per command; this file only dispatches.
 
 Exit codes: 0 success, 1 the command ran and found a problem (a duplicate effect in the demo, a
-record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached, 141 the
+record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached (or, for a
+command that only reads, holds nothing of mcp-once's: `_common.reading`), 141 the
 reader of its output went away (`mcp-once keys list --json | head`), quietly.
 """
 
@@ -14,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from . import _audit, _bench, _demo, _keys, _proxy, _runs, _serve
+from . import _audit, _bench, _demo, _gateway, _keys, _proxy, _runs, _serve, _wrap
 from ._common import DEFAULT_STORE_URL
 from ._runs import DEFAULT_JOURNAL_URL
 
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         " --store, deleted when it ends.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (_demo, _keys, _runs, _serve, _proxy, _bench):
+    for module in (_demo, _keys, _runs, _serve, _gateway, _wrap, _bench):
         module.add_parser(commands)
     _audit.add_parser(commands, _keys.run_on_store)
     return parser

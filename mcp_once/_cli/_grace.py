@@ -35,6 +35,7 @@ from idempotency import (
     history_interruption,
     rfc3339,
 )
+from idempotency import lease_ran_out as _ran_out
 
 #: Three leases of the server's default length: a worker that resumes at all usually does so
 #: within a lease or two, and its renewal or completion attempt is then visible in the logs.
@@ -68,11 +69,7 @@ def lease_ran_out(record: Record, now: float | None = None) -> bool:
     The store keeps it IN_PROGRESS until the next claim turns it UNKNOWN (or takes it over); for
     an operator it is unknown already, and `keys` shows and settles it as such, so that a dead
     worker's record does not wait for a client to come back."""
-    return (
-        record.state is RecordState.IN_PROGRESS
-        and record.lease_deadline is not None
-        and record.lease_deadline <= (clock() if now is None else now)
-    )
+    return _ran_out(record, clock() if now is None else now)
 
 
 def too_soon_to_fail(record: Record | None, grace: float) -> str | None:

@@ -1,8 +1,9 @@
 """`mcp-once keys`: see and settle records, for the operator who must reconcile an unknown outcome.
 
-`keys list` shows per record its tool, state, age, lease and fence, and filters by state, tool
-and age. Records are stored under a hash, so the tool's name is what tells an operator which
-record is which; records written by a release that did not store it show "-" (and never match
+`keys list` shows per record its tool, state, age, lease and fence, and the authenticated
+principal that claimed it, by digest (`_principals`), and filters by state, tool and age.
+Records are stored under a hash, so the tool's name is what tells an operator which record is
+which; records written by a release that did not store it show "-" (and never match
 `--tool`). Stored results are not printed unless asked (`--reveal-result`): they are user data,
 and an operator listing records should not see them by accident. Records that cannot be read
 are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -35,7 +35,6 @@ from pydantic import ValidationError
 
 from idempotency import (
     AuditedStore,
-    CallScope,
     CorruptRecord,
     HistoryEvent,
     KeyStore,
@@ -45,20 +44,19 @@ from idempotency import (
     StoreUnavailable,
     UnreadableResult,
     decode_result,
-    default_scope,
     domain_form,
     encode_result,
     history_operator_settle,
     history_saying,
+    in_doubt_records,
+    record_servers,
     rfc3339,
-    store_key,
     turn_unknown,
     unreadable_records,
-    wire,
 )
 from mcp_once._upstream.outputs import output_problem
 
-from . import _audit, _durations, _grace, _reconcile
+from . import _addressing, _audit, _durations, _grace, _principals, _reconcile
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -67,13 +65,11 @@ from ._common import (
     fail,
     open_or_fail,
     print_table,
-    redacted,
+    reading,
+    server_cell,
     unreachable,
 )
 from ._proxies import add_proxy_option, apply_proxy, proxy_manifest
-
-#: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `idempotency.store_key`.
-_STORE_KEY = re.compile(r"[0-9a-f]{64}")
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
@@ -92,7 +88,8 @@ _EPILOG = (
     "Records are stored under a SHA-256 hash of (scope, tool, key); `keys list` shows each"
     " one's tool (- for a record an earlier release wrote), state, age, lease and fence. To"
     " find the record of a call from what the client saw, give --client-key, --tool and"
-    " --server, where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
+    " --server (without --server, the servers holding a record for that key and tool are"
+    " named), where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
     + "; ".join(f"{name} for {where}" for name, where in EXAMPLE_SERVERS.items())
     + '; for an mcp-once proxy "mcp-once proxy: NAME@ID" (`mcp-once proxy --list`), or give'
     " --proxy NAME instead of --store and --server"
@@ -128,6 +125,12 @@ def add_parser(commands: Any) -> None:
         " none and never match)",
     )
     listing.add_argument(
+        "--server",
+        metavar="NAME",
+        help="only records of this server, as their history names it (records whose history"
+        " names none never match)",
+    )
+    listing.add_argument(
         "--older-than",
         type=_durations.duration,
         metavar="DURATION",
@@ -137,7 +140,7 @@ def add_parser(commands: Any) -> None:
         "--limit", type=int, default=100, help="list at most N records (default: %(default)s)"
     )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(run=_run(_list, _check_list))
+    listing.set_defaults(run=_run(reading(_list), _check_list))
 
     show = actions.add_parser(
         "show",
@@ -149,7 +152,7 @@ def add_parser(commands: Any) -> None:
     _add_key_arguments(show)
     show.add_argument("--reveal-result", action="store_true", help="print the stored result")
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.set_defaults(run=_run(_show))
+    show.set_defaults(run=_run(reading(_show)))
 
     settle = actions.add_parser(
         "settle",
@@ -185,10 +188,10 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_SETTLE_RETENTION,
         metavar="SECONDS",
         help="how long a record settled as completed keeps replaying its result before it"
-        " expires (default: %(default)s, 24 h, as a completed record)",
+        " expires (default: %(default)s, 24 h, as a completed record); at least --grace",
     )
     _grace.add_arguments(settle)
-    _audit.add_settle_arguments(settle)
+    _audit.add_operator_arguments(settle, "settles")
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 
     purge = actions.add_parser(
@@ -196,7 +199,8 @@ def add_parser(commands: Any) -> None:
         help="physically remove expired records",
         description="Physically remove the records past their expiry (completed and released"
         " ones past their retention). The server already ignores them; this only frees the"
-        " space. UNKNOWN records never expire and are never purged.",
+        " space. UNKNOWN and IN_PROGRESS records never expire and are never purged; a purged"
+        " record's last fence is kept a day, so that its key's next execution gets a higher one.",
     )
     purge.set_defaults(run=_run(_purge))
 
@@ -222,32 +226,10 @@ def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
     derive.add_argument(
         "--server",
         help="the MCP server's own name, MCPServer(name) or FastMCP(name) (the example"
-        f" servers: {', '.join(EXAMPLE_SERVERS)}; a proxy's: --proxy NAME gives it)",
+        f" servers: {', '.join(EXAMPLE_SERVERS)}; a proxy's: --proxy NAME gives it); without"
+        " it, the servers holding a record for --client-key and --tool are named. With a store"
+        " key: refused unless the record's history names this server",
     )
-
-
-def _store_key(args: argparse.Namespace) -> str:
-    derived = (args.client_key, args.tool, args.server)
-    if args.key and any(derived):
-        fail("give either a store key or --client-key/--tool/--server, not both", EXIT_USAGE)
-    if args.key:
-        if not _STORE_KEY.fullmatch(args.key.lower()):
-            fail(
-                f"{args.key!r} is not a store key (64 hex digits, as `keys list` prints them);"
-                " to find a record by the key the client sent, give --client-key, --tool and"
-                " --server",
-                EXIT_USAGE,
-            )
-        return str(args.key).lower()
-    if not all(derived):
-        fail("give a store key, or all of --client-key, --tool and --server", EXIT_USAGE)
-    problem = wire.key_problem(args.client_key)
-    if problem is not None:
-        fail(f"--client-key: {problem}", EXIT_USAGE)
-    scope = default_scope(
-        CallScope(server=args.server, tool=args.tool, principal=None, meta=None, request=None)
-    )
-    return store_key(scope, args.tool, args.client_key)
 
 
 def _run(
@@ -260,7 +242,7 @@ def _run(
     def run(args: argparse.Namespace) -> int:
         apply_proxy(args)  # --proxy NAME: that proxy's store and server
         if hasattr(args, "client_key"):  # an action addressing one record
-            args.key = _store_key(args)
+            args.key = _addressing.store_key_of(args)
         if prepare is not None:
             prepare(args)
         store = open_or_fail(args.store, existing=True)
@@ -288,18 +270,20 @@ def _when(timestamp: float | None) -> str | None:
     return None if timestamp is None else rfc3339(timestamp)
 
 
-def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
+def _describe(record: Record, *, reveal: bool, servers: list[str]) -> dict[str, Any]:
     """One record for an operator. `tool` is None for a record an earlier release wrote;
     `ageSeconds` counts from its first claim (the store's clock) to now (this machine's);
     `fence` is the fence of its last lease, `leaseRanOutAt` when that lease ran out (on this
     machine's clock; None while it runs, or when it ended with a stored result): what to weigh
-    before settling an UNKNOWN record as failed."""
+    before settling an UNKNOWN record as failed. `server` is what its history names (None:
+    nothing; several are joined with ", ")."""
     now = _grace.clock()
     ran_out = record.lease_deadline is not None and record.lease_deadline <= now
     shown = RecordState.UNKNOWN if _grace.lease_ran_out(record, now) else record.state
     described: dict[str, Any] = {
         "key": record.key,
         "tool": record.tool,
+        "server": ", ".join(servers) or None,
         "state": shown.value,
         "storedState": record.state.value,
         "ageSeconds": round(max(0.0, now - record.created_at), 3),
@@ -332,7 +316,16 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
 
 def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
     """A record the store could not read at all: its key and why, nothing else is known."""
-    fields = ("tool", "storedState", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
+    fields = (
+        "tool",
+        "server",
+        "storedState",
+        "ageSeconds",
+        "fence",
+        "attempts",
+        "createdAt",
+        "updatedAt",
+    )
     more = ("leaseDeadline", "leaseRanOutAt", "completedAt", "expiresAt", "resultBytes")
     return {
         "key": found.key,
@@ -354,6 +347,8 @@ _COLUMNS = (
     "leaseRanOutAt",
     "expiresAt",
     "resultBytes",
+    "server",
+    "principal",
 )
 
 
@@ -361,6 +356,8 @@ def _cell(row: dict[str, Any], column: str) -> str:
     if column == "age":
         seconds = row["ageSeconds"]
         return "-" if seconds is None else _durations.age(seconds)
+    if column == "server":
+        return server_cell(row["server"])
     value = row[column]
     return "-" if value is None else str(value)
 
@@ -376,6 +373,8 @@ def _check_list(args: argparse.Namespace) -> None:
         fail("--limit must be at least 1", EXIT_USAGE)
     if args.tool is not None and not args.tool.strip():
         fail("--tool needs a tool name", EXIT_USAGE)
+    if args.server is not None and not args.server.strip():
+        fail("--server needs a server name", EXIT_USAGE)
 
 
 async def _listed(
@@ -383,15 +382,29 @@ async def _listed(
 ) -> list[Record]:
     """The records `--state` asks for, as an operator sees states: a record under a lease that
     ran out is unknown (see the module doc), not in_progress."""
-    if state not in (RecordState.UNKNOWN, RecordState.IN_PROGRESS):
+    if state is RecordState.UNKNOWN:
+        return await in_doubt_records(store, tool=tool, limit=limit, now=_grace.clock())
+    if state is not RecordState.IN_PROGRESS:
         return await store.list_records(state=state, tool=tool, limit=limit)
     now = _grace.clock()
     running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
-    if state is RecordState.IN_PROGRESS:
-        return [r for r in running if not _grace.lease_ran_out(r, now)]
-    unknown = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
-    unknown += [r for r in running if _grace.lease_ran_out(r, now)]
-    return sorted(unknown, key=lambda r: r.created_at)[:limit]
+    return [r for r in running if not _grace.lease_ran_out(r, now)]
+
+
+async def _of_server(
+    store: KeyStore, state: RecordState | None, tool: str | None, limit: int, server: str | None
+) -> list[tuple[Record, list[str]]]:
+    """The records `_listed` gives, each with the servers its history names; with `server`,
+    the first `limit` whose history names it. The store cannot filter by server, so the window
+    read grows until `limit` are found or it holds every record that passes the other filters."""
+    window = limit
+    while True:
+        found = await _listed(store, state, tool, window)
+        named = [(record, await record_servers(store, record.key)) for record in found]
+        kept = [pair for pair in named if server is None or server in pair[1]]
+        if server is None or len(kept) >= limit or len(found) < window:
+            return kept[:limit]
+        window *= 4
 
 
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
@@ -402,23 +415,24 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     any age are the first ones of its answer."""
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
     with unreadable_records() as unreadable:
-        records = await _listed(store, state, args.tool, args.limit)
+        records = await _of_server(store, state, args.tool, args.limit, args.server)
     if args.older_than is not None:
         cutoff = _grace.clock() - args.older_than
-        records = [r for r in records if r.created_at <= cutoff]
-    rows = [_describe(r, reveal=False) for r in records]
-    if state is None and args.tool is None and args.older_than is None:
+        records = [(r, named) for r, named in records if r.created_at <= cutoff]
+    rows = [_describe(r, reveal=False, servers=named) for r, named in records]
+    if state is None and args.tool is None and args.older_than is None and args.server is None:
         # An unreadable record has no state, tool or age to filter on: shown when nothing is
         # filtered on, else counted on stderr, so that a filtered view never hides it silently.
         rows += [_describe_unreadable(found) for found in unreadable]
     elif unreadable:
         print(
-            f"mcp-once: {len(unreadable)} unreadable record(s) not shown: their state, tool and"
-            " age cannot be read (`mcp-once keys list --state corrupt` lists them)",
+            f"mcp-once: {len(unreadable)} unreadable record(s) not shown: their state, tool,"
+            " server and age cannot be read (`mcp-once keys list --state corrupt` lists them)",
             file=sys.stderr,
         )
     if args.state == CORRUPT:
         rows = [row for row in rows if row["state"] == CORRUPT]
+    await _principals.add_principals(store, rows)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
@@ -435,15 +449,15 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
 
 
 async def _show(store: KeyStore, args: argparse.Namespace) -> int:
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     record = await store.get(args.key)
     if record is None:
-        print(
-            f"mcp-once: no live record for key {args.key} in the key store at"
-            f" {redacted(args.store)!r}",
-            file=sys.stderr,
-        )
-        return EXIT_PROBLEM
-    described = _describe(record, reveal=args.reveal_result)
+        return await _addressing.absent(store, args)
+    servers = await record_servers(store, record.key)
+    described = _describe(record, reveal=args.reveal_result, servers=servers)
+    await _principals.add_principals(store, [described])
     if args.json:
         json.dump(described, sys.stdout, indent=2)
         print()
@@ -492,12 +506,28 @@ def _prepare_settle(args: argparse.Namespace) -> None:
         fail("--retention must be a positive number of seconds", EXIT_USAGE)
     if not (math.isfinite(args.grace) and args.grace >= 0):
         fail("--grace must be a number of seconds >= 0", EXIT_USAGE)
+    if args.retention < args.grace:
+        # Rule 25: the settled record would be gone while the worker that held it may still be
+        # merely paused, and a retry after that runs the tool again, unseen.
+        fail(
+            f"--retention {args.retention:g} s is shorter than the grace of {args.grace:g} s:"
+            " the settled record would be forgotten while the worker that held it may still"
+            " resume, and a client retrying after that runs the tool again (at a higher fence,"
+            " but a second effect all the same). Keep it at least as long as --grace (the"
+            " default keeps it 24 h). Nothing was changed.",
+            EXIT_USAGE,
+        )
     args.settled = _settled_result(args)
 
 
 async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
     result: bytes | None = args.settled
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     record = await store.get(args.key)
+    if record is None and args.client_key is not None:
+        return await _addressing.absent(store, args)
     unfit = _unfit_result(args, record)
     if unfit is not None:
         print(f"mcp-once: {unfit}", file=sys.stderr)

@@ -130,8 +130,8 @@ def add_proxy_option(parser: argparse.ArgumentParser) -> None:
         "--proxy",
         metavar="NAME",
         help="act on the records of the mcp-once proxy of this name (NAME or NAME@ID, as"
-        " `mcp-once proxy --list` shows): its store (unless --store names another) and, where a"
-        " record is found by --client-key, its server",
+        " `mcp-once proxy --list` shows): its store (unless --store names another) and its"
+        " server, as --server",
     )
 
 
@@ -153,15 +153,16 @@ def apply_proxy(args: argparse.Namespace) -> None:
     if wanted is None:
         return
     found = find(wanted)
-    if not getattr(args, "key", None):  # a record found by what the client saw
-        server = getattr(args, "server", None)
-        if server is not None and server != found.server:
-            fail(
-                f"--proxy {wanted} and --server {server!r} name two servers: --proxy's is"
-                f" {found.server!r}; give one of them",
-                EXIT_USAGE,
-            )
-        args.server = found.server
+    server = getattr(args, "server", None)
+    if server is not None and server != found.server:
+        fail(
+            f"--proxy {wanted} and --server {server!r} name two servers: --proxy's is"
+            f" {found.server!r}; give one of them",
+            EXIT_USAGE,
+        )
+    # Where the action takes --server, it is the proxy's: a record found by what the client saw
+    # is derived under it, a store key is checked against it, a listing filtered by it.
+    args.server = found.server
     if args.store == from_environment(STORE_VARIABLE, DEFAULT_STORE_URL):
         if "***" in found.store:
             fail(

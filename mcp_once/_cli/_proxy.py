@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ import anyio
 
 from mcp_once._upstream import LoopError, Upstream, UpstreamConfigError, check_chain, loop_message
 
+from . import _front, _upstream_headers
 from ._common import (
     EXIT_OK,
     EXIT_UNREACHABLE,
@@ -55,7 +56,10 @@ from ._proxies import (
 from ._serve import serve_on
 
 if TYPE_CHECKING:
-    from mcp_once.proxy import ProxyPolicy
+    from mcp_types import Tool
+
+    from idempotency import KeyStore
+    from mcp_once.proxy import OnceGateway, OnceProxy, ProxyPolicy
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -66,13 +70,38 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 TAKES_COMMAND = frozenset({"proxy", "tools"})
 
 
+class _ServerNames(argparse.Action):
+    """`--server NAME`, repeatable: `servers` lists every name given, `server` is the first."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        namespace.servers = [*(getattr(namespace, "servers", None) or []), str(values)]
+        namespace.server = namespace.servers[0]
+
+
 def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", metavar="URL", help="the upstream's streamable HTTP URL")
     parser.add_argument("--config", metavar="FILE", help="a desktop client's mcpServers JSON")
-    parser.add_argument("--server", metavar="NAME", help="the server of --config to proxy")
     parser.add_argument(
-        "--policy", metavar="FILE", help='per-tool policy (TOML, [tools."<name or glob>"] tables)'
+        "--server",
+        metavar="NAME",
+        action=_ServerNames,
+        help="the server of --config to proxy (proxy: repeat it, or leave it out for every"
+        " server, to serve several on one front, their tools named SERVER_TOOL)",
     )
+    parser.set_defaults(servers=[])
+    parser.add_argument(
+        "--policy",
+        metavar="FILE",
+        help='per-tool policy (TOML, [tools."<name or glob>"] tables, and'
+        ' [servers."<name>".tools."<name or glob>"] for one upstream only)',
+    )
+    _upstream_headers.add_option(parser)
 
 
 def add_parser(commands: Any) -> None:
@@ -81,7 +110,9 @@ def add_parser(commands: Any) -> None:
         help="serve an MCP server you did not write, its tools guarded (-- COMMAND, --upstream)",
         description="An MCP server that forwards to one upstream and runs its tools under the"
         " idempotency guard. Upstream: [--] COMMAND ARGS... (a stdio child, restarted on the"
-        " next call when it dies), --upstream URL, or --config FILE --server NAME. Front: stdio,"
+        " next call when it dies), --upstream URL, or --config FILE --server NAME; --config FILE"
+        " alone (or with several --server) serves every (named) server on one front, each tool"
+        " named SERVER_TOOL, each upstream with its own records and policy section. Front: stdio,"
         " or streamable HTTP with --listen (the Idempotency-Key header is read there). Its"
         " records are scoped by the upstream's name and identity (command, arguments, working"
         " directory and the entry's env, or URL and headers): two upstreams never share one.",
@@ -112,6 +143,7 @@ def add_parser(commands: Any) -> None:
         proxy,
         fallback=f"a SQLite file per upstream in {state_folder()}{os.sep} (NAME-ID.sqlite3)",
     )
+    _front.add_options(proxy)
     proxy.set_defaults(run=run_proxy)
     tools = commands.add_parser(
         "tools",
@@ -171,10 +203,15 @@ def parse_command(root: argparse.ArgumentParser, words: Sequence[str]) -> argpar
     return args
 
 
-def upstream_of(args: argparse.Namespace, folder: str | None = None) -> Upstream:
-    """The upstream `args` name, or `UpstreamConfigError` saying what is wrong (no upstream, two
-    that conflict, a bad config entry or name). `folder`: where a relative `--config` is read
-    from (the working directory of the proxy that was given it)."""
+def serves_several(args: argparse.Namespace) -> bool:
+    """Whether `args` name the servers of a config file to serve on one front: `--config FILE`
+    without `--server`, or with several."""
+    return args.config is not None and len(args.servers) != 1
+
+
+def check_upstreams_named(args: argparse.Namespace) -> None:
+    """`UpstreamConfigError` unless `args` name their upstream(s) one way: a command,
+    `--upstream URL` or `--config FILE`."""
     command: list[str] = args.command_line
     named = [
         f"the command {command[0]!r}" if command else None,
@@ -192,8 +229,24 @@ def upstream_of(args: argparse.Namespace, folder: str | None = None) -> Upstream
             f"conflicting upstreams: {' and '.join(given)} each name one; a proxy serves one"
             " upstream: give only one of them"
         )
-    if (args.config is None) != (args.server is None):
-        raise UpstreamConfigError("--config and --server go together")
+    if args.config is None and args.servers:
+        raise UpstreamConfigError("--server names an entry of --config FILE: give the file")
+
+
+def upstream_of(
+    args: argparse.Namespace, folder: str | None = None, environ: Mapping[str, str] | None = None
+) -> Upstream:
+    """The upstream `args` name, or `UpstreamConfigError` saying what is wrong (no upstream, two
+    that conflict, a bad config entry or name). `folder`: where a relative `--config` is read
+    from (the working directory of the proxy that was given it); `environ`: where its
+    `--upstream-header` values are read (that proxy's environment; default ours)."""
+    check_upstreams_named(args)
+    command: list[str] = args.command_line
+    if args.config is not None and len(args.servers) != 1:
+        raise UpstreamConfigError(
+            "--config FILE names one upstream here with one --server NAME (`mcp-once proxy"
+            " --config FILE` serves several on one front)"
+        )
     if command:
         upstream = Upstream.stdio(*command)
     elif args.upstream is not None:
@@ -201,7 +254,11 @@ def upstream_of(args: argparse.Namespace, folder: str | None = None) -> Upstream
     else:
         upstream = Upstream.from_config(os.path.join(folder or "", args.config), args.server)
     name = getattr(args, "name", None)
-    return upstream if name is None else replace(upstream, label=name)
+    upstream = upstream if name is None else replace(upstream, label=name)
+    headers = getattr(args, "upstream_header", None) or []
+    return _upstream_headers.with_headers(
+        upstream, headers, os.environ if environ is None else environ
+    )
 
 
 def _upstream(args: argparse.Namespace) -> Upstream:
@@ -243,7 +300,7 @@ def _inner(upstream: Upstream) -> Wrapped | None:
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             args = parse_proxy_arguments(rest)
-        inner = upstream_of(args, folder)
+        inner = upstream_of(args, folder, {**os.environ, **upstream.env})
     except (SystemExit, UpstreamConfigError):
         return None
     if inner.command:
@@ -273,7 +330,18 @@ def seen_through(upstream: Upstream) -> tuple[list[Wrapped], bool]:
     return found, False
 
 
-def _check_loops(upstream: Upstream) -> list[Wrapped]:
+def warn_wrapped(upstream: Upstream, wrapped: list[Wrapped]) -> None:
+    """Say that `upstream` is itself a proxy (`wrapped`: what it serves), if it is."""
+    if wrapped:
+        logger.warning(
+            "the upstream %r is itself mcp-once proxy, in front of %s: every call is guarded"
+            " twice, on two stores; proxy that upstream directly",
+            upstream.name,
+            wrapped[-1].upstream.name,
+        )
+
+
+def check_loops(upstream: Upstream) -> list[Wrapped]:
     """Exit 2 naming the loop when `upstream` would start this proxy again, seen in its command
     line or in the chain this proxy was started in; else the proxies it is wrapped in."""
     wrapped, loop = seen_through(upstream)
@@ -367,60 +435,80 @@ def _listed(manifest: Manifest | None, stem: str) -> Callable[[dict[str, Any]], 
 def run_proxy(args: argparse.Namespace) -> int:
     if args.list:
         return print_proxies()
-    level = logging.getLevelNamesMapping()[args.log_level]
-    logging.basicConfig(level=level)  # to stderr: stdout is the MCP channel in stdio
-    upstream = _upstream(args)
-    wrapped = _check_loops(upstream)  # at once: before FastMCP is imported (seconds)
-    _need_fastmcp()
-    _quiet_below(level)
-    from mcp_once.proxy import PolicyError, UpstreamStartFailed, build_proxy
-
-    if wrapped:
-        logger.warning(
-            "the upstream %r is itself mcp-once proxy, in front of %s: every call is guarded"
-            " twice, on two stores; proxy that upstream directly",
-            upstream.name,
-            wrapped[-1].upstream.name,
-        )
-    policy = _policy(args)
+    level = start_logging(args)
     listen = _listen(args.listen) if args.listen else None
+    front = _front.check(args, listen)  # at once: an open listener is refused before anything
+    upstream = _upstream(args)
+    wrapped = check_loops(upstream)  # at once: before FastMCP is imported (seconds)
+    _need_fastmcp()
+    quiet_below(level)
+    from mcp_once.proxy import PolicyError, build_proxy
+
+    auth = _front.auth_of(front)
+    warn_wrapped(upstream, wrapped)
+    policy = _policy(args)
     identity = upstream.identity
     url = _store_url(args, identity.stem)
     manifest = _record(upstream, url, default=args.store is None)
     store = open_or_fail(url)
     options: dict[str, Any] = {"key_header": "Idempotency-Key"} if listen else {}
     options["on_listing"] = _listed(manifest, identity.stem)
+    limits: dict[str, Any] = {"max_in_flight": args.max_in_flight, "max_body": args.max_body}
     try:
-        server = build_proxy(upstream, store, policy=policy, **options)
+        server = build_proxy(upstream, store, policy=policy, auth=auth, **limits, **options)
     except (PolicyError, TypeError, ValueError) as exc:
         fail(f"the policy cannot be applied: {exc}", EXIT_USAGE)
+    return serve(server, listen, [store], redacted(url), front, auth)
 
-    async def serve() -> None:
+
+def serve(
+    server: OnceProxy | OnceGateway,
+    listen: tuple[str, int] | None,
+    stores: Sequence[KeyStore],
+    shown: str,
+    front: _front.Front,
+    auth: Any,
+) -> int:
+    """Serve `server` on stdio, or streamable HTTP at `listen` behind `front` (`auth`, FastMCP's
+    provider of it, already given to `server`), until interrupted; then close `stores`. A stdio
+    upstream that cannot be started stops it: exit 2, one line."""
+    from mcp_once.proxy import UpstreamStartFailed
+
+    async def run() -> None:
         try:
             if listen is None:
                 await server.run_async(transport="stdio", show_banner=False)
                 return
             host, port = listen
+            await _front.announce(front, auth)
             async with server.opened():
                 # Host and Origin are checked when the proxy listens on a loopback address (DNS
                 # rebinding: a web page must not reach a local proxy), as MCP's transports say;
                 # FastMCP's default checks nothing.
                 app = server.http_app(host_origin_protection="auto")
-                await serve_on(app, host, port, "mcp-once proxy", redacted(url))
+                await serve_on(app, host, port, "mcp-once proxy", shown)
         finally:
             with anyio.CancelScope(shield=True):
-                await store.aclose()
+                for store in stores:
+                    await store.aclose()
 
     # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown.
     with contextlib.suppress(KeyboardInterrupt):
         try:
-            anyio.run(serve)
+            anyio.run(run)
         except UpstreamStartFailed as exc:
             fail(str(exc), EXIT_USAGE)
     return EXIT_OK
 
 
-def _quiet_below(level: int) -> None:
+def start_logging(args: argparse.Namespace) -> int:
+    """Log to stderr (stdout is the MCP channel in stdio) at `--log-level`; that level."""
+    level = logging.getLevelNamesMapping()[args.log_level]
+    logging.basicConfig(level=level)
+    return level
+
+
+def quiet_below(level: int) -> None:
     """One line per outcome (the guard's, the proxy's): FastMCP's own logger (its own handler,
     INFO by default: a start line in a box on every start) at the proxy's level, and the
     upstream link's client library, whose warnings say again what the proxy's line says, only
@@ -431,9 +519,8 @@ def _quiet_below(level: int) -> None:
 
 def run_tools(args: argparse.Namespace) -> int:
     upstream = _upstream(args)
-    wrapped = _check_loops(upstream)
+    wrapped = check_loops(upstream)
     _need_fastmcp()
-    from mcp_once.proxy import UpstreamLink
     from mcp_once.proxy.failures import UpstreamUnreachable
     from mcp_once.proxy.report import rows, table
 
@@ -448,20 +535,25 @@ def run_tools(args: argparse.Namespace) -> int:
         upstream = real.upstream
     policy = _policy(args)
 
-    async def listed() -> list[Any]:
-        async with UpstreamLink(upstream) as link:
-            client = await link.client()
-            return list(await client.list_tools())
-
     try:
-        tools = anyio.run(listed)
+        tools = anyio.run(upstream_tools, upstream)
     except UpstreamUnreachable as exc:
         fail(f"cannot reach the upstream {upstream.name}: {exc.__cause__ or exc}", EXIT_UNREACHABLE)
-    found = rows(tools, policy)
+    found = rows(tools, policy.for_server(upstream.name))
     if args.json:
         print(json.dumps([r.as_json() for r in found], indent=2))
     else:
         print(table(found))
-    for sentence in policy.unmatched_said(t.name for t in tools):
+    for sentence in policy.for_server(upstream.name).unmatched_said(t.name for t in tools):
         print(f"mcp-once: {sentence}", file=sys.stderr)
     return EXIT_OK
+
+
+async def upstream_tools(upstream: Upstream) -> list[Tool]:
+    """`upstream`'s tools, listed through the proxy's own link (as `tools` and `wrap` show them);
+    its child, if any, stopped after. Needs FastMCP."""
+    from mcp_once.proxy import UpstreamLink
+
+    async with UpstreamLink(upstream) as link:
+        client = await link.client()
+        return list(await client.list_tools())

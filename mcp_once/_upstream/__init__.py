@@ -7,7 +7,7 @@ found. No FastMCP here: the CLI reads and checks an upstream before it imports F
 """
 
 from .identity import LoopError, UpstreamIdentity, check_chain, loop_message
-from .spec import Upstream, UpstreamConfigError
+from .spec import Upstream, UpstreamConfigError, check_names
 
 __all__ = [
     "LoopError",
@@ -15,5 +15,6 @@ __all__ = [
     "UpstreamConfigError",
     "UpstreamIdentity",
     "check_chain",
+    "check_names",
     "loop_message",
 ]

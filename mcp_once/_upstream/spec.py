@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -68,25 +68,34 @@ class Upstream:
     def from_config(cls, path: str | Path, server: str) -> Upstream:
         """The `mcpServers` entry `server` of a desktop client's JSON config file, named
         `server`."""
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UpstreamConfigError(f"cannot read the config file {path}: {exc}") from exc
-        servers = data.get("mcpServers") if isinstance(data, dict) else None
-        if not isinstance(servers, dict) or server not in servers:
-            names = ", ".join(sorted(servers)) if isinstance(servers, dict) else "none"
+        servers = _config_servers(path)
+        if server not in servers:
+            names = ", ".join(sorted(servers)) or "none"
             raise UpstreamConfigError(f"no server {server!r} in {path} (mcpServers: {names})")
-        entry = servers[server]
+        return cls.from_entry(servers[server], server, f"mcpServers.{server} in {path}")
+
+    @classmethod
+    def from_entry(cls, entry: object, name: str, where: str | None = None) -> Upstream:
+        """A client config's server entry (`command`, `args`, `env`, `cwd`; or `url`, Windsurf's
+        `serverUrl`, and `headers`), named `name`; `where` says where it is in errors."""
+        where = where or name
         if not isinstance(entry, dict):
-            raise UpstreamConfigError(f"mcpServers.{server} in {path} must be an object")
-        if isinstance(entry.get("url"), str):
-            return cls.http(entry["url"], entry.get("headers") or {}, name=server)
+            raise UpstreamConfigError(f"{where} must be an object")
+        url = entry.get("url", entry.get("serverUrl"))
+        if isinstance(url, str):
+            return cls.http(url, entry.get("headers") or {}, name=name)
         command = entry.get("command")
         if not isinstance(command, str):
-            raise UpstreamConfigError(f"mcpServers.{server} in {path} has no command or url")
+            raise UpstreamConfigError(f"{where} has no command or url")
         args = [str(a) for a in entry.get("args") or []]
         env = {str(k): str(v) for k, v in (entry.get("env") or {}).items()}
-        return cls(command=(command, *args), env=env, cwd=entry.get("cwd"), label=server)
+        return cls(command=(command, *args), env=env, cwd=entry.get("cwd"), label=name)
+
+    @staticmethod
+    def config_names(path: str | Path) -> list[str]:
+        """The names of the `mcpServers` entries of a desktop client's JSON config file, in the
+        file's order."""
+        return list(_config_servers(path))
 
     @property
     def name(self) -> str:
@@ -135,6 +144,36 @@ class Upstream:
         env = f" (env: {', '.join(sorted(self.env))})" if self.env else ""
         cwd = f" (in {self.cwd})" if self.cwd else ""
         return shlex.join(self.command) + env + cwd
+
+
+def check_names(upstreams: Sequence[Upstream]) -> None:
+    """`UpstreamConfigError` when two upstreams would share a name on the front: the same name,
+    or one name and `_` starting another's (`git` and `git_work`: `git_work_log` could be either
+    upstream's tool)."""
+    names = [u.name for u in upstreams]
+    for index, name in enumerate(names):
+        for other in names[index + 1 :]:
+            if name == other:
+                raise UpstreamConfigError(
+                    f"two upstreams are named {name!r}: on one front each needs a name of its own"
+                )
+            first, second = sorted((name, other), key=len)
+            if second.startswith(f"{first}_"):
+                raise UpstreamConfigError(
+                    f"the upstreams {first!r} and {second!r} cannot share a front: their tools are"
+                    f" named {first}_<tool> and {second}_<tool>, so {second}_x could be either's;"
+                    " rename one entry, or serve them from two proxies"
+                )
+
+
+def _config_servers(path: str | Path) -> dict[str, object]:
+    """The `mcpServers` object of a desktop client's JSON config file ({} when it has none)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UpstreamConfigError(f"cannot read the config file {path}: {exc}") from exc
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    return servers if isinstance(servers, dict) else {}
 
 
 def _hashed(values: Mapping[str, str], *, lower: bool = False) -> dict[str, str]:

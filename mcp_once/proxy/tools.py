@@ -2,9 +2,12 @@
 
 `OnceProxyProvider` is FastMCP's `ProxyProvider` (listing, resources, prompts, its caches) whose
 tools are `OnceProxyTool`s. A call the guard runs (there is a `current_claim()`) goes through the
-shared `UpstreamLink` with the upstream key `upstream_key(claim)`: derived from the record (so
-scoped to tenant, server and tool), never the caller's raw key, and the same on every re-send, so a
-guarded upstream, or one that reads the key, deduplicates too. The upstream's input-required round
+shared `UpstreamLink` with the upstream key `upstream_key(claim)`: the claim's `downstream_key`
+(derived from the record, so scoped to tenant, server and tool; never the caller's raw key),
+which names the intent (rule 18). It is the same on every re-send, takeover, release or settle of
+one call, so a guarded upstream, or one that reads the key, deduplicates too (where the upstream
+ran it after all, its record answers), and new for a deliberate repeat, which the upstream must
+run rather than replay. The upstream's input-required round
 reaches a 2026-07-28 caller as the tool's `InputRequiredToolResult` (the guard releases the claim
 for it: a question is never stored) and the caller's answers go upstream with the continuation,
 under the same upstream key. A call the guard does not run (pass-through, or unprotected) is
@@ -38,8 +41,9 @@ UPSTREAM_KEY_PREFIX = "mcp-once:"
 
 
 def upstream_key(claim: Claim) -> str:
-    """The key the upstream gets for a claim: the record's hashed name (scope, tool and key)."""
-    return UPSTREAM_KEY_PREFIX + claim.record
+    """The key the upstream gets for a claim: its intent's downstream key (the record's hashed
+    name for the record's first intent, as before intents were told apart)."""
+    return UPSTREAM_KEY_PREFIX + claim.downstream_key
 
 
 class OnceProxyTool(ProxyTool):

@@ -111,15 +111,23 @@ class UpstreamLink:
     def _connect(self) -> Client[Any]:
         from fastmcp.server.providers.proxy import ProxyClient
 
-        return ProxyClient(transport(self.upstream), **self.forwarding.client_options())
+        return ProxyClient(transport(self.upstream), **self._client_options())
 
     def _connect_modern(self) -> Client[Any]:
         """The 2026-07-28 era's session ("auto": the handshake on an upstream without it, where
         the forwarding handlers relay as on the handshake session)."""
         from fastmcp.server.providers.proxy import ProxyClient
 
-        options = self.forwarding.client_options()
-        return ProxyClient(transport(self.upstream), mode="auto", **options)
+        return ProxyClient(transport(self.upstream), mode="auto", **self._client_options())
+
+    def _client_options(self) -> dict[str, Any]:
+        """What each upstream session is opened with: our forwarding handlers, and none of the
+        caller's headers. FastMCP's `ProxyClient` copies the headers of the request that opens
+        the session (`Authorization` and cookies included) onto it, and the session is shared
+        by every caller: the first caller's token would reach the upstream, and speak for
+        everyone after it. No token passthrough: the upstream gets the proxy's own credentials
+        only (the upstream's `headers`, a stdio child's `env`)."""
+        return {**self.forwarding.client_options(), "forward_incoming_headers": False}
 
     @property
     def connects(self) -> int:

@@ -296,7 +296,10 @@ async def test_list_all_by_state_and_as_json(
 
 
 #: The table's header: its columns, in order.
-HEADER = "key tool state age fence attempts leaseDeadline leaseRanOutAt expiresAt resultBytes"
+HEADER = (
+    "key tool state age fence attempts leaseDeadline leaseRanOutAt expiresAt resultBytes server"
+    " principal"
+)
 COLUMNS = HEADER.split()
 HOURS = 3600.0
 
@@ -546,6 +549,36 @@ async def test_settle_failed_lets_the_next_call_run_again(
     assert effects.count == 2
 
 
+async def test_a_retention_below_the_grace_is_refused_and_a_settled_keys_fence_never_repeats(
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48: a record settled with a short `--retention` vanished, and the next retry charged
+    at fence 1 again. Now a retention below the grace is a usage error (exit 2, nothing
+    changed); one of at least the grace settles; once that record expired, the next call runs
+    as a new intent (attempts 1) at a higher fence (rule 25)."""
+    operator_clock(monkeypatch, AFTER_GRACE)
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-brief")
+        before = await backend.store.get(record_key("k-brief"))
+        settle = ["keys", "settle", *derive_args("k-brief"), "--result-text", "charged"]
+        short = await cli(capsys, *settle, "--retention", "60", "--store", backend.url)
+        assert short.code == 2 and short.out == ""
+        assert "--retention 60 s is shorter than the grace of 90 s" in short.err
+        assert "Nothing was changed" in short.err
+        assert await backend.store.get(record_key("k-brief")) == before
+        settled = await cli(capsys, *settle, "--retention", "90", "--store", backend.url)
+        assert settled.code == 0, settled.err
+        replay = await client.call_tool("charge", ARGS, meta=meta("k-brief"))
+        assert marker(replay)["status"] == "replayed" and text(replay) == "charged"
+        backend.advance(_grace.DEFAULT_GRACE + 1)  # the settled record expired
+        rerun = await client.call_tool("charge", ARGS, meta=meta("k-brief"))
+    assert marker(rerun)["status"] == "executed" and marker(rerun)["attempts"] == 1
+    record = await backend.store.get(record_key("k-brief"))
+    assert record is not None and (record.fence, record.attempts) == (2, 1)
+    assert effects.count == 2  # the lost worker's charge, and the new call's
+
+
 async def test_settle_refuses_a_record_that_is_not_unknown(
     backend: Backend, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -566,7 +599,7 @@ async def test_settle_refuses_a_record_that_is_not_unknown(
     absent = await cli(
         capsys, "keys", "settle", *derive_args("k-none"), "--failed", "--store", backend.url
     )
-    assert absent.code == 1 and "it is absent" in absent.err
+    assert absent.code == 1 and f"no live record for key {record_key('k-none')}" in absent.err
     assert await backend.store.get(record_key("k-none")) is None
 
 
@@ -832,14 +865,22 @@ def test_an_sqlite_file_in_a_missing_directory_exits_3(
 @pytest.mark.parametrize(
     ("argv", "why"),
     [
-        (["keys", "show"], "give a store key, or all of --client-key, --tool and --server"),
-        (["keys", "show", "--client-key", "k", "--tool", "charge"], "all of --client-key"),
+        (["keys", "show"], "give a store key, or --client-key and --tool"),
+        (["keys", "show", "--client-key", "k"], "give a store key, or --client-key and --tool"),
         (["keys", "show", "0" * 64, "--client-key", "k"], "not both"),
         (["keys", "show", "k-1"], "'k-1' is not a store key"),
         (["keys", "show", *derive_args("x" * 256)], "--client-key: the idempotency key is 256"),
         (["keys", "show", *derive_args("bell\a")], "--client-key: the idempotency key must be"),
         (["keys", "settle", "0" * 64, "--failed", "--retention", "0"], "--retention must be"),
         (["keys", "settle", "0" * 64, "--failed", "--retention", "nan"], "--retention must be"),
+        (
+            ["keys", "settle", "0" * 64, "--result-text", "x", "--retention", "89"],
+            "--retention 89 s is shorter than the grace of 90 s",
+        ),
+        (
+            ["keys", "settle", "0" * 64, "--failed", "--retention", "5", "--grace", "6"],
+            "--retention 5 s is shorter than the grace of 6 s",
+        ),
         (["keys", "list", "--limit", "0"], "--limit must be at least 1"),
     ],
 )

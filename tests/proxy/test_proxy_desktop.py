@@ -172,6 +172,15 @@ async def test_every_upstream_runs_its_own_call_for_one_client_key(
     assert len(stores) == (0 if shared else len(desk.entries)), stores
     assert len(list(state.glob("*.json"))) == len(desk.entries)  # one manifest per upstream
     assert not (ROOT / ".mcp-once").exists()
+    # An operator names one of them: its records only, also where six upstreams share a store.
+    keys = [sys.executable, "-m", "mcp_once", "keys", "list", "--json", "--proxy"]
+    env = desktop_env(desk.home)
+    with anyio.fail_after(120):
+        listed = await anyio.run_process([*keys, "git-a"], check=False, env=env)
+        both = await anyio.run_process([*keys, "memory"], check=False, env=env)
+    assert listed.returncode == 0, listed.stderr.decode()
+    assert [r["tool"] for r in json.loads(listed.stdout)] == ["git_commit"]
+    assert both.returncode == 2 and "2 upstreams have that name" in both.stderr.decode()
 
 
 async def test_operators_find_a_proxy_and_its_records_by_its_name(

@@ -3,8 +3,10 @@ and 8), as real processes (the slow tier): the proxy started as the CLI, its def
 manifest in a state folder of the test's own, `keys ... --proxy NAME` run as the operator would.
 
 - The upstream child SIGKILLed after its effect: the caller and a repeat get -32012 in words, the
-  proxy's stderr has one WARNING line for it and no traceback, and `keys settle --failed` needs no
-  `--force` (the proxy saw its child exit: nothing of the call can still be running).
+  proxy's stderr has one WARNING line for the death (the record turned UNKNOWN, `in_doubt`, in
+  those words) and one for each -32012 answer (`unknown`), no traceback, and `keys settle
+  --failed` needs no `--force` (the proxy saw its child exit: nothing of the call can still be
+  running).
 - A settle whose result the tool's output schema rejects (server-memory's tools all list one):
   refused where the proxy's manifest knows the schema; where it does not, each replay is answered
   with an error saying what to do, and `keys settle --force` corrects the settle.
@@ -99,9 +101,15 @@ async def test_an_upstream_killed_after_its_effect_is_settled_failed_at_once_by_
     assert "Traceback" not in said and "╭" not in said, said
     assert "Starting MCP server" not in said, said  # FastMCP's start line
     warnings = [line for line in said.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1, said
-    assert re.search(r"record [0-9a-f]{12} \(tool 'charge'\)", warnings[0]), warnings
-    assert DIED in warnings[0]
+    # The death, once (rule 25's in_doubt line, in the proxy's words), then each -32012 answer
+    # (issue 48's unknown line: the call's and the repeat's); nothing else, no cut_short line.
+    assert len(warnings) == 3, said
+    named = [
+        re.search(r"record ([0-9a-f]{12}) \(tool 'charge', server '[^']+'\): ", w) for w in warnings
+    ]
+    assert all(named) and len({m.group(1) for m in named if m}) == 1, warnings
+    assert "turned UNKNOWN" in warnings[0] and DIED in warnings[0], warnings
+    assert all("answered OUTCOME_UNKNOWN (-32012)" in w for w in warnings[1:]), warnings
 
 
 async def test_a_settle_the_output_schema_rejects_is_refused_answered_clearly_and_corrected(

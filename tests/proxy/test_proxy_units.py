@@ -28,8 +28,8 @@ def test_an_unknown_policy_key_is_an_error_naming_it() -> None:
     with pytest.raises(PolicyError, match="key_arg") as caught:
         parse_policy({"tools": {"charge": {"key_arg": "id"}}})
     assert "charge" in str(caught.value)
-    with pytest.raises(PolicyError, match="servers"):
-        parse_policy({"servers": {}})
+    with pytest.raises(PolicyError, match="unknown policy key"):
+        parse_policy({"server": {}})
     with pytest.raises(PolicyError, match="guard must be true or false"):
         parse_policy({"tools": {"x": {"guard": "no"}}})
 
@@ -180,7 +180,9 @@ def test_tools_rows_say_what_and_why_and_flag_contradictions() -> None:
             ["proxy", "--config", "c.json", "--server", "a", "node"],
             "conflicting upstreams: the command 'node' and --config c.json each name one",
         ),
-        (["proxy", "--config", "c.json"], "--config and --server go together"),
+        (["proxy", "--config", "c.json"], "cannot read the config file c.json"),
+        (["tools", "--config", "c.json"], "--config FILE names one upstream here"),
+        (["proxy", "--server", "a", "--", "node"], "--server names an entry of --config FILE"),
         (["tools", "--listen", "x"], "unrecognized arguments"),
     ],
 )

@@ -1,5 +1,5 @@
 -- settle(KEYS[1]; ARGV: offset_us, has_result 1|0, retention_us, result, replacing, resent 1|0,
---        said, audit)
+--        index, said, audit, mac)
 -- Mirrors idempotency._stores.transitions.settle: only an UNKNOWN record takes an operator's
 -- verdict; with replacing > 0 (an operator's earlier settle corrected), also the record
 -- COMPLETED under exactly that fence.
