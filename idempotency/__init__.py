@@ -24,15 +24,18 @@ and `purge_expired` read and settle records, and `unreadable_records()` reports 
 listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
 `domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
-settling a record as failed is counted in. `in_doubt_records(store)` lists the records in
-doubt (UNKNOWN, or IN_PROGRESS under a lease that ran out: `lease_ran_out`), which never
-expire. `reconcile_unknown(app, store)` (a `Reconciliation`
-per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
-record)` turns a record whose lease ran out UNKNOWN as a client's retry would;
-`history_servers(history)` and `record_servers(store, key)` name the servers a record's history
-says claimed it (rule 25: operator tools act within one server's records). A store marks
-itself at its first write (`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing
-of mcp-once's is kept at (`holds_anything`) is told from an empty store.
+settling a record as failed is counted in; `history_interruption` (the `interrupted` event that
+left a record UNKNOWN, saying whether its holder saw the execution end) and
+`history_operator_settle` (the settle that made a record COMPLETED, which `settle(...,
+replacing=fence)` may correct) read a record's history. `in_doubt_records(store)` lists the
+records in doubt (UNKNOWN, or IN_PROGRESS under a lease that ran out: `lease_ran_out`), which
+never expire. `reconcile_unknown(app, store)` (a `Reconciliation` per record) puts every
+in-doubt record of a server to its tool's reconciler; `turn_unknown(store, record)` turns a
+record whose lease ran out UNKNOWN as a client's retry would; `history_servers(history)` and
+`record_servers(store, key)` name the servers a record's history says claimed it (rule 25:
+operator tools act within one server's records). A store marks itself at its first write
+(`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing of mcp-once's is kept at
+(`holds_anything`) is told from an empty store.
 
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
@@ -66,10 +69,12 @@ from ._stores.audit_key import AuditKey
 from ._stores.audit_log import export as export_audit_logs
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
+from ._stores.history import interruption as history_interruption
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
 from ._stores.history import servers as history_servers
 from ._stores.history import servers_of as record_servers
+from ._stores.history import settled_by_operator as history_operator_settle
 from ._stores.history_verify import HistoryCheck
 from ._stores.history_verify import check as check_history
 from ._stores.history_verify import compare_stream as compare_audit_stream
@@ -149,6 +154,8 @@ __all__ = [
     "encode_result",
     "export_audit_logs",
     "fingerprint",
+    "history_interruption",
+    "history_operator_settle",
     "history_saying",
     "history_servers",
     "idempotent",

@@ -43,7 +43,7 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
 from .. import wire
-from .._stores.history import saying, scope_digest
+from .._stores.history import AuditedStore, interruption, saying, scope_digest
 from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
@@ -60,7 +60,7 @@ from . import answers, errors, in_doubt_gauge
 from .caller import caller_of, cancel_requested, disconnected
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
-from .fingerprint import UnfingerprintableArguments, covered, fingerprint
+from .fingerprint import UnfingerprintableArguments, covered, fingerprints
 from .hooks import Replay, replayed
 from .keyplaces import found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
@@ -96,6 +96,9 @@ Execute = Callable[[], Awaitable[ToolResult]]
 ErrorResult = Callable[[Exception], CallToolResult]
 #: The framework's answer type: what `passthrough` returns and what `render` makes of the guard's.
 N = TypeVar("N")
+
+#: The longest `OutcomeLost.why` a record's history keeps (its words, not an essay).
+MAX_WHY_CHARS = 200
 
 #: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
 #: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
@@ -143,7 +146,18 @@ class OutcomeLost(Interrupted):
     (`ReconcilingStore.leave_unknown`; an ``interrupted`` event in its history), and the call
     and every re-send get OUTCOME_UNKNOWN (-32012) until a reconciler or an operator settles it.
     A tool whose policy allows a takeover (`takeover`) is left to its lease as before: the next
-    claim after it runs the tool again, which such a tool permits."""
+    claim after it runs the tool again, which such a tool permits.
+
+    `why` says what happened, in words an operator and a caller can act on ("the upstream
+    process exited while the call ran; its effect may have happened"): it is the caller's
+    message, every re-send's, and the record's `interrupted` event (so: words, never an argument).
+    `ended`: the holder knows the execution is over, nothing of it can still be running (the
+    process that ran it exited); `mcp-once keys settle --failed` then needs no grace period,
+    which exists for a holder that may only be paused."""
+
+    def __init__(self, why: str, *, ended: bool = False) -> None:
+        super().__init__(why)
+        self.ended = ended
 
 
 @dataclass(slots=True)
@@ -201,6 +215,10 @@ class _Ticket:
     #: A digest of the authenticated principal (None without one), for the same events: who
     #: claimed, the same digest on every server (`principal_digest`), never the principal.
     principal_digest: str | None = None
+    #: The call's fingerprint with its integral floats as written, where it differs from
+    #: `fingerprint` (numbers by value): what a record written before that holds
+    #: (`fingerprint.fingerprints`), tried once when the claim finds another fingerprint.
+    legacy_fingerprint: str | None = None
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -353,10 +371,10 @@ class Guard:
             arguments = covered(
                 call.arguments, key_argument=policy.key_argument, option=policy.fingerprint
             )
-            fp: str | None = fingerprint(call.tool, arguments)
+            fp, legacy = fingerprints(call.tool, arguments)
             fp_problem = ""
         except UnfingerprintableArguments as exc:
-            fp, fp_problem = None, str(exc)
+            fp, legacy, fp_problem = None, None, str(exc)
         found = found_keys(
             call.meta,
             call.arguments,
@@ -382,10 +400,12 @@ class Guard:
                     raise errors.unfingerprintable(None, fp_problem)
                 params = call.request.params if call.request is not None else None
                 scopes.append(self._scope(call, principal))
+                # The fingerprint of the bytes as sent (`legacy` when it differs): a re-send
+                # repeats them, and a record derived before numbers compared by value is found.
                 return derive_key(
                     scopes[0],
                     call.tool,
-                    fp,
+                    fp if legacy is None else legacy,
                     caller=caller,
                     round_fields=input_round(params),
                     meta=call.meta,
@@ -413,6 +433,7 @@ class Guard:
             scope_digest=scope_digest(scope),
             server=call.server,
             principal_digest=None if principal is None else scope_digest(principal),
+            legacy_fingerprint=legacy,
         )
 
     def _scope(self, call: ToolCall, principal: str | None) -> str:
@@ -489,6 +510,11 @@ class Guard:
                     await self._answered(t, outcome.fence, delivered=True)
                 return replay
             if status is ClaimStatus.MISMATCH:
+                if t.legacy_fingerprint is not None:
+                    # Maybe a record written before numbers compared by value: it holds the
+                    # float as written. Claimed once more with that; another mismatch refuses.
+                    t.fingerprint, t.legacy_fingerprint = t.legacy_fingerprint, None
+                    continue
                 t.trace.outcome(Outcome.KEY_REUSED)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
@@ -514,11 +540,7 @@ class Guard:
                             t, done.result, done.completed_at, done.attempts, reconciled=True
                         )
                 t.trace.outcome(Outcome.UNKNOWN)
-                raise errors.outcome_unknown(
-                    t.key,
-                    "an earlier attempt stopped renewing its lease in the middle of the tool,"
-                    " and this tool is not declared safe to run twice",
-                )
+                raise errors.outcome_unknown(t.key, await self._unknown_because(t))
             # BUSY: another attempt holds the claim. Wait for it (bounded), then look again.
             held_elsewhere = True
             remaining = deadline - loop_time()
@@ -760,7 +782,7 @@ class Guard:
                     takeover,
                     lease_lost=keeper.lost,
                     interrupted=cut,
-                    lost=isinstance(raised, OutcomeLost),
+                    lost=raised if isinstance(raised, OutcomeLost) else None,
                 )
             elif isinstance(result, InputRequiredResult):
                 # An input_required round is a question, not an outcome: never stored (rule 8).
@@ -918,14 +940,17 @@ class Guard:
                     exc,
                 )
 
-    async def _leave_unknown(self, t: _Ticket, token: str) -> bool:
-        """Turn the claim `token` holds UNKNOWN now (`OutcomeLost`); False when the store
-        cannot (a `KeyStore` of one's own without `leave_unknown`: the lease settles it), the
-        token no longer holds the record, or the store failed (logged; the lease settles it)."""
+    async def _leave_unknown(self, t: _Ticket, token: str, lost: OutcomeLost) -> bool:
+        """Turn the claim `token` holds UNKNOWN now (`OutcomeLost`), its why and whether it
+        ended in the `interrupted` event; False when the store cannot (a `KeyStore` of one's own
+        without `leave_unknown`: the lease settles it), the token no longer holds the record, or
+        the store failed (logged; the lease settles it)."""
         leave = getattr(self.store, "leave_unknown", None)
         if not callable(leave):
             return False
-        with anyio.CancelScope(shield=True), saying(why="interrupted"):
+        ended = "yes" if lost.ended else None
+        why = lost.why[:MAX_WHY_CHARS]
+        with anyio.CancelScope(shield=True), saying(why=why, ended=ended):
             try:
                 return bool(await leave(t.store_key, token))
             except Exception as exc:
@@ -937,6 +962,27 @@ class Guard:
                     exc,
                 )
         return False
+
+    async def _unknown_because(self, t: _Ticket) -> str:
+        """Why the ticket's record is UNKNOWN, for a re-send's -32012: what its holder said when
+        it gave the execution up (`OutcomeLost`: its `interrupted` event), else that a lease ran
+        out. Read from the record's history only on this answer (never on the hot path), and
+        only from a store that keeps one; a failed read leaves the lease's words."""
+        store = self.store
+        if isinstance(store, AuditedStore):
+            with anyio.CancelScope(shield=True):
+                try:
+                    event = interruption(await store.history(t.store_key))
+                except Exception as exc:
+                    t.trace.store_error("history", exc)
+                    event = None
+            said = None if event is None else event.details.get("why")
+            if said:
+                return said
+        return (
+            "an earlier attempt stopped renewing its lease in the middle of the tool, and this"
+            " tool is not declared safe to run twice"
+        )
 
     def _turned_unknown(self, t: _Ticket, why: str) -> None:
         """Rule 25's alert: one WARNING per record turned UNKNOWN (event `in_doubt`), from the
@@ -968,11 +1014,11 @@ class Guard:
         *,
         lease_lost: bool,
         interrupted: str | None = None,
-        lost: bool = False,
+        lost: OutcomeLost | None = None,
     ) -> ToolResult:
         """The run was cut short mid-tool (lost lease, max run time, or the framework's own
-        timeout: `interrupted`): say what is known. `lost`: the tool raised `OutcomeLost`, so
-        the record turns UNKNOWN now unless a takeover may run it again."""
+        timeout: `interrupted`): say what is known. `lost`: the tool raised it, so the record
+        turns UNKNOWN now unless a takeover may run it again."""
         t.trace.outcome(Outcome.ABORTED)
         if lease_lost:
             why = "it lost its lease (another worker took the record over, or it was declared lost)"
@@ -980,22 +1026,24 @@ class Guard:
             why = interrupted
         else:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
-        if not lease_lost:  # else the lost lease was logged as it was found (lease.py)
+        if lost is not None and not lease_lost and not takeover:
+            # The tool said what happened (`OutcomeLost`): its words are the caller's answer,
+            # the record's `interrupted` event and its `in_doubt` line; the -32012 answer has
+            # its own line (`log_answer`), so no `cut_short` line says it a third time.
+            if await self._leave_unknown(t, token, lost):
+                self._turned_unknown(t, f"its execution was cut short because {why}")
+                raise errors.outcome_unknown(t.key, lost.why)
+        elif not lease_lost:  # else the lost lease was logged as it was found (lease.py)
             t.log(logging.WARNING, "cut_short", "cancelled the running tool: %s", why)
-        if lost and not lease_lost and not takeover and await self._leave_unknown(t, token):
-            self._turned_unknown(t, f"its execution was cut short because {why}")
-            raise errors.outcome_unknown(
-                t.key, f"the attempt was cut short mid-execution because {why}"
-            )
         record = await self._peek(t)
         if record is not None and record.fingerprint == t.fingerprint:
             if record.state is RecordState.COMPLETED and record.result is not None:
                 return self._replayed(t, record.result, record.completed_at, record.attempts)
             if record.state is RecordState.IN_PROGRESS and (record.token != token or takeover):
                 raise errors.in_progress(t.key, _hint(None))
-        raise errors.outcome_unknown(
-            t.key, f"the attempt was cancelled mid-execution because {why}"
-        )
+        if lost is None:
+            why = f"the attempt was cancelled mid-execution because {why}"
+        raise errors.outcome_unknown(t.key, lost.why if lost is not None else why)
 
     async def _after_stale(self, t: _Ticket) -> ToolResult:
         """The tool finished after its claim had passed to another attempt: that attempt's

@@ -36,7 +36,10 @@ upstream answering from its own record), is completed inside ``saying(upstream="
 
 A holder that gives its execution up as unknown (the guard's `OutcomeLost`: a proxy's upstream
 died mid-call) turns the record UNKNOWN with `leave_unknown` inside ``saying(why=...)``: an
-``interrupted`` event with that why, where a lease that ran out leaves ``lease ran out``.
+``interrupted`` event with that why (the holder's words, which a re-send's -32012 repeats:
+`interruption`), and ``ended=yes`` where the holder knows nothing of the execution can still be
+running (an operator may then settle it as failed at once), where a lease that ran out leaves
+``lease ran out``.
 
 Replays and refusals are counted, not listed (rule 20): one of them that repeats the last line
 (same kind, fence and code) replaces it with its count and last time, so a hot key's history does
@@ -170,6 +173,10 @@ class Said:
     reason: str | None = None
     #: A transition that is a reconciliation (issue 36): the system of record's answer.
     reconciled: str | None = None
+    #: interrupted: "yes" when the holder knows its execution is over (`OutcomeLost.ended`).
+    ended: str | None = None
+    #: settled: "settled" when this settle replaces an operator's earlier one.
+    replaces: str | None = None
     #: completed: the result is the replay of the server the tool called ("replayed": the proxy's
     #: upstream answered from its own record, rule 18).
     upstream: str | None = None
@@ -203,6 +210,17 @@ def saying(**said: str | None) -> Iterator[None]:
 
 def said() -> Said:
     return _said.get() or _NOTHING_SAID
+
+
+@contextmanager
+def replacing_settle(fence: int | None) -> Iterator[None]:
+    """Inside a store's `settle`: say that it replaces an operator's earlier settle, when it
+    does (`replacing` given), for its settled event."""
+    if fence is None:
+        yield
+        return
+    with saying(replaces="settled"):
+        yield
 
 
 def scope_digest(scope: str) -> str:
@@ -265,6 +283,10 @@ def events(
     if before.state is RecordState.UNKNOWN and after.state is not RecordState.UNKNOWN:
         info = settled(after.state is RecordState.COMPLETED, told)
         return [("S", before.fence, before.attempts, info)]
+    if told.replaces is not None and before.state is RecordState.COMPLETED:
+        # An operator's settle corrected (`KeyStore.settle(..., replacing=)`).
+        info = settled(after.state is RecordState.COMPLETED, told)
+        return [("S", before.fence, before.attempts, info)]
     if before.state is not RecordState.IN_PROGRESS:
         return []
     if after.state is RecordState.COMPLETED:
@@ -276,7 +298,7 @@ def events(
         return [("R", before.fence, before.attempts, details(w=told.why or "released"))]
     if after.state is RecordState.UNKNOWN and told.why is not None:
         # Its holder gave the execution up as unknown (`OutcomeLost`), before its lease ran out.
-        return [("I", before.fence, before.attempts, details(w=told.why))]
+        return [("I", before.fence, before.attempts, details(w=told.why, e=told.ended))]
     return []
 
 
@@ -323,7 +345,8 @@ def reconciled(told: Said) -> str:
 
 def settled(done: bool, told: Said) -> str:
     """DETAILS of a settled event: as done or failed, by whom, why."""
-    return details(a="done" if done else "failed", b=told.by, r=told.reason)
+    answer = "done" if done else "failed"
+    return details(a=answer, b=told.by, r=told.reason, o=told.replaces)
 
 
 def details(**pairs: str | None) -> str:
@@ -515,6 +538,8 @@ NAMES = {
     "b": "by",
     "r": "reason",
     "u": "upstream",
+    "e": "ended",
+    "o": "replaces",
 }
 
 
@@ -548,6 +573,31 @@ async def servers_of(store: object, key: str) -> list[str]:
         return servers(await store.history(key))
     except ValueError:
         return []
+
+
+def interruption(text: str | None) -> Event | None:
+    """The `interrupted` event that left the record UNKNOWN, when that is its newest decision
+    (replays and refusals after it are counted, not decisions); None otherwise. `ValueError`
+    for a history that cannot be read."""
+    for event in reversed(parse(text)):
+        if CODES.get(event.kind) in COUNTED:
+            continue
+        return event if event.kind == KINDS["I"] else None
+    return None
+
+
+def settled_by_operator(text: str | None, fence: int) -> Event | None:
+    """The settled event that made a COMPLETED record of `fence` what it is, when an operator's
+    settle did (its newest decision; replays and refusals after it are counted, not decisions):
+    what `KeyStore.settle(..., replacing=fence)` may replace. None for an executed record (its
+    newest decision is `completed`) or one whose history is gone. `ValueError` for a history
+    that cannot be read."""
+    for event in reversed(parse(text)):
+        if CODES.get(event.kind) in COUNTED:
+            continue
+        settled = event.kind == KINDS["S"] and event.details.get("answer") == "done"
+        return event if settled and event.fence == fence else None
+    return None
 
 
 def claimed_at(text: str) -> float | None:

@@ -10,6 +10,7 @@ import time
 import anyio
 
 from . import audit_key as audit_keys
+from . import history as chain
 from . import transitions as rules
 from .audit_key import AuditKey
 from .history import AuditEntry, Trail
@@ -180,13 +181,18 @@ class MemoryKeyStore:
         found.sort(key=lambda r: (r.created_at, r.key))
         return found[:limit]
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         if result is not None:
             self._limits.check_result(result)
-        new = rules.settle(self._records.get(key), result, now=self._clock(), retention=retention)
+        record = self._records.get(key)
+        now = self._clock()
+        new = rules.settle(record, result, now=now, retention=retention, replacing=replacing)
         if new is None:
             return False
-        self._note(key, new, True)
+        with chain.replacing_settle(replacing):
+            self._note(key, new, True)
         self._write(key, new)
         return True
 

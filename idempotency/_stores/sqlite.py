@@ -30,6 +30,7 @@ import anyio
 from . import _sqlite_history as trail
 from . import _sqlite_mark as marks
 from . import audit_key as audit_keys
+from . import history as chain
 from . import transitions as rules
 from ._sqlite_writer import Writer
 from .audit_key import AuditKey
@@ -321,15 +322,19 @@ class SQLiteKeyStore:
 
         return await self._transition(key, decide)
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         if result is not None:
             self._limits.check_result(result)
 
         def decide(record: Record | None) -> tuple[Record | None, bool]:
-            new = rules.settle(record, result, now=self._clock(), retention=retention)
+            now = self._clock()
+            new = rules.settle(record, result, now=now, retention=retention, replacing=replacing)
             return new, new is not None
 
-        return await self._transition(key, decide)
+        with chain.replacing_settle(replacing):
+            return await self._transition(key, decide)
 
     async def reconcile(
         self, key: str, fingerprint: str, fence: int, *, lease: float

@@ -295,9 +295,17 @@ class KeyStore(Protocol):
         no tool), at most `limit` of them."""
         ...
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         """Operator's verdict on an UNKNOWN record: completed with `result`, or failed (None),
-        which releases it so the next claim runs again."""
+        which releases it so the next claim runs again.
+
+        `replacing`: an operator's earlier settle is being corrected. The record may then also
+        be COMPLETED under exactly that fence: its result was put there by a settle, as the
+        caller read in its history (a settled event at that fence; an executed record's fence
+        never had one, and any later execution has a higher fence, so fencing on it is enough).
+        The new settled event says that it replaces the earlier one."""
         ...
 
     async def purge_expired(self) -> int:

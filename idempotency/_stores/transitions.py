@@ -273,11 +273,20 @@ def tombstone(record: Record, *, now: float, retention: float) -> Record:
 
 
 def settle(
-    record: Record | None, result: bytes | None, *, now: float, retention: float
+    record: Record | None,
+    result: bytes | None,
+    *,
+    now: float,
+    retention: float,
+    replacing: int | None = None,
 ) -> Record | None:
-    """An operator's verdict on an UNKNOWN record; None when the record is not UNKNOWN."""
+    """An operator's verdict on an UNKNOWN record; None when the record is not UNKNOWN.
+    `replacing`: also on the record COMPLETED under that fence (`KeyStore.settle`)."""
     record = live(record, now)
-    if record is None or record.state is not RecordState.UNKNOWN:
+    if record is None:
+        return None
+    again = record.state is RecordState.COMPLETED and record.fence == replacing
+    if record.state is not RecordState.UNKNOWN and not again:
         return None
     if result is None:
         return tombstone(record, now=now, retention=retention)

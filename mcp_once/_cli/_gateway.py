@@ -12,7 +12,6 @@ records scoped by each upstream's identity.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from . import _front, _proxy
 from ._common import EXIT_USAGE, fail, open_or_fail, redacted
 from ._proxies import state_folder
 from ._proxy import (
+    _listed,
     _listen,
     _need_fastmcp,
     _policy,
@@ -32,9 +32,11 @@ from ._proxy import (
     check_upstreams_named,
     parse_proxy_arguments,
     proxied_arguments,
+    quiet_below,
     run_proxy,
     serve,
     serves_several,
+    start_logging,
     warn_wrapped,
 )
 
@@ -97,7 +99,7 @@ def _serves_itself(upstream: Upstream) -> bool:
 
 
 def run_gateway(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING)  # to stderr: stdout is the MCP channel in stdio
+    level = start_logging(args)
     listen = _listen(args.listen) if args.listen else None
     front = _front.check(args, listen)  # at once: an open listener is refused before anything
     try:
@@ -110,6 +112,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             fail(loop_message([upstream.name, upstream.name]), EXIT_USAGE)
         wrapped[upstream.name] = check_loops(upstream)
     _need_fastmcp()
+    quiet_below(level)
     from mcp_once.proxy import PolicyError, build_gateway
 
     for upstream in upstreams:
@@ -117,8 +120,12 @@ def run_gateway(args: argparse.Namespace) -> int:
     auth = _front.auth_of(front)
     policy = _policy(args)
     urls = {u.name: _store_url(args, u.identity.stem) for u in upstreams}
+    listed: dict[str, Any] = {}
     for upstream in upstreams:
-        _record(upstream, urls[upstream.name], default=args.store is None)
+        manifest = _record(upstream, urls[upstream.name], default=args.store is None)
+        on_listing = _listed(manifest, upstream.identity.stem)
+        if on_listing is not None:
+            listed[upstream.name] = on_listing
     opened: dict[str, KeyStore] = {}
     for url in urls.values():
         if url not in opened:
@@ -133,6 +140,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             auth=auth,
             max_in_flight=args.max_in_flight,
             max_body=args.max_body,
+            on_listing=listed,
             **options,
         )
     except (PolicyError, TypeError, ValueError) as exc:

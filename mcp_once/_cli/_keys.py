@@ -34,7 +34,9 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from idempotency import (
+    AuditedStore,
     CorruptRecord,
+    HistoryEvent,
     KeyStore,
     LimitExceeded,
     Record,
@@ -44,6 +46,7 @@ from idempotency import (
     decode_result,
     domain_form,
     encode_result,
+    history_operator_settle,
     history_saying,
     in_doubt_records,
     record_servers,
@@ -51,6 +54,7 @@ from idempotency import (
     turn_unknown,
     unreadable_records,
 )
+from mcp_once._upstream.outputs import output_problem
 
 from . import _addressing, _audit, _durations, _grace, _principals, _reconcile
 from ._common import (
@@ -65,7 +69,7 @@ from ._common import (
     server_cell,
     unreachable,
 )
-from ._proxies import add_proxy_option, apply_proxy
+from ._proxies import add_proxy_option, apply_proxy, proxy_manifest
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
@@ -156,8 +160,11 @@ def add_parser(commands: Any) -> None:
         description="Settle a record whose outcome is unknown: UNKNOWN, or IN_PROGRESS under a"
         " lease that ran out (its worker died; it is turned UNKNOWN first, as a client's retry"
         " would). --failed releases it so that the next call runs the tool again, refused"
-        " within --grace of its lease running out unless --force; --result-text or"
-        " --result-json completes it with the result the tool is known to have had.",
+        " within --grace of its lease running out unless --force (or its holder said the"
+        " execution ended); --result-text or --result-json completes it with the result the"
+        " tool is known to have had. A record an operator settled before is settled again only"
+        " with --force. On a proxy's record (--proxy NAME) the result must fit the tool's listed"
+        " output schema.",
         epilog="What to check before settling: docs/runbook.md.",
     )
     _add_key_arguments(settle)
@@ -166,7 +173,8 @@ def add_parser(commands: Any) -> None:
     verdict.add_argument(
         "--result-text",
         help="completed, replaying this text as the result (also as structuredContent"
-        ' {"result": TEXT}, the shape MCPServer gives a tool returning str)',
+        ' {"result": TEXT}, the shape MCPServer gives a tool returning str; refused on a'
+        " proxy's tool whose listed output schema wants another)",
     )
     verdict.add_argument(
         "--result-json",
@@ -520,18 +528,32 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
     record = await store.get(args.key)
     if record is None and args.client_key is not None:
         return await _addressing.absent(store, args)
-    if result is None and not args.force:
+    unfit = _unfit_result(args, record)
+    if unfit is not None:
+        print(f"mcp-once: {unfit}", file=sys.stderr)
+        return EXIT_PROBLEM
+    replacing: int | None = None
+    if record is not None and record.state is RecordState.COMPLETED:
+        earlier = await _operator_settle(store, record)
+        if earlier is None or not args.force:
+            print(f"mcp-once: {_completed_refusal(args.key, earlier)}", file=sys.stderr)
+            return EXIT_PROBLEM
+        replacing = record.fence
+    elif result is None and not args.force:
         refusal = _grace.too_soon_to_fail(record, args.grace)
-        if refusal is not None:
+        if refusal is not None and await _grace.ended_by_its_holder(store, record) is None:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
     if record is not None and _grace.lease_ran_out(record):
         await turn_unknown(store, record)
     with history_saying(**_audit.settled_by(args)):
-        settled = await store.settle(args.key, result=result, retention=args.retention)
+        settled = await store.settle(
+            args.key, result=result, retention=args.retention, replacing=replacing
+        )
     if settled:
         verdict = "released (the next call runs again)" if result is None else "completed"
-        print(f"settled {args.key}: {verdict}")
+        again = ", replacing the earlier settle (both are in its history)" if replacing else ""
+        print(f"settled {args.key}: {verdict}{again}")
         return 0
     record = await store.get(args.key)
     state = "absent" if record is None else record.state.value
@@ -542,6 +564,57 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_PROBLEM
+
+
+async def _operator_settle(store: KeyStore, record: Record) -> HistoryEvent | None:
+    """The settle that made the COMPLETED `record` what it is, if an operator's did (its
+    history says so at its fence); None for an executed record, or one without a readable
+    history (a store that keeps none: never replaced, then)."""
+    if not isinstance(store, AuditedStore):
+        return None
+    try:
+        return history_operator_settle(await store.history(record.key), record.fence)
+    except ValueError:
+        return None
+
+
+def _completed_refusal(key: str, earlier: HistoryEvent | None) -> str:
+    if earlier is None:
+        return (
+            f"{key} was not settled: only an UNKNOWN record can be, and it is completed by the"
+            " tool's own execution (an executed record is never replaced; an operator's settle"
+            " is, with --force). Nothing was changed."
+        )
+    by = earlier.details.get("by", "an operator")
+    return (
+        f"{key} was already settled as completed by {by} at {rfc3339(earlier.at)}: pass --force"
+        " to replace that settle (it stays in the record's history, with this one). Nothing"
+        " was changed."
+    )
+
+
+def _unfit_result(args: argparse.Namespace, record: Record | None) -> str | None:
+    """Why the result to settle with would break every replay, where that can be known here:
+    the tool's output schema is in the manifest of the proxy the record belongs to
+    (`--proxy NAME`, or a `--server` that is a proxy's). None when it fits or nothing is known
+    (another server's record: its schema is not on this machine; `docs/runbook.md`)."""
+    result = args.settled
+    tool = args.tool or (record.tool if record is not None else None)
+    manifest = proxy_manifest(args)
+    if result is None or tool is None or manifest is None:
+        return None
+    schema = manifest.output_schemas.get(tool)
+    stored = decode_result(result).result
+    found = output_problem(schema, stored.structured_content, is_error=stored.is_error)
+    if found is None:
+        return None
+    given = "--result-text" if args.result_text is not None else f"--result-json {args.result_json}"
+    return (
+        f"refusing to settle {args.key} with {given}: {found}, so every replay of it would fail"
+        f" in the caller's MCP SDK. Tool {tool!r} of proxy {manifest.key} lists an output schema"
+        f" ({json.dumps(schema)}): give --result-json with a CallToolResult whose"
+        " structuredContent matches it. Nothing was changed."
+    )
 
 
 async def _purge(store: KeyStore, args: argparse.Namespace) -> int:

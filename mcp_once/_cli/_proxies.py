@@ -22,7 +22,7 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ class Manifest:
     store: str
     upstream: str
     started_at: float
+    #: The output schemas of the upstream's tools, by name, as last listed (tools without one
+    #: left out): what `keys settle --proxy NAME` checks a settled result against.
+    output_schemas: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -130,6 +133,17 @@ def add_proxy_option(parser: argparse.ArgumentParser) -> None:
         " `mcp-once proxy --list` shows): its store (unless --store names another) and its"
         " server, as --server",
     )
+
+
+def proxy_manifest(args: argparse.Namespace) -> Manifest | None:
+    """The manifest of the proxy whose records `args` address: `--proxy NAME`'s, or that of the
+    proxy whose server name `--server` gives; None for any other server's records."""
+    wanted = getattr(args, "proxy", None)
+    if wanted is not None:
+        return find(wanted)
+    server = getattr(args, "server", None)
+    found = [m for m in manifests() if server is not None and m.server == server]
+    return found[0] if len(found) == 1 else None
 
 
 def apply_proxy(args: argparse.Namespace) -> None:

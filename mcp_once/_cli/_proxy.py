@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     from mcp_once.proxy import OnceGateway, OnceProxy, ProxyPolicy
 
 logger = logging.getLogger("mcp_once.proxy")
+
+#: `proxy --log-level`'s choices.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 #: The commands that take an upstream's command line after their options.
 TAKES_COMMAND = frozenset({"proxy", "tools"})
@@ -123,6 +126,13 @@ def add_parser(commands: Any) -> None:
     )
     proxy.add_argument(
         "--listen", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp"
+    )
+    proxy.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="WARNING",
+        help="what the proxy logs to stderr (default: %(default)s: one line per outcome an"
+        " operator must act on, such as -32012; DEBUG adds the tracebacks behind them)",
     )
     proxy.add_argument(
         "--list",
@@ -375,10 +385,11 @@ def _store_url(args: argparse.Namespace, stem: str) -> str:
     return str(args.store) if args.store is not None else default_store(stem)
 
 
-def _record(upstream: Upstream, url: str, *, default: bool) -> None:
-    """Write the proxy's manifest. Where the store is the default one (in the same folder), a
-    folder that cannot be written stops the proxy (exit 2, one line); with a store of its own it
-    only cannot be found by name, which a warning says."""
+def _record(upstream: Upstream, url: str, *, default: bool) -> Manifest | None:
+    """Write the proxy's manifest (and return it; None when it cannot be written). Where the
+    store is the default one (in the same folder), a folder that cannot be written stops the
+    proxy (exit 2, one line); with a store of its own it only cannot be found by name, which a
+    warning says."""
     identity = upstream.identity
     manifest = Manifest(
         name=identity.name,
@@ -390,6 +401,7 @@ def _record(upstream: Upstream, url: str, *, default: bool) -> None:
     )
     try:
         record(manifest, identity.stem)
+        return manifest
     except StateFolderUnwritable as exc:
         if default:
             fail(
@@ -404,17 +416,32 @@ def _record(upstream: Upstream, url: str, *, default: bool) -> None:
             exc,
             identity.name,
         )
+        return None
+
+
+def _listed(manifest: Manifest | None, stem: str) -> Callable[[dict[str, Any]], None] | None:
+    """`build_proxy`'s `on_listing`: the manifest written again with the tools' output schemas,
+    for `keys settle --proxy NAME` (a folder that went read-only since: left as it was)."""
+    if manifest is None:
+        return None
+
+    def listed(schemas: dict[str, Any]) -> None:
+        with contextlib.suppress(StateFolderUnwritable):
+            record(replace(manifest, output_schemas=schemas), stem)
+
+    return listed
 
 
 def run_proxy(args: argparse.Namespace) -> int:
     if args.list:
         return print_proxies()
-    logging.basicConfig(level=logging.WARNING)  # to stderr: stdout is the MCP channel in stdio
+    level = start_logging(args)
     listen = _listen(args.listen) if args.listen else None
     front = _front.check(args, listen)  # at once: an open listener is refused before anything
     upstream = _upstream(args)
     wrapped = check_loops(upstream)  # at once: before FastMCP is imported (seconds)
     _need_fastmcp()
+    quiet_below(level)
     from mcp_once.proxy import PolicyError, build_proxy
 
     auth = _front.auth_of(front)
@@ -422,9 +449,10 @@ def run_proxy(args: argparse.Namespace) -> int:
     policy = _policy(args)
     identity = upstream.identity
     url = _store_url(args, identity.stem)
-    _record(upstream, url, default=args.store is None)
+    manifest = _record(upstream, url, default=args.store is None)
     store = open_or_fail(url)
     options: dict[str, Any] = {"key_header": "Idempotency-Key"} if listen else {}
+    options["on_listing"] = _listed(manifest, identity.stem)
     limits: dict[str, Any] = {"max_in_flight": args.max_in_flight, "max_body": args.max_body}
     try:
         server = build_proxy(upstream, store, policy=policy, auth=auth, **limits, **options)
@@ -473,6 +501,22 @@ def serve(
     return EXIT_OK
 
 
+def start_logging(args: argparse.Namespace) -> int:
+    """Log to stderr (stdout is the MCP channel in stdio) at `--log-level`; that level."""
+    level = logging.getLevelNamesMapping()[args.log_level]
+    logging.basicConfig(level=level)
+    return level
+
+
+def quiet_below(level: int) -> None:
+    """One line per outcome (the guard's, the proxy's): FastMCP's own logger (its own handler,
+    INFO by default: a start line in a box on every start) at the proxy's level, and the
+    upstream link's client library, whose warnings say again what the proxy's line says, only
+    from INFO down."""
+    logging.getLogger("fastmcp").setLevel(level)
+    logging.getLogger("orchestrator").setLevel(level if level < logging.WARNING else logging.ERROR)
+
+
 def run_tools(args: argparse.Namespace) -> int:
     upstream = _upstream(args)
     wrapped = check_loops(upstream)
@@ -500,8 +544,8 @@ def run_tools(args: argparse.Namespace) -> int:
         print(json.dumps([r.as_json() for r in found], indent=2))
     else:
         print(table(found))
-    for pattern in policy.for_server(upstream.name).unmatched(t.name for t in tools):
-        print(f"mcp-once: policy pattern {pattern!r} matches no tool", file=sys.stderr)
+    for sentence in policy.for_server(upstream.name).unmatched_said(t.name for t in tools):
+        print(f"mcp-once: {sentence}", file=sys.stderr)
     return EXIT_OK
 
 

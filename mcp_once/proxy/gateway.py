@@ -251,6 +251,7 @@ def build_gateway(
     auth: AuthProvider | None = None,
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT,
     max_body: int | None = DEFAULT_MAX_BODY,
+    on_listing: Mapping[str, Callable[[dict[str, dict[str, Any]]], None]] | None = None,
     **options: Any,
 ) -> OnceGateway:
     """A FastMCP server in front of every upstream of `upstreams`, each through a proxy of its
@@ -260,6 +261,7 @@ def build_gateway(
     `[servers."<name>"]` section to that upstream only; `options` and `retry` as for
     `build_proxy`. `auth` and `max_body` guard the front as `build_proxy`'s do; `max_in_flight`
     bounds each principal's calls in flight to each upstream (its proxy's own bound).
+    `on_listing`: by upstream name, that upstream's proxy's `on_listing` (`build_proxy`).
 
     `UpstreamConfigError` when no upstream is given or two would share a name on the front. A
     policy section naming no upstream is logged as a warning, and so is a plain table that
@@ -278,17 +280,20 @@ def build_gateway(
             )
     plain = {r.label for r in policy.rules if r.server is None}
     unmatched_by: dict[str, list[str]] = {}
+    listed: list[str] = []  # every upstream's tool names, for the nearest to a plain table
 
-    def reporter(name: str) -> Callable[[list[str]], None]:
-        def report(patterns: list[str]) -> None:
+    def reporter(name: str) -> Callable[[list[str], list[str]], None]:
+        def report(patterns: list[str], tools: list[str]) -> None:
             for pattern in patterns:
                 if pattern not in plain:
-                    logger.warning("policy pattern %r matches no tool of %r", pattern, name)
+                    logger.warning("%s", policy.said_unmatched(pattern, tools, of=repr(name)))
             unmatched_by[name] = [p for p in patterns if p in plain]
+            listed.extend(tools)
             if len(unmatched_by) == len(names):  # every upstream has listed: report once
                 common = set.intersection(*(set(found) for found in unmatched_by.values()))
                 for pattern in sorted(common):
-                    logger.warning("policy pattern %r matches no tool of any upstream", pattern)
+                    said = policy.said_unmatched(pattern, listed, of="any upstream")
+                    logger.warning("%s", said)
 
         return report
 
@@ -299,6 +304,7 @@ def build_gateway(
             policy=policy,
             retry=retry,
             unmatched=reporter(upstream.name),
+            on_listing=(on_listing or {}).get(upstream.name),
             max_in_flight=max_in_flight,
             **options,
         )

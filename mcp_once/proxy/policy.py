@@ -23,12 +23,16 @@ name wins over globs, and among globs the later table wins key by key. A `[serve
 section applies only to the upstream of that name (a proxy in front of several, or one named so),
 matched against the upstream's own tool names (`refund`, not the front's `payments_refund`), and
 has the last word over the plain `[tools…]` tables, which apply to every upstream. A key this
-module does not know is a start-up error that names it: a typo must not silently leave a tool
-unguarded.
+module does not know, or a value the guard would refuse (`keys = "mandatory"`, `retention =
+"1d"`), is an error that names its table, raised as the file is read: a typo must not silently
+leave a tool unguarded, and `mcp-once proxy` and `mcp-once tools` both read it with
+`load_policy`, so a policy `tools` accepts is one the proxy starts with. A table that matches no
+tool of its upstream is reported with the nearest tool name (`said_unmatched`).
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from idempotency import PolicyOptions
+from idempotency import Policy, PolicyOptions
 
 #: The guard options a table may set (each as `IdempotencyMiddleware` takes it).
 GUARD_KEYS = frozenset(
@@ -139,6 +143,20 @@ class ProxyPolicy:
         listed = list(names)
         return [r.label for r in self.rules if not any(r.matches(n) for n in listed)]
 
+    def said_unmatched(self, label: str, names: Iterable[str], of: str = "the upstream") -> str:
+        """The report of the table `label` (as `unmatched` names it) matching none of `names`,
+        the tools of `of`: with the name nearest its pattern where one is close (`difflib`)."""
+        patterns = [r.pattern for r in self.rules if r.label == label]
+        close = difflib.get_close_matches(patterns[0], list(names), n=1) if patterns else []
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"policy pattern {label!r} matches no tool of {of}{hint}"
+
+    def unmatched_said(self, names: Iterable[str]) -> list[str]:
+        """A sentence per table that matches none of `names` (`said_unmatched`): what
+        `mcp-once tools` prints and the proxy logs."""
+        listed = list(names)
+        return [self.said_unmatched(label, listed) for label in self.unmatched(listed)]
+
 
 def _flag(where: str, key: str, value: object) -> bool | None:
     if value is None:
@@ -164,6 +182,7 @@ def _tool_rules(tools: object, section: str, server: str | None) -> list[ToolRul
                 f" (known: {', '.join(sorted(TOOL_KEYS))})"
             )
         options = {k: v for k, v in table.items() if k in GUARD_KEYS}
+        _check_options(where, options)
         guard = _flag(where, "guard", table.get("guard"))
         idempotent = _flag(where, "upstream_idempotent", table.get("upstream_idempotent"))
         rules.append(ToolRule(pattern, guard, idempotent, options, server))
@@ -192,6 +211,15 @@ def parse_policy(data: Mapping[str, Any]) -> ProxyPolicy:
             )
         rules += _tool_rules(section.get("tools", {}), f"{where}.tools", str(server))
     return ProxyPolicy(tuple(rules))
+
+
+def _check_options(where: str, options: Mapping[str, Any]) -> None:
+    """The table `where`'s guard options as the guard checks them (`Policy`): each option is
+    checked on its own there, so a table that passes alone passes merged with others."""
+    try:
+        Policy(**options)
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"[{where}]: {exc}") from exc
 
 
 def load_policy(path: str | Path) -> ProxyPolicy:

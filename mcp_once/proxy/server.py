@@ -172,10 +172,11 @@ def build_proxy(
     policy: ProxyPolicy | None = None,
     retry: RetryPolicy | None = None,
     name: str | None = None,
+    on_listing: Callable[[dict[str, dict[str, Any]]], None] | None = None,
     auth: AuthProvider | None = None,
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT,
     max_body: int | None = DEFAULT_MAX_BODY,
-    unmatched: Callable[[list[str]], None] | None = None,
+    unmatched: Callable[[list[str], list[str]], None] | None = None,
     **options: Any,
 ) -> OnceProxy:
     """A FastMCP server proxying `upstream`, its tools guarded on `store`.
@@ -194,21 +195,32 @@ def build_proxy(
     The policy's options are checked here (a bad one raises). At the first listing that
     succeeds (as the proxy opens, or later if the upstream could not be reached then) every
     listed tool's guard is built, and the policy patterns that match no tool are kept in
-    `unmatched` and passed to `unmatched(patterns)` (by default each logged as a warning)."""
+    `unmatched` and passed to `unmatched(patterns, names)` with the listed names (by default
+    each logged as a warning, with the nearest tool name).
+
+    `on_listing` is called with the output schemas of the listed tools (by name; tools without
+    one left out) at the first listing and whenever the listing changes: the CLI keeps them in
+    the proxy's manifest, so that `keys settle --proxy NAME` can check a result against them."""
     link = UpstreamLink(upstream, retry)
     guard = ProxyGuardMiddleware(
         store, (policy or ProxyPolicy()).for_server(upstream.name), **options
     )
+    guard.settle_with = f" --proxy {upstream.identity.name}@{upstream.identity.id}"
     server: OnceProxy | None = None
-    report = unmatched or _warn_unmatched
+
+    def warn_unmatched(patterns: list[str], names: list[str]) -> None:
+        for pattern in patterns:
+            logger.warning("%s", guard.policy.said_unmatched(pattern, names))
+
+    report = unmatched or warn_unmatched
 
     def first_listing(names: list[str]) -> None:
         found = guard.check(names)
-        report(found)
+        report(found, names)
         if server is not None:
             server.unmatched = found
 
-    provider = OnceProxyProvider(link, guard.resend, first_listing)
+    provider = OnceProxyProvider(link, guard.resend, first_listing, on_listing)
 
     # The upstream's schemas are listed as it wrote them: FastMCP's default inlines `$ref`s and
     # drops `$defs` (and the `$anchor`s in them), which a proxy has no business changing.
@@ -231,11 +243,6 @@ def build_proxy(
     server.add_middleware(guard)
     server.add_middleware(UpstreamMetadata(provider, server.name))
     return server
-
-
-def _warn_unmatched(patterns: list[str]) -> None:
-    for pattern in patterns:
-        logger.warning("policy pattern %r matches no tool of the upstream", pattern)
 
 
 def _version() -> str:

@@ -132,12 +132,14 @@ async def test_each_upstream_has_its_own_policy_section(
     assert lines(tmp_path / "a" / "effects") == 1
     assert lines(tmp_path / "b" / "effects") == 2
     said = [r.getMessage() for r in caplog.records if r.name == "mcp_once.proxy"]
-    assert said.count("policy pattern 'chrage' matches no tool of any upstream") == 1, said
-    assert (
-        said.count("policy pattern 'servers.\"b\".tools.\"balanse\"' matches no tool of 'b'") == 1
-    ), said
+    # Each with the nearest tool name: of any upstream for a plain table, of its own for a
+    # section's (issue 43 item 9).
+    plain = "policy pattern 'chrage' matches no tool of any upstream; did you mean 'charge'?"
+    assert said.count(plain) == 1, said
+    own = "policy pattern 'servers.\"b\".tools.\"balanse\"' matches no tool of 'b'"
+    assert said.count(f"{own}; did you mean 'balance'?") == 1, said
     assert any("[servers.'c'] names no upstream of this proxy" in m for m in said), said
-    assert not any("charge" in m and "matches no tool" in m for m in said), said
+    assert not any("'charge' matches no tool" in m for m in said), said
 
 
 async def test_one_upstream_down_answers_not_run_and_never_stops_the_others(

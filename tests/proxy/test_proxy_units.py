@@ -20,7 +20,8 @@ from mcp_once.proxy import PolicyError, Upstream, UpstreamConfigError, load_poli
 from mcp_once.proxy.failures import UpstreamNotSent, UpstreamRefused, caller_error
 from mcp_once.proxy.forwarding import Forwarding
 from mcp_once.proxy.middleware import ProxyGuardMiddleware
-from mcp_once.proxy.report import row
+from mcp_once.proxy.policy import ProxyPolicy, ToolRule
+from mcp_once.proxy.report import row, table
 
 
 def test_an_unknown_policy_key_is_an_error_naming_it() -> None:
@@ -67,12 +68,16 @@ def test_policy_file_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_a_bad_guard_option_fails_at_start_up_before_any_listing() -> None:
-    """Checked as the guard is built, not at the first listing: with an upstream unreachable
-    while the proxy starts, that listing may come much later."""
+    """Checked as the file is read (so `tools` refuses what the proxy would), and again as the
+    guard is built for a policy made in Python, never at the first listing: with an upstream
+    unreachable while the proxy starts, that listing may come much later."""
     for pattern in ("charge", "charge_*"):
-        policy = parse_policy({"tools": {pattern: {"keys": "sometimes"}}})
+        with pytest.raises(PolicyError, match="sometimes") as caught:
+            parse_policy({"tools": {pattern: {"keys": "sometimes"}}})
+        assert f'[tools."{pattern}"]' in str(caught.value)
+        made = ProxyPolicy((ToolRule(pattern, options={"keys": "sometimes"}),))
         with pytest.raises(ValueError, match="sometimes"):
-            ProxyGuardMiddleware(MemoryKeyStore(), policy)
+            ProxyGuardMiddleware(MemoryKeyStore(), made)
 
 
 def test_upstreams_from_a_desktop_config(tmp_path: Path) -> None:
@@ -197,6 +202,73 @@ def test_cli_refuses_an_unknown_policy_key(
         main(["proxy", "--policy", str(policy), "--", "node", "server.js"])
     assert caught.value.code == 2
     assert 'unknown policy key(s) in [tools."charge"]: idempotent' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ('keys = "mandatory"', "keys must be one of required, optional, derived; got 'mandatory'"),
+        ('retention = "1d"', "retention must be a number of seconds, not str"),
+        ("max_run_time = -5", "max_run_time must be a positive, finite number of seconds"),
+        ('key_header = "Bad Header"', "Bad Header"),
+        ('key_argument = ""', "key_argument"),
+        ('fingerprint = {include = "order"}', "fingerprint paths must be a list"),
+        ("guard = 1", "guard must be true or false"),
+    ],
+)
+def test_tools_refuses_every_policy_the_proxy_refuses_with_the_same_words(
+    table: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One check for both (`load_policy`): `tools` no longer passes a policy (exit 0) that then
+    stops the proxy. Checked before anything is started (the command does not exist)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[tools."create_*"]\n{table}\n')
+    errors = {}
+    for command in ("tools", "proxy"):
+        with pytest.raises(SystemExit) as caught:
+            main([command, "--policy", str(policy), "--", "no-such-upstream-command"])
+        assert caught.value.code == 2, command
+        errors[command] = capsys.readouterr().err
+    assert errors["tools"] == errors["proxy"]
+    assert said in errors["tools"] and '[tools."create_*"]' in errors["tools"], errors
+    assert "Traceback" not in errors["tools"]
+
+
+def test_tools_rows_say_what_each_guard_option_changes() -> None:
+    policy = parse_policy(
+        {
+            "tools": {
+                "create_*": {"keys": "required", "key_argument": "request_id"},
+                "create_order": {"retention": 3600, "max_run_time": 60},
+                "search": {"key_header": "Idempotency-Key", "guard": False},
+            }
+        }
+    )
+    order = row(_tool("create_order"), policy)
+    assert order.effects == [
+        "keys = required: a call without a key is refused (-32602), never run unguarded",
+        "key_argument = request_id: a key may come in that argument (added to the listed"
+        " input schema, never in the fingerprint)",
+        "retention = 3600 s (1 h): a keyed answer is replayed that long (default 86400 s (1 d))",
+        "max_run_time = 60 s (1 min): a call still running then is cut short and answered"
+        " -32012 (default 300 s (5 min))",
+    ]
+    assert row(_tool("charge"), policy).effects == []  # no table: the guard's defaults
+    passed = row(_tool("search", read_only_hint=True), policy)
+    assert passed.effects == ["key_header set, unused: the tool passes through"]
+    assert "policy: keys = required" in table([order])
+    assert row(_tool("create_order"), policy).as_json()["effects"] == order.effects
+
+
+def test_a_pattern_matching_no_tool_names_the_nearest_one() -> None:
+    policy = parse_policy(
+        {"tools": {"chrage": {"guard": True}, "zzz_*": {"guard": True}, "get_*": {}}}
+    )
+    said = policy.unmatched_said(["charge", "get_balance", "refund"])
+    assert said == [
+        "policy pattern 'chrage' matches no tool of the upstream; did you mean 'charge'?",
+        "policy pattern 'zzz_*' matches no tool of the upstream",
+    ]
 
 
 def test_the_desktop_config_snippets_run_the_proxy() -> None:

@@ -20,6 +20,8 @@ from idempotency import (
     MemoryKeyStore,
     RedisKeyStore,
     SQLiteKeyStore,
+    history_interruption,
+    history_operator_settle,
     history_saying,
     parse_history,
     verify_history,
@@ -422,6 +424,76 @@ async def test_a_holder_giving_its_execution_up_leaves_an_interrupted_event(
     assert verify_history(text) is None
     refused = await store.claim("k", "fp", lease=30, takeover=False)
     assert refused.status.value == "unknown"
+
+
+async def test_an_interrupted_event_keeps_its_holders_words_and_whether_it_ended(
+    backend: Backend,
+) -> None:
+    """What the proxy says of an upstream child that died mid-call reaches the history as said,
+    with `ended`, and stays the record's last decision through the refusals after it
+    (`history_interruption`: what a re-send's -32012 and `keys settle` read)."""
+    store = backend.store
+    why = "the upstream process exited while the call ran; its effect may have happened"
+    held = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert held.token is not None
+    with history_saying(why=why, ended="yes"):
+        assert await store.leave_unknown("k", held.token)  # type: ignore[attr-defined]
+    for _ in range(2):
+        await store.claim("k", "fp", lease=30, takeover=False)
+    text = await audited(backend).history("k")
+    assert [e.kind for e in parse_history(text)] == ["claimed", "interrupted", "refused"]
+    found = history_interruption(text)
+    assert found is not None and found.details == {"why": why, "ended": "yes"}
+    assert verify_history(text) is None
+    # A lease that ran out is not an interruption.
+    other = await store.claim("j", "fp", lease=1, takeover=False, tool=TOOL)
+    assert other.token is not None
+    await backend.advance(2)
+    assert (await store.claim("j", "fp", lease=30, takeover=False)).status.value == "unknown"
+    assert history_interruption(await audited(backend).history("j")) is None
+
+
+async def test_an_operators_settle_is_replaced_only_under_its_own_fence(backend: Backend) -> None:
+    """`settle(..., replacing=fence)`: the record COMPLETED under that fence takes the new
+    verdict (a result, or failed: released), in a settled event saying it replaces the earlier
+    one; under another fence, or without `replacing`, nothing changes. Which COMPLETED record an
+    operator's settle made, the history says (`history_operator_settle`); an executed one has
+    none."""
+    store = backend.store
+    held = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
+    assert held.token is not None
+    with history_saying(why="interrupted"):
+        assert await store.leave_unknown("k", held.token)  # type: ignore[attr-defined]
+    with history_saying(by="ana"):
+        assert await store.settle("k", result=b"first", retention=600)
+    assert not await store.settle("k", result=b"second", retention=600)
+    assert not await store.settle("k", result=b"second", retention=600, replacing=2)
+    text = await audited(backend).history("k")
+    earlier = history_operator_settle(text, 1)
+    assert earlier is not None and earlier.details["by"] == "ana"
+    with history_saying(by="bo", reason="typo"):
+        assert await store.settle("k", result=b"second", retention=600, replacing=1)
+    record = await store.get("k")
+    assert record is not None and record.result == b"second" and record.fence == 1
+    replay = await store.claim("k", "fp", lease=30, takeover=False)
+    assert replay.status.value == "replay" and replay.result == b"second"
+    with history_saying(by="bo"):
+        assert await store.settle("k", result=None, retention=600, replacing=1)
+    assert await store.get("k") is None  # released: the next claim runs, fence 2
+    text = await audited(backend).history("k")
+    settles = [e.details for e in parse_history(text) if e.kind == "settled"]
+    assert settles == [
+        {"answer": "done", "by": "ana"},
+        {"answer": "done", "by": "bo", "reason": "typo", "replaces": "settled"},
+        {"answer": "failed", "by": "bo", "replaces": "settled"},
+    ]
+    assert verify_history(text) is None
+    again = await store.claim("k", "fp", lease=30, takeover=False)
+    assert again.status.value == "claimed" and again.fence == 2
+    # An executed record: no operator's settle to replace.
+    assert again.token is not None
+    assert await store.complete("k", again.token, b"ran", retention=600)
+    assert history_operator_settle(await audited(backend).history("k"), 2) is None
 
 
 async def test_a_record_claimed_anew_over_a_long_history_keeps_it(backend: Backend) -> None:

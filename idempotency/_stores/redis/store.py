@@ -566,17 +566,25 @@ class RedisKeyStore:
         args = (fence,)
         return _done(key, await self._script(lua.ABANDON, self._rkey(key), args, args))
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         if result is not None:
             self._limits.check_result(result)
         retention_us = _micros("retention", retention)
         if not self._fits(key):
             return False
         args, resent = _resendable(
-            False, 0 if result is None else 1, retention_us, b"" if result is None else result
+            False,
+            0 if result is None else 1,
+            retention_us,
+            b"" if result is None else result,
+            0 if replacing is None else replacing,
         )
         rkey = self._rkey(key)
-        trailer = self._trailer(rkey, chain.settled(result is not None, chain.said()))
+        with chain.replacing_settle(replacing):
+            told = chain.said()
+        trailer = self._trailer(rkey, chain.settled(result is not None, told))
         args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.SETTLE, rkey, args, resent))
 
@@ -616,7 +624,9 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.said()
         # A reconciler's verdict (a=), or why its holder gave the execution up (w=).
-        said = chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
+        said = (
+            chain.reconciled(told) if told.reconciled else chain.details(w=told.why, e=told.ended)
+        )
         args = (token, *self._trailer(rkey, said))
         return _done(key, await self._script(lua.LEAVE_UNKNOWN, rkey, args, args))
 
