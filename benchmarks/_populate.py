@@ -28,12 +28,14 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
+import anyio
 import redis
 from mcp_types import CallToolResult, TextContent
 
-from idempotency import Record, RecordState, encode_result
+from idempotency import KeyStore, Record, RecordState, RedisKeyStore, encode_result
 from idempotency._stores import history as chain
 from idempotency._stores import sqlite as sqlite_store
+from idempotency._stores.redis.store import IN_DOUBT_INDEX
 
 _HERE = Path(__file__).resolve().parents[1]
 #: Records one script writes: ~0.2 s of Redis time, short enough not to starve a health check.
@@ -53,7 +55,8 @@ LEASE = 3600.0
 
 _FILL = """
 -- fill(ARGV: offset_us, prefix, first, count, total, unknown_every, running_every, result,
---      said, audit): records first..first+count-1 of `total`, with their histories.
+--      then the audited scripts' trailer: in-doubt index, said, audit stream, mac):
+--      records first..first+count-1 of `total`, with their histories.
 local prefix, result = ARGV[2], ARGV[8]
 local first, count, total = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local unknown_every, running_every = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -108,15 +111,27 @@ def fill_redis(
     Redis at `url`; returns the seconds it took."""
     started = time.monotonic()
     client = redis.Redis.from_url(url, socket_timeout=None)
+    index = prefix.encode() + IN_DOUBT_INDEX
     try:
         fill = client.register_script(_fill_script())
         for first in range(1, count + 1, REDIS_BATCH):
             size = min(REDIS_BATCH, count + 1 - first)
             args = [0, prefix, first, size, count, unknown_every, running_every, RESULT]
-            fill(keys=[], args=[*args, "", f"{prefix}audit"])
+            fill(keys=[], args=[*args, index, "", f"{prefix}audit", ""])
+        # Every record in doubt went into the index as it was saved: the index is complete.
+        client.sadd(index, "")
     finally:
         client.close()
+    anyio.run(_mark, RedisKeyStore.from_url(url, prefix=prefix))
     return time.monotonic() - started
+
+
+async def _mark(store: KeyStore) -> None:
+    """Mark the store as its first claim would (`MarkedStore`), so that reading commands read it."""
+    try:
+        await store._write_mark()  # type: ignore[attr-defined]
+    finally:
+        await store.aclose()
 
 
 def make_sqlite_store(path: Path, tree: Path | None = None) -> None:
@@ -129,6 +144,9 @@ def make_sqlite_store(path: Path, tree: Path | None = None) -> None:
         "async def main():\n"
         "    try:\n"
         "        await store.get('mcp-once-schema')\n"
+        "        mark = getattr(store, '_write_mark', None)  # as its first claim would\n"
+        "        if mark is not None:\n"
+        "            await mark()\n"
         "    finally:\n"
         "        await store.aclose()\n"
         "anyio.run(main)\n"

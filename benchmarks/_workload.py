@@ -13,10 +13,13 @@ from typing import Any, Final
 
 from idempotency import CallScope, default_scope, fingerprint, store_key
 from idempotency._stores.redis import lua
+from idempotency._stores.redis.store import IN_DOUBT_INDEX
 
 TOOL: Final = "charge"
 SERVER: Final = "bench"
 PREFIX: Final = "bench:"
+#: The store's in-doubt index under that prefix, which its scripts keep.
+INDEX: Final = PREFIX.encode() + IN_DOUBT_INDEX
 #: A typical small tool result once encoded (a short text content block plus the envelope).
 RESULT_BYTES: Final = 200
 LEASE: Final = 30.0
@@ -51,9 +54,11 @@ def pair_script_source() -> str:
     """claim.lua then complete.lua in ONE script: the server-side work of a claim+complete pair
     at the network cost of one request, for `redis-benchmark` (which cannot chain two commands).
 
-    ARGV: offset, fingerprint, lease_us, takeover, orphan_retention_us, token, retention_us,
-    result — the claim's first six (its seventh, the tool name, is '': none, as `store.claim`
-    without `tool=` sends), then the complete's retention and result.
+    ARGV: offset, fingerprint, lease_us, takeover, token, retention_us, result, said, audit,
+    index — the claim's first five (then '' for the tool name, as `store.claim` without `tool=`
+    sends, and no re-send), the complete's retention and result, and the trailer every script
+    reads at the end of the script's own ARGV (lib.lua): '' and '' (no history), and the
+    in-doubt index both keep (`INDEX`).
     """
     prelude = lua.CLAIM.source.split("\n-- claim(KEYS[1]", 1)[0]
     claim_body = lua.CLAIM.source[len(prelude) :]
@@ -64,9 +69,11 @@ def pair_script_source() -> str:
         f"{prelude}\n"
         f"local function claim_step(KEYS, ARGV)\n{claim_body}\nend\n"
         f"local function complete_step(KEYS, ARGV)\n{complete_body}\nend\n"
-        "local c = claim_step(KEYS, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ''})\n"
+        "local c = claim_step(KEYS, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], '', '0', '0',"
+        " ARGV[8], ARGV[9], ARGV[10]})\n"
         "if c[1] ~= 'claimed' then return c end\n"
-        "return complete_step(KEYS, {ARGV[1], ARGV[6], ARGV[7], ARGV[8]})\n"
+        "return complete_step(KEYS,"
+        " {ARGV[1], ARGV[5], ARGV[6], ARGV[7], '0', '0', ARGV[8], ARGV[9], ARGV[10]})\n"
     )
 
 

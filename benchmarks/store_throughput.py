@@ -157,12 +157,15 @@ def _pair_commands(run: str, n: int) -> tuple[Args, Args]:
     rkey = _workload.PREFIX.encode() + b"{" + key.encode() + b"}"
     token = _workload.new_token()
     retention_us = int(_workload.RETENTION * 1e6)
+    # No history kept (said and audit ''), the in-doubt index as the store names it.
+    trailer = (b"", b"", _workload.INDEX)
     claim: Args = (
         b"EVALSHA", lua.CLAIM.sha, 1, rkey, 0, pack_fingerprint(fp), int(_workload.LEASE * 1e6),
-        0, retention_us, token, b"",  # no tool name, as `store.claim` without `tool=` sends
+        0, token, b"", 0, 0, *trailer,  # no tool name, as `store.claim` without `tool=` sends
     )  # fmt: skip
     complete: Args = (
-        b"EVALSHA", lua.COMPLETE.sha, 1, rkey, 0, token, retention_us, _workload.result_bytes()
+        b"EVALSHA", lua.COMPLETE.sha, 1, rkey, 0, token, retention_us, _workload.result_bytes(),
+        0, 0, *trailer,
     )  # fmt: skip
     return claim, complete
 
@@ -336,10 +339,12 @@ def redis_benchmark_command(port: int, sha: str, concurrency: int, requests: int
         "f" * 33,  # a packed fingerprint is 33 bytes
         str(int(_workload.LEASE * 1e6)),
         "0",
-        str(int(_workload.RETENTION * 1e6)),
         "t" * 32,  # tokens are 32 hex characters
         str(int(_workload.RETENTION * 1e6)),
         _workload.result_bytes().decode(),
+        "",  # no history: said and audit '' (the scripts read them at the end of ARGV)
+        "",
+        _workload.INDEX.decode(),
     ]
 
 
@@ -476,10 +481,12 @@ def _report(
         # ceiling of any asyncio store, below the blocking-socket one.
         "bare_asyncio_vs_powertools": bare_vs_powertools,
         "redis_benchmark_command": " ".join(
-            [
-                *redis_benchmark_command(port, pair_sha, 16, 100_000)[:-1],
-                f"<{_workload.RESULT_BYTES}-byte result>",
-            ]
+            f"<{_workload.RESULT_BYTES}-byte result>"
+            if part == _workload.result_bytes().decode()
+            else repr(part)
+            if part == ""
+            else part
+            for part in redis_benchmark_command(port, pair_sha, 16, 100_000)
         ),
     }
     out["ceiling"] = ceiling_summary(samples)

@@ -9,8 +9,9 @@ elsewhere needs the same fence, checked where the write lands. Inside a guarded 
 
 - a conditional write that only a newer execution can overwrite:
   `UPDATE ... SET ..., fence = :fence WHERE id = :id AND fence < :fence` (`FencedTable` below);
-- a provider's own idempotency key built from the claim (`Idempotency-Key: claim.record`): the
-  provider then acts once per logical call, however many executions reach it.
+- a provider's own idempotency key built from the claim (`Idempotency-Key:
+  claim.downstream_key`): the provider then acts once per logical call, however many executions
+  reach it, and again for a deliberate repeat (a new intent, rule 15).
 
 This script plays the paused worker in one process. The first execution stops before its write
 (the pause); the store's clock moves past its lease (the pause outlasts it); a retry with the same

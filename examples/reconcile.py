@@ -4,14 +4,16 @@ A server dies in the middle of `charge`, after the payment provider charged the 
 the result was stored: the record is in doubt. Without `reconcile=`, every retry now gets
 OUTCOME_UNKNOWN (-32012) until an operator settles the record. With it, the retry asks the
 provider, and the provider can tell, because the tool gave it a key to look the charge up by:
-`current_claim().record`, the record's name, the same on every retry, takeover and replica, and
-distinct across tenants, tools and servers (64 characters: within Stripe's 255).
+`current_claim().downstream_key`, built from the record's name, the same on every retry,
+takeover and replica of one call, new for a deliberate repeat, and distinct across tenants,
+tools and servers (at most 85 characters: within Stripe's 255).
 
-- the tool charges with `Idempotency-Key: current_claim().record`;
-- the reconciler looks the charge up by `InDoubt.record`: found, `Reconciled.happened(receipt)`
-  (the same value the tool returns); not found, `Reconciled.not_happened()` and the tool runs,
-  once; the provider unreachable (an exception), the record stays UNKNOWN for an operator. A
-  reconciler only asks: it never charges itself.
+- the tool charges with `Idempotency-Key: current_claim().downstream_key`;
+- the reconciler looks the charge up by `InDoubt.downstream_key` (the lost execution's): found,
+  `Reconciled.happened(receipt)` (the same value the tool returns); not found,
+  `Reconciled.not_happened()` and the tool runs, once, under the same key; the provider
+  unreachable (an exception), the record stays UNKNOWN for an operator. A reconciler only asks:
+  it never charges itself.
 
 This script starts the provider (`examples/payment_provider.py`) as a real HTTP service, runs the
 server over stdio with a crash right after the charge (the process SIGKILLs itself), restarts it
@@ -60,7 +62,7 @@ def build(
     server = MCPServer("payments")
 
     async def look_up(doubt: InDoubt) -> Reconciled:
-        charge = await provider.find(doubt.record)  # raises if the provider cannot be asked
+        charge = await provider.find(doubt.downstream_key)  # raises if it cannot be asked
         if charge is None:
             return Reconciled.not_happened()
         return Reconciled.happened(receipt(charge))
@@ -73,7 +75,7 @@ def build(
             raise RuntimeError("charge needs an idempotency key")
         if die == "before-charge":
             os.kill(os.getpid(), signal.SIGKILL)
-        made = await provider.charge(claim.record, order, cents)
+        made = await provider.charge(claim.downstream_key, order, cents)
         if die == "after-charge":
             os.kill(os.getpid(), signal.SIGKILL)
         return receipt(made)

@@ -3,8 +3,9 @@
 Guarding tools: `idempotent` (one `MCPServer` tool), `install` (every tool of an `MCPServer`)
 and `idempotent_call_tool` (a low-level `Server`), each with the options of `Policy`; a FastMCP
 server adds `idempotency.fastmcp.IdempotencyMiddleware`. Inside a guarded tool,
-`current_claim()` is the claim it runs under, for fencing its own downstream writes; a tool whose
-own downstream call broke after it may have been received (a proxy's upstream link) raises
+`current_claim()` is the claim it runs under, for fencing its own downstream writes (its
+`downstream_key` is the idempotency key to hand the system it writes to, one per intent); a tool
+whose own downstream call broke after it may have been received (a proxy's upstream link) raises
 `Interrupted`, and the caller gets OUTCOME_UNKNOWN instead of a stored error (`OutcomeLost`,
 when nothing more can come of that call: the record turns UNKNOWN at once). The
 `on_replay` option takes a `ReplayHook`: called with a `Replay` (tool, age, executions, key
@@ -17,15 +18,25 @@ anything implementing `KeyStore` will do. Records (`Record`, `RecordState`) and 
 (`StoreError` and its subclasses) are the same for every backend.
 
 Operator tooling (what `mcp-once keys` is built on): `store_key` (with `default_scope` and
-`CallScope`) names the record of a key a client sent; `KeyStore.get`, `list_records`, `settle`
+`CallScope`) names the record of a key a client sent; `principal_digest` names an authenticated
+principal as records' histories do; `KeyStore.get`, `list_records`, `settle`
 and `purge_expired` read and settle records, and `unreadable_records()` reports the ones a
 listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
 `domain_form` and `encode_result` read and write stored results (`check_result_envelope` tells a
 damaged one without the SDK); `rfc3339` formats times as the
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
-settling a record as failed is counted in. `reconcile_unknown(app, store)` (a `Reconciliation`
-per record) puts every in-doubt record of a server to its tool's reconciler; `turn_unknown(store,
-record)` turns a record whose lease ran out UNKNOWN as a client's retry would.
+settling a record as failed is counted in; `history_interruption` (the `interrupted` event that
+left a record UNKNOWN, saying whether its holder saw the execution end) and
+`history_operator_settle` (the settle that made a record COMPLETED, which `settle(...,
+replacing=fence)` may correct) read a record's history. `in_doubt_records(store)` lists the
+records in doubt (UNKNOWN, or IN_PROGRESS under a lease that ran out: `lease_ran_out`), which
+never expire. `reconcile_unknown(app, store)` (a `Reconciliation` per record) puts every
+in-doubt record of a server to its tool's reconciler; `turn_unknown(store, record)` turns a
+record whose lease ran out UNKNOWN as a client's retry would; `history_servers(history)` and
+`record_servers(store, key)` name the servers a record's history says claimed it (rule 25:
+operator tools act within one server's records). A store marks itself at its first write
+(`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing of mcp-once's is kept at
+(`holds_anything`) is told from an empty store.
 
 Names whose modules load the MCP SDK, OpenTelemetry or redis-py (the guard, the integrations,
 `RedisKeyStore`, `decode_result`, ...) are imported on first use, so that `import idempotency`
@@ -46,11 +57,21 @@ from ._guard.defaults import DEFAULT_LEASE
 from ._guard.envelope import UnreadableResult, check_result_envelope, rfc3339
 from ._guard.fingerprint import fingerprint
 from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
+from ._stores.audit_key import AuditKey
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
+from ._stores.history import interruption as history_interruption
 from ._stores.history import parse as parse_history
 from ._stores.history import saying as history_saying
-from ._stores.history import verify as verify_history
+from ._stores.history import servers as history_servers
+from ._stores.history import servers_of as record_servers
+from ._stores.history import settled_by_operator as history_operator_settle
+from ._stores.history_verify import HistoryCheck
+from ._stores.history_verify import check as check_history
+from ._stores.history_verify import compare_stream as compare_audit_stream
+from ._stores.history_verify import verify as verify_history
+from ._stores.in_doubt import in_doubt_records, lease_ran_out
+from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
 from ._stores.sqlite import SQLiteKeyStore
@@ -68,6 +89,7 @@ from ._stores.store import (
 )
 
 if TYPE_CHECKING:
+    from ._guard.caller import principal_digest
     from ._guard.guard import Interrupted, OutcomeLost
     from ._guard.hooks import Replay, ReplayHook
     from ._guard.mint import KeySource
@@ -85,6 +107,7 @@ if TYPE_CHECKING:
 #: live: imported on first use (PEP 562), so that `import idempotency` and the operator commands
 #: built on the stores (`mcp-once keys`, `audit`) start without them.
 _ON_FIRST_USE: dict[str, str] = {
+    "principal_digest": "._guard.caller",
     **dict.fromkeys(("Interrupted", "OutcomeLost"), "._guard.guard"),
     **dict.fromkeys(("Replay", "ReplayHook"), "._guard.hooks"),
     "KeySource": "._guard.mint",
@@ -131,6 +154,7 @@ logging.getLogger("idempotency").addHandler(logging.NullHandler())
 __all__ = [
     "DEFAULT_LEASE",
     "AuditEntry",
+    "AuditKey",
     "AuditedStore",
     "CallScope",
     "Claim",
@@ -139,6 +163,7 @@ __all__ = [
     "CorruptRecord",
     "DurabilityUnsupported",
     "GuardedCallTool",
+    "HistoryCheck",
     "HistoryEvent",
     "InDoubt",
     "Interrupted",
@@ -146,6 +171,7 @@ __all__ = [
     "KeySource",
     "KeyStore",
     "LimitExceeded",
+    "MarkedStore",
     "MemoryKeyStore",
     "OutcomeLost",
     "Policy",
@@ -163,10 +189,13 @@ __all__ = [
     "SQLiteKeyStore",
     "ScopeFn",
     "StoreError",
+    "StoreMark",
     "StoreUnavailable",
     "StoredResult",
     "UnreadableResult",
+    "check_history",
     "check_result_envelope",
+    "compare_audit_stream",
     "current_claim",
     "decode_result",
     "default_scope",
@@ -174,13 +203,20 @@ __all__ = [
     "encode_result",
     "export_audit_logs",
     "fingerprint",
+    "history_interruption",
+    "history_operator_settle",
     "history_saying",
+    "history_servers",
     "idempotent",
     "idempotent_call_tool",
+    "in_doubt_records",
     "install",
+    "lease_ran_out",
     "open_store",
     "parse_history",
+    "principal_digest",
     "reconcile_unknown",
+    "record_servers",
     "rfc3339",
     "store_key",
     "turn_unknown",

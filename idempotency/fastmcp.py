@@ -85,7 +85,7 @@ from ._guard.policy import PolicyOptions, make_policy
 from ._guard.telemetry import logger
 from ._integrations.fastmcp.body import install_body_watch, watching_body
 from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
-from ._integrations.reconcile_records import GuardedTool, add_finder
+from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
 from ._stores.store import KeyStore
 
 __all__ = ["IdempotencyMiddleware"]
@@ -423,9 +423,10 @@ class IdempotencyMiddleware(Middleware):
             )
 
 
-async def _guarded_tools(app: object) -> dict[str, GuardedTool] | None:
-    """The tools of a FastMCP server its `IdempotencyMiddleware` guards (`reconcile_unknown`);
-    None when `app` is not a FastMCP server."""
+async def _guarded_tools(app: object) -> GuardedServer | None:
+    """The tools of a FastMCP server its `IdempotencyMiddleware` guards (`reconcile_unknown`),
+    under the server's name as the guard sees it (`on_call_tool`); None when `app` is not a
+    FastMCP server."""
     if not isinstance(app, FastMCP):
         return None
     found: dict[str, GuardedTool] = {}
@@ -439,7 +440,7 @@ async def _guarded_tools(app: object) -> dict[str, GuardedTool] | None:
                     return to_guard(tool.convert_result(value))
 
                 found[tool.name] = GuardedTool(middleware.guard, convert)
-    return found
+    return GuardedServer(app.name, found)
 
 
 add_finder(_guarded_tools)

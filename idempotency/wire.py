@@ -25,6 +25,11 @@ IDEMPOTENCY_META: Final = NAMESPACE + "idempotency"
 #: record was in doubt, the system of record said the effect happened, and this is its result
 #: (`status` is "replayed"). Absent on every other answer.
 MARKER_RECONCILED: Final = "reconciled"
+#: Result `_meta` marker field, `true` only on an answer whose result the server the tool called
+#: (the proxy's upstream, guarded by mcp-once too) replayed from its own record (rule 18): the
+#: effect happened in an earlier call, at `executedAt`, and none came of this one (`status` is
+#: "replayed"). Kept with the record, so its later replays say it too. Absent on every other answer.
+MARKER_UPSTREAM: Final = "upstream"
 
 #: Tool definition `_meta` of a tool `mcp-once proxy` guards: what of its calls the proxy does not
 #: guard, `{"unguarded": ["task"], "neverStored": ["task", "inputRequired"]}` (a task-augmented

@@ -60,6 +60,11 @@ SLOW_PLACES = (
     "tests/proxy/test_proxy_http_upstream.py",  # an HTTP upstream killed and started again
     "tests/proxy/test_proxy_start.py",  # a proxy started before its upstream, then it
     "tests/proxy/test_proxy_npm.py",  # the npm reference servers behind the proxy, lost answers
+    "tests/proxy/test_proxy_intents.py",  # a guarded upstream behind the proxy, SIGKILLed
+    "tests/proxy/test_proxy_desktop.py",  # real servers behind proxies started as a desktop app
+    "tests/proxy/test_proxy_wrap.py",  # desktop configs wrapped, each entry started as its client
+    "tests/proxy/test_proxy_gateway.py",  # real upstreams behind one front, one killed, one missing
+    "tests/proxy/test_proxy_gateway_fleet.py",  # gateway replicas behind nginx, an upstream killed
     "tests/server/test_reconcile_processes.py",  # payments servers killed mid-charge, restarted
     "tests/cli/test_demo_in_doubt.py",  # demo servers killed after paying, restarted
 )

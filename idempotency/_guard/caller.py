@@ -35,6 +35,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken, principal_components
 from mcp.server.context import ServerRequestContext
 
+from .._stores.history import scope_digest
 from .fingerprint import canonical_json
 
 #: One random id per duplex channel object, dropped when the channel is collected.
@@ -87,7 +88,18 @@ def principal_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
     token = _access_token(request)
     if token is None:
         return None
+    return _principal_text(token)
+
+
+def _principal_text(token: AccessToken) -> str:
     return canonical_json(list(principal_components(token))).decode()
+
+
+def principal_digest(token: AccessToken) -> str:
+    """The principal a token stands for (client id, issuer, subject) as records' histories name
+    it on their claimed events (`principal`): a digest, the same on every server, never the
+    principal or the token. What an operator matches `mcp-once keys list` against."""
+    return scope_digest(_principal_text(token))
 
 
 def caller_of(request: ServerRequestContext[Any, Any] | None) -> str | None:

@@ -17,11 +17,12 @@ says so, and the caller is told (`stored: false`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import anyio
 from mcp_types import CallToolResult
 
+from .._stores.history import saying
 from .._stores.store import KeyStore, LimitExceeded
 from .._system_task import loop_time
 from .lease import LeaseKeeper
@@ -53,6 +54,7 @@ async def store_result(
     trace: Trace,
     in_run_scope: bool = False,
     delivered: bool | None = None,
+    upstream_replayed: bool = False,
 ) -> bool | None:
     """Store `result` under the claim `token`: True stored, False the claim was no longer ours
     (the guard then serves the answer of the attempt that has it), None given up (logged).
@@ -69,8 +71,9 @@ async def store_result(
 
     `delivered` (a derived key's record only, rule 15): whether the caller is still there for
     the answer; None leaves the store's `complete` called as every store takes it.
+    `upstream_replayed`: the result is the replay of the server the tool called (kept with it).
     """
-    data = encode_result(result, executed_at)
+    data = encode_result(result, executed_at, upstream_replayed=upstream_replayed)
     if len(data) > max_bytes:
         data = _too_large(store_key, len(data), max_bytes, executed_at, trace)
     started = loop_time()
@@ -81,7 +84,9 @@ async def store_result(
         keeper.store_until(started, give_up_at)
         tries = 1
         try:
-            return await _complete(store, store_key, token, data, retention, delivered)
+            return await _complete(
+                store, store_key, token, data, retention, delivered, upstream_replayed
+            )
         except Exception as exc:  # judged below, as every failed try is
             failed = exc
     pause = BACKOFF
@@ -108,7 +113,9 @@ async def store_result(
                 break  # no try after the deadline, even against a store that never yields
             tries += 1
             try:
-                return await _complete(store, store_key, token, data, retention, delivered)
+                return await _complete(
+                    store, store_key, token, data, retention, delivered, upstream_replayed
+                )
             except Exception as exc:  # judged at the top of the loop
                 failed = exc
     gave_up(store_key, tries, started, keeper, trace, why)
@@ -122,10 +129,20 @@ def _complete(
     data: bytes,
     retention: float,
     delivered: bool | None,
+    upstream_replayed: bool,
 ) -> Awaitable[bool]:
+    if upstream_replayed:
+        args = (store, store_key, token, data, retention, delivered, False)
+        return _said_upstream(lambda: _complete(*args))
     if delivered is None:
         return store.complete(store_key, token, data, retention=retention)
     return store.complete(store_key, token, data, retention=retention, delivered=delivered)
+
+
+async def _said_upstream(complete: Callable[[], Awaitable[bool]]) -> bool:
+    """`complete()` of the upstream's replay: its completed event says so (rule 20)."""
+    with saying(upstream="replayed"):
+        return await complete()
 
 
 def gave_up(

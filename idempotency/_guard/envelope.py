@@ -20,8 +20,8 @@ class UnreadableResult(ValueError):
     `decode_result`, with the reason as its message. The server answers CORRUPT_RECORD for it."""
 
 
-def open_envelope(data: bytes) -> tuple[Any, float | None]:
-    """The payload's result (as JSON, not yet validated) and execution time, or
+def open_envelope(data: bytes) -> tuple[dict[str, Any], float | None]:
+    """The payload (its `result` as JSON, not yet validated) and its execution time, or
     `UnreadableResult` saying why not."""
     try:
         payload = json.loads(data.decode("utf-8"))
@@ -34,7 +34,7 @@ def open_envelope(data: bytes) -> tuple[Any, float | None]:
         isinstance(executed_at, bool) or not isinstance(executed_at, int | float)
     ):
         raise UnreadableResult("executedAt is not a number")
-    return payload.get("result"), None if executed_at is None else float(executed_at)
+    return payload, None if executed_at is None else float(executed_at)
 
 
 def check_result_envelope(data: bytes) -> None:
@@ -45,8 +45,8 @@ def check_result_envelope(data: bytes) -> None:
     does not validate the result against the SDK's `CallToolResult`, which only
     `decode_result` (and the server replaying it) can: a result our own code wrote always is
     one, and one written by a newer SDK may hold what this one's model does not know."""
-    result, _ = open_envelope(data)
-    if not isinstance(result, dict):
+    payload, _ = open_envelope(data)
+    if not isinstance(payload.get("result"), dict):
         raise UnreadableResult("no result object in the payload")
 
 

@@ -41,7 +41,7 @@ def key_reused(key: str) -> MCPError:
 def outcome_unknown(key: str, why: str) -> MCPError:
     return MCPError(
         wire.OUTCOME_UNKNOWN,
-        f"The outcome of an earlier attempt with this idempotency key is unknown: {why}."
+        f"The outcome of the call with this idempotency key is unknown: {why}."
         " Do not retry blindly; reconcile first.",
         _data(key),
     )

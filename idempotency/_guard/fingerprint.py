@@ -1,8 +1,18 @@
 """The fingerprint of a call: what "the same call" means when a key comes back.
 
 SHA-256 of canonical JSON (sorted keys, no whitespace, UTF-8) of the tool name and the arguments
-exactly as the client sent them, so every process and every backend computes the same value, and
-a key reused with other arguments is caught (rule 3) also after completion.
+as the client sent them, so every process and every backend computes the same value, and a key
+reused with other arguments is caught (rule 3) also after completion. Numbers compare by value,
+as RFC 8785 writes them: an integral float is written as the integer it equals (`20.0` as `20`,
+`-0.0` as `0`), since `20` and `20.0` are one JSON number and clients differ in which they send
+(JavaScript never writes `20.0`; Python's `json` does). Integers stay exact (RFC 8785 would round
+one beyond 2**53 to a double; two distinct 64-bit ids must never share a fingerprint).
+
+Records written before numbers compared by value hold the fingerprint of the float as written
+(`"duration":20.0`). `fingerprints` gives that one too, as `legacy`, whenever the call has an
+integral float (else the two are the same bytes): the guard claims with the fingerprint by value
+first and, only if the record holds another, with the legacy one, so such a record still replays
+for a retry that sends the same arguments (`Guard._claim_loop`).
 
 The author may narrow what counts (`fingerprint=`, as AWS Powertools' payload validation does):
 a field that changes between two sends of one call by design (a timestamp, a trace id) would
@@ -103,8 +113,21 @@ def covered(
 
 
 def fingerprint(tool: str, arguments: Any) -> str:
-    """Hex SHA-256 of the call. Absent and empty arguments are the same call; `arguments` is a
-    mapping, or what a `fingerprint=` function made of them."""
+    """Hex SHA-256 of the call, numbers by value. Absent and empty arguments are the same call;
+    `arguments` is a mapping, or what a `fingerprint=` function made of them."""
+    return fingerprints(tool, arguments)[0]
+
+
+def fingerprints(tool: str, arguments: Any) -> tuple[str, str | None]:
+    """The call's fingerprint (`fingerprint`) and, when the call has an integral float, its
+    legacy one (the float as written, as records before numbers compared by value hold it);
+    None when the two are the same.
+
+    The hot path pays for the float check with a few substring searches of the bytes it encodes
+    anyway: an integral float's `repr` always holds `.0` followed by no digit (`20.0`) or a
+    positive exponent (`1e+16`: every float that large is integral), so bytes with neither hold
+    none; only bytes with one (or a string that contains one) are walked, and encoded again if
+    they held one."""
     value = (
         dict(arguments or {})
         if arguments is None or type(arguments) is dict or isinstance(arguments, Mapping)
@@ -114,4 +137,43 @@ def fingerprint(tool: str, arguments: Any) -> str:
         data = canonical_json({"tool": tool, "arguments": value})
     except (TypeError, ValueError) as exc:
         raise UnfingerprintableArguments(str(exc)) from exc
-    return hashlib.sha256(data).hexdigest()
+    # One-byte searches first (memchr): most arguments hold neither "." nor "+".
+    if (b"." in data and b".0" in data) or (b"+" in data and b"e+" in data):
+        by_value = _integral_floats_as_ints(value)
+        if by_value is not value:
+            exact = canonical_json({"tool": tool, "arguments": by_value})
+            return hashlib.sha256(exact).hexdigest(), hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(data).hexdigest(), None
+
+
+#: Values the encoder writes as they are, skipped by the walk without a call.
+_LEAVES = (str, int, bool, type(None))
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    """`value` with every integral float replaced by the int it equals (the encoder then writes
+    RFC 8785's form of it): `value` itself, the same object, when it has none, else a copy of
+    the containers on the way to each (dicts, lists and tuples, subclasses included, as the
+    encoder reads them)."""
+    kind = type(value)
+    if kind is float:
+        return int(value) if value.is_integer() else value
+    if kind is dict or (kind not in _LEAVES and isinstance(value, dict)):
+        pairs: Any = value.items()
+        make: Any = dict
+    elif kind is list or kind is tuple or isinstance(value, list | tuple):
+        pairs, make = enumerate(value), list
+    elif isinstance(value, float):  # a subclass, written as a float
+        return int(value) if value.is_integer() else value
+    else:
+        return value
+    copied: Any = None
+    for place, item in pairs:
+        if type(item) in _LEAVES:
+            continue
+        found = _integral_floats_as_ints(item)
+        if found is not item:
+            if copied is None:
+                copied = make(value)
+            copied[place] = found
+    return value if copied is None else copied

@@ -30,6 +30,7 @@ decoded and stamped by `replay.py`. The tool reads its claim with `current_claim
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult, InputRequiredResult
 
 from .. import wire
-from .._stores.history import saying, scope_digest
+from .._stores.history import AuditedStore, interruption, saying, scope_digest
 from .._stores.store import (
     ClaimOutcome,
     ClaimStatus,
@@ -55,12 +56,12 @@ from .._stores.store import (
     suspends,
 )
 from .._system_task import cancelled_beyond, loop_time
-from . import answers, errors
+from . import answers, errors, in_doubt_gauge
 from .caller import caller_of, cancel_requested, disconnected, principal_of
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
 from .envelope import UnreadableResult
-from .fingerprint import UnfingerprintableArguments, covered, fingerprint
+from .fingerprint import UnfingerprintableArguments, covered, fingerprints
 from .hooks import Replay, replayed
 from .keyplaces import found_keys, header_place
 from .lease import LeaseKeeper, keep_lease
@@ -75,13 +76,15 @@ from .reconcile import (
     reconciler_for,
     resolve,
 )
-from .replay import decode_result, stamped
+from .replay import decode_result, origin, stamped
 from .scope import CallScope, default_scope, store_key
 from .telemetry import (
     NO_TRACE,
     Outcome,
     Trace,
     count_outcome,
+    log_about,
+    log_answer,
     logger,
     record_name,
     traced,
@@ -94,6 +97,9 @@ Execute = Callable[[], Awaitable[ToolResult]]
 ErrorResult = Callable[[Exception], CallToolResult]
 #: The framework's answer type: what `passthrough` returns and what `render` makes of the guard's.
 N = TypeVar("N")
+
+#: The longest `OutcomeLost.why` a record's history keeps (its words, not an essay).
+MAX_WHY_CHARS = 200
 
 #: A duplicate told IN_PROGRESS is asked back within this time: the server long-polls for it
 #: (`wait`) on the next attempt, so coming back soon costs little and answers sooner.
@@ -141,7 +147,18 @@ class OutcomeLost(Interrupted):
     (`ReconcilingStore.leave_unknown`; an ``interrupted`` event in its history), and the call
     and every re-send get OUTCOME_UNKNOWN (-32012) until a reconciler or an operator settles it.
     A tool whose policy allows a takeover (`takeover`) is left to its lease as before: the next
-    claim after it runs the tool again, which such a tool permits."""
+    claim after it runs the tool again, which such a tool permits.
+
+    `why` says what happened, in words an operator and a caller can act on ("the upstream
+    process exited while the call ran; its effect may have happened"): it is the caller's
+    message, every re-send's, and the record's `interrupted` event (so: words, never an argument).
+    `ended`: the holder knows the execution is over, nothing of it can still be running (the
+    process that ran it exited); `mcp-once keys settle --failed` then needs no grace period,
+    which exists for a holder that may only be paused."""
+
+    def __init__(self, why: str, *, ended: bool = False) -> None:
+        super().__init__(why)
+        self.ended = ended
 
 
 @dataclass(slots=True)
@@ -188,6 +205,21 @@ class _Ticket:
     convert: Convert = as_call_result
     #: A digest of the scope, for the record's claimed events (rule 20): never the scope itself.
     scope_digest: str | None = None
+    #: The server's name (`CallScope.server`): for the record's claimed events, what tells an
+    #: operator's tools which server's record it is (rule 25), and for the log lines about it.
+    server: str = ""
+
+    def log(self, level: int, event: str, what: str, *args: object) -> None:
+        """A log line about the ticket's record (`telemetry.log_about`)."""
+        log_about(level, event, self.store_key, self.tool, self.server, what, *args)
+
+    #: A digest of the authenticated principal (None without one), for the same events: who
+    #: claimed, the same digest on every server (`principal_digest`), never the principal.
+    principal_digest: str | None = None
+    #: The call's fingerprint with its integral floats as written, where it differs from
+    #: `fingerprint` (numbers by value): what a record written before that holds
+    #: (`fingerprint.fingerprints`), tried once when the claim finds another fingerprint.
+    legacy_fingerprint: str | None = None
 
 
 #: The default scope of one (server, principal): `default_scope` is a pure function of the two,
@@ -313,11 +345,22 @@ class Guard:
                 )
             ticket.trace = trace
             ticket.arguments = call.arguments
+            ticket.server = call.server
+            in_doubt_gauge.watch(self.store)
             if convert is not None:
                 ticket.convert = convert
-            answer = await self._claim_loop(ticket, execute, error_result, takeover)
+            try:
+                answer = await self._claim_loop(ticket, execute, error_result, takeover)
+            except MCPError as exc:
+                # The guard's refusals and OUTCOME_UNKNOWN, logged as answered (telemetry.py).
+                log_answer(
+                    trace.outcome_seen, exc.code, ticket.store_key, ticket.tool, ticket.server
+                )
+                raise
         if answer is None:  # the store is down and the author chose fail-open
             return await passthrough()
+        if trace.outcome_seen is Outcome.REPLAYED:
+            ticket.log(logging.DEBUG, "replayed", "replayed its stored answer")
         return render(answer)
 
     def _ticket(self, call: ToolCall) -> _Ticket | None:
@@ -329,10 +372,10 @@ class Guard:
             arguments = covered(
                 call.arguments, key_argument=policy.key_argument, option=policy.fingerprint
             )
-            fp: str | None = fingerprint(call.tool, arguments)
+            fp, legacy = fingerprints(call.tool, arguments)
             fp_problem = ""
         except UnfingerprintableArguments as exc:
-            fp, fp_problem = None, str(exc)
+            fp, legacy, fp_problem = None, None, str(exc)
         found = found_keys(
             call.meta,
             call.arguments,
@@ -340,6 +383,7 @@ class Guard:
             key_argument=policy.key_argument,
             key_header=policy.key_header,
         )
+        principal = principal_of(call.request)
         scopes: list[str] = []
         if found or policy.keys != "derived":
             resolved = resolve_key(found, policy.keys, _underived, elsewhere=self._elsewhere())
@@ -356,11 +400,13 @@ class Guard:
                 if fp is None:
                     raise errors.unfingerprintable(None, fp_problem)
                 params = call.request.params if call.request is not None else None
-                scopes.append(self._scope(call))
+                scopes.append(self._scope(call, principal))
+                # The fingerprint of the bytes as sent (`legacy` when it differs): a re-send
+                # repeats them, and a record derived before numbers compared by value is found.
                 return derive_key(
                     scopes[0],
                     call.tool,
-                    fp,
+                    fp if legacy is None else legacy,
                     caller=caller,
                     round_fields=input_round(params),
                     meta=call.meta,
@@ -374,7 +420,7 @@ class Guard:
         assert fp is not None
         key, source = resolved
         # Computed only for keyed calls: a keyless "optional" call stays exactly unwrapped.
-        scope = scopes[0] if scopes else self._scope(call)
+        scope = scopes[0] if scopes else self._scope(call, principal)
         derived = source is KeySource.DERIVED
         return _Ticket(
             call.tool,
@@ -386,11 +432,14 @@ class Guard:
             derived,
             call.request if derived else None,
             scope_digest=scope_digest(scope),
+            server=call.server,
+            principal_digest=None if principal is None else scope_digest(principal),
+            legacy_fingerprint=legacy,
         )
 
-    def _scope(self, call: ToolCall) -> str:
-        """The partition the call's key lives in (`Policy.scope`)."""
-        principal = principal_of(call.request)
+    def _scope(self, call: ToolCall, principal: str | None) -> str:
+        """The partition the call's key lives in (`Policy.scope`); `principal`: the call's
+        authenticated principal (`principal_of`)."""
         scope_fn = self.policy.scope
         if scope_fn is default_scope:
             pair = (call.server, principal)
@@ -436,7 +485,10 @@ class Guard:
                 # Shielded: a claim won in the store but lost to a cancellation on the way back
                 # would leave an orphan IN_PROGRESS record that later reads as OUTCOME_UNKNOWN.
                 # (A claim that never suspends cannot be cut short: it needs no scope.)
-                with saying(scope=t.scope_digest):  # for the claimed event (rule 20)
+                # For the claimed event (rule 20): whose scope, which server, who claimed.
+                with saying(
+                    scope=t.scope_digest, server=t.server or None, principal=t.principal_digest
+                ):
                     if self._claim_suspends:
                         with anyio.CancelScope(shield=True):
                             outcome = await self._claim(t, takeover)
@@ -459,9 +511,18 @@ class Guard:
                     await self._answered(t, outcome.fence, delivered=True)
                 return replay
             if status is ClaimStatus.MISMATCH:
-                t.trace.outcome(Outcome.CONFLICT)
+                if t.legacy_fingerprint is not None:
+                    # Maybe a record written before numbers compared by value: it holds the
+                    # float as written. Claimed once more with that; another mismatch refuses.
+                    t.fingerprint, t.legacy_fingerprint = t.legacy_fingerprint, None
+                    continue
+                t.trace.outcome(Outcome.KEY_REUSED)
                 raise errors.key_reused(t.key)
             if status is ClaimStatus.UNKNOWN:
+                if outcome.turned_unknown:
+                    self._turned_unknown(
+                        t, "its last lease ran out mid-call (the worker died or hung)"
+                    )
                 if not reconciled and reconciler_for(self.policy.reconcile, t.tool) is not None:
                     reconciled = True
                     claimed_at = loop_time()
@@ -480,11 +541,7 @@ class Guard:
                             t, done.result, done.completed_at, done.attempts, reconciled=True
                         )
                 t.trace.outcome(Outcome.UNKNOWN)
-                raise errors.outcome_unknown(
-                    t.key,
-                    "an earlier attempt stopped renewing its lease in the middle of the tool,"
-                    " and this tool is not declared safe to run twice",
-                )
+                raise errors.outcome_unknown(t.key, await self._unknown_because(t))
             # BUSY: another attempt holds the claim. Wait for it (bounded), then look again.
             held_elsewhere = True
             remaining = deadline - loop_time()
@@ -527,34 +584,44 @@ class Guard:
         ):
             return None
         try:
-            resolution = await resolve(
-                store,
-                record,
-                reconciler,
-                tool=t.tool,
-                key=t.key,
-                arguments=t.arguments,
-                convert=t.convert,
-                timeout=self.policy.reconcile_timeout,
-                lease=self.policy.lease,
-                retention=t.retention,
-            )
+            # Its claimed event, as above.
+            with saying(scope=t.scope_digest, server=t.server or None):
+                resolution = await resolve(
+                    store,
+                    record,
+                    reconciler,
+                    tool=t.tool,
+                    key=t.key,
+                    arguments=t.arguments,
+                    convert=t.convert,
+                    timeout=self.policy.reconcile_timeout,
+                    lease=self.policy.lease,
+                    retention=t.retention,
+                )
         except CorruptRecord:
             raise self._corrupt(t, "the stored record is unreadable") from None
         except Exception as exc:
             t.trace.store_error("reconcile", exc)
-            logger.warning(
-                "could not reconcile record %s: %r; it stays as it was",
-                record_name(t.store_key),
-                exc,
+            t.log(
+                logging.WARNING,
+                "reconcile_unknown",
+                "could not reconcile (%s); the record stays UNKNOWN",
+                type(exc).__name__,
             )
             return Resolution(Verdict.UNKNOWN.value)
-        logger.info(
-            "tool %r's reconciler on record %s: %s",
-            t.tool,
-            record_name(t.store_key),
-            resolution.answer,
-        )
+        if resolution.answer == Verdict.UNKNOWN.value:
+            t.log(
+                logging.WARNING,
+                "reconcile_unknown",
+                "the reconciler could not decide; the record stays UNKNOWN",
+            )
+        else:
+            t.log(
+                logging.INFO,
+                "reconciled",
+                "the reconciler answered %s",
+                resolution.answer,
+            )
         if t.trace.recording:
             t.trace.set(reconciled=resolution.answer)
         return resolution
@@ -647,9 +714,10 @@ class Guard:
         policy = self.policy
         if outcome.took_over:
             t.trace.set(took_over=True)
-            logger.warning(
-                "took over the expired lease of record %s (execution %d)",
-                record_name(t.store_key),
+            t.log(
+                logging.WARNING,
+                "taken_over",
+                "took over its expired lease (execution %d)",
                 outcome.attempts,
             )
         fence = outcome.fence
@@ -675,6 +743,8 @@ class Guard:
             max_run_time=policy.max_run_time,
             run_scope=run_scope,
             trace=trace,
+            tool=t.tool,
+            server=t.server,
         )
         try:
             result: ToolResult | None = None
@@ -694,10 +764,10 @@ class Guard:
                     # The common case, stored where it ran: nothing cancels this scope now but
                     # the give-up time, so the first write needs no scope of its own.
                     storing = True
-                    executed_at = time.time()
+                    executed_at, upstream = origin(result)
                     delivered = t.derived and not await self._caller_gone(t, run_scope)
                     stored = await self._store(
-                        t, token, result, executed_at, keeper, True, delivered
+                        t, token, result, executed_at, keeper, True, delivered, upstream
                     )
             if storing:
                 # Only the renewal service, at the give-up time, cancels the scope once the
@@ -713,7 +783,7 @@ class Guard:
                     takeover,
                     lease_lost=keeper.lost,
                     interrupted=cut,
-                    lost=isinstance(raised, OutcomeLost),
+                    lost=raised if isinstance(raised, OutcomeLost) else None,
                 )
             elif isinstance(result, InputRequiredResult):
                 # An input_required round is a question, not an outcome: never stored (rule 8).
@@ -727,9 +797,11 @@ class Guard:
                 if raised is not None:
                     result = await self._judge(t, token, raised, error_result, keeper)
                 assert isinstance(result, CallToolResult)
-                executed_at = time.time()
+                executed_at, upstream = origin(result)
                 delivered = t.derived and not await self._caller_gone(t, run_scope)
-                stored = await self._store(t, token, result, executed_at, keeper, False, delivered)
+                stored = await self._store(
+                    t, token, result, executed_at, keeper, False, delivered, upstream
+                )
         finally:
             keeper.end()  # stored, given up, gone or released: nothing left to renew
         assert isinstance(result, CallToolResult)
@@ -742,10 +814,12 @@ class Guard:
             result,
             key=t.key,
             key_source=t.source.value,
-            status="executed",
+            # The upstream's replay is not an execution of the effect (rule 18).
+            status="replayed" if upstream else "executed",
             executed_at=executed_at,
             attempts=outcome.attempts,
             stored=stored is True,
+            upstream=upstream,
         )
 
     def _store(
@@ -757,6 +831,7 @@ class Guard:
         keeper: LeaseKeeper,
         in_run_scope: bool,
         delivered: bool,
+        upstream: bool,
     ) -> Awaitable[bool | None]:
         """`complete.store_result` of the ticket's result (awaited by the caller: no frame)."""
         policy = self.policy
@@ -773,6 +848,7 @@ class Guard:
             trace=t.trace,
             in_run_scope=in_run_scope,
             delivered=delivered if t.derived else None,
+            upstream_replayed=upstream,
         )
 
     @staticmethod
@@ -865,14 +941,17 @@ class Guard:
                     exc,
                 )
 
-    async def _leave_unknown(self, t: _Ticket, token: str) -> bool:
-        """Turn the claim `token` holds UNKNOWN now (`OutcomeLost`); False when the store
-        cannot (a `KeyStore` of one's own without `leave_unknown`: the lease settles it), the
-        token no longer holds the record, or the store failed (logged; the lease settles it)."""
+    async def _leave_unknown(self, t: _Ticket, token: str, lost: OutcomeLost) -> bool:
+        """Turn the claim `token` holds UNKNOWN now (`OutcomeLost`), its why and whether it
+        ended in the `interrupted` event; False when the store cannot (a `KeyStore` of one's own
+        without `leave_unknown`: the lease settles it), the token no longer holds the record, or
+        the store failed (logged; the lease settles it)."""
         leave = getattr(self.store, "leave_unknown", None)
         if not callable(leave):
             return False
-        with anyio.CancelScope(shield=True), saying(why="interrupted"):
+        ended = "yes" if lost.ended else None
+        why = lost.why[:MAX_WHY_CHARS]
+        with anyio.CancelScope(shield=True), saying(why=why, ended=ended):
             try:
                 return bool(await leave(t.store_key, token))
             except Exception as exc:
@@ -884,6 +963,40 @@ class Guard:
                     exc,
                 )
         return False
+
+    async def _unknown_because(self, t: _Ticket) -> str:
+        """Why the ticket's record is UNKNOWN, for a re-send's -32012: what its holder said when
+        it gave the execution up (`OutcomeLost`: its `interrupted` event), else that a lease ran
+        out. Read from the record's history only on this answer (never on the hot path), and
+        only from a store that keeps one; a failed read leaves the lease's words."""
+        store = self.store
+        if isinstance(store, AuditedStore):
+            with anyio.CancelScope(shield=True):
+                try:
+                    event = interruption(await store.history(t.store_key))
+                except Exception as exc:
+                    t.trace.store_error("history", exc)
+                    event = None
+            said = None if event is None else event.details.get("why")
+            if said:
+                return said
+        return (
+            "an earlier attempt stopped renewing its lease in the middle of the tool, and this"
+            " tool is not declared safe to run twice"
+        )
+
+    def _turned_unknown(self, t: _Ticket, why: str) -> None:
+        """Rule 25's alert: one WARNING per record turned UNKNOWN (event `in_doubt`), from the
+        call that turned it, besides the one per -32012 answer (`unknown`, `log_answer`). The
+        record is kept, without expiry, until it is settled or reconciled;
+        `mcp_once_records_in_doubt` counts it meanwhile."""
+        t.log(
+            logging.WARNING,
+            "in_doubt",
+            "turned UNKNOWN: %s; kept, without expiry, until settled or reconciled"
+            " (mcp-once keys list --state unknown)",
+            why,
+        )
 
     async def _peek(self, t: _Ticket) -> Record | None:
         record: Record | None = None
@@ -902,11 +1015,11 @@ class Guard:
         *,
         lease_lost: bool,
         interrupted: str | None = None,
-        lost: bool = False,
+        lost: OutcomeLost | None = None,
     ) -> ToolResult:
         """The run was cut short mid-tool (lost lease, max run time, or the framework's own
-        timeout: `interrupted`): say what is known. `lost`: the tool raised `OutcomeLost`, so
-        the record turns UNKNOWN now unless a takeover may run it again."""
+        timeout: `interrupted`): say what is known. `lost`: the tool raised it, so the record
+        turns UNKNOWN now unless a takeover may run it again."""
         t.trace.outcome(Outcome.ABORTED)
         if lease_lost:
             why = "it lost its lease (another worker took the record over, or it was declared lost)"
@@ -914,28 +1027,33 @@ class Guard:
             why = interrupted
         else:
             why = f"it ran longer than the maximum run time of {self.policy.max_run_time:g} s"
-        logger.warning("cancelled the tool of record %s: %s", record_name(t.store_key), why)
-        if lost and not lease_lost and not takeover and await self._leave_unknown(t, token):
-            raise errors.outcome_unknown(
-                t.key, f"the attempt was cut short mid-execution because {why}"
-            )
+        if lost is not None and not lease_lost and not takeover:
+            # The tool said what happened (`OutcomeLost`): its words are the caller's answer,
+            # the record's `interrupted` event and its `in_doubt` line; the -32012 answer has
+            # its own line (`log_answer`), so no `cut_short` line says it a third time.
+            if await self._leave_unknown(t, token, lost):
+                self._turned_unknown(t, f"its execution was cut short because {why}")
+                raise errors.outcome_unknown(t.key, lost.why)
+        elif not lease_lost:  # else the lost lease was logged as it was found (lease.py)
+            t.log(logging.WARNING, "cut_short", "cancelled the running tool: %s", why)
         record = await self._peek(t)
         if record is not None and record.fingerprint == t.fingerprint:
             if record.state is RecordState.COMPLETED and record.result is not None:
                 return self._replayed(t, record.result, record.completed_at, record.attempts)
             if record.state is RecordState.IN_PROGRESS and (record.token != token or takeover):
                 raise errors.in_progress(t.key, _hint(None))
-        raise errors.outcome_unknown(
-            t.key, f"the attempt was cancelled mid-execution because {why}"
-        )
+        if lost is None:
+            why = f"the attempt was cancelled mid-execution because {why}"
+        raise errors.outcome_unknown(t.key, lost.why if lost is not None else why)
 
     async def _after_stale(self, t: _Ticket) -> ToolResult:
         """The tool finished after its claim had passed to another attempt: that attempt's
         answer is the key's answer, so this one is discarded and the record's is served."""
         t.trace.outcome(Outcome.STALE)
-        logger.warning(
-            "record %s was taken over while this attempt ran; its result was discarded",
-            record_name(t.store_key),
+        t.log(
+            logging.WARNING,
+            "stale",
+            "taken over while this attempt ran; its result was discarded",
         )
         with anyio.CancelScope(shield=True):
             record = await self._wait(t, self.policy.wait)
@@ -981,9 +1099,10 @@ class Guard:
             executed_at=executed_at,
             attempts=attempts,
             reconciled=reconciled,
+            upstream=stored.upstream_replayed,
         )
 
     def _corrupt(self, t: _Ticket, why: str) -> MCPError:
         t.trace.outcome(Outcome.CORRUPT)
-        logger.error("record %s cannot be read (%s); left untouched", record_name(t.store_key), why)
+        t.log(logging.ERROR, "corrupt", "cannot be read (%s); left untouched", why)
         return errors.corrupt_record(t.key)

@@ -29,13 +29,14 @@ last nap. It is cancelled with any other task when the event loop shuts down.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import anyio
 
 from .._stores.store import KeyStore
 from .._system_task import current_loop, loop_time, spawn
-from .telemetry import Trace, logger, record_name
+from .telemetry import Trace, log_about, logger, record_name
 
 
 class LeaseKeeper:
@@ -49,9 +50,11 @@ class LeaseKeeper:
         "_lease",
         "_run_scope",
         "_running",
+        "_server",
         "_service",
         "_store",
         "_token",
+        "_tool",
         "_trace",
         "due",
         "lost",
@@ -72,8 +75,13 @@ class LeaseKeeper:
         max_run_time: float | None,
         run_scope: anyio.CancelScope,
         trace: Trace,
+        tool: str = "",
+        server: str = "",
     ) -> None:
         self._service = service
+        #: What the log lines about the record name besides it.
+        self._tool = tool
+        self._server = server
         self._store = store
         self._key = store_key
         self._token = token
@@ -165,10 +173,16 @@ class LeaseKeeper:
             self._held_until = started + self._lease
         elif renewed is False or now >= self._held_until:
             self.lost = True
-            logger.warning(
-                "lost the lease of record %s %s",
-                record_name(self._key),
-                "; cancelling the running tool" if self._running else "while storing its result",
+            log_about(
+                logging.WARNING,
+                "lease_ran_out",
+                self._key,
+                self._tool,
+                self._server,
+                "lost its lease (another attempt took it over, or it turned UNKNOWN) %s",
+                "while the tool ran: cancelling it"
+                if self._running
+                else "while storing its result",
             )
             self.due = math.inf  # never renewed again; a write in flight stays bounded
             if self._running:
@@ -289,6 +303,8 @@ def keep_lease(
     max_run_time: float | None,
     run_scope: anyio.CancelScope,
     trace: Trace,
+    tool: str = "",
+    server: str = "",
 ) -> LeaseKeeper:
     """Renew the claim until `end()` is called on the answer; cancel `run_scope` if the claim is
     lost, or if the tool still runs `max_run_time` from now. The caller must `end()` it."""
@@ -306,6 +322,8 @@ def keep_lease(
         max_run_time=max_run_time,
         run_scope=run_scope,
         trace=trace,
+        tool=tool,
+        server=server,
     )
     service.add(claim, lease / 3)
     return claim

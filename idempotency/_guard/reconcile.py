@@ -35,6 +35,7 @@ from mcp_types import CallToolResult
 
 from .._stores.history import saying
 from .._stores.store import ClaimOutcome, ClaimStatus, ReconcilingStore, Record
+from .current_claim import downstream_key_of
 from .replay import encode_result
 from .telemetry import count_reconciliation, logger, record_name
 
@@ -61,8 +62,7 @@ class InDoubt:
     #: The idempotency key as the client sent it (or as the server derived it); None when no
     #: call brought it (`mcp-once keys reconcile`: records keep keys hashed only).
     key: str | None
-    #: The record's store key: what the tool handed its system of record as that system's own
-    #: idempotency key (`current_claim().record`), so the key to look the effect up by.
+    #: The record's store key (`current_claim().record`).
     record: str
     #: The fence of the execution that was lost (the record's fence while it is UNKNOWN).
     fence: int
@@ -76,6 +76,13 @@ class InDoubt:
     #: When the lost execution's lease ran out (seconds since the epoch, store clock); None if
     #: the store does not know.
     lease_ended_at: float | None
+
+    @property
+    def downstream_key(self) -> str:
+        """The lost execution's `current_claim().downstream_key`: what the tool handed its system
+        of record as that system's own idempotency key, so the key to look the effect up by. A
+        `not_happened` runs the tool under the same one (the same intent, rule 18)."""
+        return downstream_key_of(self.record, self.fence, self.attempts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,14 @@ caller's data. Records are named by a short prefix of their hashed store key ins
 Names follow OpenTelemetry's semantic conventions for MCP where they define one
 (`gen_ai.tool.name`, `mcp.method.name`, `error.type`, `mcp.server.operation.duration`); what is
 ours lives under `mcp_once.*`, the same names the client library uses (docs/observability.md
-lists them all).
+lists them all). An outcome a record's history also names is named as the history names it
+(`key_reused`, `in_progress`, `unknown`: `history.REFUSED`), so a metric, a log line and
+`mcp-once audit` can be put side by side.
+
+Log lines an operator alerts on (`log_about`): each names the record (`record_name`), the tool
+and the server, in its message and as fields of the log record (`mcp_once_event`,
+`mcp_once_record`, `mcp_once_tool`, `mcp_once_server`), for a handler that ships fields; never
+a key, an argument or a result. Nothing is formatted unless the level is enabled.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from typing import Any
 from mcp import MCPError
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import _internal as _metrics_api
+
+from .. import wire
 
 logger = logging.getLogger("idempotency")
 
@@ -62,7 +71,8 @@ class Outcome(enum.StrEnum):
     EXECUTED = "executed"
     REPLAYED = "replayed"
     RELEASED = "released"
-    CONFLICT = "conflict"
+    #: Refused: the key came with other arguments (-32011); the history's refusal code.
+    KEY_REUSED = "key_reused"
     UNKNOWN = "unknown"
     IN_PROGRESS = "in_progress"
     STORE_UNAVAILABLE = "store_unavailable"
@@ -84,6 +94,79 @@ def crash_report(exc: BaseException) -> str:
 def record_name(store_key: str) -> str:
     """A log-safe name for a record: enough to find it, nothing about the key or the tenant."""
     return store_key[:12]
+
+
+def log_about(
+    level: int, event: str, store_key: str, tool: str, server: str, what: str, *args: object
+) -> None:
+    """One log line about a record: `event` (a stable name, for alert rules) and `what`
+    (a %-format, with `args`) said of the record of `store_key`, of `tool` on `server`. The
+    line starts with the record's name, so that one grep finds every line about it."""
+    if not logger.isEnabledFor(level):
+        return
+    record = record_name(store_key)
+    logger.log(
+        level,
+        f"record %s (tool %r, server %r): {what}",
+        record,
+        tool,
+        server,
+        *args,
+        extra={
+            "mcp_once_event": event,
+            "mcp_once_record": record,
+            "mcp_once_tool": tool,
+            "mcp_once_server": server,
+        },
+    )
+
+
+#: Why the guard answered -32012 itself, by the outcome it counted: fixed sentences, nothing of
+#: the call's own (an `Interrupted`'s why is the framework's or the tool's, and not repeated).
+_UNKNOWN_BECAUSE = {
+    "unknown": "an earlier execution stopped mid-tool (its lease ran out) and this tool is not"
+    " safe to run twice",
+    "aborted": "this execution was cut short mid-tool",
+    "stale": "this execution finished after its lease had passed to another attempt",
+}
+#: The outcomes under which an IN_PROGRESS answer is the guard's own.
+_HELD = frozenset({"in_progress", "aborted", "stale"})
+
+
+def log_answer(outcome: Outcome | None, code: int, store_key: str, tool: str, server: str) -> None:
+    """Log the guard's own refusal or OUTCOME_UNKNOWN answer to a caller: WARNING for -32012
+    (someone must reconcile), INFO for -32011 and -32010 (the caller's doing, or load). An
+    error the tool raised (`released`: passed on as the framework's) is not the guard's answer
+    and is not logged here, whatever its code."""
+    value = None if outcome is None else outcome.value
+    if code == wire.OUTCOME_UNKNOWN and value in _UNKNOWN_BECAUSE:
+        log_about(
+            logging.WARNING,
+            "unknown",
+            store_key,
+            tool,
+            server,
+            "answered OUTCOME_UNKNOWN (-32012): %s; reconcile the record or settle it",
+            _UNKNOWN_BECAUSE[value],
+        )
+    elif code == wire.KEY_REUSED and outcome is Outcome.KEY_REUSED:
+        log_about(
+            logging.INFO,
+            "key_reused",
+            store_key,
+            tool,
+            server,
+            "refused KEY_REUSED (-32011): the key came again with other arguments",
+        )
+    elif code == wire.IN_PROGRESS and value in _HELD:
+        log_about(
+            logging.INFO,
+            "in_progress",
+            store_key,
+            tool,
+            server,
+            "refused IN_PROGRESS (-32010): another attempt holds the record",
+        )
 
 
 def error_type(exc: BaseException) -> str:

@@ -67,6 +67,11 @@ class GuardedCallTool:
         self._server_name = server_name
         self._underived = frozenset(underived)
 
+    @property
+    def server_name(self) -> str:
+        """The server's name its records are scoped by and their histories name."""
+        return self._server_name
+
     def guards(self, tool: str) -> bool:
         return self._tools is None or tool in self._tools
 

@@ -9,14 +9,25 @@ arguments, and records keep keys hashed only: a reconciler asked from here gets 
 `arguments=None`, and looks the effect up by `InDoubt.record` (the key the tool handed its system
 of record).
 
+Only the app's own records are asked about (rule 25). Servers sharing one store may each have a
+tool named `charge`; a reconciler asked about another server's record looks in the wrong system
+of record, answers "not happened", and the release lets that server's retry charge again. A
+record's store key is a hash, so its server is read from its history: every claimed event names
+the server that claimed (`server`, the name the guard sees: `MCPServer(name)`, `FastMCP(name)`,
+`idempotent_call_tool(server_name=)`). A record whose history names another server is left
+alone (`other_server`); one whose server cannot be read (a store keeping no history, a record
+claimed before histories named servers, its claimed events dropped from a long history) is not
+asked either (`server_unknown`): an operator settles it after checking the system of record.
+
 What each verdict does here: happened completes the record (the client's retry replays it);
 not happened releases it, so the client's retry runs the tool (nothing runs it from here);
-unknown leaves it UNKNOWN. Each is the same fenced transition as on a retry (rule 19).
+unknown leaves it UNKNOWN. Each is the same fenced transition as on a retry (rule 19), and its
+`reconciled` event names the operator who asked (`by`, `reason`), as a settle's does.
 """
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -32,12 +43,18 @@ from .._guard.reconcile import (
     reconciler_for,
     resolve,
 )
-from .._stores.history import saying
+from .._stores.history import saying, servers_of
+from .._stores.in_doubt import in_doubt_records
 from .._stores.store import ClaimStatus, KeyStore, ReconcilingStore, Record, RecordState
 from .lowlevel import GuardedCallTool
 
 #: The answer of a record whose tool has no reconciler (or is not a tool of this app).
 NO_RECONCILER = "no_reconciler"
+#: The answer of a record whose history names another server than the app's: not asked.
+OTHER_SERVER = "other_server"
+#: The answer of a record whose server cannot be read from its history (none kept, or no claimed
+#: event naming one), or that names several: not asked, left for an operator.
+SERVER_UNKNOWN = "server_unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +65,15 @@ class Reconciliation:
     record: str
     #: The tool the record names (None: written by a release that did not store it).
     tool: str | None
-    #: `happened`, `not_happened`, `unknown`, `lost` (resolved elsewhere meanwhile), or
-    #: `no_reconciler`. Under `dry_run`, what the reconciler said; nothing was written.
+    #: `happened`, `not_happened`, `unknown`, `lost` (resolved elsewhere meanwhile),
+    #: `no_reconciler`, or, not asked: `other_server`, `server_unknown`. Under `dry_run`, what
+    #: the reconciler said; nothing was written.
     answer: str
     #: Whether the store was changed (never under `dry_run`).
     applied: bool
+    #: The server the record's history names (None: it cannot be read; several are joined
+    #: with ", ").
+    server: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +84,19 @@ class GuardedTool:
     convert: Convert
 
 
+@dataclass(frozen=True, slots=True)
+class GuardedServer:
+    """A server as reconciliation needs it: its name as its guards see it (`CallScope.server`,
+    what its records' histories name), and its guarded tools by name."""
+
+    name: str
+    tools: dict[str, GuardedTool]
+
+
 #: Finds the guarded tools of a server of a framework the core does not name (rule 2: the
 #: adapters plug into the core): None when `app` is not one of its servers. FastMCP's middleware
 #: module adds its own when imported, as every app using it has done.
-Finder = Callable[[object], Awaitable[dict[str, GuardedTool] | None]]
+Finder = Callable[[object], Awaitable[GuardedServer | None]]
 _finders: list[Finder] = []
 
 
@@ -76,23 +106,28 @@ def add_finder(finder: Finder) -> None:
         _finders.append(finder)
 
 
-async def _guards_of(app: object) -> Callable[[str], GuardedTool | None]:
-    """The guard (and conversion) of each tool of `app`, by the tool name records keep."""
+Lookup = Callable[[str], GuardedTool | None]
+
+
+async def _guards_of(app: object) -> tuple[str, Lookup]:
+    """The server name of `app` (as its guard sees it), and the guard (and conversion) of each
+    of its tools, by the tool name records keep."""
     if isinstance(app, GuardedCallTool):
         guarded = GuardedTool(app.guard, as_call_result)
-        return lambda name: guarded if app.guards(name) else None
-    found: dict[str, GuardedTool] | None = None
+        return app.server_name, lambda name: guarded if app.guards(name) else None
+    found: GuardedServer | None = None
     from mcp.server.mcpserver import MCPServer
 
     if isinstance(app, MCPServer):
         from .mcpserver.sdk import converter, tool_manager
         from .mcpserver.stamp import stamp_of
 
-        found = {}
+        tools: dict[str, GuardedTool] = {}
         for tool in tool_manager(app).list_tools():
             stamp = stamp_of(tool.fn)
             if stamp is not None:
-                found[tool.name] = GuardedTool(stamp.guard, converter(tool))
+                tools[tool.name] = GuardedTool(stamp.guard, converter(tool))
+        found = GuardedServer(app.name, tools)
     for finder in _finders:
         if found is not None:
             break
@@ -102,18 +137,39 @@ async def _guards_of(app: object) -> Callable[[str], GuardedTool | None]:
             f"{type(app).__name__} is not a server mcp-once guards: give an MCPServer, a FastMCP"
             " server with IdempotencyMiddleware, or what idempotent_call_tool returned"
         )
-    tools = found
-    return lambda name: tools.get(name) or tools.get(name.partition("@")[0])
+    by_name = found.tools
+    return found.name, lambda name: by_name.get(name) or by_name.get(name.partition("@")[0])
 
 
-async def _in_doubt(store: KeyStore, tool: str | None, limit: int) -> list[Record]:
-    """UNKNOWN records, and IN_PROGRESS ones whose lease ran out (UNKNOWN in all but name: the
-    store turns them so at the next claim), oldest first."""
-    now = time.time()
-    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
-    found = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit)
-    found += [r for r in running if r.lease_deadline is not None and r.lease_deadline <= now]
-    return sorted(found, key=lambda r: r.created_at)[:limit]
+def _kind(named: list[str], server: str) -> str | None:
+    """Whether a record whose history names `named` is asked about by `server`'s reconcilers:
+    None when it is, else why not (`OTHER_SERVER`, `SERVER_UNKNOWN`)."""
+    if named == [server]:
+        return None
+    return OTHER_SERVER if named and server not in named else SERVER_UNKNOWN
+
+
+async def _candidates(
+    store: KeyStore, server: str, tool: str | None, limit: int
+) -> list[tuple[Record, list[str]]]:
+    """In-doubt records, oldest first, each with the servers its history names: the first
+    `limit` that are not another server's, and the other servers' ones read on the way. The
+    store cannot filter by server, so the window read grows until `limit` are found or it holds
+    every in-doubt record: another server's many records never starve this one's."""
+    window = limit
+    while True:
+        found = await in_doubt_records(store, tool=tool, limit=window)
+        named = [(record, await servers_of(store, record.key)) for record in found]
+        chosen: list[tuple[Record, list[str]]] = []
+        counted = 0
+        for record, names in named:
+            if counted == limit:
+                break
+            chosen.append((record, names))
+            counted += _kind(names, server) != OTHER_SERVER
+        if counted == limit or len(found) < window:
+            return chosen
+        window *= 4
 
 
 async def turn_unknown(store: KeyStore, record: Record) -> None:
@@ -142,52 +198,71 @@ async def reconcile_unknown(
     store: KeyStore,
     *,
     tool: str | None = None,
+    server: str | None = None,
     dry_run: bool = False,
     limit: int = 1000,
+    by: str | None = None,
+    reason: str | None = None,
 ) -> list[Reconciliation]:
     """Ask each in-doubt record's reconciler (only `tool`'s records, if given) and apply its
-    verdict; `dry_run`: ask, and write nothing. `store` is the store the app's guards use (as
-    `mcp-once keys --store` names it)."""
-    lookup = await _guards_of(app)
+    verdict; `dry_run`: ask, and write nothing. Only records whose history names the app's
+    server are asked about (see the module doc); `server`, if given, must be that name (a
+    `ValueError` otherwise). `by` and `reason` go into each verdict's `reconciled` event. `store`
+    is the store the app's guards use (as `mcp-once keys --store` names it); `limit` bounds the
+    records reported that are not another server's."""
+    name, lookup = await _guards_of(app)
+    if server is not None and server != name:
+        raise ValueError(
+            f"the app is server {name!r}, not {server!r}: its reconcilers are asked only about"
+            f" records of {name!r}"
+        )
     done: list[Reconciliation] = []
-    for record in await _in_doubt(store, tool, limit):
-        name = record.tool or ""
-        guarded = lookup(name) if name else None
+    for record, named in await _candidates(store, name, tool, limit):
+        said = ", ".join(named) or None
+        found = Reconciliation(record.key, record.tool, "", False, said)
+        skipped = _kind(named, name)
+        if skipped is not None:
+            done.append(dataclasses.replace(found, answer=skipped))
+            continue
+        tool_name = record.tool or ""
+        guarded = lookup(tool_name) if tool_name else None
         policy = guarded.guard.policy if guarded is not None else None
-        reconciler = reconciler_for(policy.reconcile, name) if policy is not None else None
+        reconciler = reconciler_for(policy.reconcile, tool_name) if policy is not None else None
         if guarded is None or policy is None or reconciler is None:
-            done.append(Reconciliation(record.key, record.tool, NO_RECONCILER, False))
+            done.append(dataclasses.replace(found, answer=NO_RECONCILER))
             continue
         if dry_run:
-            doubt = in_doubt(record, tool=name, key=None, arguments=None)
+            doubt = in_doubt(record, tool=tool_name, key=None, arguments=None)
             answer = await ask(reconciler, doubt, timeout=policy.reconcile_timeout)
-            said = answer.verdict
-            if said is Verdict.HAPPENED and encoded(answer, guarded.convert, name) is None:
-                said = Verdict.UNKNOWN
-            done.append(Reconciliation(record.key, record.tool, said.value, False))
+            verdict = answer.verdict
+            if verdict is Verdict.HAPPENED and encoded(answer, guarded.convert, tool_name) is None:
+                verdict = Verdict.UNKNOWN
+            done.append(dataclasses.replace(found, answer=verdict.value))
             continue
         if not isinstance(store, ReconcilingStore):
             raise TypeError(f"{type(store).__name__} cannot take a reconciler's verdict")
-        doubtful = await _now_unknown(store, record)
-        if doubtful is None:
-            done.append(Reconciliation(record.key, record.tool, "lost", False))
-            continue
-        resolution = await resolve(
-            store,
-            doubtful,
-            reconciler,
-            tool=name,
-            key=None,
-            arguments=None,
-            convert=guarded.convert,
-            timeout=policy.reconcile_timeout,
-            lease=policy.lease,
-            retention=policy.retention,
-        )
-        if resolution.claim is not None and resolution.claim.token is not None:
-            # Not happened: nothing runs the tool from here. Released, the retry runs it.
-            with saying(reconciled=resolution.answer):
-                await store.release(record.key, resolution.claim.token)
+        # Its events name the server (a claim's), and the operator (the verdict's).
+        with saying(server=name, by=by, reason=reason):
+            doubtful = await _now_unknown(store, record)
+            if doubtful is None:
+                done.append(dataclasses.replace(found, answer="lost"))
+                continue
+            resolution = await resolve(
+                store,
+                doubtful,
+                reconciler,
+                tool=tool_name,
+                key=None,
+                arguments=None,
+                convert=guarded.convert,
+                timeout=policy.reconcile_timeout,
+                lease=policy.lease,
+                retention=policy.retention,
+            )
+            if resolution.claim is not None and resolution.claim.token is not None:
+                # Not happened: nothing runs the tool from here. Released, the retry runs it.
+                with saying(reconciled=resolution.answer):
+                    await store.release(record.key, resolution.claim.token)
         applied = resolution.answer in (Verdict.HAPPENED.value, Verdict.NOT_HAPPENED.value)
-        done.append(Reconciliation(record.key, record.tool, resolution.answer, applied))
+        done.append(dataclasses.replace(found, answer=resolution.answer, applied=applied))
     return done

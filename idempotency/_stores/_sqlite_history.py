@@ -18,6 +18,7 @@ from __future__ import annotations
 import sqlite3
 
 from . import history as chain
+from .audit_key import AuditKey, record_mac
 from .history import HISTORY_GRACE, AuditEntry, Said
 from .store import Record
 
@@ -67,14 +68,15 @@ def observe(
     return key, before, after, answer, chain.said(), now
 
 
-def keep(conn: sqlite3.Connection, seen: list[Seen]) -> None:
+def keep(conn: sqlite3.Connection, seen: list[Seen], audit_key: AuditKey | None = None) -> None:
     """The events of a batch's transitions, written in its transaction (three statements for
-    the batch, whatever its size)."""
+    the batch, whatever its size); MACed and sealed with `audit_key`, if any."""
     texts = _load(conn, list(dict.fromkeys(item[0] for item in seen)))
     rows: dict[str, tuple[str, str | None, str, float | None]] = {}
     audit: list[tuple[float, str, str | None, str]] = []
     for key, before, after, answer, said, now in seen:
-        text, added = chain.note(texts.get(key, ""), before, after, answer, now, said)
+        mac = record_mac(audit_key, key)
+        text, added = chain.note(texts.get(key, ""), before, after, answer, now, said, mac)
         if not added:
             continue
         texts[key] = text
@@ -91,14 +93,18 @@ def keep(conn: sqlite3.Connection, seen: list[Seen]) -> None:
         conn.executemany("INSERT INTO audit (at, key, tool, line) VALUES (?,?,?,?)", audit)
 
 
-def purged(conn: sqlite3.Connection, gone: list[Record], now: float) -> None:
+def purged(
+    conn: sqlite3.Connection, gone: list[Record], now: float, audit_key: AuditKey | None = None
+) -> None:
     """Records `purge_expired` deleted: a purged event each, their histories kept a grace
     longer; histories past theirs and audit entries past the cap go (same transaction)."""
     texts = _load(conn, [record.key for record in gone])
     rows = []
     audit = []
     for record in gone:
-        text = chain.purged(texts.get(record.key, ""), record, now)
+        text = chain.purged(
+            texts.get(record.key, ""), record, now, record_mac(audit_key, record.key)
+        )
         rows.append((record.key, record.tool, text, now + HISTORY_GRACE))
         audit.append((now, record.key, record.tool, chain.last_line(text)))
     conn.executemany(

@@ -58,9 +58,10 @@ Work = Callable[[sqlite3.Connection], T]
 #: A transition's decision: the record as it is now (None: none) to (its new value or None to
 #: leave it as it is, the caller's answer). Pure apart from reading the clock.
 Step = Callable[[Record | None], tuple[Record | None, T]]
-#: The store's side of a batch: the rows of some keys (those that exist), a row as a Record
-#: (or CorruptRecord), and writing Records back.
-Load = Callable[[sqlite3.Connection, list[str]], dict[str, tuple[object, ...]]]
+#: The store's side of a batch: the rows of some keys (those that exist; a Record where the
+#: store has one already, such as what it remembers of a purged record), a row as a Record (or
+#: CorruptRecord), and writing Records back.
+Load = Callable[[sqlite3.Connection, list[str]], dict[str, tuple[object, ...] | Record]]
 Decode = Callable[[str, tuple[object, ...]], Record]
 Save = Callable[[sqlite3.Connection, list[Record]], None]
 #: What a transition leaves besides its record (its history events): `observe` runs in the

@@ -13,7 +13,7 @@ result or a raw key, as in the stream itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from opentelemetry._logs import Logger, LogRecord, SeverityNumber, get_logger
 
@@ -22,8 +22,9 @@ from .history import AuditEntry
 _logger = get_logger("mcp-once.audit")
 
 
-def attributes(found: AuditEntry) -> dict[str, str | int | float]:
-    """The log record's attributes for one audit entry."""
+def attributes(found: AuditEntry, server: str | None = None) -> dict[str, str | int | float]:
+    """The log record's attributes for one audit entry; `server`: its record's server, as the
+    record's history names it (`audit --json`'s `server`)."""
     event = found.event
     fields: dict[str, str | int | float] = {
         "mcp_once.audit.id": found.id,
@@ -40,13 +41,20 @@ def attributes(found: AuditEntry) -> dict[str, str | int | float]:
     if event.written != event.at:  # an updated count: the record is the update's, `at` the first
         fields["mcp_once.at"] = event.at
     fields.update({f"mcp_once.{name}": value for name, value in event.details.items()})
+    if server is not None:
+        fields["mcp_once.server"] = server
     return fields
 
 
-def export(entries: Iterable[AuditEntry], logger: Logger | None = None) -> int:
+def export(
+    entries: Iterable[AuditEntry],
+    logger: Logger | None = None,
+    servers: Mapping[str, str | None] | None = None,
+) -> int:
     """Emit one log record per entry, timed when its line was written (a replay or refusal
     counted again is an update `audit --follow` reads as it arrives: its log record is the
-    update's, at `last_at`, with the event's first time as `mcp_once.at`); returns how many."""
+    update's, at `last_at`, with the event's first time as `mcp_once.at`); returns how many.
+    `servers`: the server of each record (by store key), as `mcp_once.server`."""
     target = logger or _logger
     count = 0
     for found in entries:
@@ -56,7 +64,7 @@ def export(entries: Iterable[AuditEntry], logger: Logger | None = None) -> int:
                 severity_number=SeverityNumber.INFO,
                 severity_text="INFO",
                 body=f"{found.event.kind}: record {found.key}",
-                attributes=attributes(found),
+                attributes=attributes(found, (servers or {}).get(found.key)),
             )
         )
         count += 1

@@ -2,8 +2,8 @@
 
 Why a text of lines, the same on every backend: the memory store keeps it in a dict, SQLite in a
 row of its `history` table, Redis in one string beside the record (`scripts/lib.lua` mirrors
-`append` in Lua), so one parser (`parse`) and one checker (`verify`) read them all, and what
-`mcp-once keys history` prints does not depend on where the store lives.
+`append` in Lua), so one parser (`parse`) and one checker (`history_verify.check`) read them
+all, and what `mcp-once keys history` prints does not depend on where the store lives.
 
 A line is ``[^PREV|]AT|KIND|FENCE|ATTEMPT|DETAILS|DIGEST``:
 
@@ -15,8 +15,12 @@ A line is ``[^PREV|]AT|KIND|FENCE|ATTEMPT|DETAILS|DIGEST``:
 * ``^PREV|``: only on the first line kept once older lines were dropped (a history is bounded,
   `MAX_EVENTS`), so the chain still starts from a known digest.
 
-Never an argument, a result or a raw key: sizes, durations, codes, digests. The record's key is
-already a digest of (scope, tool, key), and is the history's name, not part of its lines.
+Never an argument, a result or a raw key: sizes, durations, codes, digests, names. The record's
+key is already a digest of (scope, tool, key), and is the history's name, not part of its lines.
+So every claimed event names the server that claimed (``v=NAME``, read as ``server``): the
+record's layout does not hold it, and operator tools must act within one server's records
+(rule 25: `keys reconcile` asks a server's reconcilers only about records whose history names
+it; `servers`).
 
 Rule 19's reconciliation leaves two events. Its claim of the UNKNOWN record (`reconcile`) is a
 ``claimed`` event for the new fence, why ``reconcile``; the verdict, written by the transition that
@@ -26,13 +30,30 @@ for the record left UNKNOWN). Redis scripts do the same: `reconcile.lua` writes 
 and `complete.lua`, `release.lua` and `leave_unknown.lua` a ``reconciled`` one when the caller
 said ``a=ANSWER``.
 
+A result the tool passed on from the server it called, which that server replayed (the proxy's
+upstream answering from its own record), is completed inside ``saying(upstream="replayed")``: its
+``completed`` event says ``upstream=replayed`` (`complete.lua` reads ``u=`` from what was said).
+
 A holder that gives its execution up as unknown (the guard's `OutcomeLost`: a proxy's upstream
 died mid-call) turns the record UNKNOWN with `leave_unknown` inside ``saying(why=...)``: an
-``interrupted`` event with that why, where a lease that ran out leaves ``lease ran out``.
+``interrupted`` event with that why (the holder's words, which a re-send's -32012 repeats:
+`interruption`), and ``ended=yes`` where the holder knows nothing of the execution can still be
+running (an operator may then settle it as failed at once), where a lease that ran out leaves
+``lease ran out``.
 
 Replays and refusals are counted, not listed (rule 20): one of them that repeats the last line
 (same kind, fence and code) replaces it with its count and last time, so a hot key's history does
 not grow. The replaced line is re-chained from the same predecessor.
+
+With an audit key (`audit_key.py`) DIGEST is the record's HMAC of the same text instead, and the
+history starts with a seal, ``#KEYID|COUNT|ADOPTED|HEAD|MAC``, rewritten by every event with a
+MAC over ``seal|KEYID|COUNT|ADOPTED|HEAD``: COUNT lines follow, the newest with digest HEAD, and
+the first ADOPTED of them were found unsealed (written before the key, or by a writer without
+it) and carry plain digests. A writer carries COUNT and ADOPTED over from the seal it finds and
+never recounts them, so lines cut out stay a difference between the seal and the lines for as
+long as the history lasts. A writer without the key keeps a seal it finds as it is (a seal that
+no longer matches: `history_verify.py` reads it). Without a key nothing changes: no seal, and
+the same lines as before.
 """
 
 from __future__ import annotations
@@ -47,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 from urllib.parse import quote, unquote
 
+from .audit_key import AuditKey, RecordMac, record_mac
 from .store import ClaimOutcome, ClaimStatus, Record, RecordState
 
 #: Events a record's history keeps; older ones are dropped (the chain is anchored, see above).
@@ -57,6 +79,8 @@ HISTORY_GRACE = 24 * 3600.0
 #: Entries an audit stream keeps (per Redis stream; the SQLite table and memory list too).
 AUDIT_MAX_ENTRIES = 100_000
 DIGEST_CHARS = 16
+#: A keyed history's first line, its seal, starts with it (an event line starts with a digit).
+SEAL_MARK = "#"
 
 #: Event kinds as operators read them (issue 37 names them: a contract) and as stored.
 KINDS: dict[str, str] = {
@@ -138,13 +162,24 @@ class Said:
 
     #: released: why (effect_free, nothing_done, cancelled, ...).
     why: str | None = None
-    #: claimed: a digest of the caller's scope.
+    #: claimed: a digest of the caller's scope, its server's name (`CallScope.server`), so that
+    #: a record knows its server (rule 25: operator tools act within one server's records), and
+    #: a digest of its authenticated principal (if any).
     scope: str | None = None
-    #: settled: by whom, and why.
+    server: str | None = None
+    principal: str | None = None
+    #: settled, and reconciled by an operator (`keys reconcile`): by whom, and why.
     by: str | None = None
     reason: str | None = None
     #: A transition that is a reconciliation (issue 36): the system of record's answer.
     reconciled: str | None = None
+    #: interrupted: "yes" when the holder knows its execution is over (`OutcomeLost.ended`).
+    ended: str | None = None
+    #: settled: "settled" when this settle replaces an operator's earlier one.
+    replaces: str | None = None
+    #: completed: the result is the replay of the server the tool called ("replayed": the proxy's
+    #: upstream answered from its own record, rule 18).
+    upstream: str | None = None
 
 
 _NOTHING_SAID = Said()
@@ -177,8 +212,20 @@ def said() -> Said:
     return _said.get() or _NOTHING_SAID
 
 
+@contextmanager
+def replacing_settle(fence: int | None) -> Iterator[None]:
+    """Inside a store's `settle`: say that it replaces an operator's earlier settle, when it
+    does (`replacing` given), for its settled event."""
+    if fence is None:
+        yield
+        return
+    with saying(replaces="settled"):
+        yield
+
+
 def scope_digest(scope: str) -> str:
-    """The caller's scope as the history keeps it: a digest, never the principal itself."""
+    """The caller's scope (or its principal's canonical text) as the history keeps it: a digest,
+    never the principal itself."""
     return hashlib.sha256(scope.encode()).hexdigest()[:DIGEST_CHARS]
 
 
@@ -230,8 +277,9 @@ def events(
         and before.state is RecordState.IN_PROGRESS
         and not isinstance(answer, ClaimOutcome)
     ):
-        verdict = ("K", before.fence, before.attempts, details(a=told.reconciled))
-        after_it = events(before, after, answer, said=Said(why=told.why), started=started)
+        verdict = ("K", before.fence, before.attempts, reconciled(told))
+        rest = Said(why=told.why, upstream=told.upstream)
+        after_it = events(before, after, answer, said=rest, started=started)
         return [verdict, *after_it]
     if isinstance(answer, ClaimOutcome):
         return _claim_events(before, after, answer, told)
@@ -240,17 +288,22 @@ def events(
     if before.state is RecordState.UNKNOWN and after.state is not RecordState.UNKNOWN:
         info = settled(after.state is RecordState.COMPLETED, told)
         return [("S", before.fence, before.attempts, info)]
+    if told.replaces is not None and before.state is RecordState.COMPLETED:
+        # An operator's settle corrected (`KeyStore.settle(..., replacing=)`).
+        info = settled(after.state is RecordState.COMPLETED, told)
+        return [("S", before.fence, before.attempts, info)]
     if before.state is not RecordState.IN_PROGRESS:
         return []
     if after.state is RecordState.COMPLETED:
         size = len(after.result or b"")
         took = round((after.updated_at - (started or before.created_at)) * 1000)
-        return [("D", after.fence, after.attempts, details(s=str(size), d=str(took)))]
+        done = details(s=str(size), d=str(took), u=told.upstream)
+        return [("D", after.fence, after.attempts, done)]
     if after.state is RecordState.RELEASED:
         return [("R", before.fence, before.attempts, details(w=told.why or "released"))]
     if after.state is RecordState.UNKNOWN and told.why is not None:
         # Its holder gave the execution up as unknown (`OutcomeLost`), before its lease ran out.
-        return [("I", before.fence, before.attempts, details(w=told.why))]
+        return [("I", before.fence, before.attempts, details(w=told.why, e=told.ended))]
     return []
 
 
@@ -263,12 +316,12 @@ def _claim_events(
         if outcome.took_over and before is not None and before.state is RecordState.UNKNOWN:
             # Rule 19: claimed for its reconciliation (`reconcile`); its lost lease is already
             # in the history.
-            return [("C", outcome.fence, outcome.attempts, details(p=told.scope, w="reconcile"))]
-        claimed = ("C", outcome.fence, outcome.attempts, details(p=told.scope))
+            return [("C", outcome.fence, outcome.attempts, claimed(told, "reconcile"))]
+        claimed_event = ("C", outcome.fence, outcome.attempts, claimed(told))
         if outcome.took_over and before is not None:
             lost = ("L", before.fence, before.attempts, details(w="taken_over"))
-            return [lost, claimed]
-        return [claimed]
+            return [lost, claimed_event]
+        return [claimed_event]
     if status is ClaimStatus.REPLAY:
         return [("P", outcome.fence or 0, outcome.attempts, "")]
     if (
@@ -284,9 +337,21 @@ def _claim_events(
     return [("X", before.fence, before.attempts, details(c=code))]
 
 
+def claimed(told: Said, why: str | None = None) -> str:
+    """DETAILS of a claimed event: the claimer's scope digest, its server's name, its
+    principal's digest, and why when it is not a plain call's claim (`reconcile`)."""
+    return details(p=told.scope, v=told.server, i=told.principal, w=why)
+
+
+def reconciled(told: Said) -> str:
+    """DETAILS of a reconciled event: the answer, and who asked when an operator did."""
+    return details(a=told.reconciled, b=told.by, r=told.reason)
+
+
 def settled(done: bool, told: Said) -> str:
     """DETAILS of a settled event: as done or failed, by whom, why."""
-    return details(a="done" if done else "failed", b=told.by, r=told.reason)
+    answer = "done" if done else "failed"
+    return details(a=answer, b=told.by, r=told.reason, o=told.replaces)
 
 
 def details(**pairs: str | None) -> str:
@@ -304,31 +369,108 @@ def digest(prev: str, body: str) -> str:
     return hashlib.sha1(f"{prev}|{body}".encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def append(text: str, code: str, fence: int, attempt: int, info: str, now: float) -> str:
-    """`text` (a history, "" for none) with one more event, chained, counted or bounded."""
+def append(
+    text: str,
+    code: str,
+    fence: int,
+    attempt: int,
+    info: str,
+    now: float,
+    mac: RecordMac | None = None,
+) -> str:
+    """`text` (a history, "" for none) with one more event, chained, counted or bounded; with
+    `mac` (the record's history key) linked by MACs and sealed (see the module doc)."""
+    seal, text = peel(text)
     at = str(round(now * 1000))
     lines = text.split("\n") if text else []
-    last = _split(lines[-1]) if lines else None
-    if last is not None and code in COUNTED and _repeats(last, code, fence, info):
+    found = len(lines)
+    last = split_line(lines[-1]) if lines else None
+    replaced = last is not None and code in COUNTED and _repeats(last, code, fence, info)
+    if replaced:
+        assert last is not None
         count = int(_pairs(last[5]).get("n", "1")) + 1
         info = ",".join(p for p in (info, f"n={count}", f"l={at}") if p)
         lines.pop()
-        prev = last[0] if last[0] is not None else (_split(lines[-1])[6] if lines else "")
+        prev = last[0] if last[0] is not None else (split_line(lines[-1])[6] if lines else "")
         anchored = last[0] is not None
         at = last[1]  # a counted line keeps its first time; `l` is the last one
     else:
         prev = last[6] if last is not None else ""
         anchored = False
     body = f"{at}|{code}|{fence}|{attempt}|{info}"
-    line = f"{body}|{digest(prev, body)}"
+    line = f"{body}|{digest(prev, body) if mac is None else mac.link(prev, body)}"
     lines.append(f"^{prev}|{line}" if anchored else line)
-    if len(lines) > MAX_EVENTS:
+    dropped = max(0, len(lines) - MAX_EVENTS)
+    if dropped:
         # The first line kept names its predecessor's digest: the chain stays checkable.
-        dropped = _split(lines[-MAX_EVENTS - 1])
-        lines = lines[-MAX_EVENTS:]
+        before = split_line(lines[dropped - 1])
+        lines = lines[dropped:]
         if not lines[0].startswith("^"):
-            lines[0] = f"^{dropped[6]}|{lines[0]}"
-    return "\n".join(lines)
+            lines[0] = f"^{before[6]}|{lines[0]}"
+    joined = "\n".join(lines)
+    if mac is None:
+        return joined if seal is None else f"{seal}\n{joined}"
+    count, adopted = _carried(seal, mac, found)
+    if not replaced:
+        count += 1
+    elif adopted == count:  # the line replaced was an adopted one; its successor is keyed
+        adopted -= 1
+    count = max(0, count - dropped)
+    adopted = min(count, max(0, adopted - dropped))
+    return f"{sealed(mac, count, adopted, split_line(lines[-1])[6])}\n{joined}"
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """A keyed history's first line, read back (see the module doc)."""
+
+    key_id: str
+    count: int
+    adopted: int
+    head: str
+    mac: str
+
+    @property
+    def fields(self) -> str:
+        """What its MAC is over (after "seal|")."""
+        return f"{self.key_id}|{self.count}|{self.adopted}|{self.head}"
+
+
+def peel(text: str) -> tuple[str | None, str]:
+    """(the history's seal line, or None when it has none; its event lines)."""
+    if not text.startswith(SEAL_MARK):
+        return None, text
+    first, _, rest = text.partition("\n")
+    return first, rest
+
+
+def read_seal(line: str) -> Seal:
+    """A seal line's fields; `ValueError` when it is not one."""
+    parts = line[len(SEAL_MARK) :].split("|")
+    if len(parts) != 5 or not all(parts) or not (parts[1].isdigit() and parts[2].isdigit()):
+        raise ValueError(f"not a seal: {line!r}")
+    key_id, count, adopted, head, mac = parts
+    return Seal(key_id, int(count), int(adopted), head, mac)
+
+
+def sealed(mac: RecordMac, count: int, adopted: int, head: str) -> str:
+    """The seal line of a history of `count` lines (the first `adopted` unkeyed) ending at
+    `head`."""
+    fields = f"{mac.key_id}|{count}|{adopted}|{head}"
+    return f"{SEAL_MARK}{fields}|{mac.seal(fields)}"
+
+
+def _carried(seal: str | None, mac: RecordMac, found: int) -> tuple[int, int]:
+    """(count, adopted) a keyed writer goes on from: those of its own key's seal, else (no
+    seal, another key's, an unreadable one) every one of the `found` lines, adopted."""
+    if seal is not None:
+        try:
+            mine = read_seal(seal)
+        except ValueError:
+            return found, found
+        if mine.key_id == mac.key_id:
+            return mine.count, mine.adopted
+    return found, found
 
 
 def _repeats(last: tuple[str | None, ...], code: str, fence: int, info: str) -> bool:
@@ -344,7 +486,7 @@ def _pairs(info: str | None) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in info.split(","))
 
 
-def _split(line: str) -> tuple[str | None, str, str, str, str, str, str]:
+def split_line(line: str) -> tuple[str | None, str, str, str, str, str, str]:
     """(anchor prev or None, at, code, fence, attempt, details, digest)."""
     anchor: str | None = None
     if line.startswith("^"):
@@ -357,15 +499,17 @@ def _split(line: str) -> tuple[str | None, str, str, str, str, str, str]:
 
 
 def parse(text: str | None) -> list[Event]:
-    """The events of a history, oldest first; none for a record written before histories (or
-    whose history is gone). A line that cannot be read raises `ValueError` naming it."""
+    """The events of a history, oldest first (its seal, if any, is not one: `history_verify`
+    reads it); none for a record written before histories (or whose history is gone). A line
+    that cannot be read raises `ValueError` naming it."""
+    text = peel(text or "")[1]
     if not text:
         return []
     found: list[Event] = []
     prev = ""
     for index, line in enumerate(text.split("\n")):
         try:
-            anchor, at, code, fence, attempt, info, dig = _split(line)
+            anchor, at, code, fence, attempt, info, dig = split_line(line)
             event = Event(
                 at=int(at) / 1000,
                 kind=KINDS.get(code, code),
@@ -387,6 +531,8 @@ def parse(text: str | None) -> list[Event]:
 #: DETAILS' keys as operators read them.
 NAMES = {
     "p": "scope",
+    "v": "server",
+    "i": "principal",
     "s": "result_bytes",
     "d": "duration_ms",
     "n": "count",
@@ -396,6 +542,9 @@ NAMES = {
     "a": "answer",
     "b": "by",
     "r": "reason",
+    "u": "upstream",
+    "e": "ended",
+    "o": "replaces",
 }
 
 
@@ -408,33 +557,59 @@ def _named(code: str, pairs: dict[str, str]) -> dict[str, str]:
     return named
 
 
-def verify(text: str | None) -> str | None:
-    """None when the history's chain holds; else which event breaks it and how."""
+def servers(text: str | None) -> list[str]:
+    """The servers a record's claimed events name, oldest first, each once: one for a record
+    claimed only by its own server (the scope holds the server's name); none when its history
+    is gone or holds no claimed event that names one (an earlier release, or dropped lines)."""
+    found: list[str] = []
+    for event in parse(text):
+        name = event.details.get("server") if event.kind == "claimed" else None
+        if name is not None and name not in found:
+            found.append(name)
+    return found
+
+
+async def servers_of(store: object, key: str) -> list[str]:
+    """The servers the history of the record `key` names (`servers`); none when the store keeps
+    no history or the history cannot be read (`mcp-once audit verify` names that one)."""
+    if not isinstance(store, AuditedStore):
+        return []
     try:
-        found = parse(text)
-    except ValueError as exc:
-        return f"unreadable: {exc}"
-    prev = ""
-    for event in found:
-        anchor, at, code, fence, attempt, info, dig = _split(event.line)
-        if anchor is not None:
-            if event.index != 0:
-                return f"event {event.index} ({event.kind}) claims a new start mid-chain"
-            prev = anchor
-        body = f"{at}|{code}|{fence}|{attempt}|{info}"
-        if digest(prev, body) != dig:
-            return (
-                f"event {event.index} ({event.kind} at {event.at:.3f}) does not match its digest"
-                f" {dig}: changed, or chained to another predecessor"
-            )
-        prev = dig
+        return servers(await store.history(key))
+    except ValueError:
+        return []
+
+
+def interruption(text: str | None) -> Event | None:
+    """The `interrupted` event that left the record UNKNOWN, when that is its newest decision
+    (replays and refusals after it are counted, not decisions); None otherwise. `ValueError`
+    for a history that cannot be read."""
+    for event in reversed(parse(text)):
+        if CODES.get(event.kind) in COUNTED:
+            continue
+        return event if event.kind == KINDS["I"] else None
+    return None
+
+
+def settled_by_operator(text: str | None, fence: int) -> Event | None:
+    """The settled event that made a COMPLETED record of `fence` what it is, when an operator's
+    settle did (its newest decision; replays and refusals after it are counted, not decisions):
+    what `KeyStore.settle(..., replacing=fence)` may replace. None for an executed record (its
+    newest decision is `completed`) or one whose history is gone. `ValueError` for a history
+    that cannot be read."""
+    for event in reversed(parse(text)):
+        if CODES.get(event.kind) in COUNTED:
+            continue
+        settled = event.kind == KINDS["S"] and event.details.get("answer") == "done"
+        return event if settled and event.fence == fence else None
     return None
 
 
 def claimed_at(text: str) -> float | None:
     """When the newest claimed event of a history happened (seconds), if it has one."""
+    text = peel(text)[1]
     for line in reversed(text.split("\n") if text else []):
-        fields = _split(line)
+        fields = split_line(line)
         if fields[2] == "C":
             return int(fields[1]) / 1000
     return None
@@ -457,27 +632,30 @@ def note(
     answer: object,
     now: float,
     said: Said | None = None,
+    mac: RecordMac | None = None,
 ) -> tuple[str, list[str]]:
     """`text` with the events of one transition appended, and the lines added (for the audit
-    stream): the whole of what memory and SQLite do per transition."""
+    stream): the whole of what memory and SQLite do per transition (`mac`: the record's history
+    key, with an audit key)."""
     added: list[str] = []
     started = claimed_at(text) if isinstance(answer, bool) else None
     for code, fence, attempt, info in events(before, after, answer, said=said, started=started):
-        text = append(text, code, fence, attempt, info, now)
+        text = append(text, code, fence, attempt, info, now, mac)
         added.append(last_line(text))
     return text, added
 
 
-def purged(text: str, record: Record, now: float) -> str:
+def purged(text: str, record: Record, now: float, mac: RecordMac | None = None) -> str:
     """`text` with a purged event: the record is gone from the store, its history is kept."""
-    return append(text, "G", record.fence, record.attempts, "", now)
+    return append(text, "G", record.fence, record.attempts, "", now, mac)
 
 
 class Trail:
     """Histories and the audit stream of the memory store: a dict and a bounded list."""
 
-    def __init__(self, grace: float = HISTORY_GRACE) -> None:
+    def __init__(self, grace: float = HISTORY_GRACE, audit_key: AuditKey | None = None) -> None:
         self.histories: dict[str, str] = {}
+        self.audit_key = audit_key
         #: (id, at, key, tool, line), oldest first; at most AUDIT_MAX_ENTRIES.
         self.stream: deque[tuple[int, float, str, str | None, str]] = deque(
             maxlen=AUDIT_MAX_ENTRIES
@@ -490,13 +668,20 @@ class Trail:
     def note(
         self, key: str, before: Record | None, after: Record | None, answer: object, now: float
     ) -> None:
-        text, added = note(self.histories.get(key, ""), before, after, answer, now)
+        text, added = note(
+            self.histories.get(key, ""),
+            before,
+            after,
+            answer,
+            now,
+            mac=record_mac(self.audit_key, key),
+        )
         if added:
             record = after or before
             self._keep(key, text, record.tool if record else None, added, now)
 
     def purged(self, key: str, record: Record, now: float) -> None:
-        text = purged(self.histories.get(key, ""), record, now)
+        text = purged(self.histories.get(key, ""), record, now, record_mac(self.audit_key, key))
         self._keep(key, text, record.tool, [last_line(text)], now)
         self._forget_at[key] = now + self._grace
 

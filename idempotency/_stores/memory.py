@@ -3,17 +3,23 @@ that accept losing their records on restart."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator
 
 import anyio
 
+from . import audit_key as audit_keys
+from . import history as chain
 from . import transitions as rules
+from .audit_key import AuditKey
 from .history import AuditEntry, Trail
+from .mark import STORE_FORMAT, StoreMark
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
+    FENCE_MEMORY,
     ClaimOutcome,
     Clock,
     Limits,
@@ -24,7 +30,10 @@ from .store import (
     tool_label,
 )
 
-#: How long an abandoned IN_PROGRESS record and a release tombstone are kept.
+#: How long a released claim's tombstone is kept (`orphan_retention`): a retry of the call within
+#: it goes on counting its attempts (the same intent); after it, the record's fence is still
+#: remembered (`FENCE_MEMORY`). IN_PROGRESS and UNKNOWN records never expire (rule 25), so
+#: despite its name it applies to no orphaned claim.
 DEFAULT_ORPHAN_RETENTION = 24 * 3600.0
 
 
@@ -39,15 +48,24 @@ class MemoryKeyStore:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         orphan_retention: float = DEFAULT_ORPHAN_RETENTION,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`history`: keep each record's history and the audit stream (rule 20; on by
-        default, off only to measure what it costs)."""
+        default, off only to measure what it costs). `audit_key` (or `audit_key_file`, else
+        `$MCP_ONCE_AUDIT_KEY` or `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories
+        (`audit_key.py`)."""
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
         self._records: dict[str, Record] = {}
+        #: The last fence of each record purged, and when it expired (rule 25).
+        self._fences: dict[str, tuple[int, float]] = {}
         self._changed: dict[str, anyio.Event] = {}
-        self._trail = Trail() if history else None
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
+        self._trail = Trail(audit_key=self.audit_key) if history else None
+        self._mark: StoreMark | None = None
 
     def _note(self, key: str, new: Record | None, answer: object) -> None:
         """The transition's events, in the same step as its write (nothing runs in between)."""
@@ -72,14 +90,16 @@ class MemoryKeyStore:
         resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
+        now = self._clock()
+        if self._mark is None:
+            self._mark = StoreMark(STORE_FORMAT, now)
         new, outcome = rules.claim(
-            self._records.get(key),
+            self._records.get(key) or self._forgotten(key),
             key,
             fingerprint,
-            now=self._clock(),
+            now=now,
             lease=lease,
             takeover=takeover,
-            retention=self._orphan_retention,
             token=secrets.token_hex(16),
             tool=tool_label(tool),
             resend_only=resend_only,
@@ -89,14 +109,13 @@ class MemoryKeyStore:
             self._write(key, new)
         return outcome
 
+    def _forgotten(self, key: str) -> Record | None:
+        """What is kept of the purged record of `key` (`transitions.forgotten`), if anything."""
+        memo = self._fences.get(key)
+        return None if memo is None else rules.forgotten(key, *memo)
+
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
-        new = rules.renew(
-            self._records.get(key),
-            token,
-            now=self._clock(),
-            lease=lease,
-            retention=self._orphan_retention,
-        )
+        new = rules.renew(self._records.get(key), token, now=self._clock(), lease=lease)
         if new is None:
             return False
         self._records[key] = new
@@ -168,13 +187,18 @@ class MemoryKeyStore:
         found.sort(key=lambda r: (r.created_at, r.key))
         return found[:limit]
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         if result is not None:
             self._limits.check_result(result)
-        new = rules.settle(self._records.get(key), result, now=self._clock(), retention=retention)
+        record = self._records.get(key)
+        now = self._clock()
+        new = rules.settle(record, result, now=now, retention=retention, replacing=replacing)
         if new is None:
             return False
-        self._note(key, new, True)
+        with chain.replacing_settle(replacing):
+            self._note(key, new, True)
         self._write(key, new)
         return True
 
@@ -189,7 +213,6 @@ class MemoryKeyStore:
             now=self._clock(),
             token=secrets.token_hex(16),
             lease=lease,
-            retention=self._orphan_retention,
         )
         if new is not None:
             self._note(key, new, outcome)
@@ -209,11 +232,25 @@ class MemoryKeyStore:
         gone = [k for k, r in self._records.items() if rules.live(r, now) is None]
         for key in gone:
             record = self._records.pop(key)
+            assert record.expires_at is not None  # records without an expiry never expire
+            self._fences[key] = (record.fence, record.expires_at)
             if self._trail is not None:
                 self._trail.purged(key, record, now)
         if self._trail is not None:
             self._trail.forget_before(now)
+        for key in [k for k, (_, at) in self._fences.items() if at + FENCE_MEMORY <= now]:
+            del self._fences[key]
         return len(gone)
+
+    # -- the store's mark (`mark.py`) --------------------------------------------------------
+
+    async def mark(self) -> StoreMark | None:
+        """The mark this store made at its first claim; None before it."""
+        return self._mark
+
+    async def holds_anything(self) -> bool:
+        """Whether it keeps a record (in any state) or a history."""
+        return bool(self._records) or (self._trail is not None and bool(self._trail.histories))
 
     # -- history (rule 20) -----------------------------------------------------------------
 

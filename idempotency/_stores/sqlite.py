@@ -28,13 +28,20 @@ from typing import Literal, TypeVar
 import anyio
 
 from . import _sqlite_history as trail
+from . import _sqlite_mark as marks
+from . import audit_key as audit_keys
+from . import history as chain
 from . import transitions as rules
 from ._sqlite_writer import Writer
+from .audit_key import AuditKey
 from .history import AuditEntry
+from .mark import Marking, StoreMark
 from .memory import DEFAULT_ORPHAN_RETENTION
 from .store import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_RESULT_BYTES,
+    FENCE_MEMORY,
+    NEVER_EXPIRES,
     ClaimOutcome,
     Clock,
     CorruptRecord,
@@ -61,6 +68,8 @@ URL_OPTIONS: dict[str, Parser] = {
     "busy_timeout": number,
     "synchronous": str,  # checked by the constructor: "full" or "normal"
     "history": boolean,
+    "audit_key": str,  # checked by the constructor, which never quotes it
+    "audit_key_file": str,
 }
 
 #: "MCO1" in the file header: marks the file as ours, so a foreign database is refused, not used.
@@ -120,6 +129,18 @@ PRAGMA application_id = {APPLICATION_ID};
 PRAGMA user_version = {SCHEMA_VERSION};
 """
 
+#: The last fence of each record `purge_expired` removed, and when it expired: a claim of its
+#: key numbers the new execution above it for `FENCE_MEMORY` after that (rule 25). A table made
+#: in place, as the histories' are: a release before this one ignores it.
+_FENCES = """
+CREATE TABLE IF NOT EXISTS fences (
+    key TEXT PRIMARY KEY NOT NULL,
+    fence INTEGER NOT NULL,
+    expired_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS fences_by_expiry ON fences (expired_at);
+"""
+
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM records WHERE key = ?"
 #: Purge reads a placeholder instead of the result: validity needs its type, not its bytes.
 _PURGE_CANDIDATES = (
@@ -169,10 +190,14 @@ class SQLiteKeyStore:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`history`: keep each record's history and the audit stream (rule 20; tables
         `history` and `audit`, written in the transitions' own transactions). On by default;
-        off only to measure what it costs."""
+        off only to measure what it costs. `audit_key` (or `audit_key_file`, else
+        `$MCP_ONCE_AUDIT_KEY` or `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories
+        (`audit_key.py`)."""
         if not os.fspath(path):
             raise ValueError("the SQLite key store needs a file path")
         if busy_timeout < 0:
@@ -182,6 +207,8 @@ class SQLiteKeyStore:
                 f"synchronous must be one of {sorted(_SYNCHRONOUS)}, not {synchronous!r}"
             )
         self.path = Path(path)
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         self._clock = clock
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention = orphan_retention
@@ -197,10 +224,12 @@ class SQLiteKeyStore:
             decode=_decode,
             save=_save_many,
             observe=self._observe if history else None,
-            keep=trail.keep if history else None,
+            keep=functools.partial(trail.keep, audit_key=self.audit_key) if history else None,
         )
         self._history = history
         self._wakeups = _Wakeups()
+        #: The file's mark (`mark.py`), written once by this object, before its first claim.
+        self._marking = Marking()
 
     @classmethod
     def from_url(
@@ -214,6 +243,8 @@ class SQLiteKeyStore:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: Synchronous = "full",
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> SQLiteKeyStore:
         """`sqlite:///relative/file.db` or `sqlite:////absolute/file.db` (the SQLAlchemy and
         dj-database-url convention: three slashes, then the path as written).
@@ -240,6 +271,8 @@ class SQLiteKeyStore:
         resend_only: bool = False,
     ) -> ClaimOutcome:
         self._limits.check_key(key)
+        if not self._marking.done:
+            await self._marking(self._write_mark, str(self.path))
         token = secrets.token_hex(16)
         label = tool_label(tool)
 
@@ -251,7 +284,6 @@ class SQLiteKeyStore:
                 now=self._clock(),
                 lease=lease,
                 takeover=takeover,
-                retention=self._orphan_retention,
                 token=token,
                 tool=label,
                 resend_only=resend_only,
@@ -261,9 +293,7 @@ class SQLiteKeyStore:
 
     async def renew(self, key: str, token: str, *, lease: float) -> bool:
         def decide(record: Record | None) -> tuple[Record | None, bool]:
-            new = rules.renew(
-                record, token, now=self._clock(), lease=lease, retention=self._orphan_retention
-            )
+            new = rules.renew(record, token, now=self._clock(), lease=lease)
             return new, new is not None
 
         # A renewal changes nothing a waiter looks for, so it wakes no one.
@@ -297,15 +327,19 @@ class SQLiteKeyStore:
 
         return await self._transition(key, decide)
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         if result is not None:
             self._limits.check_result(result)
 
         def decide(record: Record | None) -> tuple[Record | None, bool]:
-            new = rules.settle(record, result, now=self._clock(), retention=retention)
+            now = self._clock()
+            new = rules.settle(record, result, now=now, retention=retention, replacing=replacing)
             return new, new is not None
 
-        return await self._transition(key, decide)
+        with chain.replacing_settle(replacing):
+            return await self._transition(key, decide)
 
     async def reconcile(
         self, key: str, fingerprint: str, fence: int, *, lease: float
@@ -320,7 +354,6 @@ class SQLiteKeyStore:
                 now=self._clock(),
                 token=token,
                 lease=lease,
-                retention=self._orphan_retention,
             )
 
         return await self._transition(key, decide)
@@ -403,14 +436,17 @@ class SQLiteKeyStore:
                 gone = []
                 for row in rows:
                     try:
-                        gone.append(_decode(str(row[0]), row[1:]))
+                        record = _decode(str(row[0]), row[1:])
                     except CorruptRecord:
                         continue
+                    if rules.live(record, now) is None:  # not an in-doubt record: they stay
+                        gone.append(record)
                 conn.executemany(
                     "DELETE FROM records WHERE key = ?", [(record.key,) for record in gone]
                 )
+                _remember_fences(conn, gone, now)
                 if self._history:
-                    trail.purged(conn, gone, now)
+                    trail.purged(conn, gone, now, self.audit_key)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -429,6 +465,20 @@ class SQLiteKeyStore:
             if not last:
                 return purged
             after = (last[_EXPIRES_AT], str(last[0]))
+
+    # -- the store's mark (`mark.py`) ------------------------------------------------------
+
+    async def _write_mark(self) -> None:
+        # Shielded as the claim after it is: a claim made in a cancelled scope still lands.
+        await self._writer.run(lambda conn: marks.write(conn, self._clock()), shield=True)
+
+    async def mark(self) -> StoreMark | None:
+        """The file's mark (its `meta` table); None before its first claim."""
+        return await self._writer.run(marks.read)
+
+    async def holds_anything(self) -> bool:
+        """Whether the file keeps a record (in any state) or a history."""
+        return await self._writer.run(lambda conn: marks.holds_anything(conn, trail.missing(conn)))
 
     # -- history (rule 20) ---------------------------------------------------------------
 
@@ -558,10 +608,10 @@ def listing_query(
     reading its first rows does not sort them all (`tests/store/test_sqlite_store.py` reads its
     plan)."""
     sql = (
-        f"SELECT {_COLUMNS} FROM records"
-        " WHERE state IS NOT ? AND (expires_at IS NULL OR expires_at > ?)"
+        f"SELECT {_COLUMNS} FROM records WHERE state IS NOT ?"
+        " AND (state = ? OR expires_at IS NULL OR expires_at > ?)"
     )
-    args: list[object] = [RecordState.RELEASED.value, now]
+    args: list[object] = [RecordState.RELEASED.value, RecordState.IN_PROGRESS.value, now]
     if state is not None:
         sql += " AND state = ?"
         args.append(state.value)
@@ -602,6 +652,8 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
         and not _missing_columns(conn)
         and not _missing_indexes(conn)
         and not trail.missing(conn)
+        and _has_fences(conn)
+        and not marks.missing(conn)
     ):
         return
     # An empty file gets the schema, a file of an earlier release the columns added since: under
@@ -618,11 +670,28 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
             conn.execute(f"CREATE INDEX {index} ON {_ADDED_INDEXES[index]}")
         # Tables added since, made in place: a release before ignores tables it does not know.
         trail.create(conn)
+        for statement in _FENCES.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        marks.create(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _has_fences(conn: sqlite3.Connection) -> bool:
+    found = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='fences'")
+    return found.fetchone() is not None
+
+
+def _remember_fences(conn: sqlite3.Connection, gone: list[Record], now: float) -> None:
+    """Keep the last fence of each record `purge_expired` removes (and forget those kept past
+    their time), in its transaction."""
+    kept = [(r.key, r.fence, r.expires_at) for r in gone]
+    conn.executemany("INSERT OR REPLACE INTO fences (key, fence, expired_at) VALUES (?,?,?)", kept)
+    conn.execute("DELETE FROM fences WHERE expired_at <= ?", (now - FENCE_MEMORY,))
 
 
 def _missing_columns(conn: sqlite3.Connection) -> list[str]:
@@ -669,15 +738,23 @@ def _load(conn: sqlite3.Connection, key: str) -> Record | None:
 _LOAD_CHUNK = 500
 
 
-def _load_many(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Row]:
+def _load_many(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Row | Record]:
     """The rows of those of `keys` that have one, undecoded (a corrupt one fails only the
-    transitions on its key)."""
-    rows: dict[str, Row] = {}
+    transitions on its key); for a key without one, what is kept of its purged record
+    (`transitions.forgotten`: its last fence, and when it expired)."""
+    rows: dict[str, Row | Record] = {}
     for start in range(0, len(keys), _LOAD_CHUNK):
         chunk = keys[start : start + _LOAD_CHUNK]
         sql = f"SELECT {_COLUMNS} FROM records WHERE key IN ({','.join('?' * len(chunk))})"
         for row in conn.execute(sql, chunk):
             rows[str(row[0])] = row[1:]
+    absent = [key for key in keys if key not in rows]
+    for start in range(0, len(absent), _LOAD_CHUNK):
+        chunk = absent[start : start + _LOAD_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        sql = f"SELECT key, fence, expired_at FROM fences WHERE key IN ({marks})"
+        for key, fence, expired_at in conn.execute(sql, chunk):
+            rows[str(key)] = rules.forgotten(str(key), int(fence), float(expired_at))
     return rows
 
 
@@ -697,7 +774,8 @@ def _encode(record: Record) -> Row:
         record.updated_at,
         record.lease_deadline,
         record.completed_at,
-        record.expires_at,
+        # What the previous release needs to read an IN_PROGRESS record (`NEVER_EXPIRES`).
+        NEVER_EXPIRES if record.state is RecordState.IN_PROGRESS else record.expires_at,
         record.result,
         record.tool,
         1 if record.delivered else None,
@@ -753,7 +831,9 @@ def _decode(key: str, row: Row) -> Record:
         raise CorruptRecord(key, "an in-progress record without a token or a lease deadline")
     if record_state is RecordState.COMPLETED and (result is None or completed is None):
         raise CorruptRecord(key, "a completed record without a result or a completion time")
-    if record_state is not RecordState.UNKNOWN and expires is None:
+    if record_state is RecordState.IN_PROGRESS:
+        expires = None  # kept until it ends (rule 25): whatever expiry an older release wrote
+    elif record_state is not RecordState.UNKNOWN and expires is None:
         raise CorruptRecord(key, f"a {record_state.value} record without an expiry")
     return Record(
         key,

@@ -28,6 +28,15 @@ DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 #: Longest tool name a record keeps, in UTF-8 bytes (see `tool_label`). MCP asks for names of at
 #: most 128 characters from [A-Za-z0-9_.-], so every conforming name is kept whole.
 MAX_TOOL_BYTES = 255
+#: How long a store remembers a record's last fence after the record itself expired (seconds):
+#: a claim of its key within that time gets a higher fence (rule 25: a key's fence never
+#: repeats). A day, as a record's history outlives it (`history.HISTORY_GRACE`); what it costs
+#: per record is in docs/guarantee.md.
+FENCE_MEMORY = 24 * 3600.0
+#: The expiry stored in an IN_PROGRESS record (seconds since the epoch, year 2286), which has
+#: none: the previous release refuses an IN_PROGRESS record without one, and reads this as a
+#: deadline it never reaches. This release reads an IN_PROGRESS record's expiry as None.
+NEVER_EXPIRES = 1e10
 
 
 class RecordState(enum.StrEnum):
@@ -66,6 +75,9 @@ class ClaimOutcome:
     attempts: int = 0
     #: BUSY: seconds until the running attempt's lease ends (a hint, never negative).
     retry_after: float | None = None
+    #: UNKNOWN: this claim found the lease run out and turned the record UNKNOWN (the first
+    #: to learn it is in doubt); False when it was UNKNOWN already.
+    turned_unknown: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +94,9 @@ class Record:
     updated_at: float
     lease_deadline: float | None
     completed_at: float | None
-    #: When the store forgets the record; None for UNKNOWN (kept until settled).
+    #: When the store forgets the record; None for UNKNOWN and IN_PROGRESS, which are kept until
+    #: completed, settled or reconciled (an IN_PROGRESS record whose lease ran out is in doubt
+    #: as an UNKNOWN one is). A forgotten record's fence is remembered (`FENCE_MEMORY`).
     expires_at: float | None
     result: bytes | None
     #: The tool the record is for (see `tool_label`), so that an operator listing records sees
@@ -286,19 +300,28 @@ class KeyStore(Protocol):
         or before `created_before` (seconds since the epoch), at most `limit` of them, oldest
         first (by `created_at`, then key).
 
-        Which `limit` records, when more match: the oldest ones, unless the store's class says
-        `lists_oldest_first = False`. Such a store (`RedisKeyStore`: finding the oldest of a
-        million would mean reading the million) answers with the first `limit` matches its scan
-        meets, sorted oldest first among themselves; when fewer than `limit` match, it answered
-        with all of them, as every store does. A listing should cost about what it returns, not
-        what the store holds: SQLite reads an index in `created_at` order and stops at `limit`,
-        Redis stops scanning. A store without the attribute lists oldest first (every store
-        before it did); a store written before `created_before` is only asked without it."""
+        Which `limit` records, when more match: the oldest ones, unless the store's
+        `oldest_first(state)` says False for that state. Such a listing (`RedisKeyStore`'s but
+        for its in-doubt index: finding the oldest of a million would mean reading the million)
+        answers with the first `limit` matches the store's scan meets, sorted oldest first among
+        themselves; when fewer than `limit` match, it answered with all of them, as every store
+        does. A listing should cost about what it returns, not what the store holds: SQLite
+        reads an index in `created_at` order and stops at `limit`, Redis stops scanning. A
+        store without `oldest_first` lists oldest first (every store before it did); a store
+        written before `created_before` is only asked without it."""
         ...
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         """Operator's verdict on an UNKNOWN record: completed with `result`, or failed (None),
-        which releases it so the next claim runs again."""
+        which releases it so the next claim runs again.
+
+        `replacing`: an operator's earlier settle is being corrected. The record may then also
+        be COMPLETED under exactly that fence: its result was put there by a settle, as the
+        caller read in its history (a settled event at that fence; an executed record's fence
+        never had one, and any later execution has a higher fence, so fencing on it is enough).
+        The new settled event says that it replaces the earlier one."""
         ...
 
     async def purge_expired(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from .store import ClaimOutcome, ClaimStatus, Record, RecordState, tool_label
+from .store import FENCE_MEMORY, ClaimOutcome, ClaimStatus, Record, RecordState, tool_label
 
 
 class _Keep(enum.Enum):
@@ -59,10 +59,30 @@ def _successor(
 
 
 def live(record: Record | None, now: float) -> Record | None:
-    """The record as a reader should see it: expired ones are gone, tombstones are kept."""
+    """The record as a reader should see it: expired ones are gone, tombstones are kept.
+    IN_PROGRESS and UNKNOWN records carry no expiry (rule 25: in doubt, never forgotten)."""
     if record is None:
         return None
     if record.expires_at is not None and record.expires_at <= now:
+        return None
+    return record
+
+
+def forgotten(key: str, fence: int, expired_at: float) -> Record:
+    """What a store keeps of a record it purged: its last fence and when it expired, as an
+    expired tombstone, so that the rules number the next execution of its key above it while
+    the fence is `remembered` (`memory.py`, `sqlite.py`'s `fences` table; Redis keeps a `:f`
+    key beside the record)."""
+    return Record(
+        key, RecordState.RELEASED, "", fence, 1, None, 0.0, 0.0, None, None, expired_at, None
+    )
+
+
+def remembered(record: Record | None, now: float) -> Record | None:
+    """An expired record (still stored, or `forgotten`) while its fence is remembered:
+    `FENCE_MEMORY` past its expiry. A claim of its key then starts a new intent (attempts
+    from 1) whose fence is above the record's last: a key's fence never repeats (rule 25)."""
+    if record is None or record.expires_at is None or record.expires_at + FENCE_MEMORY <= now:
         return None
     return record
 
@@ -97,7 +117,6 @@ def claim(
     now: float,
     lease: float,
     takeover: bool,
-    retention: float,
     token: str,
     tool: str | None = None,
     resend_only: bool = False,
@@ -107,7 +126,13 @@ def claim(
     `tool` (already a `tool_label`) goes into a new record, and into a record this claim writes
     that has none (an older release wrote it); a tool name already stored stays. `resend_only`:
     see `KeyStore.claim` (a delivered answer is replaced by a new execution, one not delivered
-    is replayed and counts as delivered from then on)."""
+    is replayed and counts as delivered from then on).
+
+    A claim of a key whose record expired (`record` is the expired record, or what the store
+    remembers of it: `forgotten`) starts a new intent: its fence one above the record's last
+    while that is `remembered`, its attempts counted from 1. An IN_PROGRESS record has no
+    expiry: it stays, its lease deadline saying when its holder is presumed gone (rule 25)."""
+    stored = record
     record = live(record, now)
     repeat = (
         resend_only
@@ -117,8 +142,11 @@ def claim(
         and record.fingerprint == fingerprint
     )
     if record is None or record.state is RecordState.RELEASED or repeat:
-        fence = (record.fence if record else 0) + 1
-        # A deliberate repeat is a call of its own: its executions are counted afresh.
+        # The fence goes on from the record's last, also from one expired (rule 25).
+        last = record or remembered(stored, now)
+        fence = (last.fence if last else 0) + 1
+        # A deliberate repeat, or a key whose record expired, is a call of its own: its
+        # executions are counted afresh. A released claim's retry goes on counting.
         attempts = 1 if repeat or record is None else record.attempts + 1
         fresh = Record(
             key=key,
@@ -131,7 +159,7 @@ def claim(
             updated_at=now,
             lease_deadline=now + lease,
             completed_at=None,
-            expires_at=now + lease + retention,
+            expires_at=None,
             result=None,
             tool=tool,
         )
@@ -163,7 +191,7 @@ def claim(
             token=token,
             retake=True,
             lease_deadline=now + lease,
-            expires_at=now + lease + retention,
+            expires_at=None,
             tool=tool,
         )
         return taken, ClaimOutcome(
@@ -176,7 +204,9 @@ def claim(
     lost = _successor(
         record, now, state=RecordState.UNKNOWN, token=None, expires_at=None, tool=tool
     )
-    return lost, ClaimOutcome(ClaimStatus.UNKNOWN, fence=record.fence, attempts=record.attempts)
+    return lost, ClaimOutcome(
+        ClaimStatus.UNKNOWN, fence=record.fence, attempts=record.attempts, turned_unknown=True
+    )
 
 
 def _held(record: Record | None, token: str, now: float) -> Record | None:
@@ -186,14 +216,12 @@ def _held(record: Record | None, token: str, now: float) -> Record | None:
     return record
 
 
-def renew(
-    record: Record | None, token: str, *, now: float, lease: float, retention: float
-) -> Record | None:
+def renew(record: Record | None, token: str, *, now: float, lease: float) -> Record | None:
     """The renewed record, or None when `token` no longer holds the claim."""
     held = _held(record, token, now)
     if held is None:
         return None
-    return _successor(held, now, lease_deadline=now + lease, expires_at=now + lease + retention)
+    return _successor(held, now, lease_deadline=now + lease, expires_at=None)
 
 
 def complete(
@@ -252,11 +280,20 @@ def tombstone(record: Record, *, now: float, retention: float) -> Record:
 
 
 def settle(
-    record: Record | None, result: bytes | None, *, now: float, retention: float
+    record: Record | None,
+    result: bytes | None,
+    *,
+    now: float,
+    retention: float,
+    replacing: int | None = None,
 ) -> Record | None:
-    """An operator's verdict on an UNKNOWN record; None when the record is not UNKNOWN."""
+    """An operator's verdict on an UNKNOWN record; None when the record is not UNKNOWN.
+    `replacing`: also on the record COMPLETED under that fence (`KeyStore.settle`)."""
     record = live(record, now)
-    if record is None or record.state is not RecordState.UNKNOWN:
+    if record is None:
+        return None
+    again = record.state is RecordState.COMPLETED and record.fence == replacing
+    if record.state is not RecordState.UNKNOWN and not again:
         return None
     if result is None:
         return tombstone(record, now=now, retention=retention)
@@ -280,7 +317,6 @@ def reconcile(
     now: float,
     token: str,
     lease: float,
-    retention: float,
 ) -> tuple[Record | None, ClaimOutcome | None]:
     """An UNKNOWN record claimed for its reconciliation (rule 19, `ReconcilingStore.reconcile`):
     IN_PROGRESS under `token`, the fence one higher, held for `lease` seconds.
@@ -303,7 +339,7 @@ def reconcile(
         token=token,
         retake=True,
         lease_deadline=now + lease,
-        expires_at=now + lease + retention,
+        expires_at=None,
     )
     return taken, _taken_by(taken, token)
 

@@ -1,7 +1,8 @@
 """`mcp-once`: the command line. One module per command; this file only dispatches.
 
 Exit codes: 0 success, 1 the command ran and found a problem (a duplicate effect in the demo, a
-record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached, 141 the
+record not settled), 2 bad usage or a bad store URL, 3 the store could not be reached (or, for a
+command that only reads, holds nothing of mcp-once's: `_common.reading`), 141 the
 reader of its output went away (`mcp-once keys list --json | head`), quietly.
 """
 
@@ -14,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from . import _audit, _bench, _demo, _keys, _proxy, _runs, _serve
+from . import _audit, _bench, _demo, _gateway, _keys, _proxy, _runs, _serve, _wrap
 from ._common import DEFAULT_STORE_URL
 from ._runs import DEFAULT_JOURNAL_URL
 
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         " --store, deleted when it ends.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (_demo, _keys, _runs, _serve, _proxy, _bench):
+    for module in (_demo, _keys, _runs, _serve, _gateway, _wrap, _bench):
         module.add_parser(commands)
     _audit.add_parser(commands, _keys.run_on_store)
     return parser
@@ -67,17 +68,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     written elsewhere against (docker-compose.yml's, a desktop config's)."""
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
-    # `proxy` and `tools` take the upstream's command line after `--`, untouched by argparse.
-    command_line: list[str] = []
-    if words and words[0] in _proxy.TAKES_COMMAND and "--" in words:
-        split = words.index("--")
-        words, command_line = words[:split], words[split + 1 :]
+    # `proxy` and `tools` take the upstream's command line after their options (with or without
+    # `--`), untouched by argparse.
+    if words and words[0] in _proxy.TAKES_COMMAND:
+        args = _proxy.parse_command(parser, words)
+        args.extra = []
+        return args
     # `bench` forwards its own options to benchmarks/run.py, which owns them.
     args, extra = parser.parse_known_args(words)
     if extra and args.command != "bench":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    args.command_line = command_line
+    args.command_line = []
     return args
 
 

@@ -3,13 +3,19 @@
 A record shows where a key stands; its history (rule 20) shows how it got there: claimed by which
 attempt and fence, completed (result size, duration), replayed (a count and the last time), refused
 (the code), released (why), its lease ran out, interrupted (its holder gave it up as unknown),
-reconciled, settled (by whom, why), purged. The audit stream is the same events across records in
-arrival order, each naming its record and tool, for an operator or a SIEM (`--json`: one object a
-line). Neither holds an argument, a result or a raw key.
+reconciled (the answer; by whom and why, from `keys reconcile`), settled (by whom, why), purged. The
+audit stream is the same events across records in arrival order, each naming its record, tool and
+server (as the record's history names it: `--server` keeps one server's), for an operator or a
+SIEM (`--json`: one object a line). Neither holds an argument, a result or a raw key.
 
-`audit verify` checks every record's hash chain and names the first event that breaks one, so an
-edited, dropped or reordered event is found. Records an earlier release wrote have no history: they
-read as having none, never as an error.
+`audit verify` checks every record's chain and names the first event that breaks one; with the
+audit key (the store's `audit_key=`, `$MCP_ONCE_AUDIT_KEY`) it checks the MACs and seals too, and
+with the audit stream it names histories the stream outlived or that lack its newest event
+(`idempotency.check_history`, `compare_audit_stream` say what each proves). `keys history` warns
+when the history it prints does not verify. Records an earlier release wrote have no history: they
+read as having none, never as an error; a key with neither a record nor a history is one (exit 1).
+Each of these only reads, so none takes an empty answer from a store that holds nothing of
+mcp-once's for an all-clear (`_common.reading`).
 
 Both open the store as `keys` does (`--store`, `$MCP_ONCE_STORE`); `keys.py` lends its runner.
 """
@@ -22,7 +28,8 @@ import json
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,15 +38,30 @@ import anyio
 from idempotency import (
     AuditedStore,
     AuditEntry,
+    AuditKey,
     HistoryEvent,
     KeyStore,
+    check_history,
+    compare_audit_stream,
     parse_history,
+    record_servers,
     rfc3339,
-    verify_history,
 )
 
-from . import _durations
-from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, print_table
+from . import _addressing, _durations
+from ._common import (
+    EXIT_PROBLEM,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    add_store_option,
+    fail,
+    nothing_here,
+    print_table,
+    reading,
+    redacted,
+    server_cell,
+)
+from ._proxies import add_proxy_option
 
 #: The event kinds, as issue 37 names them (a contract: scripts filter on them).
 EVENTS = (
@@ -62,7 +84,6 @@ _FOLLOW_EVERY = 1.0
 #: own duration): what a cluster's shards' clocks may differ by (`_audit`).
 _LATE = 1.0
 
-Action = Callable[[KeyStore, argparse.Namespace], Awaitable[int]]
 Runner = Callable[..., Callable[[argparse.Namespace], int]]
 
 
@@ -75,15 +96,16 @@ def operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def add_settle_arguments(settle: argparse.ArgumentParser) -> None:
-    """`keys settle --by --reason`: what the settled event records (rule 20)."""
-    settle.add_argument(
+def add_operator_arguments(parser: argparse.ArgumentParser, does: str) -> None:
+    """`--by --reason` of the commands that decide on a record (`keys settle`, `keys
+    reconcile`): who `does` it and why, for the settled or reconciled event (rule 20)."""
+    parser.add_argument(
         "--by",
         default=None,
         metavar="WHO",
-        help="who settles, for the record's history (default: the OS user @ this host)",
+        help=f"who {does}, for the record's history (default: the OS user @ this host)",
     )
-    settle.add_argument(
+    parser.add_argument(
         "--reason", metavar="TEXT", help="why, for the record's history (a ticket, a finding)"
     )
 
@@ -103,11 +125,13 @@ def add_history_parser(
         " the last time), refused (the code), released (why), lease ran out, interrupted,"
         " reconciled,"
         " settled (by, reason), purged; with fence, attempt and the digest chaining each to"
-        " the one before. A record written before histories were kept has none.",
+        " the one before (with the audit key, a MAC). A history that does not verify is shown"
+        " with a warning on stderr (--json: `verified` on each event). A record written before"
+        " histories were kept has none.",
     )
     key_arguments(history)
     history.add_argument("--json", action="store_true", help="machine-readable output")
-    history.set_defaults(run=run(_history))
+    history.set_defaults(run=run(reading(_history)))
     return history
 
 
@@ -116,8 +140,8 @@ def add_parser(commands: Any, run: Runner) -> None:
         "audit",
         help="read the audit stream (every record's events, in arrival order); verify chains",
         description="Print the audit stream: every event of every record in arrival order,"
-        " each naming its record (store key) and tool. Nothing in it is an argument, a result"
-        " or a raw key.",
+        " each naming its record (store key), tool and server (as the record's history names"
+        " it). Nothing in it is an argument, a result or a raw key.",
     )
     audit.add_argument(
         "--since",
@@ -126,7 +150,18 @@ def add_parser(commands: Any, run: Runner) -> None:
         help="only events this long ago or later (90, 10m, 2h, 3d) or since an RFC 3339 time",
     )
     audit.add_argument("--tool", metavar="NAME", help="only events of this tool")
-    audit.add_argument("--event", choices=EVENTS, metavar="KIND", help=", ".join(EVENTS))
+    audit.add_argument(
+        "--server",
+        metavar="NAME",
+        help="only events of this server's records, as their history names it",
+    )
+    audit.add_argument(
+        "--event",
+        type=_event_kind,
+        choices=EVENTS,
+        metavar="KIND",
+        help=", ".join(EVENTS) + " (or in snake_case: lease_ran_out)",
+    )
     audit.add_argument(
         "--follow", action="store_true", help="keep printing new events as they arrive"
     )
@@ -138,17 +173,28 @@ def add_parser(commands: Any, run: Runner) -> None:
         " environment configures (e.g. under opentelemetry-instrument)",
     )
     add_store_option(audit)
+    add_proxy_option(audit)
     audit.set_defaults(run=_stopped_quietly(run(_audit)))
     actions = audit.add_subparsers(dest="audit_action", metavar="ACTION")
     verify = actions.add_parser(
         "verify",
-        help="check every record's hash chain; name the first broken event",
+        help="check every record's history chain (and seal, with the audit key); name each break",
         description="Check every record's history: each event must carry the digest of the"
-        " one before and match its own. Exits 1 naming the first broken event of each broken"
-        " chain.",
+        " one before and match its own; with the audit key (audit_key= in the store URL,"
+        " $MCP_ONCE_AUDIT_KEY) each link is a MAC and the seal must name the history's count"
+        " and newest event. With the audit stream, a history the stream outlived, or missing"
+        " the newest event the stream holds for it, is named too. Exits 1 naming each problem;"
+        " 2 when histories are sealed with an audit key and none was given.",
+    )
+    verify.add_argument(
+        "--allow-unsealed",
+        action="store_true",
+        help="with the audit key, list histories written without it (before it was configured)"
+        " without failing: for the days after the key is first configured",
     )
     add_store_option(verify)
-    verify.set_defaults(run=run(_verify))
+    add_proxy_option(verify)
+    verify.set_defaults(run=run(reading(_verify)))
 
 
 #: What a shell shows for a command ended by Ctrl-C (128 + SIGINT).
@@ -167,6 +213,12 @@ def _stopped_quietly(
             return EXIT_INTERRUPTED
 
     return run
+
+
+def _event_kind(text: str) -> str:
+    """An event kind as `EVENTS` spells it, from that spelling or snake_case (`lease_ran_out`,
+    what a script or a shell without quotes writes)."""
+    return text.replace("_", " ")
 
 
 def _since(text: str) -> float:
@@ -199,11 +251,45 @@ def _at(seconds: float) -> str:
     return rfc3339(seconds)
 
 
+def _audit_key(store: KeyStore) -> AuditKey | None:
+    """The audit key the store was opened with (a store of one's own may have none)."""
+    key = getattr(store, "audit_key", None)
+    return key if isinstance(key, AuditKey) else None
+
+
 async def _history(store: KeyStore, args: argparse.Namespace) -> int:
+    """Exit 1 when there is neither a record nor a history for the key: a wrong key, or a
+    wrong --client-key/--tool/--server, is not a record "written before histories were kept"."""
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     text = await _audited(store).history(args.key)
+    found = check_history(text, record=args.key, key=_audit_key(store))
+    if not found.verified and found.problem is not None:  # not even readable
+        fail(f"record {args.key}'s history {found.problem}", EXIT_PROBLEM)
     events = parse_history(text)
+    if not events and await store.get(args.key) is None:
+        if args.client_key is not None:
+            return await _addressing.absent(store, args)  # and which servers hold one
+        print(
+            f"mcp-once: no record {args.key} in the key store at {redacted(args.store)!r}, and"
+            " no history of one: check the key (or --client-key, --tool and --server); a record"
+            " gone longer than its history's grace leaves none either",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEM
+    if found.problem is not None:
+        warning = "WARNING: " if found.status != "unchecked" else ""
+        print(
+            f"mcp-once: {warning}record {args.key}'s history does not verify: {found.problem}",
+            file=sys.stderr,
+        )
     if args.json:
-        json.dump([event.as_json() for event in events], sys.stdout, indent=2)
+        rows = [
+            {**event.as_json(), "verified": verified}
+            for event, verified in zip(events, found.verified, strict=True)
+        ]
+        json.dump(rows, sys.stdout, indent=2)
         print()
     elif events:
         print_table(
@@ -212,8 +298,7 @@ async def _history(store: KeyStore, args: argparse.Namespace) -> int:
         )
     if not events:
         print(
-            f"mcp-once: record {args.key} has no history (written before histories were kept,"
-            " or gone longer than its grace)",
+            f"mcp-once: record {args.key} has no history (written before histories were kept)",
             file=sys.stderr,
         )
     return 0
@@ -230,10 +315,27 @@ def _history_row(event: HistoryEvent) -> list[str]:
     ]
 
 
-def _wanted(found: AuditEntry, args: argparse.Namespace) -> bool:
+def _wanted(found: AuditEntry, server: str | None, args: argparse.Namespace) -> bool:
     if args.tool is not None and found.tool != args.tool:
         return False
+    if args.server is not None and args.server not in (server or "").split(", "):
+        return False
     return args.event is None or found.event.kind == args.event
+
+
+class _Servers:
+    """The server of each record an audit entry names, read from its history once per record
+    (a claimed event of its own names it too, should the history be gone)."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self._store = store
+        self._known: dict[str, str | None] = {}
+
+    async def of(self, found: AuditEntry) -> str | None:
+        if found.key not in self._known:
+            named = await record_servers(self._store, found.key)
+            self._known[found.key] = ", ".join(named) or found.event.details.get("server")
+        return self._known[found.key]
 
 
 async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
@@ -243,8 +345,17 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
     (`HistoryEvent.written`: a replay's update arrives when it happens, not at its first time).
     Why the margin: on a Redis Cluster the stream is every history merged, read one history
     after another, so an event written during a look may be missed by it and still be older
-    than the newest it read."""
+    than the newest it read.
+
+    On a store that holds nothing of mcp-once's, a listing exits 3 (`reading`); a follower says
+    so and follows all the same: it may have been started beside a server yet to write."""
     audited = _audited(store)
+    problem = await nothing_here(store, args.store)
+    if problem is not None:
+        print(f"mcp-once: {problem}", file=sys.stderr)
+        if not args.follow:
+            return EXIT_UNREACHABLE
+    servers = _Servers(store)
     since: float | None = args.since
     seen: set[str] = set()
     first = True
@@ -252,12 +363,15 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
         started = time.monotonic()
         found = await audited.audit(since=since, limit=_READ_ALL)
         took = time.monotonic() - started
-        shown = [entry for entry in found if entry.id not in seen and _wanted(entry, args)]
+        fresh = [(entry, await servers.of(entry)) for entry in found if entry.id not in seen]
+        shown = [(entry, server) for entry, server in fresh if _wanted(entry, server, args)]
         _print_entries(shown, args, header=first)
         if args.otel:
             from idempotency import export_audit_logs  # OpenTelemetry: loaded only for --otel
 
-            export_audit_logs(shown)
+            export_audit_logs(
+                [entry for entry, _ in shown], servers={e.key: server for e, server in shown}
+            )
         first = False
         if not args.follow:
             return 0
@@ -270,10 +384,12 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
         await anyio.sleep(_FOLLOW_EVERY)
 
 
-def _print_entries(entries: list[AuditEntry], args: argparse.Namespace, *, header: bool) -> None:
+def _print_entries(
+    entries: list[tuple[AuditEntry, str | None]], args: argparse.Namespace, *, header: bool
+) -> None:
     if args.json:
-        for found in entries:
-            print(json.dumps(found.as_json()))
+        for found, server in entries:
+            print(json.dumps({**found.as_json(), "server": server}))
         return
     rows = [
         [
@@ -283,15 +399,16 @@ def _print_entries(entries: list[AuditEntry], args: argparse.Namespace, *, heade
             found.event.kind,
             str(found.event.fence),
             str(found.event.attempt),
+            server_cell(server),
             _details(found.event.details),
         ]
-        for found in entries
+        for found, server in entries
     ]
     if header and not rows and not args.follow:
         print("mcp-once: no events", file=sys.stderr)
         return
     if header or rows:
-        columns = ("AT", "RECORD", "TOOL", "EVENT", "FENCE", "ATTEMPT", "DETAILS")
+        columns = ("AT", "RECORD", "TOOL", "EVENT", "FENCE", "ATTEMPT", "SERVER", "DETAILS")
         if header:
             print_table(columns, rows)
         else:
@@ -304,22 +421,68 @@ def _print_rows(rows: list[list[str]]) -> None:
 
 
 async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
-    """Reads the histories as the store streams them (`iter_histories`), a batch at a time:
-    memory stays flat however many the store keeps."""
-    del args
-    histories = 0
-    broken = 0
-    events = 0
-    async for key, text in _audited(store).iter_histories():
+    """Check every history, then compare the audit stream with them. The stream is read first
+    (`compare_audit_stream`): an event written between the two reads is then in a history and
+    not yet in the stream, never the other way round.
+
+    The histories are read as the store streams them (`iter_histories`), a batch at a time, and
+    only counts are kept, besides the histories of the records the stream names (it is capped,
+    `AUDIT_MAX_ENTRIES`) and the broken ones' keys: memory stays flat however many the store
+    keeps."""
+    audited = _audited(store)
+    key = _audit_key(store)
+    stream = await audited.audit(limit=_READ_ALL)
+    named = {entry.key for entry in stream}
+    streamed: dict[str, str] = {}  # the histories of the records the stream names
+    statuses: Counter[str] = Counter()
+    broken_records: set[str] = set()
+    histories = events = 0
+    async for record, text in audited.iter_histories():
+        checked = check_history(text, record=record, key=key)
         histories += 1
-        problem = verify_history(text)
-        if problem is not None:
-            broken += 1
-            print(f"mcp-once: record {key}: {problem}", file=sys.stderr)
-        else:
-            events += len(parse_history(text))
+        events += len(checked.verified)
+        statuses[checked.status] += 1
+        if checked.status == "broken":
+            broken_records.add(record)
+        if checked.problem is not None:
+            print(f"mcp-once: record {record}: {checked.problem}", file=sys.stderr)
+        if record in named:
+            streamed[record] = text
+    # A broken history is named once, by its check.
+    stream_problems = [
+        (record, problem)
+        for record, problem in compare_audit_stream(stream, streamed, now=time.time())
+        if record not in broken_records
+    ]
+    for record, problem in stream_problems:
+        print(f"mcp-once: record {record}: {problem}", file=sys.stderr)
+    broken = statuses["broken"] + len(stream_problems)
+    unsealed, unchecked = statuses["unsealed"], statuses["unchecked"]
+    clean = not (broken or unsealed or unchecked)
+    how = (
+        f"links and seals MACed with audit key {key.id}"
+        if key is not None
+        else "no audit key: an edit is caught, a recomputed chain or a cut is not"
+    )
+    print(
+        f"{'verified' if clean else 'checked'} {histories} histories ({events} events)"
+        f"{': every chain holds' if clean else ''}\n{how}; compared with the audit stream"
+    )
     if broken:
-        print(f"{broken} of {histories} histories are broken", file=sys.stderr)
+        print(f"{broken} histories are broken or disagree with the audit stream", file=sys.stderr)
+    if unsealed:
+        print(
+            f"{unsealed} histories hold events not sealed with the audit key: only an edit is"
+            " caught in those"
+            + ("" if args.allow_unsealed else " (--allow-unsealed accepts them)"),
+            file=sys.stderr,
+        )
+    if unchecked:
+        print(
+            f"{unchecked} histories are sealed with an audit key and were not checked: give it"
+            " (audit_key= in the store URL, $MCP_ONCE_AUDIT_KEY)",
+            file=sys.stderr,
+        )
+    if broken or (unsealed and not args.allow_unsealed):
         return EXIT_PROBLEM
-    print(f"verified {histories} histories ({events} events): every chain holds")
-    return 0
+    return EXIT_USAGE if unchecked else 0

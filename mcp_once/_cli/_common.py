@@ -6,21 +6,36 @@ A plain path is taken as an SQLite store only with an SQLite file's extension, s
 scheme was forgotten (`127.0.0.1:6379`) is an error, not a new file of that name. And looking
 creates nothing: a command that only reads refuses an SQLite file that does not exist (exit 3,
 naming it) rather than making an empty store and reporting "no records"; only commands that
-write, and servers, create one.
+write, and servers, create one. Nor is an empty answer an all-clear: a command that only reads
+(`reading`) refuses a store that holds nothing of mcp-once's, no mark and no record (another
+Redis database, another `?prefix=`, an empty SQLite file), with exit 3 and the question "is this
+the right --store?", rather than report "(0 records)" or "every chain holds" about the wrong
+place.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
-from idempotency import KeyStore, SQLiteKeyStore, StoreError, StoreUnavailable, open_store
+from idempotency import (
+    KeyStore,
+    MarkedStore,
+    MemoryKeyStore,
+    SQLiteKeyStore,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+)
 
 #: The embedded durable default: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///.mcp-once/keys.sqlite3"
@@ -40,15 +55,23 @@ def from_environment(variable: str, fallback: str) -> str:
     return os.environ.get(variable) or fallback
 
 
-def add_store_option(parser: argparse.ArgumentParser) -> None:
+def add_store_option(parser: argparse.ArgumentParser, *, fallback: str | None = None) -> None:
+    """`--store URL`, defaulting to `$MCP_ONCE_STORE`, else `DEFAULT_STORE_URL`; or, where the
+    command's default is not one URL (the proxy's: a file per upstream), else None, with
+    `fallback` saying in the help what it is."""
+    default = (
+        from_environment(STORE_VARIABLE, DEFAULT_STORE_URL)
+        if fallback is None
+        else os.environ.get(STORE_VARIABLE) or None
+    )
     parser.add_argument(
         "--store",
-        default=from_environment(STORE_VARIABLE, DEFAULT_STORE_URL),
+        default=default,
         help="key store URL: memory://, sqlite:///path.db, redis://host:port/db,"
         " redis+sentinel://host:port[,host:port...]/service_name[/db] or"
         " redis+cluster://host:port[,host:port...] (rediss+... for TLS); the query carries"
         " the store's options, e.g. redis://host:6379/0?prefix=app:&wait_replicas=1&wait_aof=true"
-        f" (default: ${STORE_VARIABLE} if set, else {DEFAULT_STORE_URL})",
+        f" (default: ${STORE_VARIABLE} if set, else {fallback or DEFAULT_STORE_URL})",
     )
 
 
@@ -58,7 +81,9 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 def redacted(url: str) -> str:
-    """`url` without its password, for printing (a Redis URL may carry one)."""
+    """`url` without its password or audit key, for printing (a Redis URL may carry one, and
+    any store URL an `audit_key=`)."""
+    url = _AUDIT_KEY_OPTION.sub(r"\1***", url)
     try:
         parts = urlsplit(url)
         password = parts.password
@@ -71,17 +96,21 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=user + host))
 
 
+_AUDIT_KEY_OPTION = re.compile(r"([?&]audit_key=)[^&#]*")
+
+
 def unreachable(url: str, exc: Exception) -> NoReturn:
     fail(f"the key store at {redacted(url)!r} cannot be reached: {exc}", EXIT_UNREACHABLE)
 
 
-def require_file(what: str, url: str, path: Path, *, made_by: str) -> None:
+def require_file(what: str, url: str, path: Path, *, made_by: str, also: str = "") -> None:
     """Exit 3 naming `path` when the SQLite file a command only reads does not exist, instead
-    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it."""
+    of letting SQLite create an empty one (see the module doc); `made_by` says what creates it,
+    `also` where else to look."""
     if not path.is_file():
         fail(
             f"the {what} at {redacted(url)!r} cannot be reached: no {what} file at {path} (it"
-            f" does not exist; looking creates nothing: {made_by} creates it)",
+            f" does not exist; looking creates nothing: {made_by} creates it){also}",
             EXIT_UNREACHABLE,
         )
 
@@ -103,7 +132,14 @@ def open_or_fail(url: str, *, existing: bool = False) -> KeyStore:
     except (ValueError, TypeError) as exc:
         fail(f"bad key store URL: {str(exc).replace(url, redacted(url))}", EXIT_USAGE)
     if existing and isinstance(store, SQLiteKeyStore):
-        require_file("key store", url, store.path, made_by="a guarded server")
+        require_file(
+            "key store",
+            url,
+            store.path,
+            made_by="a guarded server",
+            also="; an mcp-once proxy keeps its own: `mcp-once proxy --list` shows them, and"
+            " `--proxy NAME` reads one",
+        )
     return store
 
 
@@ -125,6 +161,53 @@ async def store_problem(store: KeyStore, url: str) -> str | None:
     except StoreError as exc:
         return f"the key store at {redacted(url)!r} cannot be used: {exc}"
     return None
+
+
+def server_cell(name: str | None) -> str:
+    """A server's name in a table or a line: "-" when it cannot be read, in JSON quotes when it
+    is empty or holds a blank (a proxy is "mcp-once proxy: NAME"), so columns stay columns."""
+    if name is None:
+        return "-"
+    return json.dumps(name) if not name or any(c.isspace() for c in name) else name
+
+
+#: A command's work on an open store: its exit code.
+Action = Callable[[KeyStore, argparse.Namespace], Awaitable[int]]
+
+
+async def nothing_here(store: KeyStore, url: str) -> str | None:
+    """Why `store` is not worth reading, or None: it holds nothing of mcp-once's (no mark, no
+    record, no history), so an empty answer from it would say nothing about the store the
+    operator meant. A store that cannot say (one of one's own, not a `MarkedStore`) is read."""
+    if not isinstance(store, MarkedStore):
+        return None
+    if await store.mark() is not None or await store.holds_anything():
+        return None
+    from idempotency import RedisKeyStore  # redis-py: here only when a command fails
+
+    if isinstance(store, SQLiteKeyStore):
+        where = f" (file {store.path})"
+    elif isinstance(store, MemoryKeyStore):
+        where = " (a memory store lives and dies with one process: this command's is empty)"
+    elif isinstance(store, RedisKeyStore):
+        where = f" (prefix {store.prefix!r})"
+    else:
+        where = ""
+    return f"nothing of mcp-once's at {redacted(url)!r}{where}: is this the right --store?"
+
+
+def reading(action: Action) -> Action:
+    """`action`, a command that only reads, run only on a store that holds something of
+    mcp-once's; on any other, exit 3 saying so (see the module doc)."""
+
+    async def run(store: KeyStore, args: argparse.Namespace) -> int:
+        problem = await nothing_here(store, args.store)
+        if problem is not None:
+            print(f"mcp-once: {problem}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        return await action(store, args)
+
+    return run
 
 
 def print_table(columns: tuple[str, ...], rows: list[list[str]]) -> None:

@@ -8,7 +8,10 @@ call has run the tool meanwhile, the effect happened twice; the fence kept the *
 not the world.
 
 The rule: `--failed` is refused, unless `--force`, while the record's last lease ran out less
-than `--grace` seconds ago (default 90 s: three default leases). Measured from the lease deadline
+than `--grace` seconds ago (default 90 s: three default leases), unless its holder itself saw the
+execution end and said so (`ended_by_its_holder`: the proxy whose stdio upstream exited mid-call
+turned the record UNKNOWN at once, an `interrupted` event with `ended=yes`): that holder is alive,
+and nothing of the execution can still be running. Measured from the lease deadline
 the store recorded (its own clock) to now on this machine's clock. Within that time a paused
 worker that wakes up still renews or completes, and its effect shows at the provider the
 operator is about to check. The grace narrows the window, it does not close it: a worker paused
@@ -23,7 +26,16 @@ import argparse
 import time
 from collections.abc import Callable
 
-from idempotency import DEFAULT_LEASE, Record, RecordState, rfc3339
+from idempotency import (
+    DEFAULT_LEASE,
+    AuditedStore,
+    KeyStore,
+    Record,
+    RecordState,
+    history_interruption,
+    rfc3339,
+)
+from idempotency import lease_ran_out as _ran_out
 
 #: Three leases of the server's default length: a worker that resumes at all usually does so
 #: within a lease or two, and its renewal or completion attempt is then visible in the logs.
@@ -45,7 +57,9 @@ def add_arguments(settle: argparse.ArgumentParser) -> None:
     settle.add_argument(
         "--force",
         action="store_true",
-        help="settle --failed within the grace period: you know the worker is gone",
+        help="settle --failed within the grace period: you know the worker is gone (not needed"
+        " where its holder said the execution ended: an mcp-once proxy whose child exited); or"
+        " replace an operator's earlier settle of the record (never a result the tool stored)",
     )
 
 
@@ -55,11 +69,7 @@ def lease_ran_out(record: Record, now: float | None = None) -> bool:
     The store keeps it IN_PROGRESS until the next claim turns it UNKNOWN (or takes it over); for
     an operator it is unknown already, and `keys` shows and settles it as such, so that a dead
     worker's record does not wait for a client to come back."""
-    return (
-        record.state is RecordState.IN_PROGRESS
-        and record.lease_deadline is not None
-        and record.lease_deadline <= (clock() if now is None else now)
-    )
+    return _ran_out(record, clock() if now is None else now)
 
 
 def too_soon_to_fail(record: Record | None, grace: float) -> str | None:
@@ -80,3 +90,21 @@ def too_soon_to_fail(record: Record | None, grace: float) -> str | None:
         f" effect happens twice. Check again from {rfc3339(ran_out + grace)} (--grace"
         f" {grace:g} s), or pass --force once you know that worker is gone. Nothing was changed."
     )
+
+
+async def ended_by_its_holder(store: KeyStore, record: Record | None) -> str | None:
+    """What the holder of `record`'s last execution said when it gave it up, where it saw that
+    execution end (its `interrupted` event, `ended=yes`, at the record's fence): the grace
+    protects against a paused holder, and this one was alive to say so. None otherwise (no such
+    event, a history that cannot be read, a store that keeps none)."""
+    if record is None or record.state is not RecordState.UNKNOWN:
+        return None
+    if not isinstance(store, AuditedStore):
+        return None
+    try:
+        event = history_interruption(await store.history(record.key))
+    except ValueError:
+        return None
+    if event is None or event.fence != record.fence or event.details.get("ended") != "yes":
+        return None
+    return event.details.get("why") or "its holder saw the execution end"

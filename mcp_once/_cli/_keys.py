@@ -1,8 +1,9 @@
 """`mcp-once keys`: see and settle records, for the operator who must reconcile an unknown outcome.
 
-`keys list` shows per record its tool, state, age, lease and fence, and filters by state, tool
-and age. Records are stored under a hash, so the tool's name is what tells an operator which
-record is which; records written by a release that did not store it show "-" (and never match
+`keys list` shows per record its tool, state, age, lease and fence, and the authenticated
+principal that claimed it, by digest (`_principals`), and filters by state, tool and age.
+Records are stored under a hash, so the tool's name is what tells an operator which record is
+which; records written by a release that did not store it show "-" (and never match
 `--tool`). Stored results are not printed unless asked (`--reveal-result`): they are user data,
 and an operator listing records should not see them by accident. Records that cannot be read
 are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from idempotency import (
-    CallScope,
+    AuditedStore,
     CorruptRecord,
+    HistoryEvent,
     KeyStore,
     LimitExceeded,
     Record,
@@ -45,15 +46,15 @@ from idempotency import (
     StoreUnavailable,
     UnreadableResult,
     check_result_envelope,
-    default_scope,
+    history_operator_settle,
     history_saying,
+    in_doubt_records,
+    record_servers,
     rfc3339,
-    store_key,
     unreadable_records,
-    wire,
 )
 
-from . import _audit, _durations, _grace, _reconcile
+from . import _addressing, _audit, _durations, _grace, _principals, _reconcile
 from ._common import (
     EXIT_PROBLEM,
     EXIT_UNREACHABLE,
@@ -62,15 +63,14 @@ from ._common import (
     fail,
     open_or_fail,
     print_table,
-    redacted,
+    reading,
+    server_cell,
     unreachable,
 )
+from ._proxies import add_proxy_option, apply_proxy, proxy_manifest
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
-
-#: Records are stored under a SHA-256 hex digest of (scope, tool, key): see `idempotency.store_key`.
-_STORE_KEY = re.compile(r"[0-9a-f]{64}")
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
@@ -89,8 +89,11 @@ _EPILOG = (
     "Records are stored under a SHA-256 hash of (scope, tool, key); `keys list` shows each"
     " one's tool (- for a record an earlier release wrote), state, age, lease and fence. To"
     " find the record of a call from what the client saw, give --client-key, --tool and"
-    " --server, where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
+    " --server (without --server, the servers holding a record for that key and tool are"
+    " named), where --server is the MCP server's own name (MCPServer(name), FastMCP(name)): "
     + "; ".join(f"{name} for {where}" for name, where in EXAMPLE_SERVERS.items())
+    + '; for an mcp-once proxy "mcp-once proxy: NAME@ID" (`mcp-once proxy --list`), or give'
+    " --proxy NAME instead of --store and --server"
     + ". What to do about -32010, -32012, -32013, -32014 and UNKNOWN records: docs/runbook.md."
 )
 
@@ -125,6 +128,12 @@ def add_parser(commands: Any) -> None:
         " none and never match)",
     )
     listing.add_argument(
+        "--server",
+        metavar="NAME",
+        help="only records of this server, as their history names it (records whose history"
+        " names none never match)",
+    )
+    listing.add_argument(
         "--older-than",
         type=_durations.duration,
         metavar="DURATION",
@@ -134,7 +143,7 @@ def add_parser(commands: Any) -> None:
         "--limit", type=int, default=100, help="list at most N records (default: %(default)s)"
     )
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(run=_run(_list, _check_list))
+    listing.set_defaults(run=_run(reading(_list), _check_list))
 
     show = actions.add_parser(
         "show",
@@ -146,7 +155,7 @@ def add_parser(commands: Any) -> None:
     _add_key_arguments(show)
     show.add_argument("--reveal-result", action="store_true", help="print the stored result")
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.set_defaults(run=_run(_show))
+    show.set_defaults(run=_run(reading(_show)))
 
     settle = actions.add_parser(
         "settle",
@@ -154,8 +163,11 @@ def add_parser(commands: Any) -> None:
         description="Settle a record whose outcome is unknown: UNKNOWN, or IN_PROGRESS under a"
         " lease that ran out (its worker died; it is turned UNKNOWN first, as a client's retry"
         " would). --failed releases it so that the next call runs the tool again, refused"
-        " within --grace of its lease running out unless --force; --result-text or"
-        " --result-json completes it with the result the tool is known to have had.",
+        " within --grace of its lease running out unless --force (or its holder said the"
+        " execution ended); --result-text or --result-json completes it with the result the"
+        " tool is known to have had. A record an operator settled before is settled again only"
+        " with --force. On a proxy's record (--proxy NAME) the result must fit the tool's listed"
+        " output schema.",
         epilog="What to check before settling: docs/runbook.md.",
     )
     _add_key_arguments(settle)
@@ -164,7 +176,8 @@ def add_parser(commands: Any) -> None:
     verdict.add_argument(
         "--result-text",
         help="completed, replaying this text as the result (also as structuredContent"
-        ' {"result": TEXT}, the shape MCPServer gives a tool returning str)',
+        ' {"result": TEXT}, the shape MCPServer gives a tool returning str; refused on a'
+        " proxy's tool whose listed output schema wants another)",
     )
     verdict.add_argument(
         "--result-json",
@@ -178,10 +191,10 @@ def add_parser(commands: Any) -> None:
         default=DEFAULT_SETTLE_RETENTION,
         metavar="SECONDS",
         help="how long a record settled as completed keeps replaying its result before it"
-        " expires (default: %(default)s, 24 h, as a completed record)",
+        " expires (default: %(default)s, 24 h, as a completed record); at least --grace",
     )
     _grace.add_arguments(settle)
-    _audit.add_settle_arguments(settle)
+    _audit.add_operator_arguments(settle, "settles")
     settle.set_defaults(run=_run(_settle, _prepare_settle))
 
     purge = actions.add_parser(
@@ -189,7 +202,8 @@ def add_parser(commands: Any) -> None:
         help="physically remove expired records",
         description="Physically remove the records past their expiry (completed and released"
         " ones past their retention). The server already ignores them; this only frees the"
-        " space. UNKNOWN records never expire and are never purged.",
+        " space. UNKNOWN and IN_PROGRESS records never expire and are never purged; a purged"
+        " record's last fence is kept a day, so that its key's next execution gets a higher one.",
     )
     purge.set_defaults(run=_run(_purge))
 
@@ -197,6 +211,7 @@ def add_parser(commands: Any) -> None:
 
     for parser in (listing, show, settle, purge, history):
         add_store_option(parser)
+        add_proxy_option(parser)
     _reconcile.add_parser(actions, _run)
 
 
@@ -214,32 +229,10 @@ def _add_key_arguments(parser: argparse.ArgumentParser) -> None:
     derive.add_argument(
         "--server",
         help="the MCP server's own name, MCPServer(name) or FastMCP(name) (the example"
-        f" servers: {', '.join(EXAMPLE_SERVERS)})",
+        f" servers: {', '.join(EXAMPLE_SERVERS)}; a proxy's: --proxy NAME gives it); without"
+        " it, the servers holding a record for --client-key and --tool are named. With a store"
+        " key: refused unless the record's history names this server",
     )
-
-
-def _store_key(args: argparse.Namespace) -> str:
-    derived = (args.client_key, args.tool, args.server)
-    if args.key and any(derived):
-        fail("give either a store key or --client-key/--tool/--server, not both", EXIT_USAGE)
-    if args.key:
-        if not _STORE_KEY.fullmatch(args.key.lower()):
-            fail(
-                f"{args.key!r} is not a store key (64 hex digits, as `keys list` prints them);"
-                " to find a record by the key the client sent, give --client-key, --tool and"
-                " --server",
-                EXIT_USAGE,
-            )
-        return str(args.key).lower()
-    if not all(derived):
-        fail("give a store key, or all of --client-key, --tool and --server", EXIT_USAGE)
-    problem = wire.key_problem(args.client_key)
-    if problem is not None:
-        fail(f"--client-key: {problem}", EXIT_USAGE)
-    scope = default_scope(
-        CallScope(server=args.server, tool=args.tool, principal=None, meta=None, request=None)
-    )
-    return store_key(scope, args.tool, args.client_key)
 
 
 def _run(
@@ -250,8 +243,9 @@ def _run(
     failures into exit codes. Every usage error is found before the store is touched."""
 
     def run(args: argparse.Namespace) -> int:
+        apply_proxy(args)  # --proxy NAME: that proxy's store and server
         if hasattr(args, "client_key"):  # an action addressing one record
-            args.key = _store_key(args)
+            args.key = _addressing.store_key_of(args)
         if prepare is not None:
             prepare(args)
         store = open_or_fail(args.store, existing=True)
@@ -279,18 +273,20 @@ def _when(timestamp: float | None) -> str | None:
     return None if timestamp is None else rfc3339(timestamp)
 
 
-def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
+def _describe(record: Record, *, reveal: bool, servers: list[str]) -> dict[str, Any]:
     """One record for an operator. `tool` is None for a record an earlier release wrote;
     `ageSeconds` counts from its first claim (the store's clock) to now (this machine's);
     `fence` is the fence of its last lease, `leaseRanOutAt` when that lease ran out (on this
     machine's clock; None while it runs, or when it ended with a stored result): what to weigh
-    before settling an UNKNOWN record as failed."""
+    before settling an UNKNOWN record as failed. `server` is what its history names (None:
+    nothing; several are joined with ", ")."""
     now = _grace.clock()
     ran_out = record.lease_deadline is not None and record.lease_deadline <= now
     shown = RecordState.UNKNOWN if _grace.lease_ran_out(record, now) else record.state
     described: dict[str, Any] = {
         "key": record.key,
         "tool": record.tool,
+        "server": ", ".join(servers) or None,
         "state": shown.value,
         "storedState": record.state.value,
         "ageSeconds": round(max(0.0, now - record.created_at), 3),
@@ -326,7 +322,16 @@ def _describe(record: Record, *, reveal: bool) -> dict[str, Any]:
 
 def _describe_unreadable(found: CorruptRecord) -> dict[str, Any]:
     """A record the store could not read at all: its key and why, nothing else is known."""
-    fields = ("tool", "storedState", "ageSeconds", "fence", "attempts", "createdAt", "updatedAt")
+    fields = (
+        "tool",
+        "server",
+        "storedState",
+        "ageSeconds",
+        "fence",
+        "attempts",
+        "createdAt",
+        "updatedAt",
+    )
     more = ("leaseDeadline", "leaseRanOutAt", "completedAt", "expiresAt", "resultBytes")
     return {
         "key": found.key,
@@ -348,6 +353,8 @@ _COLUMNS = (
     "leaseRanOutAt",
     "expiresAt",
     "resultBytes",
+    "server",
+    "principal",
 )
 
 
@@ -355,6 +362,8 @@ def _cell(row: dict[str, Any], column: str) -> str:
     if column == "age":
         seconds = row["ageSeconds"]
         return "-" if seconds is None else _durations.age(seconds)
+    if column == "server":
+        return server_cell(row["server"])
     value = row[column]
     return "-" if value is None else str(value)
 
@@ -366,11 +375,13 @@ def _print_table(rows: list[dict[str, Any]], order: str) -> None:
     print(f"({len(rows)} record{'s' if len(rows) != 1 else ''}, {order})")
 
 
-def _order(store: KeyStore, listed: int, limit: int) -> str:
+def _order(store: KeyStore, state: RecordState | None, listed: int, limit: int) -> str:
     """Which records a listing shows: with fewer than `--limit`, every match, oldest first; at
-    the limit, the oldest ones, or on a store that does not list oldest first (Redis: see
-    `KeyStore.list_records`) the first ones its scan met."""
-    if listed < limit or getattr(type(store), "lists_oldest_first", True):
+    the limit, the oldest ones, or on a store whose listings of that state stop at the first
+    matches they meet (Redis, but for its in-doubt index: `KeyStore.list_records`) the first
+    ones its scan met."""
+    oldest_first = getattr(store, "oldest_first", None)
+    if listed < limit or oldest_first is None or oldest_first(state):
         return "oldest first"
     return f"the first {limit} the store's scan met, not the {limit} oldest; oldest first"
 
@@ -380,6 +391,8 @@ def _check_list(args: argparse.Namespace) -> None:
         fail("--limit must be at least 1", EXIT_USAGE)
     if args.tool is not None and not args.tool.strip():
         fail("--tool needs a tool name", EXIT_USAGE)
+    if args.server is not None and not args.server.strip():
+        fail("--server needs a server name", EXIT_USAGE)
 
 
 async def _listed(
@@ -388,19 +401,38 @@ async def _listed(
     """The records `--state` asks for, as an operator sees states: a record under a lease that
     ran out is unknown (see the module doc), not in_progress. `before`: `--older-than`'s
     cutoff, asked of the store only when given (a store written before it knows no such
-    filter)."""
+    filter); the in-doubt records are all read (`in_doubt_records`), and cut by `_list`."""
     older: dict[str, Any] = {} if before is None else {"created_before": before}
-    if state not in (RecordState.UNKNOWN, RecordState.IN_PROGRESS):
+    if state is RecordState.UNKNOWN:
+        return await in_doubt_records(store, tool=tool, limit=limit, now=_grace.clock())
+    if state is not RecordState.IN_PROGRESS:
         return await store.list_records(state=state, tool=tool, limit=limit, **older)
     now = _grace.clock()
     running = await store.list_records(
         state=RecordState.IN_PROGRESS, tool=tool, limit=limit, **older
     )
-    if state is RecordState.IN_PROGRESS:
-        return [r for r in running if not _grace.lease_ran_out(r, now)]
-    unknown = await store.list_records(state=RecordState.UNKNOWN, tool=tool, limit=limit, **older)
-    unknown += [r for r in running if _grace.lease_ran_out(r, now)]
-    return sorted(unknown, key=lambda r: r.created_at)[:limit]
+    return [r for r in running if not _grace.lease_ran_out(r, now)]
+
+
+async def _of_server(
+    store: KeyStore,
+    state: RecordState | None,
+    tool: str | None,
+    limit: int,
+    server: str | None,
+    before: float | None,
+) -> list[tuple[Record, list[str]]]:
+    """The records `_listed` gives, each with the servers its history names; with `server`,
+    the first `limit` whose history names it. The store cannot filter by server, so the window
+    read grows until `limit` are found or it holds every record that passes the other filters."""
+    window = limit
+    while True:
+        found = await _listed(store, state, tool, window, before)
+        named = [(record, await record_servers(store, record.key)) for record in found]
+        kept = [pair for pair in named if server is None or server in pair[1]]
+        if server is None or len(kept) >= limit or len(found) < window:
+            return kept[:limit]
+        window *= 4
 
 
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
@@ -412,25 +444,28 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
     before = None if args.older_than is None else _grace.clock() - args.older_than
     with unreadable_records() as unreadable:
-        records = await _listed(store, state, args.tool, args.limit, before)
-    rows = [_describe(r, reveal=False) for r in records]
-    if state is None and args.tool is None and args.older_than is None:
+        records = await _of_server(store, state, args.tool, args.limit, args.server, before)
+    if before is not None:  # the in-doubt records, read whole (the others are already cut)
+        records = [(r, named) for r, named in records if r.created_at <= before]
+    rows = [_describe(r, reveal=False, servers=named) for r, named in records]
+    if state is None and args.tool is None and args.older_than is None and args.server is None:
         # An unreadable record has no state, tool or age to filter on: shown when nothing is
         # filtered on, else counted on stderr, so that a filtered view never hides it silently.
         rows += [_describe_unreadable(found) for found in unreadable]
     elif unreadable:
         print(
-            f"mcp-once: {len(unreadable)} unreadable record(s) not shown: their state, tool and"
-            " age cannot be read (`mcp-once keys list --state corrupt` lists them)",
+            f"mcp-once: {len(unreadable)} unreadable record(s) not shown: their state, tool,"
+            " server and age cannot be read (`mcp-once keys list --state corrupt` lists them)",
             file=sys.stderr,
         )
     if args.state == CORRUPT:
         rows = [row for row in rows if row["state"] == CORRUPT]
+    await _principals.add_principals(store, rows)
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
     else:
-        _print_table(rows, _order(store, len(records), args.limit))
+        _print_table(rows, _order(store, state, len(records), args.limit))
     corrupt = [row for row in rows if row["state"] == CORRUPT]
     for row in corrupt:
         print(
@@ -442,15 +477,15 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
 
 
 async def _show(store: KeyStore, args: argparse.Namespace) -> int:
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     record = await store.get(args.key)
     if record is None:
-        print(
-            f"mcp-once: no live record for key {args.key} in the key store at"
-            f" {redacted(args.store)!r}",
-            file=sys.stderr,
-        )
-        return EXIT_PROBLEM
-    described = _describe(record, reveal=args.reveal_result)
+        return await _addressing.absent(store, args)
+    servers = await record_servers(store, record.key)
+    described = _describe(record, reveal=args.reveal_result, servers=servers)
+    await _principals.add_principals(store, [described])
     if args.json:
         json.dump(described, sys.stdout, indent=2)
         print()
@@ -505,15 +540,42 @@ def _prepare_settle(args: argparse.Namespace) -> None:
         fail("--retention must be a positive number of seconds", EXIT_USAGE)
     if not (math.isfinite(args.grace) and args.grace >= 0):
         fail("--grace must be a number of seconds >= 0", EXIT_USAGE)
+    if args.retention < args.grace:
+        # Rule 25: the settled record would be gone while the worker that held it may still be
+        # merely paused, and a retry after that runs the tool again, unseen.
+        fail(
+            f"--retention {args.retention:g} s is shorter than the grace of {args.grace:g} s:"
+            " the settled record would be forgotten while the worker that held it may still"
+            " resume, and a client retrying after that runs the tool again (at a higher fence,"
+            " but a second effect all the same). Keep it at least as long as --grace (the"
+            " default keeps it 24 h). Nothing was changed.",
+            EXIT_USAGE,
+        )
     args.settled = _settled_result(args)
 
 
 async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
     result: bytes | None = args.settled
+    problem = await _addressing.addressed(store, args)
+    if problem is not None:
+        return problem
     record = await store.get(args.key)
-    if result is None and not args.force:
+    if record is None and args.client_key is not None:
+        return await _addressing.absent(store, args)
+    unfit = _unfit_result(args, record)
+    if unfit is not None:
+        print(f"mcp-once: {unfit}", file=sys.stderr)
+        return EXIT_PROBLEM
+    replacing: int | None = None
+    if record is not None and record.state is RecordState.COMPLETED:
+        earlier = await _operator_settle(store, record)
+        if earlier is None or not args.force:
+            print(f"mcp-once: {_completed_refusal(args.key, earlier)}", file=sys.stderr)
+            return EXIT_PROBLEM
+        replacing = record.fence
+    elif result is None and not args.force:
         refusal = _grace.too_soon_to_fail(record, args.grace)
-        if refusal is not None:
+        if refusal is not None and await _grace.ended_by_its_holder(store, record) is None:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
     if record is not None and _grace.lease_ran_out(record):
@@ -521,10 +583,13 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
 
         await turn_unknown(store, record)
     with history_saying(**_audit.settled_by(args)):
-        settled = await store.settle(args.key, result=result, retention=args.retention)
+        settled = await store.settle(
+            args.key, result=result, retention=args.retention, replacing=replacing
+        )
     if settled:
         verdict = "released (the next call runs again)" if result is None else "completed"
-        print(f"settled {args.key}: {verdict}")
+        again = ", replacing the earlier settle (both are in its history)" if replacing else ""
+        print(f"settled {args.key}: {verdict}{again}")
         return 0
     record = await store.get(args.key)
     state = "absent" if record is None else record.state.value
@@ -535,6 +600,61 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return EXIT_PROBLEM
+
+
+async def _operator_settle(store: KeyStore, record: Record) -> HistoryEvent | None:
+    """The settle that made the COMPLETED `record` what it is, if an operator's did (its
+    history says so at its fence); None for an executed record, or one without a readable
+    history (a store that keeps none: never replaced, then)."""
+    if not isinstance(store, AuditedStore):
+        return None
+    try:
+        return history_operator_settle(await store.history(record.key), record.fence)
+    except ValueError:
+        return None
+
+
+def _completed_refusal(key: str, earlier: HistoryEvent | None) -> str:
+    if earlier is None:
+        return (
+            f"{key} was not settled: only an UNKNOWN record can be, and it is completed by the"
+            " tool's own execution (an executed record is never replaced; an operator's settle"
+            " is, with --force). Nothing was changed."
+        )
+    by = earlier.details.get("by", "an operator")
+    return (
+        f"{key} was already settled as completed by {by} at {rfc3339(earlier.at)}: pass --force"
+        " to replace that settle (it stays in the record's history, with this one). Nothing"
+        " was changed."
+    )
+
+
+def _unfit_result(args: argparse.Namespace, record: Record | None) -> str | None:
+    """Why the result to settle with would break every replay, where that can be known here:
+    the tool's output schema is in the manifest of the proxy the record belongs to
+    (`--proxy NAME`, or a `--server` that is a proxy's). None when it fits or nothing is known
+    (another server's record: its schema is not on this machine; `docs/runbook.md`)."""
+    result = args.settled
+    tool = args.tool or (record.tool if record is not None else None)
+    manifest = proxy_manifest(args)
+    if result is None or tool is None or manifest is None:
+        return None
+    schema = manifest.output_schemas.get(tool)
+    # The SDK's `CallToolResult` (as the settle's own) and jsonschema: loaded only here.
+    from idempotency import decode_result
+    from mcp_once._upstream.outputs import output_problem
+
+    stored = decode_result(result).result
+    found = output_problem(schema, stored.structured_content, is_error=stored.is_error)
+    if found is None:
+        return None
+    given = "--result-text" if args.result_text is not None else f"--result-json {args.result_json}"
+    return (
+        f"refusing to settle {args.key} with {given}: {found}, so every replay of it would fail"
+        f" in the caller's MCP SDK. Tool {tool!r} of proxy {manifest.key} lists an output schema"
+        f" ({json.dumps(schema)}): give --result-json with a CallToolResult whose"
+        " structuredContent matches it. Nothing was changed."
+    )
 
 
 async def _purge(store: KeyStore, args: argparse.Namespace) -> int:

@@ -14,11 +14,17 @@ import argparse
 import importlib
 import json
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from idempotency import KeyStore
 
-from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail
+from . import _audit
+from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, server_cell
+from ._proxies import add_proxy_option
+
+#: The answer of a record another server's history names: left alone, counted, not listed.
+_OTHER_SERVER = "other_server"
 
 if TYPE_CHECKING:
     from idempotency import Reconciliation
@@ -30,6 +36,9 @@ _BECOMES = {
     "unknown": "UNKNOWN still: the reconciler could not tell",
     "lost": "unchanged: it was resolved meanwhile, elsewhere",
     "no_reconciler": "UNKNOWN still: its tool has no reconciler in this app",
+    "server_unknown": "UNKNOWN still, not asked: its history names no server (a store keeping"
+    " no history, or claimed before histories named servers); check the system of record, then"
+    " `mcp-once keys settle` it",
 }
 
 
@@ -38,10 +47,13 @@ def add_parser(actions: Any, run: Any) -> None:
     reconcile = actions.add_parser(
         "reconcile",
         help="ask the tools' reconcilers about UNKNOWN records, and apply their verdicts",
-        description="For every UNKNOWN record (or only --tool's), ask the reconciler its tool"
-        " was given (reconcile=) in the server object --app names, and apply the verdict:"
-        " happened completes the record, not happened releases it so the client's retry runs"
-        " the tool, unknown leaves it. --dry-run only prints what each would become.",
+        description="For every UNKNOWN record of the server --app names (or only --tool's),"
+        " ask the reconciler its tool was given (reconcile=) in that server object, and apply"
+        " the verdict: happened completes the record, not happened releases it so the client's"
+        " retry runs the tool, unknown leaves it. Only records whose history names that server"
+        " are asked about: other servers' records in the same store are left alone, and one"
+        " whose server cannot be read is listed, not asked. --dry-run asks and prints what each"
+        " would become, with its server, writing nothing.",
         epilog="When to write a reconciler, and what it must never do: docs/reconcile.md.",
     )
     reconcile.add_argument(
@@ -52,13 +64,22 @@ def add_parser(actions: Any, run: Any) -> None:
     )
     reconcile.add_argument("--tool", metavar="NAME", help="only records of this tool")
     reconcile.add_argument(
+        "--server",
+        metavar="NAME",
+        help="the server whose records are meant, MCPServer(name) or FastMCP(name): refused"
+        " unless it is the name of --app's server (records of other servers are never asked"
+        " about)",
+    )
+    reconcile.add_argument(
         "--dry-run",
         action="store_true",
         help="ask, print what each record would become, write nothing",
     )
     reconcile.add_argument("--json", action="store_true", help="machine-readable output")
+    _audit.add_operator_arguments(reconcile, "asks")
     reconcile.set_defaults(run=run(_reconcile, _check_app))
     add_store_option(reconcile)
+    add_proxy_option(reconcile)
 
 
 def load_app(spec: str) -> object:
@@ -73,6 +94,8 @@ def load_app(spec: str) -> object:
         found: object = importlib.import_module(module_name)
     except ImportError as exc:
         fail(f"--app {spec!r}: cannot import {module_name!r}: {exc}", EXIT_USAGE)
+    except Exception as exc:  # the app's own code failed while building the server object
+        fail(f"--app {spec!r}: importing {module_name!r} failed: {exc}", EXIT_USAGE)
     for part in attr.split("."):
         try:
             found = getattr(found, part)
@@ -88,26 +111,50 @@ def _check_app(args: argparse.Namespace) -> None:
 async def _reconcile(store: KeyStore, args: argparse.Namespace) -> int:
     from idempotency import reconcile_unknown  # the guard: loads the SDK, as the app did
 
+    named = _audit.settled_by(args)
     try:
-        done = await reconcile_unknown(args.app_object, store, tool=args.tool, dry_run=args.dry_run)
+        done = await reconcile_unknown(
+            args.app_object,
+            store,
+            tool=args.tool,
+            server=args.server,
+            dry_run=args.dry_run,
+            by=named["by"],
+            reason=named["reason"],
+        )
     except TypeError as exc:
         fail(f"--app {args.app!r}: {exc}", EXIT_USAGE)
-    _print(done, dry=args.dry_run, as_json=args.json)
-    left = [d for d in done if d.answer in ("unknown", "no_reconciler")]
+    except ValueError as exc:
+        fail(f"--server {args.server!r}: {exc}", EXIT_USAGE)
+    mine = [d for d in done if d.answer != _OTHER_SERVER]
+    others = Counter(d.server or "-" for d in done if d.answer == _OTHER_SERVER)
+    _print(mine, others, dry=args.dry_run, as_json=args.json)
+    left = [d for d in mine if d.answer in ("unknown", "no_reconciler", "server_unknown")]
     return EXIT_PROBLEM if left and not args.dry_run else 0
 
 
-def _print(done: list[Reconciliation], *, dry: bool, as_json: bool) -> None:
+def _print(done: list[Reconciliation], others: Counter[str], *, dry: bool, as_json: bool) -> None:
     if as_json:
         rows = [
-            {"record": d.record, "tool": d.tool, "answer": d.answer, "applied": d.applied}
+            {
+                "record": d.record,
+                "tool": d.tool,
+                "server": d.server,
+                "answer": d.answer,
+                "applied": d.applied,
+            }
             for d in done
         ]
-        print(json.dumps({"dryRun": dry, "records": rows}, indent=2))
+        print(json.dumps({"dryRun": dry, "records": rows, "otherServers": others}, indent=2))
         return
     if not done:
         print("no UNKNOWN records")
-        return
     would = "would be " if dry else ""
     for d in done:
-        print(f"{d.record}  {d.tool or '-'}  {d.answer} -> {would}{_BECOMES[d.answer]}")
+        print(
+            f"{d.record}  {server_cell(d.server)}  {d.tool or '-'}  {d.answer} ->"
+            f" {would}{_BECOMES[d.answer]}"
+        )
+    if others:
+        counted = ", ".join(f"{count} of {name}" for name, count in sorted(others.items()))
+        print(f"left alone: in-doubt records of other servers ({counted}): not this app's")

@@ -3,7 +3,11 @@
 `build_proxy(upstream, store, policy=..., **options)` returns a FastMCP server that forwards to one
 `Upstream` (a stdio command, a streamable HTTP URL, or an entry of a desktop client's
 `mcpServers` config) and runs each of its tools under `IdempotencyMiddleware`, as the
-`ProxyPolicy` (`load_policy(path)`, TOML) says. Needs the `fastmcp` extra
+`ProxyPolicy` (`load_policy(path)`, TOML) says; `build_gateway(upstreams, store, ...)` serves
+several upstreams on one front, each through a proxy of its own, its tools named
+`<upstream>_<tool>`. Its HTTP front takes any FastMCP `AuthProvider` (`auth=`;
+`token_file_auth(path)` and `jwt_auth(...)` make the CLI's two) and bounds request bodies and each
+principal's calls in flight (`max_body=`, `max_in_flight=`). Needs the `fastmcp` extra
 (`pip install 'mcp-once[fastmcp]'`); importing this package without it raises an ImportError that
 says so.
 
@@ -19,12 +23,18 @@ except ImportError as exc:  # pragma: no cover - the extra is a dev dependency h
         "mcp-once proxy needs FastMCP: install the extra, pip install 'mcp-once[fastmcp]'"
     ) from exc
 
+from mcp_once._upstream import Upstream, UpstreamConfigError
+
+from .auth import AuthConfigError, jwt_auth, read_token_file, token_file_auth
 from .failures import UpstreamUnreachable
+from .gateway import OnceGateway, build_gateway
 from .policy import PolicyError, ProxyPolicy, ToolPolicy, load_policy, parse_policy
 from .server import OnceProxy, build_proxy
-from .upstream import Upstream, UpstreamConfigError, UpstreamLink, UpstreamStartFailed
+from .upstream import UpstreamLink, UpstreamStartFailed
 
 __all__ = [
+    "AuthConfigError",
+    "OnceGateway",
     "OnceProxy",
     "PolicyError",
     "ProxyPolicy",
@@ -34,7 +44,11 @@ __all__ = [
     "UpstreamLink",
     "UpstreamStartFailed",
     "UpstreamUnreachable",
+    "build_gateway",
     "build_proxy",
+    "jwt_auth",
     "load_policy",
     "parse_policy",
+    "read_token_file",
+    "token_file_auth",
 ]

@@ -6,9 +6,12 @@ Rule 18 of the contract, in the guard's own terms (no second judge):
   releases the claim; the caller gets STORE_UNAVAILABLE-coded "not run, retry after backoff"
   (-32013 is the contract's one code for "nothing ran, try again later"; its message says it was
   the upstream, not the store);
-- maybe executed (`OutcomeUnknown`) → the guard's `OutcomeLost`: OUTCOME_UNKNOWN (-32012), nothing
-  stored, the record UNKNOWN at once (left to its lease where `upstream_idempotent` allows a
-  takeover);
+- maybe executed (`OutcomeUnknown`) → the guard's `OutcomeLost` (`UpstreamLost`, saying what
+  happened in words: "the upstream process exited while the call ran; its effect may have
+  happened"): OUTCOME_UNKNOWN (-32012) with those words, nothing stored, the record UNKNOWN at
+  once (left to its lease where `upstream_idempotent` allows a takeover). Only a stdio child whose
+  pipes closed is known to be gone (`ended`): its record may be settled as failed at once; an
+  HTTP upstream whose stream broke may still be running the call;
 - the upstream's own JSON-RPC error (`ToolCallError`) → `UpstreamRefused`, effect-free, released,
   and re-raised to the caller exactly as the upstream sent it (code, message, data);
 - an `isError` result is a result: stored and replayed (rule 8).
@@ -23,13 +26,23 @@ nothing and answers a call "Unknown tool" as an `isError` result, which a client
 tool's answer).
 
 FastMCP wraps what a tool raises in a `ToolError`; `caller_error` finds ours again below it.
+
+Each of these is a documented outcome, logged once as one line (`OnceProxyTool`, the guard), so
+they are FastMCP's own `ToolError`s logged at DEBUG: FastMCP logs any other exception a tool
+raises as an ERROR with a traceback (some hundred lines, boxed), and its own at their
+`log_level`, without one.
 """
 
 from __future__ import annotations
 
-from mcp import MCPError
+import logging
 
-from idempotency import wire
+from fastmcp.exceptions import ToolError
+from mcp import MCPError
+from mcp_types import CONNECTION_CLOSED
+
+from idempotency import OutcomeLost, wire
+from orchestrator import OutcomeUnknown, TransportFailed
 
 #: How long a caller should wait before re-sending a call the upstream never got (ms).
 RETRY_AFTER_MS = 1000
@@ -49,16 +62,59 @@ class UpstreamUnreachable(MCPError):
         )
 
 
-class UpstreamNotSent(Exception):
+class _Documented(ToolError):
+    """A documented outcome: FastMCP logs it at DEBUG, without a traceback (see the module doc)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, log_level=logging.DEBUG)
+
+
+class UpstreamNotSent(_Documented):
     """The call never reached the upstream, and re-sending within the deadline did not help."""
 
 
-class UpstreamRefused(Exception):
+class UpstreamRefused(_Documented):
     """The upstream answered the call with a JSON-RPC error (`error`, kept as sent)."""
 
     def __init__(self, error: MCPError) -> None:
         super().__init__(f"the upstream refused the call with code {error.code}")
         self.error = error
+
+
+class UpstreamLost(OutcomeLost, ToolError):
+    """The call may have run upstream and will never say: the guard's `OutcomeLost`, whose `why`
+    (words, no internal token) is the caller's message and the record's `interrupted` event."""
+
+    def __init__(self, why: str, *, ended: bool) -> None:
+        super().__init__(why, ended=ended)
+        self.log_level = logging.DEBUG
+
+
+#: Said of every maybe-executed call: what the caller and the operator must weigh.
+_MAYBE = "its effect may have happened"
+
+
+def upstream_lost(exc: OutcomeUnknown, *, stdio: bool) -> UpstreamLost:
+    """The `OutcomeLost` of a call the link gave up on as maybe executed, in words: what broke,
+    as far as the proxy saw it. `ended` only where the upstream is known to be gone (a stdio
+    child whose pipes closed: it exited, or is killed as its session is replaced), so that
+    nothing more can come of the call; an HTTP upstream may still be running it."""
+    last = exc.last_error
+    if exc.reason == "server":
+        return UpstreamLost(
+            f"the upstream itself reports the outcome of this call as unknown; {_MAYBE}",
+            ended=False,
+        )
+    closed = isinstance(last, MCPError) and last.code == CONNECTION_CLOSED
+    if closed and stdio:
+        return UpstreamLost(f"the upstream process exited while the call ran; {_MAYBE}", ended=True)
+    if closed or isinstance(last, TransportFailed):
+        what = "the connection to the upstream broke while the call ran"
+    elif isinstance(last, TimeoutError):
+        what = "the upstream did not answer in time"
+    else:  # what it was is in the proxy's DEBUG log, with its traceback
+        what = "the call to the upstream broke off while it ran"
+    return UpstreamLost(f"{what}; {_MAYBE}", ended=False)
 
 
 #: The exceptions the guard releases the claim for (its `effect_free` option).

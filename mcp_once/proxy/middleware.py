@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import Tool, ToolResult
+from mcp import MCPError
 from mcp_types import CallToolRequestParams, ListToolsRequest
 
 from idempotency import KeyStore, PolicyOptions, wire
 from idempotency.fastmcp import IdempotencyMiddleware
+from mcp_once._upstream.outputs import output_problem
 
 from .failures import EFFECT_FREE, caller_error
 from .policy import ProxyPolicy, ToolPolicy
+
+logger = logging.getLogger("mcp_once.proxy")
 
 _CallContext = MiddlewareContext[CallToolRequestParams]
 _CallNext = CallNext[CallToolRequestParams, ToolResult]
@@ -61,6 +66,11 @@ def _task_augmented(context: _CallContext) -> bool:
     return getattr(params, "task", None) is not None
 
 
+def _replayed(result: ToolResult) -> bool:
+    marker = (result.meta or {}).get(wire.IDEMPOTENCY_META)
+    return isinstance(marker, dict) and marker.get("status") == "replayed"
+
+
 def _marked(tool: Tool) -> Tool:
     """`tool` as listed with the proxy's `_meta` entry (a fresh copy: a listing is the caller's)."""
     entry = {name: list(values) for name, values in UNGUARDED.items()}
@@ -79,6 +89,8 @@ class ProxyGuardMiddleware(Middleware):
         #: once per tool, not on every listing and call (dropped whole if an upstream keeps
         #: listing new names, so it stays small).
         self._chosen: dict[tuple[str, bool], IdempotencyMiddleware | None] = {}
+        #: How `keys settle` names this proxy's records (`build_proxy` sets `--proxy NAME`).
+        self.settle_with = ""
         self._plain = self._guard_for(ToolPolicy())  # the default options fail here, at start
         for rule in self.policy.rules:  # and each table's, before any listing (which may wait)
             self._guard_for(self.policy.for_tool(rule.pattern))
@@ -147,12 +159,41 @@ class ProxyGuardMiddleware(Middleware):
         try:
             if guard is None:
                 return await call_next(context)
-            return await guard.on_call_tool(context, call_next)
+            result = await guard.on_call_tool(context, call_next)
         except Exception as exc:
             error = caller_error(exc)
             if error is None:
                 raise
             raise error from exc
+        assert tool is not None
+        if tool.output_schema is not None and _replayed(result):
+            self._check_output(tool.name, tool.output_schema, result)
+        return result
+
+    def _check_output(self, name: str, schema: dict[str, Any], result: ToolResult) -> None:
+        """A replayed answer the caller's SDK would reject (an operator's settle of another
+        shape, or an upstream whose schema changed since) is refused with what to do, instead
+        of reaching the caller as its SDK's "Invalid structured content"."""
+        found = output_problem(schema, result.structured_content, is_error=result.is_error)
+        if found is None:
+            return
+        marker = (result.meta or {}).get(wire.IDEMPOTENCY_META)
+        key = marker.get("key") if isinstance(marker, dict) else None
+        logger.warning(
+            "tool %r: a stored answer does not fit its output schema (%s); refused (-32014)",
+            name,
+            found,
+        )
+        raise MCPError(
+            wire.CORRUPT_RECORD,
+            f"The stored answer for this idempotency key (data.key) of tool {name!r} cannot be"
+            f" given: {found}, so the caller's MCP SDK would reject it. Nothing was run. It was"
+            " most likely settled by an operator in another shape: settle that record again,"
+            f" `mcp-once keys settle{self.settle_with} --tool {name} --client-key KEY --force"
+            " --result-json FILE` with a CallToolResult whose structuredContent matches the"
+            " schema (or --failed, to let the next call run the tool). Do not retry until then.",
+            {"key": key, "tool": name, "reason": "stored answer does not fit the output schema"},
+        )
 
     async def on_notification(
         self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]

@@ -2,9 +2,11 @@
 
 The tool-annotations advice made runnable: a hint is a boolean, a key is a guarantee. Each row
 says the upstream's annotations, what the proxy does (guarded, passed through as read-only, set by
-the policy), what a retrying client may do through the proxy, and what looks wrong: annotations
-that contradict each other (read-only and destructive; destructive and idempotent with no key
-place) and tools with no annotations at all.
+the policy), what the policy's guard options change for it (`effects`: `keys`, `key_argument`,
+`key_header`, `retention`, `max_run_time`, `fingerprint`, each in words), what a retrying client
+may do through the proxy, and what looks wrong: annotations that contradict each other (read-only
+and destructive; destructive and idempotent with no key place) and tools with no annotations at
+all.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 
 from mcp_types import Tool
 
-from .policy import ProxyPolicy
+from idempotency import Policy
+
+from .policy import ProxyPolicy, ToolPolicy
 
 _HINTS = (
     ("readOnly", "read_only_hint"),
@@ -35,6 +39,8 @@ class ToolRow:
     why: str
     retry: str
     flags: list[str] = field(default_factory=list)
+    #: What the policy's guard options change for this tool, one sentence each.
+    effects: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,6 +55,60 @@ def _hints(tool: Tool) -> dict[str, bool]:
         value = getattr(annotations, attribute, None)
         if isinstance(value, bool):
             found[label] = value
+    return found
+
+
+def _seconds(value: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if value >= size and value % size == 0:
+            return f"{value:g} s ({value / size:g} {unit})"
+    return f"{value:g} s"
+
+
+#: What each guard option does, in words, by its value (`effects`).
+_KEYS = {
+    "required": "a call without a key is refused (-32602), never run unguarded",
+    "optional": "a call without a key runs unguarded (no record, no replay)",
+    "derived": "a keyless re-send from the same caller is answered from the first call's record",
+}
+
+
+def effects(rule: ToolPolicy, guarded: bool) -> list[str]:
+    """What the policy's guard options change for a tool, each in words (the options it does not
+    set stay the guard's defaults); for a tool that passes through, that they change nothing."""
+    options = rule.options
+    if not options:
+        return []
+    if not guarded:
+        return [f"{', '.join(sorted(options))} set, unused: the tool passes through"]
+    found: list[str] = []
+    if "keys" in options:
+        found.append(f"keys = {options['keys']}: {_KEYS[options['keys']]}")
+    if options.get("key_argument"):
+        found.append(
+            f"key_argument = {options['key_argument']}: a key may come in that argument (added"
+            " to the listed input schema, never in the fingerprint)"
+        )
+    if options.get("key_header"):
+        found.append(f"key_header = {options['key_header']}: a key may come in that HTTP header")
+    if "retention" in options:
+        found.append(
+            f"retention = {_seconds(options['retention'])}: a keyed answer is replayed that long"
+            f" (default {_seconds(Policy().retention)})"
+        )
+    if "max_run_time" in options:
+        limit = options["max_run_time"]
+        found.append(
+            "max_run_time = none: a call may run unbounded"
+            if limit is None
+            else f"max_run_time = {_seconds(limit)}: a call still running then is cut short and"
+            f" answered -32012 (default {_seconds(Policy().max_run_time or 0)})"
+        )
+    if options.get("fingerprint") is not None:
+        found.append(
+            f"fingerprint = {options['fingerprint']}: only these arguments make the same call"
+            " for a reused key"
+        )
     return found
 
 
@@ -81,7 +141,7 @@ def row(tool: Tool, policy: ProxyPolicy) -> ToolRow:
     if hints.get("destructive") and hints.get("idempotent") and not key_place:
         flags.append("destructive and idempotent, with no key place: a hint is not a guarantee")
     action = "guarded" if guarded else "pass-through"
-    return ToolRow(tool.name, hints, action, why, retry, flags)
+    return ToolRow(tool.name, hints, action, why, retry, flags, effects(rule, guarded))
 
 
 def rows(tools: Sequence[Tool], policy: ProxyPolicy) -> list[ToolRow]:
@@ -95,5 +155,6 @@ def table(found: Sequence[ToolRow]) -> str:
         hints = ",".join(k for k, v in r.annotations.items() if v) or "-"
         lines.append(f"{r.name:<28} {hints:<34} {r.action:<13} {r.why}")
         lines.append(f"{'':<77} retry: {r.retry}")
+        lines.extend(f"{'':<77} policy: {effect}" for effect in r.effects)
         lines.extend(f"{'':<77} ! {flag}" for flag in r.flags)
     return "\n".join(lines)

@@ -2,9 +2,12 @@
 
 `OnceProxyProvider` is FastMCP's `ProxyProvider` (listing, resources, prompts, its caches) whose
 tools are `OnceProxyTool`s. A call the guard runs (there is a `current_claim()`) goes through the
-shared `UpstreamLink` with the upstream key `upstream_key(claim)`: derived from the record (so
-scoped to tenant, server and tool), never the caller's raw key, and the same on every re-send, so a
-guarded upstream, or one that reads the key, deduplicates too. The upstream's input-required round
+shared `UpstreamLink` with the upstream key `upstream_key(claim)`: the claim's `downstream_key`
+(derived from the record, so scoped to tenant, server and tool; never the caller's raw key),
+which names the intent (rule 18). It is the same on every re-send, takeover, release or settle of
+one call, so a guarded upstream, or one that reads the key, deduplicates too (where the upstream
+ran it after all, its record answers), and new for a deliberate repeat, which the upstream must
+run rather than replay. The upstream's input-required round
 reaches a 2026-07-28 caller as the tool's `InputRequiredToolResult` (the guard releases the claim
 for it: a question is never stored) and the caller's answers go upstream with the continuation,
 under the same upstream key. A call the guard does not run (pass-through, or unprotected) is
@@ -13,6 +16,7 @@ FastMCP's own proxy call, untouched (rule 14).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,11 +27,13 @@ from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from mcp import MCPError
 from mcp_types import CONNECTION_CLOSED, InputRequiredResult
 
-from idempotency import Claim, OutcomeLost, current_claim
+from idempotency import Claim, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
 
-from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable
+from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable, upstream_lost
 from .upstream import UpstreamLink
+
+logger = logging.getLogger("mcp_once.proxy")
 
 #: Prefix of the key the upstream receives, so an operator reading the upstream's records can tell
 #: where it came from.
@@ -35,8 +41,9 @@ UPSTREAM_KEY_PREFIX = "mcp-once:"
 
 
 def upstream_key(claim: Claim) -> str:
-    """The key the upstream gets for a claim: the record's hashed name (scope, tool and key)."""
-    return UPSTREAM_KEY_PREFIX + claim.record
+    """The key the upstream gets for a claim: its intent's downstream key (the record's hashed
+    name for the record's first intent, as before intents were told apart)."""
+    return UPSTREAM_KEY_PREFIX + claim.downstream_key
 
 
 class OnceProxyTool(ProxyTool):
@@ -90,11 +97,19 @@ class OnceProxyTool(ProxyTool):
             )
         except OutcomeUnknown as exc:
             # Nothing more will come of this call: the record turns UNKNOWN now, not at the
-            # lease's end (an `upstream_idempotent` tool's is left for a takeover).
-            raise OutcomeLost(f"the upstream may have run it ({exc.reason})") from exc
+            # lease's end (an `upstream_idempotent` tool's is left for a takeover). The guard
+            # logs it (one WARNING naming the record and tool).
+            _said(logging.DEBUG, name, claim, exc)
+            raise upstream_lost(exc, stdio=link.upstream.url is None) from exc
         except NotExecuted as exc:
+            _said(logging.DEBUG, name, claim, exc)
+            unsent = "could not be reached; not run, released, the caller may retry (-32013)"
+            _said(logging.WARNING, name, claim, None, unsent)
             raise UpstreamNotSent(str(exc.reason)) from exc
         except ToolCallError as exc:
+            _said(logging.DEBUG, name, claim, exc)
+            refused = f"refused the call with code {exc.code}; passed on, nothing stored"
+            _said(logging.INFO, name, claim, None, refused)
             raise UpstreamRefused(exc) from exc
         if isinstance(result, InputRequiredResult):
             return InputRequiredToolResult(result)
@@ -104,6 +119,16 @@ class OnceProxyTool(ProxyTool):
             meta=result.meta,
             is_error=result.is_error,
         )
+
+
+def _said(
+    level: int, name: str, claim: Claim, exc: BaseException | None, what: str = "call failed"
+) -> None:
+    """One line about the record of an upstream call (its store key's first 12 hex digits, as
+    the guard names records): each outcome is one line at its own level, the traceback behind
+    it (`exc`) at DEBUG only."""
+    record = claim.record[:12]
+    logger.log(level, "record %s (tool %r): the upstream %s", record, name, what, exc_info=exc)
 
 
 class OnceProxyProvider(ProxyProvider):
@@ -118,18 +143,21 @@ class OnceProxyProvider(ProxyProvider):
     tool added, removed or changed, as after the upstream's `list_changed`) is adopted afresh.
 
     `on_first_listing` is called with the tool names of the first listing that succeeds (at
-    start, or later when the upstream was unreachable then)."""
+    start, or later when the upstream was unreachable then); `on_listing` with the output
+    schemas of each distinct listing adopted (`build_proxy`)."""
 
     def __init__(
         self,
         link: UpstreamLink,
         resend: Any,
         on_first_listing: Callable[[list[str]], None] | None = None,
+        on_listing: Callable[[dict[str, dict[str, Any]]], None] | None = None,
     ) -> None:
         super().__init__(link.client)
         self._link = link
         self._resend = resend
         self._on_first_listing = on_first_listing
+        self._on_listing = on_listing
         #: The last listing as FastMCP built it, and our tools adopted from it.
         self._listed: Sequence[Tool] = ()
         self._adopted: list[Tool] = []
@@ -151,6 +179,8 @@ class OnceProxyProvider(ProxyProvider):
                 for t in listed
             ]
             self._listed = listed
+            if self._on_listing is not None:
+                self._on_listing({t.name: t.output_schema for t in listed if t.output_schema})
         if self._on_first_listing is not None:
             first, self._on_first_listing = self._on_first_listing, None
             first([t.name for t in listed])

@@ -25,16 +25,13 @@ call in flight (`forwarding.py`).
 
 from __future__ import annotations
 
-import json
 import os
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from mcp_once._upstream import Upstream
+from mcp_once._upstream.identity import CHAIN_VARIABLE, chain_marking
 from orchestrator import (
     OutcomeUnknown,
     ReconnectFailed,
@@ -55,88 +52,30 @@ if TYPE_CHECKING:
     from mcp_types import CallToolResult, InputRequiredResult, InputResponses
 
 
-class UpstreamConfigError(ValueError):
-    """The upstream cannot be named as given (no such server in the config file, no command)."""
-
-
 class UpstreamStartFailed(RuntimeError):
     """A stdio upstream's command could not be started as the proxy starts (no such command, it
     exits before its handshake): bad input, which no waiting mends, so the proxy does not serve.
     (An HTTP upstream not reachable yet is no such failure: the proxy serves and tries again.)"""
 
 
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    """Where the upstream is: a stdio command, or a streamable HTTP URL."""
+def transport(upstream: Upstream) -> ClientTransport:
+    """A fresh FastMCP transport to `upstream` (a new child for stdio)."""
+    from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 
-    command: tuple[str, ...] = ()
-    url: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if bool(self.command) == bool(self.url):
-            raise UpstreamConfigError("an upstream is either a command or a URL, exactly one")
-
-    @classmethod
-    def stdio(cls, *command: str, env: Mapping[str, str] | None = None) -> Upstream:
-        return cls(command=tuple(command), env=dict(env or {}))
-
-    @classmethod
-    def http(cls, url: str, headers: Mapping[str, str] | None = None) -> Upstream:
-        return cls(url=url, headers=dict(headers or {}))
-
-    @classmethod
-    def from_config(cls, path: str | Path, server: str) -> Upstream:
-        """The `mcpServers` entry `server` of a desktop client's JSON config file."""
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UpstreamConfigError(f"cannot read the config file {path}: {exc}") from exc
-        servers = data.get("mcpServers") if isinstance(data, dict) else None
-        if not isinstance(servers, dict) or server not in servers:
-            names = ", ".join(sorted(servers)) if isinstance(servers, dict) else "none"
-            raise UpstreamConfigError(f"no server {server!r} in {path} (mcpServers: {names})")
-        entry = servers[server]
-        if not isinstance(entry, dict):
-            raise UpstreamConfigError(f"mcpServers.{server} in {path} must be an object")
-        if isinstance(entry.get("url"), str):
-            return cls.http(entry["url"], entry.get("headers") or {})
-        command = entry.get("command")
-        if not isinstance(command, str):
-            raise UpstreamConfigError(f"mcpServers.{server} in {path} has no command or url")
-        args = [str(a) for a in entry.get("args") or []]
-        return cls(command=(command, *args), env=dict(entry.get("env") or {}), cwd=entry.get("cwd"))
-
-    @property
-    def name(self) -> str:
-        """A file-name-safe name for this upstream (the default store is named after it)."""
-        words = self.command if self.command else (self.url or "",)
-        # Skip runners and flags (`npx -y @scope/server-memory` names `server-memory`).
-        picked = [
-            w for w in words if not w.startswith("-") and Path(w).name not in _RUNNERS
-        ] or list(words)
-        base = picked[0].rstrip("/").rsplit("/", 1)[-1] if self.command else picked[0]
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")
-        return slug[:80] or "upstream"
-
-    def transport(self) -> ClientTransport:
-        """A fresh FastMCP transport to the upstream (a new child for stdio)."""
-        from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
-
-        if self.url is not None:
-            # On the client library's retry-aware HTTP client, which notes whether a request was
-            # sent: a refused connection is then "never sent" (released, re-sent), not "maybe
-            # executed" (UNKNOWN), which is all a failed POST can say without it.
-            return StreamableHttpTransport(
-                self.url, headers=dict(self.headers), httpx_client_factory=_http_client
-            )
-        command, *args = self.command
-        # The child sees the proxy's environment (a desktop client's config sets it for the
-        # proxy), plus what the config entry names; its stderr is ours (log_file=None).
-        env = {**os.environ, **self.env}
-        return StdioTransport(command, args, env=env, cwd=self.cwd, keep_alive=False)
+    if upstream.url is not None:
+        # On the client library's retry-aware HTTP client, which notes whether a request was
+        # sent: a refused connection is then "never sent" (released, re-sent), not "maybe
+        # executed" (UNKNOWN), which is all a failed POST can say without it.
+        return StreamableHttpTransport(
+            upstream.url, headers=dict(upstream.headers), httpx_client_factory=_http_client
+        )
+    command, *args = upstream.command
+    # The child sees the proxy's environment (a desktop client's config sets it for the proxy),
+    # plus what the config entry names, marked with the chain of upstreams served above it (a
+    # proxy it starts finds itself there: a loop); its stderr is ours (log_file=None).
+    marking = chain_marking(upstream.identity)
+    env = {**os.environ, **upstream.env, CHAIN_VARIABLE: marking}
+    return StdioTransport(command, args, env=env, cwd=upstream.cwd, keep_alive=False)
 
 
 def _http_client(
@@ -151,10 +90,6 @@ def _http_client(
     client = http_client_factory(headers, timeout, auth)
     client.follow_redirects = follow_redirects
     return client
-
-
-#: Launchers whose first non-flag argument names the server.
-_RUNNERS = frozenset({"npx", "uvx", "node", "python", "python3", "bunx", "deno", "pnpm", "dlx"})
 
 
 class UpstreamLink:
@@ -176,15 +111,23 @@ class UpstreamLink:
     def _connect(self) -> Client[Any]:
         from fastmcp.server.providers.proxy import ProxyClient
 
-        return ProxyClient(self.upstream.transport(), **self.forwarding.client_options())
+        return ProxyClient(transport(self.upstream), **self._client_options())
 
     def _connect_modern(self) -> Client[Any]:
         """The 2026-07-28 era's session ("auto": the handshake on an upstream without it, where
         the forwarding handlers relay as on the handshake session)."""
         from fastmcp.server.providers.proxy import ProxyClient
 
-        options = self.forwarding.client_options()
-        return ProxyClient(self.upstream.transport(), mode="auto", **options)
+        return ProxyClient(transport(self.upstream), mode="auto", **self._client_options())
+
+    def _client_options(self) -> dict[str, Any]:
+        """What each upstream session is opened with: our forwarding handlers, and none of the
+        caller's headers. FastMCP's `ProxyClient` copies the headers of the request that opens
+        the session (`Authorization` and cookies included) onto it, and the session is shared
+        by every caller: the first caller's token would reach the upstream, and speak for
+        everyone after it. No token passthrough: the upstream gets the proxy's own credentials
+        only (the upstream's `headers`, a stdio child's `env`)."""
+        return {**self.forwarding.client_options(), "forward_incoming_headers": False}
 
     @property
     def connects(self) -> int:

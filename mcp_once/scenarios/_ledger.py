@@ -105,8 +105,8 @@ class Ledger:
         record: str | None = None,
     ) -> None:
         """Record one execution of `tool`'s effect for logical call `call_id`; `record` is the
-        downstream key it was made under (`current_claim().record`), as a payment provider
-        keeps an idempotency key: what a reconciler looks the effect up by."""
+        downstream key it was made under (`current_claim().downstream_key`), as a payment
+        provider keeps an idempotency key: what a reconciler looks the effect up by."""
         self._write(
             "INSERT INTO effects (call_id, tool, result, key, attempt, pid, at, record)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

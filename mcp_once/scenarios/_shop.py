@@ -71,14 +71,15 @@ class ShopEffects:
     ) -> str:
         receipt = f"receipt {uuid.uuid4().hex[:12]} {cents} to {account}"
         claim = current_claim()
-        record = None if claim is None else claim.record
+        record = None if claim is None else claim.downstream_key
         self._ledger.record(call_id, "pay", receipt, key=key, attempt=attempt, record=record)
         return receipt
 
     def paid(self, doubt: InDoubt) -> Reconciled:
-        """`pay`'s reconciler: the payment made under the in-doubt record, looked up in the
-        ledger as a provider is asked by its idempotency key (sync: run in a worker thread)."""
-        found = self._ledger.made_under(doubt.record, "pay")
+        """`pay`'s reconciler: the payment made under the in-doubt execution's downstream key,
+        looked up in the ledger as a provider is asked by its idempotency key (sync: run in a
+        worker thread)."""
+        found = self._ledger.made_under(doubt.downstream_key, "pay")
         call_id = (doubt.arguments or {}).get("call_id")
         self._ledger.event("reconciled" if found else "reconciled_absent", call_id)
         return Reconciled.not_happened() if found is None else Reconciled.happened(found)

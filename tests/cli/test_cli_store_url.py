@@ -31,7 +31,8 @@ async def test_options_in_the_store_url_apply(
     await writer.aclose()
 
     durable = await cli(capsys, "keys", "list", "--json", "--store", f"{url}?wait_replicas=1")
-    assert (durable.code, durable.err, durable.json()) == (0, "", [])  # default prefix: none
+    assert durable.code == 3  # the default prefix holds nothing of mcp-once's
+    assert "(prefix 'mcp-once:'): is this the right --store?" in durable.err
     prefixed = f"{url}?prefix=elsewhere%3A&wait_replicas=1&wait_aof=false&wait_timeout=0.5"
     found = await cli(capsys, "keys", "list", "--json", "--store", prefixed)
     assert found.code == 0 and [row["key"] for row in found.json()] == [KEY]

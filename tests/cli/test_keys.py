@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from cli_run import cli, private_redis_server, sync_cli
+from cli_run import Ran, cli, private_redis_server, sync_cli
 from fake_clock import FakeClock
 from mcp import MCPError
 from mcp.client import Client
@@ -34,6 +34,7 @@ from redis_server import RedisServer, free_port
 from idempotency import (
     CallScope,
     KeyStore,
+    OutcomeLost,
     RecordState,
     SQLiteKeyStore,
     default_scope,
@@ -44,6 +45,7 @@ from idempotency import (
 )
 from idempotency._stores.sqlite import sqlite_path_from_url
 from mcp_once._cli import _common, _grace
+from mcp_once._cli._proxies import Manifest, record
 
 pytestmark = pytest.mark.anyio
 
@@ -300,7 +302,10 @@ async def test_list_all_by_state_and_as_json(
 
 
 #: The table's header: its columns, in order.
-HEADER = "key tool state age fence attempts leaseDeadline leaseRanOutAt expiresAt resultBytes"
+HEADER = (
+    "key tool state age fence attempts leaseDeadline leaseRanOutAt expiresAt resultBytes server"
+    " principal"
+)
 COLUMNS = HEADER.split()
 HOURS = 3600.0
 
@@ -552,6 +557,36 @@ async def test_settle_failed_lets_the_next_call_run_again(
     assert effects.count == 2
 
 
+async def test_a_retention_below_the_grace_is_refused_and_a_settled_keys_fence_never_repeats(
+    backend: Backend, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 48: a record settled with a short `--retention` vanished, and the next retry charged
+    at fence 1 again. Now a retention below the grace is a usage error (exit 2, nothing
+    changed); one of at least the grace settles; once that record expired, the next call runs
+    as a new intent (attempts 1) at a higher fence (rule 25)."""
+    operator_clock(monkeypatch, AFTER_GRACE)
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-brief")
+        before = await backend.store.get(record_key("k-brief"))
+        settle = ["keys", "settle", *derive_args("k-brief"), "--result-text", "charged"]
+        short = await cli(capsys, *settle, "--retention", "60", "--store", backend.url)
+        assert short.code == 2 and short.out == ""
+        assert "--retention 60 s is shorter than the grace of 90 s" in short.err
+        assert "Nothing was changed" in short.err
+        assert await backend.store.get(record_key("k-brief")) == before
+        settled = await cli(capsys, *settle, "--retention", "90", "--store", backend.url)
+        assert settled.code == 0, settled.err
+        replay = await client.call_tool("charge", ARGS, meta=meta("k-brief"))
+        assert marker(replay)["status"] == "replayed" and text(replay) == "charged"
+        backend.advance(_grace.DEFAULT_GRACE + 1)  # the settled record expired
+        rerun = await client.call_tool("charge", ARGS, meta=meta("k-brief"))
+    assert marker(rerun)["status"] == "executed" and marker(rerun)["attempts"] == 1
+    record = await backend.store.get(record_key("k-brief"))
+    assert record is not None and (record.fence, record.attempts) == (2, 1)
+    assert effects.count == 2  # the lost worker's charge, and the new call's
+
+
 async def test_settle_refuses_a_record_that_is_not_unknown(
     backend: Backend, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -572,7 +607,7 @@ async def test_settle_refuses_a_record_that_is_not_unknown(
     absent = await cli(
         capsys, "keys", "settle", *derive_args("k-none"), "--failed", "--store", backend.url
     )
-    assert absent.code == 1 and "it is absent" in absent.err
+    assert absent.code == 1 and f"no live record for key {record_key('k-none')}" in absent.err
     assert await backend.store.get(record_key("k-none")) is None
 
 
@@ -838,14 +873,22 @@ def test_an_sqlite_file_in_a_missing_directory_exits_3(
 @pytest.mark.parametrize(
     ("argv", "why"),
     [
-        (["keys", "show"], "give a store key, or all of --client-key, --tool and --server"),
-        (["keys", "show", "--client-key", "k", "--tool", "charge"], "all of --client-key"),
+        (["keys", "show"], "give a store key, or --client-key and --tool"),
+        (["keys", "show", "--client-key", "k"], "give a store key, or --client-key and --tool"),
         (["keys", "show", "0" * 64, "--client-key", "k"], "not both"),
         (["keys", "show", "k-1"], "'k-1' is not a store key"),
         (["keys", "show", *derive_args("x" * 256)], "--client-key: the idempotency key is 256"),
         (["keys", "show", *derive_args("bell\a")], "--client-key: the idempotency key must be"),
         (["keys", "settle", "0" * 64, "--failed", "--retention", "0"], "--retention must be"),
         (["keys", "settle", "0" * 64, "--failed", "--retention", "nan"], "--retention must be"),
+        (
+            ["keys", "settle", "0" * 64, "--result-text", "x", "--retention", "89"],
+            "--retention 89 s is shorter than the grace of 90 s",
+        ),
+        (
+            ["keys", "settle", "0" * 64, "--failed", "--retention", "5", "--grace", "6"],
+            "--retention 5 s is shorter than the grace of 6 s",
+        ),
         (["keys", "list", "--limit", "0"], "--limit must be at least 1"),
     ],
 )
@@ -902,3 +945,157 @@ async def test_the_console_script_lists_shows_and_fails_like_main(
     )
     assert dead.returncode == 3 and "cannot be reached" in dead.stderr
     assert "Traceback" not in dead.stderr
+
+
+# -- a death its holder saw, and a settle corrected (issue 43, items 7 and 8) ---------------------
+
+#: What the proxy says of an upstream child that died mid-call (`OutcomeLost`'s why).
+DIED = "the upstream process exited while the call ran; its effect may have happened"
+
+
+def relay(store: KeyStore, effects: Effects, *, ended: bool) -> MCPServer:
+    """A `charge` whose own downstream call dies after its effect: it gives the execution up as
+    `OutcomeLost`, saying whether it saw that execution end (the proxy: its stdio child exited)."""
+    server = MCPServer(SERVER)
+
+    @server.tool()
+    @idempotent(store, lease=LEASE)
+    async def charge(order: str, cents: int) -> str:
+        effects.count += 1
+        raise OutcomeLost(DIED, ended=ended)
+
+    return server
+
+
+@pytest.mark.parametrize("ended", [True, False], ids=["ended", "maybe-running"])
+async def test_settle_failed_needs_no_grace_where_the_holder_saw_the_execution_end(
+    backend: Backend, capsys: pytest.CaptureFixture[str], ended: bool
+) -> None:
+    """The holder turned the record UNKNOWN itself, at once, and said why: the caller and every
+    re-send get those words (never that a lease stopped renewing). Where it saw the execution end
+    (`ended`), `--failed` settles at once without `--force`: the grace is for a holder that may
+    be paused, and this one was alive to say so. Where it did not, the grace stands."""
+    effects = Effects()
+    async with Client(relay(backend.store, effects, ended=ended)) as client:
+        answers = []
+        for _ in range(2):
+            with pytest.raises(MCPError) as lost:
+                await client.call_tool("charge", ARGS, meta=meta("k-died"))
+            answers.append(lost.value)
+        assert [a.code for a in answers] == [wire.OUTCOME_UNKNOWN] * 2
+        assert all(DIED in a.message for a in answers), [a.message for a in answers]
+        assert not any("renewing" in a.message or "(not_" in a.message for a in answers)
+        assert effects.count == 1
+        settled = await cli(
+            capsys, "keys", "settle", *derive_args("k-died"), "--failed", "--store", backend.url
+        )
+        if not ended:
+            assert settled.code == 1 and "may be paused rather than dead" in settled.err
+            record = await backend.store.get(record_key("k-died"))
+            assert record is not None and record.state is RecordState.UNKNOWN
+            return
+        assert settled.code == 0, settled.err
+        assert "released (the next call runs again)" in settled.out
+        with pytest.raises(MCPError):
+            await client.call_tool("charge", ARGS, meta=meta("k-died"))
+    assert effects.count == 2  # the operator's verdict: it runs again
+
+
+async def test_settle_force_replaces_an_operators_settle_never_an_execution(
+    backend: Backend, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A settle that put the wrong answer in is corrected with `--force` (refused without it),
+    both settles in the history; a record the tool itself completed is never replaced."""
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-again")
+
+        async def settle(*verdict: str) -> Ran:
+            args = ["keys", "settle", *derive_args("k-again"), *verdict, "--store", backend.url]
+            return await cli(capsys, *args)
+
+        assert (await settle("--result-text", "first verdict", "--by", "ana")).code == 0
+        first = await client.call_tool("charge", ARGS, meta=meta("k-again"))
+        assert text(first) == "first verdict"
+        refused = await settle("--result-text", "second verdict")
+        assert refused.code == 1 and "already settled as completed by ana" in refused.err
+        assert "--force" in refused.err
+        again = await settle("--result-text", "second verdict", "--force", "--reason", "typo")
+        assert again.code == 0, again.err
+        assert "replacing the earlier settle" in again.out
+        second = await client.call_tool("charge", ARGS, meta=meta("k-again"))
+        assert text(second) == "second verdict" and marker(second)["status"] == "replayed"
+        history = await cli(
+            capsys, "keys", "history", *derive_args("k-again"), "--json", "--store", backend.url
+        )
+        settles = [e for e in history.json() if e["event"] == "settled"]
+        assert [(e["answer"], e.get("by"), e.get("replaces")) for e in settles] == [
+            ("done", "ana", None),
+            ("done", settles[1]["by"], "settled"),
+        ]
+        assert settles[1]["reason"] == "typo"
+        # And settled failed after all: released, the next call runs.
+        failed = await settle("--failed", "--force")
+        assert failed.code == 0 and "released" in failed.out
+        rerun = await client.call_tool("charge", ARGS, meta=meta("k-again"))
+        assert marker(rerun)["status"] == "executed" and effects.count == 2
+
+        executed = await client.call_tool("refund", ARGS, meta=meta("k-ran"))
+        ran = ["--client-key", "k-ran", "--tool", "refund", "--server", SERVER]
+        for verdict in (["--result-text", "x"], ["--failed"]):
+            never = await cli(
+                capsys, "keys", "settle", *ran, *verdict, "--force", "--store", backend.url
+            )
+            assert never.code == 1 and "an executed record is never replaced" in never.err
+        replay = await client.call_tool("refund", ARGS, meta=meta("k-ran"))
+    assert text(replay) == text(executed)
+
+
+async def test_a_result_the_proxys_listed_output_schema_rejects_is_not_settled(
+    backend: Backend,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the record is a proxy's (`--proxy NAME`, or `--server` naming a proxy) its manifest
+    holds the tools' output schemas as last listed: a result that does not match is refused,
+    before anything is written (every replay of it would fail in the caller's SDK). Elsewhere
+    the schema is not on this machine, and the settle is not checked (docs/runbook.md)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    schema = {
+        "type": "object",
+        "properties": {"success": {"type": "boolean"}, "message": {"type": "string"}},
+        "required": ["success", "message"],
+    }
+    manifest = Manifest(
+        name="shop",
+        id="0123456789ab",
+        server=SERVER,
+        store=backend.url,
+        upstream="node shop.js",
+        started_at=time.time(),
+        output_schemas={"charge": schema},
+    )
+    record(manifest, "shop-0123456789ab")
+    good = tmp_path / "good.json"
+    good.write_text(
+        json.dumps(
+            {
+                "content": [{"type": "text", "text": "charged"}],
+                "structuredContent": {"success": True, "message": "charged"},
+            }
+        )
+    )
+    effects = Effects()
+    async with Client(shop(backend.store, effects)) as client:
+        await make_unknown(client, backend, effects, "k-shape")
+        before = await backend.store.get(record_key("k-shape"))
+        by_proxy = ["--client-key", "k-shape", "--tool", "charge", "--proxy", "shop"]
+        for named in (by_proxy, [*derive_args("k-shape"), "--store", backend.url]):
+            refused = await cli(capsys, "keys", "settle", *named, "--result-text", "charged")
+            assert refused.code == 1, refused
+            assert "refusing to settle" in refused.err and "--result-text" in refused.err
+            assert "output schema" in refused.err and "'success' is a required" in refused.err
+        assert await backend.store.get(record_key("k-shape")) == before
+        fits = await cli(capsys, "keys", "settle", *by_proxy, "--result-json", str(good))
+        assert fits.code == 0, fits.err

@@ -4,10 +4,17 @@
 //   {"op": "connect", "command": "...", "args": [...]}          stdio: spawn the server
 //   {"op": "connect", "url": "...", "headers": {...}}           streamable HTTP; the headers go
 //                                                               on every request (requestInit)
-//   {"op": "call", "name": "...", "arguments": {...}, "meta": {...}}   tools/call (meta optional)
+//   {"op": "call", "name": "...", "arguments": {...}, "meta": {...}, "timeoutMs": N}
+//                                                               tools/call (meta, timeoutMs
+//                                                               optional: past it the SDK gives
+//                                                               up, -32001, and sends
+//                                                               notifications/cancelled)
 //   {"op": "list"}                                              tools/list
 // A connect replaces the previous connection. Answers: {"result": ...} or
 // {"error": {"code": ..., "message": ..., "data": ...}}; the process ends when stdin closes.
+// An answer is written once every message the client sent meanwhile was handed to the server (a
+// timed-out call's cancel, which the SDK sends without waiting, included): whatever the next
+// command sends reaches the server after it, over HTTP too.
 //
 // Run with NODE_PATH unset: the SDK is resolved from the folder given as argv[2] (where the test
 // installed it), so nothing is installed globally.
@@ -26,6 +33,22 @@ const { StreamableHTTPClientTransport } = await load(
 );
 
 let client = null;
+// What the transport is still sending (see the header).
+const sending = new Set();
+
+function tracked(transport) {
+  const send = transport.send.bind(transport);
+  transport.send = (message, options) => {
+    const sent = send(message, options);
+    sending.add(sent);
+    sent.then(
+      () => sending.delete(sent),
+      () => sending.delete(sent)
+    );
+    return sent;
+  };
+  return transport;
+}
 
 async function connect(command) {
   if (client !== null) {
@@ -37,7 +60,7 @@ async function connect(command) {
       })
     : new StdioClientTransport({ command: command.command, args: command.args, stderr: 'ignore' });
   client = new Client({ name: 'ts-sdk-real-client', version: '1.0.0' });
-  await client.connect(transport);
+  await client.connect(tracked(transport));
   return { protocolVersion: transport.protocolVersion ?? null };
 }
 
@@ -50,7 +73,8 @@ async function handle(command) {
       if (command.meta) {
         params._meta = command.meta;
       }
-      return client.callTool(params);
+      const options = command.timeoutMs ? { timeout: command.timeoutMs } : undefined;
+      return client.callTool(params, undefined, options);
     }
     case 'list':
       return client.listTools();
@@ -69,6 +93,7 @@ for await (const line of lines) {
       error: { code: error.code ?? null, message: String(error.message), data: error.data ?? null },
     };
   }
+  await Promise.allSettled([...sending]);
   process.stdout.write(JSON.stringify(answer) + '\n');
 }
 if (client !== null) {

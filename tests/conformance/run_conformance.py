@@ -1,11 +1,16 @@
 """Run the official MCP conformance server suite against the fixture: unguarded, guarded, and
-unguarded behind `mcp-once proxy`.
+unguarded behind `mcp-once proxy`, as a proxy of one upstream and as a gateway.
 
-Three modes, each one server started once on a free loopback port:
+Four modes, each one server started once on a free loopback port:
 - `unguarded`: the fixture server (`fixture_server.py`) bare, the baseline;
 - `guarded`: the fixture with every tool guarded by `idempotency.install()`;
 - `proxied`: `mcp-once proxy --listen` (HTTP front, SQLite store) in front of the unguarded
-  fixture as its `--upstream` (streamable HTTP: the fixture serves HTTP only).
+  fixture as its `--upstream` (streamable HTTP: the fixture serves HTTP only);
+- `gateway`: `mcp-once proxy --listen --config FILE` with no `--server`, the front of every
+  entry of FILE (`mcp_once.proxy.gateway`), FILE's one entry the unguarded fixture's URL: the
+  gateway's own parts (the upstream's proxy mounted, calls dispatched to it, completion routed)
+  under the suites. With one entry nothing is prefixed, as in FastMCP's proxy of a one-server
+  config; the suites call the fixture's tools, prompts and resources by their own names.
 The suite is run against each `--passes` times in a row: a second pass is a second set of
 clients calling the same tools with the same arguments on a server that has already served them,
 which is where a guard that merges calls across clients would show. Per-scenario results come
@@ -13,9 +18,9 @@ from the `checks.json` files the suite writes with `-o`: a scenario passes when 
 its checks is a FAILURE (warnings and infos do not fail it, as in the suite's own summary).
 
 A scenario run that passes unguarded must pass in the other modes, with one allowance: the
-checks `PROXY_EXCEPTIONS` lists may fail through the proxy, each with the reason it cannot hold
-there. A proxied failure of any other check fails the run; a listed scenario that passes through
-the proxy is reported (the list is stale), not failed.
+checks `PROXY_EXCEPTIONS` lists may fail through the proxy (either front), each with the reason
+it cannot hold there. A proxied failure of any other check fails the run; a listed scenario that
+passes through the proxy is reported (the list is stale), not failed.
 
 Exit status: 0 when every mode passes every scenario (in every pass) that the unguarded server
 passes, allowances aside; 1 when one does not (or, with `--expect-all`, when the unguarded server
@@ -48,7 +53,7 @@ from typing import Any
 
 FIXTURE = Path(__file__).with_name("fixture_server.py")
 BASELINE = "unguarded"
-MODES = (BASELINE, "guarded", "proxied")
+MODES = (BASELINE, "guarded", "proxied", "gateway")
 #: `server-<scenario>-<ISO timestamp with dashes>`, the directory the suite writes per scenario.
 RESULT_DIR = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$")
 RUNNING = re.compile(r"^=== Running scenario: (?P<scenario>\S+) ===$", re.MULTILINE)
@@ -112,8 +117,11 @@ PROXY_EXCEPTIONS: Mapping[str, Allowance] = {
         frozenset({"sep-2322-respect-client-capabilities"}), _INPUT_REQUIRED_CAPABILITIES
     ),
 }
-#: The allowances of each mode (only the proxy has any).
-ALLOWANCES: Mapping[str, Mapping[str, Allowance]] = {"proxied": PROXY_EXCEPTIONS}
+#: The allowances of each mode (only the proxy's two fronts have any: the same).
+ALLOWANCES: Mapping[str, Mapping[str, Allowance]] = {
+    "proxied": PROXY_EXCEPTIONS,
+    "gateway": PROXY_EXCEPTIONS,
+}
 
 
 PassResult = dict[str, Scenario]
@@ -150,13 +158,21 @@ def read_results(output_dir: Path, ran: Sequence[str]) -> PassResult:
 def server(mode: str, folder: Path, start_timeout: float) -> Iterator[str]:
     """The server of `mode`, running for the duration of the block; yields its URL."""
     with ExitStack() as stack:
-        unguarded = mode in (BASELINE, "proxied")
+        unguarded = mode != "guarded"
         url = stack.enter_context(_fixture(unguarded, folder / "server.log", start_timeout))
-        if mode == "proxied":
+        if mode in ("proxied", "gateway"):
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="mcp-once-conf-px-"))
             command = [sys.executable, "-m", "mcp_once", "proxy", "--listen", "127.0.0.1:0"]
-            command += ["--upstream", url, "--store", f"sqlite:///{store}/keys.sqlite3"]
-            url = stack.enter_context(_proxy(command, folder / "proxy.log", start_timeout))
+            command += ["--store", f"sqlite:///{store}/keys.sqlite3"]
+            if mode == "proxied":
+                command += ["--upstream", url]
+            else:
+                config = Path(store) / "gateway.json"
+                config.write_text(json.dumps({"mcpServers": {"conformance": {"url": url}}}))
+                command += ["--config", str(config)]
+            # Its manifest in the temporary folder, not the user's state folder.
+            env = {**os.environ, "XDG_STATE_HOME": store}
+            url = stack.enter_context(_proxy(command, env, folder / "proxy.log", start_timeout))
         yield url
 
 
@@ -176,11 +192,14 @@ def _fixture(unguarded: bool, log: Path, start_timeout: float) -> Iterator[str]:
 
 
 @contextmanager
-def _proxy(command: list[str], log: Path, start_timeout: float) -> Iterator[str]:
+def _proxy(
+    command: list[str], env: Mapping[str, str], log: Path, start_timeout: float
+) -> Iterator[str]:
     """`mcp-once proxy --listen`, announcing its URL on stderr; the rest of its stderr is copied
     to `log` (read as it comes, so a chatty proxy never blocks on a full pipe)."""
     proc = subprocess.Popen(
         command,
+        env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -469,7 +488,8 @@ def _modes(value: str) -> tuple[str, ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run the MCP conformance server suite against the fixture, unguarded, guarded"
-        " by mcp-once, and behind mcp-once proxy; arguments after -- go to `conformance server`."
+        " by mcp-once, and behind mcp-once proxy (one upstream, and a gateway); arguments after"
+        " -- go to `conformance server`."
     )
     parser.add_argument("--package", required=True, type=Path, help="the installed npm package")
     parser.add_argument("--label", default="conformance", help="name shown in the report")

@@ -7,7 +7,7 @@ import pytest
 from fastmcp_kit import charge_server, serving
 from server_kit import Effects, body, call_fingerprint, marker, meta, record_key
 
-from idempotency import InDoubt, MemoryKeyStore, Reconciled, wire
+from idempotency import InDoubt, MemoryKeyStore, Reconciled, history_saying, wire
 
 pytestmark = pytest.mark.anyio
 
@@ -18,7 +18,8 @@ async def in_doubt(store: MemoryKeyStore, key: str) -> None:
     """A worker that claimed `key` and vanished: its lease already ran out."""
     name = record_key("shop", "charge", key)
     fp = call_fingerprint("charge", ARGS)
-    lost = await store.claim(name, fp, lease=1e-9, takeover=False, tool="charge")
+    with history_saying(server="shop"):  # as the guard of FastMCP("shop") claims
+        lost = await store.claim(name, fp, lease=1e-9, takeover=False, tool="charge")
     assert lost.status.value == "claimed"
 
 

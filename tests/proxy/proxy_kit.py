@@ -42,9 +42,11 @@ class NodeServers:
         return [self.node, str(entry), *args]
 
 
-def tapped(count_file: Path, command: list[str]) -> list[str]:
-    """`command` behind a tap counting the `tools/call` requests it is sent."""
-    return [sys.executable, str(TAP), str(count_file), "--", *command]
+def tapped(count_file: Path, command: list[str], *, arguments: bool = False) -> list[str]:
+    """`command` behind a tap counting the `tools/call` requests it is sent (with `arguments`,
+    each request's tool name and arguments as a JSON line)."""
+    flag = ["--arguments"] if arguments else []
+    return [sys.executable, str(TAP), *flag, str(count_file), "--", *command]
 
 
 def lines(path: Path) -> int:

@@ -29,10 +29,11 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import pytest
@@ -275,21 +276,36 @@ async def run_calls(fleet: Fleet, fates: list[Fate], chaos: Chaos) -> None:
     fates.extend(held)
 
 
-async def ask_again(fleet: Fleet, fates: list[Fate]) -> None:
-    """Every call that ended without its result, asked again with its key through nginx on a
-    clean link: the record's answer (replayed), a first run (nothing had run), or UNKNOWN."""
+class Asked(Protocol):
+    """A logical call as `ask_again` sees it (each fleet test's `Fate`)."""
+
+    key: str
+    result: str | None
+    replayed: bool
+    unknown: bool
+
+
+Called = TypeVar("Called", bound=Asked)
+
+
+async def ask_again(
+    url: str, fates: Sequence[Called], call: Callable[[Called], tuple[str, dict[str, Any]]]
+) -> None:
+    """Every call of `fates` that ended without its result, asked again with its key (`call`:
+    its tool and arguments) at `url` on a clean link: the record's answer (replayed), a first run
+    (nothing had run), or UNKNOWN."""
     async with RetryingSession(
-        connect=lambda: Client(streamable_http_transport(fleet.nginx.url)), policy=RECONCILE
+        connect=lambda: Client(streamable_http_transport(url)), policy=RECONCILE
     ) as session:
         for fate in fates:
             if fate.result is not None:
                 continue
-            arguments = fate.arguments()
+            tool, arguments = call(fate)
             with anyio.fail_after(LEASE_OUT):
                 while True:
                     try:
                         result, report = await session.call_tool_with_report(
-                            "charge", arguments, idempotency_key=fate.key
+                            tool, arguments, idempotency_key=fate.key
                         )
                     except ServerOutcomeUnknown:
                         fate.unknown = True
@@ -316,7 +332,7 @@ async def replayed_by_the_restarted_replica(fleet: Fleet, fates: list[Fate]) -> 
 
 async def shown_unknown(fleet: Fleet, fate: Fate, capsys: pytest.CaptureFixture[str]) -> bool:
     """Whether `mcp-once keys show` finds the call's record UNKNOWN."""
-    server = f"mcp-once proxy: {Upstream.http(fleet.upstream.url).name}"
+    server = Upstream.http(fleet.upstream.url).identity.server
     record = ["--client-key", fate.key, "--tool", "charge", "--server", server]
     capsys.readouterr()
     status = await anyio.to_thread.run_sync(
@@ -341,7 +357,7 @@ async def test_two_proxy_replicas_behind_nginx_with_chaos_and_kills(
         ran = time.monotonic()
         await run_calls(fl, fates, chaos)
         workload = time.monotonic() - ran
-        await ask_again(fl, fates)
+        await ask_again(fl.nginx.url, fates, lambda f: ("charge", f.arguments()))
         restarted_replays = await replayed_by_the_restarted_replica(fl, fates)
         unknown = [fate for fate in fates if fate.unknown]
         shown = [await shown_unknown(fl, fate, capsys) for fate in unknown]

@@ -221,7 +221,10 @@ async def test_in_doubt_record_turns_unknown_at_once_and_settles(
         assert record.state is RecordState.UNKNOWN and record.tool == "charge"
         events = parse_history(await store.history(record.key))  # type: ignore[attr-defined]
         assert [e.kind for e in events] == ["claimed", "interrupted"]
-        assert events[1].details == {"why": "interrupted"}
+        assert events[1].details == {
+            "why": "the upstream process exited while the call ran; its effect may have happened",
+            "ended": "yes",
+        }
         with pytest.raises(MCPError) as again:
             await client.call_tool("charge", crash, meta=meta_key("crashed"))
         assert again.value.code == wire.OUTCOME_UNKNOWN  # not IN_PROGRESS (-32010)
@@ -261,6 +264,8 @@ async def test_an_http_upstream_dying_mid_call_turns_the_record_unknown_at_once(
             with pytest.raises(MCPError) as again:
                 await client.call_tool("charge", crash, meta=meta_key("stream-broke"))
     print(f"[http upstream killed mid-call] -32012 after {took:.2f} s (lease {lease:g} s)")
+    broke = "the connection to the upstream broke while the call ran; its effect may have happened"
+    assert broke in caught.value.message and broke in again.value.message
     assert caught.value.code == wire.OUTCOME_UNKNOWN and took < lease / 3
     assert again.value.code == wire.OUTCOME_UNKNOWN
     (record,) = await store.list_records()
@@ -279,9 +284,10 @@ def _stdout_of(main: Any, argv: list[str]) -> str:
 async def test_tools_command_lists_what_the_proxy_does(
     node_servers: NodeServers, ledger: Path
 ) -> None:
-    """`mcp-once tools --json` against a real upstream, with a policy pattern matching nothing."""
+    """`mcp-once tools --json` against a real upstream, with a policy pattern matching nothing
+    (the nearest tool name suggested) and one whose options are said in words."""
     policy = ledger / "policy.toml"
-    policy.write_text('[tools."chrage"]\nguard = false\n')
+    policy.write_text('[tools."chrage"]\nguard = false\n[tools."charge"]\nretention = 3600\n')
     command = [sys.executable, "-m", "mcp_once", "tools", "--json", "--policy", str(policy)]
     with anyio.fail_after(120):
         done = await anyio.run_process([*command, "--", *node_servers.ledger(ledger)], check=False)
@@ -290,8 +296,13 @@ async def test_tools_command_lists_what_the_proxy_does(
     rows = {r["name"]: r for r in json.loads(done.stdout)}
     assert rows["charge"]["action"] == "guarded"
     assert rows["charge"]["annotations"] == {"destructive": True, "idempotent": False}
+    assert rows["charge"]["effects"] == [
+        "retention = 3600 s (1 h): a keyed answer is replayed that long (default 86400 s (1 d))"
+    ]
     assert rows["balance"]["action"] == "pass-through"
-    assert "policy pattern 'chrage' matches no tool" in stderr
+    assert "policy pattern 'chrage' matches no tool of the upstream; did you mean 'charge'?" in (
+        stderr
+    )
 
 
 async def test_the_desktop_config_snippet_starts(node_servers: NodeServers, tmp_path: Path) -> None:

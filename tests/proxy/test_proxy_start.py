@@ -69,7 +69,7 @@ async def test_a_proxy_started_before_its_http_upstream_serves_and_runs_the_call
                 await client.call_tool_mcp("charge", {"amount": 4}, meta=meta_key("early"))
             assert unreachable(call.value), call.value
             assert "matches no tool" not in log.read_text()  # no listing yet: nothing to report
-            name = f"mcp-once proxy: {Upstream.http(upstream.url).name}"
+            name = Upstream.http(upstream.url).identity.server
             # Nothing stored: no record (the store's file is made at its first write, if any).
             assert not store_file.exists() or await keys_show(store, name, "early") is None
             assert lines(ledger / "calls") == 0

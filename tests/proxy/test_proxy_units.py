@@ -20,15 +20,16 @@ from mcp_once.proxy import PolicyError, Upstream, UpstreamConfigError, load_poli
 from mcp_once.proxy.failures import UpstreamNotSent, UpstreamRefused, caller_error
 from mcp_once.proxy.forwarding import Forwarding
 from mcp_once.proxy.middleware import ProxyGuardMiddleware
-from mcp_once.proxy.report import row
+from mcp_once.proxy.policy import ProxyPolicy, ToolRule
+from mcp_once.proxy.report import row, table
 
 
 def test_an_unknown_policy_key_is_an_error_naming_it() -> None:
     with pytest.raises(PolicyError, match="key_arg") as caught:
         parse_policy({"tools": {"charge": {"key_arg": "id"}}})
     assert "charge" in str(caught.value)
-    with pytest.raises(PolicyError, match="servers"):
-        parse_policy({"servers": {}})
+    with pytest.raises(PolicyError, match="unknown policy key"):
+        parse_policy({"server": {}})
     with pytest.raises(PolicyError, match="guard must be true or false"):
         parse_policy({"tools": {"x": {"guard": "no"}}})
 
@@ -67,12 +68,16 @@ def test_policy_file_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_a_bad_guard_option_fails_at_start_up_before_any_listing() -> None:
-    """Checked as the guard is built, not at the first listing: with an upstream unreachable
-    while the proxy starts, that listing may come much later."""
+    """Checked as the file is read (so `tools` refuses what the proxy would), and again as the
+    guard is built for a policy made in Python, never at the first listing: with an upstream
+    unreachable while the proxy starts, that listing may come much later."""
     for pattern in ("charge", "charge_*"):
-        policy = parse_policy({"tools": {pattern: {"keys": "sometimes"}}})
+        with pytest.raises(PolicyError, match="sometimes") as caught:
+            parse_policy({"tools": {pattern: {"keys": "sometimes"}}})
+        assert f'[tools."{pattern}"]' in str(caught.value)
+        made = ProxyPolicy((ToolRule(pattern, options={"keys": "sometimes"}),))
         with pytest.raises(ValueError, match="sometimes"):
-            ProxyGuardMiddleware(MemoryKeyStore(), policy)
+            ProxyGuardMiddleware(MemoryKeyStore(), made)
 
 
 def test_upstreams_from_a_desktop_config(tmp_path: Path) -> None:
@@ -88,7 +93,7 @@ def test_upstreams_from_a_desktop_config(tmp_path: Path) -> None:
     config.write_text(json.dumps({"mcpServers": servers}))
     memory = Upstream.from_config(config, "memory")
     assert memory.command == ("npx", "-y", "@modelcontextprotocol/server-memory")
-    assert memory.env == {"A": "1"} and memory.name == "server-memory"
+    assert memory.env == {"A": "1"} and memory.name == "memory"  # the entry's name
     assert Upstream.from_config(config, "remote").url == "https://example.test/mcp"
     with pytest.raises(UpstreamConfigError, match="memory, remote"):
         Upstream.from_config(config, "nope")
@@ -167,8 +172,17 @@ def test_tools_rows_say_what_and_why_and_flag_contradictions() -> None:
     ("argv", "said"),
     [
         (["proxy"], "name one upstream"),
-        (["proxy", "--upstream", "http://x/mcp", "--", "node", "s.js"], "name one upstream"),
-        (["proxy", "--config", "c.json"], "--config and --server go together"),
+        (
+            ["proxy", "--upstream", "http://x/mcp", "--", "node", "s.js"],
+            "conflicting upstreams: the command 'node' and --upstream http://x/mcp each name one",
+        ),
+        (
+            ["proxy", "--config", "c.json", "--server", "a", "node"],
+            "conflicting upstreams: the command 'node' and --config c.json each name one",
+        ),
+        (["proxy", "--config", "c.json"], "cannot read the config file c.json"),
+        (["tools", "--config", "c.json"], "--config FILE names one upstream here"),
+        (["proxy", "--server", "a", "--", "node"], "--server names an entry of --config FILE"),
         (["tools", "--listen", "x"], "unrecognized arguments"),
     ],
 )
@@ -190,6 +204,73 @@ def test_cli_refuses_an_unknown_policy_key(
     assert 'unknown policy key(s) in [tools."charge"]: idempotent' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ('keys = "mandatory"', "keys must be one of required, optional, derived; got 'mandatory'"),
+        ('retention = "1d"', "retention must be a number of seconds, not str"),
+        ("max_run_time = -5", "max_run_time must be a positive, finite number of seconds"),
+        ('key_header = "Bad Header"', "Bad Header"),
+        ('key_argument = ""', "key_argument"),
+        ('fingerprint = {include = "order"}', "fingerprint paths must be a list"),
+        ("guard = 1", "guard must be true or false"),
+    ],
+)
+def test_tools_refuses_every_policy_the_proxy_refuses_with_the_same_words(
+    table: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One check for both (`load_policy`): `tools` no longer passes a policy (exit 0) that then
+    stops the proxy. Checked before anything is started (the command does not exist)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[tools."create_*"]\n{table}\n')
+    errors = {}
+    for command in ("tools", "proxy"):
+        with pytest.raises(SystemExit) as caught:
+            main([command, "--policy", str(policy), "--", "no-such-upstream-command"])
+        assert caught.value.code == 2, command
+        errors[command] = capsys.readouterr().err
+    assert errors["tools"] == errors["proxy"]
+    assert said in errors["tools"] and '[tools."create_*"]' in errors["tools"], errors
+    assert "Traceback" not in errors["tools"]
+
+
+def test_tools_rows_say_what_each_guard_option_changes() -> None:
+    policy = parse_policy(
+        {
+            "tools": {
+                "create_*": {"keys": "required", "key_argument": "request_id"},
+                "create_order": {"retention": 3600, "max_run_time": 60},
+                "search": {"key_header": "Idempotency-Key", "guard": False},
+            }
+        }
+    )
+    order = row(_tool("create_order"), policy)
+    assert order.effects == [
+        "keys = required: a call without a key is refused (-32602), never run unguarded",
+        "key_argument = request_id: a key may come in that argument (added to the listed"
+        " input schema, never in the fingerprint)",
+        "retention = 3600 s (1 h): a keyed answer is replayed that long (default 86400 s (1 d))",
+        "max_run_time = 60 s (1 min): a call still running then is cut short and answered"
+        " -32012 (default 300 s (5 min))",
+    ]
+    assert row(_tool("charge"), policy).effects == []  # no table: the guard's defaults
+    passed = row(_tool("search", read_only_hint=True), policy)
+    assert passed.effects == ["key_header set, unused: the tool passes through"]
+    assert "policy: keys = required" in table([order])
+    assert row(_tool("create_order"), policy).as_json()["effects"] == order.effects
+
+
+def test_a_pattern_matching_no_tool_names_the_nearest_one() -> None:
+    policy = parse_policy(
+        {"tools": {"chrage": {"guard": True}, "zzz_*": {"guard": True}, "get_*": {}}}
+    )
+    said = policy.unmatched_said(["charge", "get_balance", "refund"])
+    assert said == [
+        "policy pattern 'chrage' matches no tool of the upstream; did you mean 'charge'?",
+        "policy pattern 'zzz_*' matches no tool of the upstream",
+    ]
+
+
 def test_the_desktop_config_snippets_run_the_proxy() -> None:
     """Each snippet of docs/proxy.md parses, and names `mcp-once proxy ... -- COMMAND`."""
     from proxy_kit import desktop_configs
@@ -205,17 +286,21 @@ def test_the_desktop_config_snippets_run_the_proxy() -> None:
         build_parser().parse_args(entry["args"][:split])  # the options exist as written
 
 
-def test_the_default_store_is_named_after_the_upstream(
+def test_the_default_store_is_the_upstreams_own_file_in_the_state_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Not in the working directory: `$XDG_STATE_HOME/mcp-once/NAME-ID.sqlite3`."""
     from mcp_once._cli import build_parser
     from mcp_once._cli._proxy import _store_url
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("MCP_ONCE_STORE", raising=False)
     args = build_parser().parse_args(["proxy"])
-    upstream = Upstream.stdio("npx", "-y", "@modelcontextprotocol/server-memory")
-    assert _store_url(args, upstream) == "sqlite:///.mcp-once/proxy-server-memory.sqlite3"
-    assert (tmp_path / ".mcp-once").is_dir()
+    identity = Upstream.stdio("npx", "-y", "@modelcontextprotocol/server-memory").identity
+    assert identity.stem == f"server-memory-{identity.id}"
+    state = tmp_path / "state" / "mcp-once"
+    assert _store_url(args, identity.stem) == f"sqlite:///{state}/{identity.stem}.sqlite3"
+    assert not (tmp_path / ".mcp-once").exists()
     monkeypatch.setenv("MCP_ONCE_STORE", "memory://")
-    assert _store_url(build_parser().parse_args(["proxy"]), upstream) == "memory://"
+    assert _store_url(build_parser().parse_args(["proxy"]), identity.stem) == "memory://"

@@ -13,6 +13,10 @@ Tools:
   reach, as a blocking call to a provider would be.
 - `wait_started(count)`: returns this process's pid once `count` effects have started here.
 - `open_gate()`: lets a held `effect` or `fenced_effect` go on.
+- `in_doubt_gauge(at_least)`, with `--metrics` (an OpenTelemetry SDK in this process, read by an
+  in-memory reader, and the gauge's census counting at most every 0.1 s): the value of
+  `mcp_once_records_in_doubt` once a collection reports at least `at_least`. Each collection
+  asks for the next count, so it polls them.
 
 The ledger survives SIGKILL, so a test can count effects across processes.
 """
@@ -25,6 +29,7 @@ import sqlite3
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -155,7 +160,42 @@ async def serve(args: argparse.Namespace) -> None:
         thread_gate.set()
         return "open"
 
+    if args.metrics:
+        reader = _collect_metrics()
+
+        @server.tool()
+        async def in_doubt_gauge(at_least: int) -> int:
+            while True:
+                found = _gauge(reader, "mcp_once_records_in_doubt")
+                if found is not None and found >= at_least:
+                    return found
+                await anyio.sleep(0.05)  # the next collection, and the count it asks for
+
     await serve_stdio(server, store)
+
+
+def _collect_metrics() -> Any:
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from idempotency._guard import in_doubt_gauge
+
+    in_doubt_gauge.CENSUS_INTERVAL = 0.1  # a test's patience, not an operator's
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    return reader
+
+
+def _gauge(reader: Any, name: str) -> int | None:
+    """The value a collection of `reader` reports for the gauge `name` (None: none)."""
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name and metric.data.data_points:
+                    return int(metric.data.data_points[0].value)
+    return None
 
 
 def main() -> None:
@@ -168,6 +208,7 @@ def main() -> None:
     parser.add_argument("--gated", action="store_true")
     parser.add_argument("--provider", help="the FencedTable's SQLite file, for fenced_effect")
     parser.add_argument("--name", default="effects")
+    parser.add_argument("--metrics", action="store_true", help="an OpenTelemetry SDK, in memory")
     anyio.run(serve, parser.parse_args())
 
 

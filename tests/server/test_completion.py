@@ -128,7 +128,7 @@ async def test_an_outage_past_the_lease_loses_nothing_if_no_retry_came_first(
 ) -> None:
     """The lease can no longer be proven (the renewals failed until it ran out), yet nobody
     claimed the key meanwhile: once the store is back the write still lands under the token."""
-    heard = Heard("lost the lease of record")
+    heard = Heard("lost its lease")
     logging.getLogger("idempotency").addHandler(heard)
     effects = Effects()
     try:

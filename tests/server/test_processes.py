@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +25,14 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult
 from server_kit import answer, body, marker, meta, record_key
 
-from idempotency import RecordState, RedisKeyStore, SQLiteKeyStore, decode_result, wire
+from idempotency import (
+    RecordState,
+    RedisKeyStore,
+    SQLiteKeyStore,
+    decode_result,
+    in_doubt_records,
+    wire,
+)
 from mcp_once._cli import _common, _grace, main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -46,6 +54,7 @@ def server_params(
     wait: float = 10.0,
     prefix: str | None = None,
     provider: Path | None = None,
+    metrics: bool = False,
 ) -> StdioServerParameters:
     args = [str(SCRIPT), "--store", store, "--ledger", str(ledger)]
     args += ["--lease", str(lease), "--wait", str(wait)]
@@ -55,6 +64,8 @@ def server_params(
         args += ["--redis-prefix", prefix]
     if provider is not None:
         args += ["--provider", str(provider)]
+    if metrics:
+        args.append("--metrics")
     # The child gets a minimal environment; the venv's interpreter finds the package itself.
     return StdioServerParameters(command=sys.executable, args=args, env={"PYTHONUNBUFFERED": "1"})
 
@@ -109,6 +120,21 @@ async def frozen_mid_call(
         finally:
             os.kill(pid, signal.SIGCONT)
         await client.call_tool("open_gate")
+
+
+async def killed_mid_call(params: StdioServerParameters, order: str, key: str) -> int:
+    """Call `effect(order)` under `key` on a (gated) server process started with `params`, and
+    SIGKILL the process once the tool started there. Its pid."""
+    async with doomed(params) as a, anyio.create_task_group() as tg:
+
+        async def doomed_call() -> None:
+            with pytest.raises(MCPError):
+                await a.call_tool("effect", {"order": order}, meta=meta(key))
+
+        tg.start_soon(doomed_call)
+        pid = await pid_of(a)
+        os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def _only_connection_errors(exc: BaseException) -> bool:
@@ -359,15 +385,7 @@ async def test_a_killed_workers_record_is_settled_without_a_client(
         return code, out, err
 
     with anyio.fail_after(STARTUP_BOUND):
-        async with doomed(victim) as a, anyio.create_task_group() as tg:
-
-            async def doomed_call() -> None:
-                with pytest.raises(MCPError):
-                    await a.call_tool("effect", {"order": "S1"}, meta=meta("kill-S1"))
-
-            tg.start_soon(doomed_call)
-            victim_pid = await pid_of(a)
-            os.kill(victim_pid, signal.SIGKILL)
+        victim_pid = await killed_mid_call(victim, "S1", "kill-S1")
     _, running, _ = await operator("keys", "list", "--json")
     _, none_yet, _ = await operator("keys", "list", "--state", "unknown", "--json")
     later["by"] = 60.0  # the 30 s lease ran out 30 s ago: within the 90 s grace
@@ -391,3 +409,75 @@ async def test_a_killed_workers_record_is_settled_without_a_client(
     assert rows["started"][0] == victim_pid and len(rows["started"]) == 2
     assert len(rows["done"]) == 1 and rows["done"][0] != victim_pid
     assert marker(rerun)["status"] == "executed" and marker(replay)["status"] == "replayed"
+
+
+@pytest.mark.slow  # two server processes, one killed, and a lease waited out
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_killed_workers_orphan_stays_in_doubt_without_expiry_and_is_counted(
+    kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 48 (rule 25): a worker SIGKILLed mid-charge, and no client retries. Its record is
+    IN_PROGRESS under a lease that ran out: `keys list --state unknown` lists it with no expiry
+    (it used to say 24 h out, and then it vanished), it is still there once every expiry the
+    store knows has passed, and another replica's gauge `mcp_once_records_in_doubt` counts it.
+    The effect ran once and nothing ran it again."""
+    ledger = tmp_path / "ledger.db"
+    prefix: str | None = None
+    if kind == "redis":
+        store_url, prefix = request.getfixturevalue("redis_url"), f"{uuid.uuid4().hex[:8]}:"
+        monkeypatch.setattr(
+            _common, "open_store", lambda url: RedisKeyStore.from_url(url, prefix=prefix)
+        )
+    else:
+        store_url = str(tmp_path / "keys.db")
+    victim = server_params(store_url, ledger, gated=True, lease=1.0, prefix=prefix)
+    replica = server_params(store_url, ledger, lease=1.0, prefix=prefix, metrics=True)
+    orphan = record_key("effects", "effect", "kill-O1")
+    with anyio.fail_after(STARTUP_BOUND):
+        async with Client(replica) as b:
+            victim_pid = await killed_mid_call(victim, "O1", "kill-O1")
+            # The replica serves other calls (its first protected call starts its count); nobody
+            # retries the killed one. The gauge reaches 1 once the victim's 1 s lease ran out.
+            await b.call_tool("effect", {"order": "O2"}, meta=meta("other-O2"))
+            counted = await b.call_tool("in_doubt_gauge", {"at_least": 1})
+    assert counted.structured_content == {"result": 1}
+
+    def operator(*argv: str) -> str:
+        capsys.readouterr()
+        assert main([*argv, "--store", store_url]) == 0
+        return capsys.readouterr().out
+
+    [row] = json.loads(await anyio.to_thread.run_sync(
+        operator, "keys", "list", "--state", "unknown", "--json"
+    ))  # fmt: skip
+    assert (row["key"], row["state"], row["storedState"]) == (orphan, "unknown", "in_progress")
+    assert row["expiresAt"] is None and row["leaseRanOutAt"] is not None
+    # Three days on (every retention and the fence memory are a day or less): still in doubt.
+    later = 3 * 24 * 3600.0
+    store: RedisKeyStore | SQLiteKeyStore
+    if kind == "redis":
+        store = RedisKeyStore.from_url(store_url, prefix=prefix or "")
+        store.advance_clock_for_testing(later)
+    else:
+        store = SQLiteKeyStore(store_url, clock=lambda: time.time() + later)
+    try:
+        assert await store.purge_expired() == 1  # the other call's record, past its retention
+        kept = await store.get(orphan)
+        assert kept is not None and (kept.state, kept.expires_at) == (RecordState.IN_PROGRESS, None)
+        in_doubt = await in_doubt_records(store, now=time.time() + later)
+        assert [r.key for r in in_doubt] == [orphan]
+    finally:
+        await store.aclose()
+    if kind == "redis":
+        import redis
+
+        raw = redis.Redis.from_url(store_url)
+        try:
+            assert raw.pttl(f"{prefix}{{{orphan}}}") == -1  # Redis will not drop it either
+        finally:
+            raw.close()
+    assert ledger_rows(ledger, "O1") == {"started": [victim_pid], "done": []}

@@ -10,9 +10,11 @@ lease inside its own bounded wait (10 s).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import Popen
@@ -26,9 +28,10 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_types import CallToolResult
 from server_kit import marker, meta
 
-from idempotency import RecordState, open_store, wire
+from idempotency import CallScope, RecordState, default_scope, open_store, store_key, wire
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from charge_ledger_server import lines
 from payment_provider import ProviderClient  # the example's provider: the tests' ledger
 from reconcile import server_params, start_provider
 
@@ -223,3 +226,137 @@ async def test_two_replicas_retrying_at_once_share_one_reconciliation(
     assert first["status"] == ("replayed" if die == "after-charge" else "executed")
     assert marker(answers[1])["status"] == "replayed"
     assert await unknown_records(store_url) == 0
+
+
+# -- rule 25: two servers, one store -------------------------------------------------------------
+
+LEDGER_SERVER = Path(__file__).with_name("charge_ledger_server.py")
+EU, US = "payments-eu", "payments-us"
+ORDER = {"order": "B-7", "cents": 900}
+APP = """import sys
+from pathlib import Path
+
+sys.path.insert(0, {here!r})
+from charge_ledger_server import build
+
+from idempotency import open_store
+
+server = build({name!r}, open_store({store!r}), Path({ledger!r}))
+"""
+
+
+def ledger_server(name: str, store: str, ledger: Path, *extra: str) -> StdioServerParameters:
+    argv = [str(LEDGER_SERVER), "--name", name, "--store", store, "--ledger", str(ledger), *extra]
+    return StdioServerParameters(command=sys.executable, args=argv, env=dict(os.environ))
+
+
+def record_name(server: str, key: str) -> str:
+    scope = default_scope(CallScope(server, "charge", None, None, None))
+    return store_key(scope, "charge", key)
+
+
+async def lease_ran_out(store_url: str, record: str) -> None:
+    """Waits (polling the store) until the record's lease is over on this machine's clock."""
+    opened = open_store(store_url)
+    try:
+        while True:
+            found = await opened.get(record)
+            assert found is not None and found.state is RecordState.IN_PROGRESS
+            if found.lease_deadline is not None and found.lease_deadline <= time.time():
+                return
+            await anyio.sleep(0.05)
+    finally:
+        await opened.aclose()
+
+
+async def mcp_once(cwd: Path, *argv: str) -> tuple[int, str, str]:
+    """The installed console script, run in `cwd` (where the apps' modules are), as an
+    operator runs it."""
+    script = Path(sys.executable).with_name("mcp-once")
+    ran = await anyio.run_process([str(script), *argv], cwd=cwd, check=False)
+    return ran.returncode, ran.stdout.decode(), ran.stderr.decode()
+
+
+async def test_two_servers_processes_reconcile_asks_each_app_only_about_its_own_record(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Two servers of different names, each with a tool `charge` and a reconciler, on one key
+    store (one SQLite file; one Redis prefix). A worker of each is killed (SIGKILL by its own
+    hand) right after its effect, under the same client key: two records in doubt. `keys
+    reconcile --app` for one asks its reconciler about its own record only (the ledger of
+    questions shows one), so the other server's record stays in doubt: its retry gets -32012 and
+    does not run. Reconciled with its own app, each history names the operator who asked.
+    (Before rule 25 the first app's reconciler was asked about both records, said "not
+    happened" about the other one, and released it: that server's retry charged again.)"""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    here = str(LEDGER_SERVER.parent)
+    for module, name in (("payments_eu", EU), ("payments_us", US)):
+        app = APP.format(here=here, name=name, store=store_url, ledger=str(ledger))
+        (tmp_path / f"{module}.py").write_text(app)
+    eu, us = record_name(EU, "order-B-7"), record_name(US, "order-B-7")
+    with anyio.fail_after(STARTUP_BOUND):
+        for name in (EU, US):
+            with pytest.raises(Exception) as broke:  # the transport of a dead child
+                async with Client(ledger_server(name, store_url, ledger, "--die")) as client:
+                    await client.call_tool("charge", ORDER, meta=meta("order-B-7"))
+            assert not isinstance(broke.value, AssertionError)
+        for record in (eu, us):
+            await lease_ran_out(store_url, record)
+        assert [lines(ledger / f"{name}.effects") for name in (EU, US)] == [[eu], [us]]
+
+        store = ("--store", store_url)
+        dry = await mcp_once(tmp_path, "keys", "reconcile", "--app", "payments_eu:server",
+                             "--dry-run", "--json", *store)  # fmt: skip
+        assert dry[0] == 0, dry
+        assert lines(ledger / "asked") == [f"{EU} {eu}"]  # asked about its own record only
+        assert json.loads(dry[1]) == {
+            "dryRun": True,
+            "records": [
+                {
+                    "record": eu,
+                    "tool": "charge",
+                    "server": EU,
+                    "answer": "happened",
+                    "applied": False,
+                },
+            ],
+            "otherServers": {US: 1},
+        }
+
+        done = await mcp_once(tmp_path, "keys", "reconcile", "--app", "payments_eu:server",
+                              "--by", "alice@ops", "--reason", "INC-7 sweep", *store)  # fmt: skip
+        assert done[0] == 0, done
+        assert f"{eu}  {EU}  charge  happened -> completed" in done[1]
+        assert f"left alone: in-doubt records of other servers (1 of {US})" in done[1]
+        assert lines(ledger / "asked") == [f"{EU} {eu}"] * 2  # the dry run's, then this one's
+
+        # The other server's record was not touched: its retry is still told -32012 and the
+        # tool does not run (no reconciler on this replica: the answer is the operator's).
+        async with Client(ledger_server(US, store_url, ledger, "--no-reconcile")) as client:
+            with pytest.raises(MCPError) as unknown:
+                await client.call_tool("charge", ORDER, meta=meta("order-B-7"))
+        assert unknown.value.error.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / f"{US}.effects") == [us]
+
+        wrong = await mcp_once(tmp_path, "keys", "reconcile", "--app", "payments_us:server",
+                               "--server", EU, *store)  # fmt: skip
+        assert wrong[0] == 2 and f"the app is server {US!r}, not {EU!r}" in wrong[2]
+        theirs = await mcp_once(tmp_path, "keys", "reconcile", "--app", "payments_us:server",
+                                "--server", US, "--by", "bob@ops", *store)  # fmt: skip
+        assert theirs[0] == 0, theirs
+        assert lines(ledger / "asked") == [f"{EU} {eu}", f"{EU} {eu}", f"{US} {us}"]
+        histories = []
+        for record in (eu, us):
+            ran = await mcp_once(tmp_path, "keys", "history", record, "--json", *store)
+            assert ran[0] == 0, ran
+            histories.append(json.loads(ran[1]))
+    for events, name, by in ((histories[0], EU, "alice@ops"), (histories[1], US, "bob@ops")):
+        claimed = [e for e in events if e["event"] == "claimed"]
+        assert {e["server"] for e in claimed} == {name}  # the worker's, the reconciliation's
+        [verdict] = [e for e in events if e["event"] == "reconciled"]
+        assert (verdict["answer"], verdict["by"]) == ("happened", by)
+        assert events[-1]["event"] == "completed"
+    assert histories[0][-2]["reason"] == "INC-7 sweep"
+    # One effect per server, ever.
+    assert [lines(ledger / f"{name}.effects") for name in (EU, US)] == [[eu], [us]]

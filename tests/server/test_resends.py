@@ -41,7 +41,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, context
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import anyio
 import httpx2
@@ -50,6 +50,7 @@ from fastmcp import Context as FastMCPContext
 from fastmcp import FastMCP
 from fastmcp.client.transports.memory import _enter_server_lifespan, _lowlevel_of
 from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+from held_cancels import GIVE_UP, HoldCancels, Relayed, is_cancel
 from mcp import MCPError
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -64,7 +65,6 @@ from mcp_types import (
     REQUEST_TIMEOUT,
     CallToolRequestParams,
     CallToolResult,
-    JSONRPCNotification,
     JSONRPCResponse,
     ListToolsResult,
     PaginatedRequestParams,
@@ -91,10 +91,6 @@ from orchestrator.chaos import in_memory_transport
 pytestmark = pytest.mark.anyio
 
 STDIO_SERVER = Path(__file__).with_name("effect_server.py")
-
-#: The client's read timeout when it gives up. Its length decides nothing: the courtesy cancel
-#: it sends is held back until the tool has started (`HoldCancels`).
-GIVE_UP = 0.05
 
 ENTRIES = ["decorator", "install", "lowlevel", "fastmcp"]
 #: Settings with a caller identity (keyless re-sends merge for that caller): the in-memory wire
@@ -291,73 +287,6 @@ class Disconnects:
 
 
 # -- the client's side ----------------------------------------------------------------------
-
-
-def _is_cancel(item: SessionMessage) -> bool:
-    message = item.message
-    return isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled"
-
-
-class _Relayed:
-    """A stream that wraps `self._inner`: closing it closes the inner one, and it is its own
-    async context manager, as the SDK's streams are."""
-
-    _inner: Any
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-
-class _HeldWriter(_Relayed):
-    """The write stream a client session writes into: a `notifications/cancelled` waits for the
-    release event (bounded: the SDK gives up that write after 5 s, and the test then fails);
-    everything else passes at once, in the writer's own task and context (the HTTP transport
-    reads its clock from there)."""
-
-    def __init__(self, inner: Any, release: Callable[[], anyio.Event]) -> None:
-        self._inner = inner
-        self._release = release
-
-    async def send(self, item: SessionMessage, /) -> None:
-        if _is_cancel(item):
-            await self._release().wait()
-        await self._inner.send(item)
-
-
-class HoldCancels:
-    """A client transport relaying `inner`, holding each courtesy `notifications/cancelled` the
-    session sends until `release()` is set: a give-up then always reaches a tool that started
-    (a cancel that overtakes the tool's start cancels a call that never ran, which is no
-    re-send). Other writes pass a held cancel; the give-up's call returns only once its cancel
-    is written, so whatever a test writes after that call comes after the cancel."""
-
-    def __init__(self, inner: Any, release: Callable[[], anyio.Event]) -> None:
-        self._inner = inner
-        self._release = release
-
-    async def __aenter__(self) -> Any:
-        read, write = await self._inner.__aenter__()
-        return read, _HeldWriter(write, self._release)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> bool | None:
-        result: bool | None = await self._inner.__aexit__(exc_type, exc_val, exc_tb)
-        return result
 
 
 @asynccontextmanager
@@ -580,7 +509,7 @@ async def test_the_give_up_is_kept_by_every_store(store: KeyStore, setting: str)
 # -- 2b. a give-up that comes after the answer was written (a lost acknowledgement) ----------
 
 
-class _NotesCancels(_Relayed):
+class _NotesCancels(Relayed):
     """The client's write stream: notes when a `notifications/cancelled` has been written."""
 
     def __init__(self, inner: Any, link: AnswersAfterCancel) -> None:
@@ -589,11 +518,11 @@ class _NotesCancels(_Relayed):
 
     async def send(self, item: SessionMessage, /) -> None:
         await self._inner.send(item)
-        if _is_cancel(item):
+        if is_cancel(item):
             self._link.cancel_written.set()
 
 
-class _HoldsAnswers(_Relayed):
+class _HoldsAnswers(Relayed):
     """The client's read stream: once armed, a response waits until a cancel was written."""
 
     def __init__(self, inner: Any, link: AnswersAfterCancel) -> None:

@@ -30,10 +30,11 @@ async def main(url: str, keys: dict[str, str]) -> dict[str, Any]:
             seen[f"get {name}"] = None if record is None else {
                 "state": record.state.value,
                 "fence": record.fence,
+                "expires": record.expires_at,
                 "result": None if record.result is None else record.result.decode(),
                 "tool": record.tool,
             }  # fmt: skip
-        for name in ("done", "settled", "taken", "busy", "unknown"):
+        for name in ("done", "settled", "taken", "busy", "unknown", "orphan"):
             claim = await store.claim(keys[name], FINGERPRINT, lease=30, takeover=False)
             seen[f"claim {name}"] = {
                 "status": claim.status.value,

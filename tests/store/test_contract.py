@@ -29,7 +29,11 @@ from idempotency import (
     StoreUnavailable,
     unreadable_records,
 )
-from idempotency._stores.store import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_RESULT_BYTES
+from idempotency._stores.store import (
+    DEFAULT_MAX_KEY_BYTES,
+    DEFAULT_MAX_RESULT_BYTES,
+    FENCE_MEMORY,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -289,7 +293,10 @@ async def test_settle_refuses_records_that_are_not_unknown(backend: Backend) -> 
 # -- retention -----------------------------------------------------------------------------------
 
 
-async def test_retention_expiry_forgets_the_record(backend: Backend) -> None:
+async def test_retention_expiry_forgets_the_record_but_not_its_fence(backend: Backend) -> None:
+    """Rule 25: a key's fence never repeats, even across expiry. A claim of a key whose record
+    expired is a new intent (attempts from 1) with a fence above the record's last, whether
+    the expired record is still stored or was purged."""
     store = backend.store
     owner = await claimed(store)
     assert await store.complete(KEY, token_of(owner), b"r", retention=60)
@@ -301,7 +308,82 @@ async def test_retention_expiry_forgets_the_record(backend: Backend) -> None:
     assert await store.list_records() == []
     forgotten = await store.claim(KEY, OTHER_FP, lease=LEASE, takeover=False)
     assert forgotten.status is ClaimStatus.CLAIMED  # not even the fingerprint is remembered
-    assert (forgotten.fence, forgotten.attempts) == (1, 1)
+    assert (forgotten.fence, forgotten.attempts) == (2, 1)
+    assert await store.complete(KEY, token_of(forgotten), b"r2", retention=60)
+    await backend.advance(60)
+    assert await store.purge_expired() in ((0, 1) if backend.name.startswith("redis") else (1,))
+    again = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert (again.status, again.fence, again.attempts) == (ClaimStatus.CLAIMED, 3, 1)
+
+
+async def test_an_expired_tombstone_leaves_its_fence_and_a_new_intent_begins(
+    backend: Backend,
+) -> None:
+    """A released claim retried while its tombstone is kept goes on counting (the same
+    intent); once the tombstone expired and was purged, the next claim is a new intent whose
+    fence still goes on."""
+    store = backend.store
+    first = await claimed(store)
+    assert await store.release(KEY, token_of(first))
+    retry = await claimed(store)
+    assert (retry.fence, retry.attempts) == (2, 2)
+    assert await store.release(KEY, token_of(retry))
+    await backend.advance(ORPHAN_RETENTION)
+    await store.purge_expired()
+    later = await claimed(store)
+    assert (later.fence, later.attempts) == (3, 1)
+
+
+async def test_a_settled_record_with_a_short_retention_does_not_repeat_its_fence(
+    backend: Backend,
+) -> None:
+    """Issue 48's double charge at the same fence: an UNKNOWN record settled as completed with
+    a short retention vanished, and the next retry ran at fence 1 again."""
+    store = backend.store
+    await claimed(store)
+    await backend.advance(LEASE + 1)
+    assert (await store.claim(KEY, FP, lease=LEASE, takeover=False)).status is ClaimStatus.UNKNOWN
+    assert await store.settle(KEY, result=b"charged", retention=60)
+    await backend.advance(61)
+    await store.purge_expired()
+    rerun = await claimed(store)
+    assert (rerun.fence, rerun.attempts) == (2, 1)
+
+
+async def test_a_fence_is_remembered_for_fence_memory_after_the_record_expired(
+    backend: Backend,
+) -> None:
+    """The bound docs/guarantee.md states: FENCE_MEMORY past the record's expiry, no longer."""
+    store = backend.store
+    for key, memory in (("kept", FENCE_MEMORY - 1), ("gone", FENCE_MEMORY)):
+        owner = await claimed(store, key)
+        assert await store.complete(key, token_of(owner), b"r", retention=60)
+        await backend.advance(60)
+        await store.purge_expired()
+        await backend.advance(memory)
+        await store.purge_expired()
+        again = await claimed(store, key)
+        assert (key, again.fence, again.attempts) == (key, 2 if key == "kept" else 1, 1)
+
+
+async def test_an_in_progress_record_whose_worker_died_never_expires(backend: Backend) -> None:
+    """Rule 25: a record whose holder is gone (its lease ran out, nobody retried) is kept, with
+    no expiry, however long it waits; the first claim that finds it turns it UNKNOWN and says
+    so (`turned_unknown`), a later one finds it UNKNOWN."""
+    store = backend.store
+    owner = await claimed(store)
+    assert await store.renew(KEY, token_of(owner), lease=LEASE)
+    await backend.advance(LEASE + ORPHAN_RETENTION + FENCE_MEMORY + RETENTION)
+    assert await store.purge_expired() == 0
+    orphan = await store.get(KEY)
+    assert orphan is not None
+    assert (orphan.state, orphan.expires_at, orphan.fence) == (RecordState.IN_PROGRESS, None, 1)
+    assert [r.key for r in await store.list_records(state=RecordState.IN_PROGRESS)] == [KEY]
+    lost = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert (lost.status, lost.fence, lost.turned_unknown) == (ClaimStatus.UNKNOWN, 1, True)
+    found = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert (found.status, found.fence, found.turned_unknown) == (ClaimStatus.UNKNOWN, 1, False)
+    assert [r.key for r in await store.list_records(state=RecordState.UNKNOWN)] == [KEY]
 
 
 async def test_results_replay_byte_for_byte(backend: Backend) -> None:
@@ -566,7 +648,7 @@ async def test_list_records_by_state(backend: Backend) -> None:
     assert keys(await store.list_records(state=RecordState.UNKNOWN)) == ["lost"]
     assert await store.list_records(state=RecordState.RELEASED) == []
     limited = keys(await store.list_records(limit=2))
-    if getattr(type(store), "lists_oldest_first", True):
+    if getattr(store, "oldest_first", lambda state: True)(None):
         assert limited == ["lost", "done"]
     else:  # any two (the first its scan met), oldest first among themselves
         assert len(limited) == 2 and limited == [

@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 from store_backends import Backend, make_memory, make_redis, make_redis_sentinel, make_sqlite
 
 from idempotency import ClaimOutcome, ClaimStatus, Record, RecordState
+from idempotency._stores.store import FENCE_MEMORY
 
 T = TypeVar("T")
 
@@ -69,12 +70,17 @@ class Row:
 
 class Model:
     """The contract in a dict. A row past its expiry is forgotten (but still counts for purge);
-    a released row is invisible yet keeps its fence, so fences only grow while it is kept."""
+    a released row is invisible yet keeps its fence, so fences only grow while it is kept. An
+    IN_PROGRESS or UNKNOWN row never expires. A forgotten row's fence is remembered for
+    FENCE_MEMORY past its expiry, stored or purged: a claim of its key is a new intent,
+    attempts from 1, with a higher fence (rule 25)."""
 
     def __init__(self, now: float, orphan: float) -> None:
         self.now = now
         self.orphan = orphan
         self.rows: dict[str, Row] = {}
+        #: key -> (last fence, expiry) of the rows purged
+        self.fences: dict[str, tuple[int, float]] = {}
 
     def live(self, key: str) -> Row | None:
         row = self.rows.get(key)
@@ -86,14 +92,19 @@ class Model:
         row = self.live(key)
         return None if row is None or row.state is RecordState.RELEASED else row
 
+    def last_fence(self, key: str) -> int:
+        """The fence of the key's forgotten record (0: none remembered)."""
+        stored = self.rows.get(key)
+        fence, expired = (stored.fence, stored.expires) if stored else self.fences.get(key, (0, 0))
+        return fence if expired is not None and expired + FENCE_MEMORY > self.now else 0
+
     def claim(self, key: str, fp: str, lease: float, takeover: bool) -> tuple[str, dict[str, Any]]:
         row, now = self.live(key), self.now
         if row is None or row.state is RecordState.RELEASED:
-            fence = row.fence + 1 if row else 1
+            fence = (row.fence if row else self.last_fence(key)) + 1
             attempts = row.attempts + 1 if row else 1
             self.rows[key] = Row(
-                RecordState.IN_PROGRESS, fp, fence, attempts, None, now + lease, None,
-                now + lease + self.orphan, None,
+                RecordState.IN_PROGRESS, fp, fence, attempts, None, now + lease, None, None, None,
             )  # fmt: skip
             return "claimed", {"fence": fence, "attempts": attempts, "took_over": False}
         if row.fingerprint != fp:
@@ -114,11 +125,7 @@ class Model:
             self.rows[key] = replace(row, state=RecordState.UNKNOWN, token=None, expires=None)
             return "unknown", {}
         self.rows[key] = replace(
-            row,
-            fence=row.fence + 1,
-            attempts=row.attempts + 1,
-            lease_end=now + lease,
-            expires=now + lease + self.orphan,
+            row, fence=row.fence + 1, attempts=row.attempts + 1, lease_end=now + lease
         )
         return "claimed", {"fence": row.fence + 1, "attempts": row.attempts + 1, "took_over": True}
 
@@ -135,8 +142,7 @@ class Model:
     def renew(self, key: str, token: str, lease: float) -> bool:
         row = self._held(key, token)
         if row is not None:
-            end = self.now + lease
-            self.rows[key] = replace(row, lease_end=end, expires=end + self.orphan)
+            self.rows[key] = replace(row, lease_end=self.now + lease)
         return row is not None
 
     def complete(self, key: str, token: str, result: bytes, retention: float) -> bool:
@@ -185,7 +191,9 @@ class Model:
     def purge(self) -> int:
         gone = [key for key in self.rows if self.live(key) is None]
         for key in gone:
-            del self.rows[key]
+            row = self.rows.pop(key)
+            assert row.expires is not None
+            self.fences[key] = (row.fence, row.expires)
         return len(gone)
 
 

@@ -1,7 +1,9 @@
 """Issue 37: "a store written by this release is read by the previous one as today".
 
 This release writes records with histories (claimed, completed, replayed, released, a lease run
-out and taken over, one left UNKNOWN, one settled by an operator) to SQLite and to Redis. Then the
+out and taken over, one left UNKNOWN, one settled by an operator) to SQLite and to Redis, and
+(issue 48) an orphan (IN_PROGRESS, its lease run out, no expiry: stored as `NEVER_EXPIRES`), a
+record that expired (its fence remembered beside it) and the in-doubt index. Then the
 release before histories landed — its `idempotency` package taken from git (`git archive`) and
 run in a process of its own on PYTHONPATH, in this venv — reads and writes that store through
 its own API (`previous_release.py`): every record reads as this release wrote it, claims answer
@@ -39,6 +41,7 @@ from idempotency import (
     parse_history,
     verify_history,
 )
+from idempotency._stores.store import NEVER_EXPIRES
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -59,7 +62,17 @@ def store_key(name: str) -> str:
 
 KEYS = {
     name: store_key(name)
-    for name in ("done", "released", "busy", "unknown", "settled", "taken", "new")
+    for name in (
+        "done",
+        "released",
+        "busy",
+        "unknown",
+        "settled",
+        "taken",
+        "new",
+        "orphan",
+        "forgotten",
+    )
 }
 
 
@@ -109,8 +122,12 @@ async def write_with_histories(url: str) -> None:
         with history_saying(why="effect_free"):
             assert await store.release(KEYS["released"], await claim("released"))
         await claim("busy", lease=600)
-        stale = [await claim(name, lease=SHORT) for name in ("unknown", "settled", "taken")]
-        await anyio.sleep(SHORT * 2)  # the leases' own length: they run out
+        stale = [
+            await claim(name, lease=SHORT) for name in ("unknown", "settled", "taken", "orphan")
+        ]
+        token = await claim("forgotten")
+        assert await store.complete(KEYS["forgotten"], token, RESULT_NOW, retention=SHORT)
+        await anyio.sleep(SHORT * 2)  # the leases' and the retention's own length: they run out
         del stale
         for name in ("unknown", "settled"):
             lost = await store.claim(KEYS[name], FINGERPRINT, lease=30, takeover=False)
@@ -163,6 +180,13 @@ async def test_the_previous_release_reads_and_writes_a_store_with_histories(
     assert got("released") is None and got("new") is None
     assert got("busy") == (RecordState.IN_PROGRESS.value, None, TOOL)
     assert got("unknown") == (RecordState.UNKNOWN.value, None, TOOL)
+    # An IN_PROGRESS record keeps no expiry; the previous release reads one it never reaches,
+    # and turns the orphan UNKNOWN as it always did (not a fresh claim of an expired record).
+    assert got("orphan") == (RecordState.IN_PROGRESS.value, None, TOOL)
+    for name in ("busy", "orphan"):
+        assert seen[f"get {name}"]["expires"] == NEVER_EXPIRES  # type: ignore[index]
+    assert seen["claim orphan"] == {"status": "unknown", "result": None}
+    assert got("forgotten") is None
     assert got("settled") == (RecordState.COMPLETED.value, settled, TOOL)
     assert got("taken") == (RecordState.COMPLETED.value, now, TOOL)
     assert seen["claim done"] == {"status": "replay", "result": now}
@@ -174,7 +198,8 @@ async def test_the_previous_release_reads_and_writes_a_store_with_histories(
     ran_again = {"claimed": "claimed", "completed": True, "replay": "replay"}
     assert seen["run released"] == {**ran_again, "result": RESULT.decode()}
     assert seen["run new"] == {**ran_again, "result": RESULT.decode()}
-    assert seen["listed"] == sorted(KEYS.values())  # records only: no history, no stream
+    # Records only: no history, no stream, no fence memo, no in-doubt index.
+    assert seen["listed"] == sorted(set(KEYS.values()) - {KEYS["forgotten"]})
 
     # Back in this release: what the previous one did left no event and broke no chain.
     store = open_store(store_url)
@@ -182,6 +207,13 @@ async def test_the_previous_release_reads_and_writes_a_store_with_histories(
         assert isinstance(store, AuditedStore)
         released = await store.get(KEYS["released"])
         assert released is not None and released.result == RESULT
+        in_doubt = await store.list_records(state=RecordState.UNKNOWN)
+        assert sorted(r.key for r in in_doubt) == sorted([KEYS["unknown"], KEYS["orphan"]])
+        running = await store.list_records(state=RecordState.IN_PROGRESS)
+        assert [r.key for r in running] == [KEYS["busy"]]
+        # The expired record's fence went on, through the previous release's visit.
+        again = await store.claim(KEYS["forgotten"], FINGERPRINT, lease=30, takeover=False)
+        assert (again.status, again.fence, again.attempts) == (ClaimStatus.CLAIMED, 2, 1)
         histories = dict(await store.histories())
         assert set(histories) == set(KEYS.values()) - {KEYS["new"]}
         assert {key: verify_history(text) for key, text in histories.items()} == dict.fromkeys(

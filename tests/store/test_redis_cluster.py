@@ -81,8 +81,9 @@ async def ours_in_slot(cluster: LocalCluster, node: RedisServer, slot: int, pref
     """How many of this test's records (`prefix`) `node` holds in `slot`. Not COUNTKEYSINSLOT:
     the cluster is shared by the session, and other tests' random keys land in any slot."""
     names = await admin(cluster, node, "CLUSTER", "GETKEYSINSLOT", slot, 10_000)
-    # Records, not their histories (`:h`, rule 20), which move with them.
-    return sum(1 for n in names if n.decode().startswith(prefix) and not n.endswith(b":h"))
+    # Records, not their histories (`:h`, rule 20) or fence memos (`:f`, rule 25), which move
+    # with them.
+    return sum(1 for n in names if n.decode().startswith(prefix) and not n.endswith((b":h", b":f")))
 
 
 def stats(cluster: LocalCluster, node: RedisServer, section: str) -> dict[str, Any]:
@@ -423,8 +424,11 @@ async def test_list_and_purge_cover_every_shard(
     assert await store.list_records() == []
     for master in await in_thread(redis_cluster.masters):
         names = await in_thread(functools.partial(names_on, redis_cluster, master, prefix))
-        # Only histories stay, for their grace (rule 20), each ending with its purged event.
-        assert all(name.endswith(b":h") for name in names), names
+        # Only histories stay, for their grace (rule 20), each ending with its purged event,
+        # each record's last fence, for a day (rule 25), and the store's mark on the master of
+        # its slot (`mark.py`).
+        kept = [name for name in names if name != prefix.encode() + b"meta"]
+        assert all(name.endswith((b":h", b":f")) for name in kept), names
     assert {e.kind for _, text in await store.histories() for e in parse_history(text)[-1:]} == {
         "purged"
     }
@@ -490,6 +494,9 @@ async def test_the_keys_cli_lists_and_purges_every_shard(
             name = f"mcp-once:{{{key}}}"
             owner = await in_thread(functools.partial(redis_cluster.owner, key_slot(key.encode())))
             await admin(redis_cluster, owner, "DEL", name)
+        mark = b"mcp-once:meta"  # the prefix's mark, which the writer's first claim made
+        owner = await in_thread(functools.partial(redis_cluster.owner, key_slot(mark)))
+        await admin(redis_cluster, owner, "DEL", mark.decode())
         await writer.aclose()
 
 

@@ -38,6 +38,7 @@ from idempotency import (
 from idempotency._stores.redis import lua
 from idempotency._stores.redis.store import MAX_FINGERPRINT_BYTES
 from idempotency._stores.redis.transport import SocketWire
+from idempotency._stores.store import FENCE_MEMORY, NEVER_EXPIRES
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.redis]
 
@@ -46,7 +47,6 @@ KEY = "scope/tool/key-1"
 FP = "fp-a"
 LEASE = 30.0
 RETENTION = 3600.0
-ORPHAN = 24 * 3600.0
 
 
 async def trips(store: RedisKeyStore, call: Awaitable[Any]) -> tuple[Any, int]:
@@ -80,11 +80,13 @@ async def load_scripts(client: aioredis.Redis) -> None:
 
 @pytest_asyncio.fixture
 async def counted(redis_url: str, prefix: str, raw: aioredis.Redis) -> AsyncIterator[RedisKeyStore]:
-    """A store whose scripts are cached and whose connection is open, so that counting starts
-    from steady state."""
+    """A store whose scripts are cached, whose connection is open and whose mark is written
+    (its first claim's extra round trip, once per store object: tests/store/test_store_mark.py),
+    so that counting starts from steady state."""
     await load_scripts(raw)
     opened = RedisKeyStore.from_url(redis_url, prefix=prefix)
     assert await opened.get("warm-up") is None
+    await opened._marking(opened._write_mark, "the test's")
     yield opened
     await opened.aclose()
 
@@ -98,6 +100,19 @@ def private_server() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.cleanup()
+
+
+@pytest_asyncio.fixture
+async def alone(
+    private_server: RedisServer, prefix: str
+) -> AsyncIterator[tuple[RedisKeyStore, aioredis.Redis]]:
+    """A store and a raw client of a server of our own, for counting the commands it serves
+    (`INFO commandstats`), to which no other test can add then."""
+    store = RedisKeyStore.from_url(private_server.url, prefix=prefix)
+    client = aioredis.Redis.from_url(private_server.url, socket_timeout=None)
+    yield store, client
+    await client.aclose()
+    await store.aclose()
 
 
 def rkey(prefix: str, key: str = KEY) -> bytes:
@@ -399,7 +414,10 @@ BROKEN: dict[str, Callable[[bytes], bytes]] = {
     "truncated tool name": lambda good: good[:-2] + b"\xc8t",
     "no tool name": lambda good: good[:-2],
     "zero fence": lambda good: _set_field(good, _FENCE, 0),
-    "no expiry on a claim": lambda good: _set_field(good, _EXPIRES, 0),
+    # UNKNOWN without a token (and a claim's expiry kept): only the expiry is wrong.
+    "an expiry on an UNKNOWN record": lambda good: _set_field(
+        good[:-35] + b"\x00\x01t", _STATE, 3, 1
+    ),
     "no lease on a claim": lambda good: _set_field(good, _LEASE, 0),
     "a result on a claim": lambda good: good + b"r",
     "a token on an UNKNOWN record": lambda good: _set_field(good, _STATE, 3, 1),
@@ -584,14 +602,19 @@ async def test_every_key_the_store_writes_carries_a_hash_tag(
             assert lost.status is ClaimStatus.UNKNOWN
     names = sorted([name async for name in raw.scan_iter(match=f"{prefix}*")])
     records = sorted(rkey(prefix, key) for key in keys)
-    # Each record's history beside it (rule 20), and the one audit stream of a lone Redis (on a
-    # cluster, one per slot, each tagged: tests/store/test_history.py).
+    # Each record's history beside it (rule 20), the fence memo of each record saved with an
+    # expiry (rule 25: completed, released), and the one audit stream and in-doubt index of a
+    # lone Redis (on a cluster, a stream per slot, each tagged: tests/store/test_history.py;
+    # and no index). The store's mark has no tag: written alone (a script of its own,
+    # `mark.lua`), it needs no slot but its own.
     histories = [record + b":h" for record in records]
-    assert names == sorted([*records, *histories, prefix.encode() + b"audit"])
+    memos = [rkey(prefix, key) + b":f" for i, key in enumerate(keys) if i % 3 != 2]
+    lone = [prefix.encode() + b"audit", prefix.encode() + b"in-doubt", prefix.encode() + b"meta"]
+    assert names == sorted([*records, *histories, *memos, *lone])
     for name in records:
         assert name.startswith(prefix.encode() + b"{") and name.endswith(b"}")
         assert hash_tag(name)  # one record, one slot, in a cluster too
-        assert hash_tag(name + b":h") == hash_tag(name)
+        assert hash_tag(name + b":h") == hash_tag(name + b":f") == hash_tag(name)
 
 
 async def test_physical_expiry_follows_logical_expiry_and_unknown_never_expires(
@@ -606,12 +629,15 @@ async def test_physical_expiry_follows_logical_expiry_and_unknown_never_expires(
 
     running = await store.claim("running", FP, lease=LEASE, takeover=False)
     ttl, logical = await pttl_and_logical("running")
-    assert logical is not None and abs(logical - (LEASE + ORPHAN)) < 5
-    assert ttl / 1000 >= logical - 0.01
+    assert ttl == -1 and logical is None  # in doubt should its worker die: kept (rule 25)
+    assert await raw.exists(rkey(prefix, "running") + b":f") == 0  # nothing to remember yet
 
     assert running.token and await store.complete("running", running.token, b"r", retention=90)
     ttl, logical = await pttl_and_logical("running")
     assert logical is not None and 85 < logical <= 90 and ttl / 1000 >= logical - 0.01
+    # Its fence outlives it by FENCE_MEMORY (rule 25), in a memo of its own.
+    memo = await raw.pttl(rkey(prefix, "running") + b":f")
+    assert abs(memo / 1000 - (logical + FENCE_MEMORY)) < 5
 
     lost = await store.claim("lost", FP, lease=1.0, takeover=False)
     assert lost.token
@@ -630,6 +656,126 @@ async def test_physical_expiry_follows_logical_expiry_and_unknown_never_expires(
     assert 0 < await raw.pttl(rkey(prefix, "gone")) <= 1000  # garbage, collected soon
 
 
+# -- in-doubt records: kept, indexed, their fences remembered (rule 25) ------------------------
+
+
+def commands(stats: dict[str, Any], name: str) -> int:
+    return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+
+
+async def test_in_doubt_records_are_listed_from_their_index_without_a_scan(
+    alone: tuple[RedisKeyStore, aioredis.Redis], prefix: str
+) -> None:
+    """What `keys list --state unknown` asks (UNKNOWN, and IN_PROGRESS for the leases that ran
+    out) reads the in-doubt index: no SCAN, one read per record in doubt or running, however
+    many completed records the store holds. The scripts keep the index in the transition's own
+    operation: a record enters it when claimed and leaves it when completed."""
+    store, raw = alone
+    for i in range(600):
+        done = await store.claim(f"done-{i}", FP, lease=LEASE, takeover=False)
+        assert done.token and await store.complete(f"done-{i}", done.token, b"r", retention=600)
+    await store.claim("lost", FP, lease=1.0, takeover=False)
+    store.advance_clock_for_testing(2.0)
+    assert (await store.claim("lost", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
+    running = await store.claim("running", FP, lease=LEASE, takeover=False)
+    index = prefix.encode() + b"in-doubt"
+    assert await raw.smembers(index) == {rkey(prefix, "lost"), rkey(prefix, "running")}
+    await store.list_records(state=RecordState.UNKNOWN)  # marks the index complete (one scan)
+    before = await raw.info("commandstats")
+    unknown = await store.list_records(state=RecordState.UNKNOWN)
+    in_progress = await store.list_records(state=RecordState.IN_PROGRESS)
+    after = await raw.info("commandstats")
+    assert [r.key for r in unknown] == ["lost"] and [r.key for r in in_progress] == ["running"]
+    assert commands(after, "scan") == commands(before, "scan")
+    assert commands(after, "sscan") - commands(before, "sscan") == 2
+    assert commands(after, "evalsha") - commands(before, "evalsha") == 4  # 2 records, twice
+    assert running.token and await store.complete("running", running.token, b"r", retention=60)
+    assert await store.settle("lost", result=None, retention=60)
+    assert await raw.smembers(index) == {b""}  # only the mark that it is complete
+
+
+async def test_the_index_is_built_for_in_doubt_records_written_without_it(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str
+) -> None:
+    """A store the previous release wrote has UNKNOWN records and no index: the first listing
+    finds them by a scan of every record and builds the index; a member whose record a
+    release without the index completed meanwhile is dropped when read."""
+    await store.claim("lost", FP, lease=1.0, takeover=False)
+    store.advance_clock_for_testing(2.0)
+    assert (await store.claim("lost", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
+    done = await store.claim("done", FP, lease=LEASE, takeover=False)
+    assert done.token and await store.complete("done", done.token, b"r", retention=60)
+    index = prefix.encode() + b"in-doubt"
+    await raw.delete(index)  # as a store written before the index
+    assert [r.key for r in await store.list_records(state=RecordState.UNKNOWN)] == ["lost"]
+    assert await raw.smembers(index) == {b"", rkey(prefix, "lost")}
+    await raw.sadd(index, rkey(prefix, "done"))  # completed by a release that kept no index
+    assert [r.key for r in await store.list_records(state=RecordState.UNKNOWN)] == ["lost"]
+    assert await raw.smembers(index) == {b"", rkey(prefix, "lost")}
+    # Claimed by a release that kept no index, turned UNKNOWN here: it joins the index then.
+    await store.claim("old", FP, lease=1.0, takeover=False)
+    await raw.srem(index, rkey(prefix, "old"))
+    store.advance_clock_for_testing(2.0)
+    assert (await store.claim("old", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
+    listed = await store.list_records(state=RecordState.UNKNOWN)
+    assert sorted(r.key for r in listed) == ["lost", "old"]
+
+
+async def test_one_process_builds_the_index_while_the_others_wait_for_it(
+    alone: tuple[RedisKeyStore, aioredis.Redis], prefix: str
+) -> None:
+    """Every replica's first count after an upgrade needs the index: one builds it (under a
+    lock), the others wait for its mark instead of scanning the store each; a builder that
+    died leaves the lock to expire, and a waiter builds then."""
+    store, raw = alone
+    await store.claim("lost", FP, lease=1.0, takeover=False)
+    store.advance_clock_for_testing(2.0)
+    assert (await store.claim("lost", FP, lease=1.0, takeover=False)).status is ClaimStatus.UNKNOWN
+    index = prefix.encode() + b"in-doubt"
+    await raw.delete(index)
+    await raw.set(index + b":building", b"another process", px=60_000)
+    before = await raw.info("commandstats")
+    listed: list[list[str]] = []
+    async with anyio.create_task_group() as tg:
+
+        async def list_unknown() -> None:
+            records = await store.list_records(state=RecordState.UNKNOWN)
+            listed.append([r.key for r in records])
+
+        tg.start_soon(list_unknown)
+        with anyio.fail_after(10):
+            await looked_for_the_mark(raw, commands(before, "sismember") + 3)
+        assert not listed
+        assert commands(await raw.info("commandstats"), "scan") == commands(before, "scan")
+        await raw.sadd(index, b"", rkey(prefix, "lost"))  # what the other process built
+    assert listed == [["lost"]]
+    # A builder that died: its lock expires, and the next lister builds the index itself.
+    await raw.delete(index)
+    await raw.set(index + b":building", b"a dead process", px=200)
+    with anyio.fail_after(10):
+        assert [r.key for r in await store.list_records(state=RecordState.UNKNOWN)] == ["lost"]
+    assert await raw.smembers(index) == {b"", rkey(prefix, "lost")}
+    assert await raw.exists(index + b":building") == 0
+
+
+async def looked_for_the_mark(raw: aioredis.Redis, times: int) -> None:
+    """Until the server has answered `times` SISMEMBERs in all (a waiting lister's looks)."""
+    for _ in range(100_000):
+        if commands(await raw.info("commandstats"), "sismember") >= times:
+            return
+        await anyio.sleep(0.01)
+
+
+async def test_the_scripts_and_the_python_side_agree_on_the_constants_of_rule_25() -> None:
+    """lib.lua's NEVER (microseconds) and FENCE_MEMORY_US are the Python constants."""
+    source = lua.READ.source
+    never = re.search(r"^local NEVER = (\S+)$", source, re.MULTILINE)
+    memory = re.search(r"^local FENCE_MEMORY_US = (\d+)$", source, re.MULTILINE)
+    assert never is not None and memory is not None
+    assert float(never.group(1)) == NEVER_EXPIRES * 1e6
+    assert int(memory.group(1)) == FENCE_MEMORY * 1e6
+
+
 # -- optional durability: WAIT / WAITAOF -------------------------------------------------------
 
 
@@ -640,6 +786,7 @@ async def test_wait_replicas_without_replicas_withdraws_the_claim(
     durable = RedisKeyStore.from_url(redis_url, prefix=prefix, wait_replicas=1, wait_timeout=0.2)
     plain = RedisKeyStore.from_url(redis_url, prefix=prefix)
     try:
+        await durable._marking(durable._write_mark, "the test's")  # once per store object
         started = time.monotonic()
         before = durable._traffic.writes
         with pytest.raises(ReplicationUnconfirmed) as caught:
@@ -730,6 +877,7 @@ async def test_wait_replicas_with_a_replica_confirms_in_one_round_trip(
                     break
                 await anyio.sleep(0.05)
         await load_scripts(primary)
+        await durable._marking(durable._write_mark, "the test's")  # once per store object
         first, n = await trips(durable, durable.claim(KEY, FP, lease=LEASE, takeover=False))
         assert first.status is ClaimStatus.CLAIMED and n == 1
         assert first.token
@@ -1107,6 +1255,10 @@ async def test_memory_per_completed_record(
     await raw.delete(bare_name)
     overhead = usage - size
     print(f"\nresult {size} B: MEMORY USAGE {usage} B, overhead {overhead} B, bare SET {bare} B")
+    # Its fence memo (rule 25), kept FENCE_MEMORY past the record: docs/guarantee.md's figure.
+    memo = await raw.memory_usage(name + b":f", samples=0)
+    print(f"fence memo: MEMORY USAGE {memo} B")
+    assert memo is not None and memo <= 200  # 152 B under the default prefix
     assert usage - bare <= 128  # the header: 94 bytes plus rounding
     if size <= 1000:
         assert overhead <= 300

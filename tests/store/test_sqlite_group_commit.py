@@ -79,10 +79,13 @@ def db(tmp_path: Path) -> Path:
 
 
 async def held_store(db: Path, **options: float) -> tuple[SQLiteKeyStore, HeldClock]:
-    """A store on `db` whose clock can hold the writer, its connection open and schema made."""
+    """A store on `db` whose clock can hold the writer, its connection open, schema made and
+    mark written (what a store object's first claim does first: `idempotency._stores.mark`),
+    so that the clock holds the writer inside a transition."""
     clock = HeldClock()
     store = SQLiteKeyStore(db, clock=clock, **options)
     await store.get("warm")
+    await store._marking(store._write_mark, "the test's")
     clock.callers.clear()
     return store, clock
 
@@ -165,6 +168,7 @@ async def test_one_round_of_callers_is_one_batch_even_if_they_let_go_of_the_gil(
     would take the queue at the next release and commit the first caller alone."""
     store = SQLiteKeyStore(db)
     await store.get("warm")  # connection open, schema made: the writer idle, waiting for work
+    await store._marking(store._write_mark, "the test's")  # a first claim's, once: written
     callers = 8
     go = anyio.Event()
     outcomes: list[ClaimOutcome] = []

@@ -117,7 +117,7 @@ async def test_listing_filters_by_tool_before_counting_the_limit(backend: Backen
     await store.claim("k-none", FP, lease=LEASE, takeover=False)
 
     refunds = [r.key for r in await store.list_records(tool="rrr", limit=2)]
-    if getattr(type(store), "lists_oldest_first", True):
+    if getattr(store, "oldest_first", lambda state: True)(None):
         assert refunds == ["k1", "k3"]  # the two oldest refunds, not "k1" alone
     else:  # two refunds (the first its scan met), oldest first among themselves
         assert (

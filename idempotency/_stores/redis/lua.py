@@ -20,7 +20,8 @@ class Script:
     sha: str
     #: `EVALSHA <sha> 1` as bytes, the head of every call on one key: encoded once, not per call.
     evalsha: tuple[bytes, bytes, bytes]
-    #: Records history events: two more trailing arguments (lib.lua: said, audit).
+    #: Records history events, or reads the in-doubt index: four more trailing arguments
+    #: (lib.lua: index, said, audit, mac).
     audited: bool = False
 
 
@@ -43,5 +44,8 @@ RECONCILE = _load("reconcile", audited=True)
 LEAVE_UNKNOWN = _load("leave_unknown", audited=True)
 READ = _load("read")
 PURGE = _load("purge", audited=True)
+IN_DOUBT = _load("in_doubt", audited=True)
+INDEX = _load("index", audited=True)
 FORGET = _load("forget")
 HISTORY = _load("history")
+MARK = _load("mark")

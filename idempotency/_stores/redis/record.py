@@ -76,8 +76,10 @@ def decode(key: str, raw: bytes) -> Record:
     running = state == 1
     if running != (token_length == _TOKEN_BYTES) or (not running and token_length != 0):
         raise CorruptRecord(key, "token does not match the state")
-    if (state == 3) != (expires == 0):
+    if (state == 3 and expires != 0) or (state in (2, 4) and expires == 0):
         raise CorruptRecord(key, "expiry does not match the state")
+    if running:
+        expires = 0  # kept until it ends, whatever expiry it was stored with (lib.lua: NEVER)
     if (running and lease <= 0) or (state == 2 and completed <= 0):
         raise CorruptRecord(key, "deadline missing for the state")
     if state != 2 and result:

@@ -68,7 +68,7 @@ import logging
 import math
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
@@ -77,9 +77,12 @@ from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._system_task import current_loop, loop_alive
+from .. import audit_key as audit_keys
 from .. import history as chain
 from .. import transitions as rules
+from ..audit_key import AuditKey
 from ..history import AuditEntry
+from ..mark import STORE_FORMAT, Marking, StoreMark
 from ..memory import DEFAULT_ORPHAN_RETENTION
 from ..store import (
     DEFAULT_MAX_KEY_BYTES,
@@ -137,6 +140,11 @@ DEFAULT_SOCKET_TIMEOUT: Final = 5.0
 MAX_FINGERPRINT_BYTES: Final = 1024
 #: Durations are sent as integer microseconds; past ~31 years Lua's doubles would round them.
 MAX_SECONDS: Final = 1e9
+#: The in-doubt index's key, after the prefix (scripts/lib.lua: index).
+IN_DOUBT_INDEX: Final = b"in-doubt"
+#: Seconds one process may take to build the in-doubt index before another may (a scan of
+#: every record: ~70 s per million on one Redis).
+BUILD_LOCK: Final = 600.0
 #: How many keys one SCAN step asks for, and how many records one pipelined read carries.
 SCAN_BATCH: Final = 500
 #: The same for a scan that reads on to the end (a listing whose filter few records pass, the
@@ -154,6 +162,8 @@ URL_OPTIONS: Final = {
     "wait_aof": boolean,
     "socket_timeout": number_or_none,
     "history": boolean,
+    "audit_key": string,  # checked by the constructor, which never quotes it
+    "audit_key_file": string,
 }
 #: Server replies that mean "not now" rather than "you are wrong": fail closed, retry later.
 _TRANSIENT_REPLIES: Final = (
@@ -249,9 +259,6 @@ class _Here:
 class RedisKeyStore:
     """Records in Redis, safe across processes and hosts. Implements `KeyStore`."""
 
-    #: `list_records` stops at `limit` records in SCAN order (see there), not at the oldest.
-    lists_oldest_first: ClassVar[bool] = False
-
     def __init__(
         self,
         client: aioredis.Redis | RedisCluster,
@@ -264,6 +271,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """Connect where `client` connects, as it would (URL, TLS, credentials, database,
         timeouts, Sentinel). The store opens connections of its own and never uses the
@@ -279,6 +288,9 @@ class RedisKeyStore:
 
         `history`: keep each record's history and the audit stream (rule 20, `history.py`),
         written by the transition's own script. On by default; off only to measure its cost.
+        `audit_key` (or `audit_key_file`, else `$MCP_ONCE_AUDIT_KEY` or
+        `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories (`audit_key.py`); each script is
+        given its record's own key, never this one.
         """
         if "{" in prefix or "}" in prefix:
             raise ValueError(
@@ -317,6 +329,12 @@ class RedisKeyStore:
         self._doubts = Doubts()
         self._prefix = prefix
         self._prefix_bytes = prefix.encode()
+        #: The in-doubt index (scripts/lib.lua: index); none on a cluster, where one set could
+        #: not be in every record's slot.
+        self._index = b"" if cluster is not None else self._prefix_bytes + IN_DOUBT_INDEX
+        #: The prefix's mark (`mark.py`), written once by this object, before its first claim.
+        self._mark_key = self._prefix_bytes + b"meta"
+        self._marking = Marking()
         self._limits = Limits(max_key_bytes, max_result_bytes)
         self._orphan_retention_us = _micros("orphan_retention", orphan_retention)
         self._offset_us = 0
@@ -326,6 +344,8 @@ class RedisKeyStore:
         self._durable = durable
         self._durability_checked = False
         self._history = history
+        #: The key this store MACs and seals histories with; None: plain digests.
+        self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         # wait(): the first re-read after no news, doubling up to the cap (missed messages).
         self._poll_first = 0.05
         self._poll_cap = 1.0
@@ -343,6 +363,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_key: str | bytes | AuditKey | None = None,
+        audit_key_file: str | os.PathLike[str] | None = None,
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
         **redis_kwargs: Any,
     ) -> RedisKeyStore:
@@ -408,6 +430,11 @@ class RedisKeyStore:
             client = aioredis.Redis.from_url(url, socket_timeout=socket_timeout, **redis_kwargs)
         return cls(client, **settings)
 
+    @property
+    def prefix(self) -> str:
+        """What every key of this store starts with (records, histories, audit stream, mark)."""
+        return self._prefix
+
     def advance_clock_for_testing(self, seconds: float) -> None:
         """Move this store's view of the Redis clock forward, so tests need not sleep.
 
@@ -436,6 +463,10 @@ class RedisKeyStore:
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey_of(encoded)
+        if not self._marking.done:
+            if self._durable:  # refused before anything is written, the mark included
+                await self._check_durability()
+            await self._marking(self._write_mark, f"under the prefix {self._prefix!r}")
         # A claim of ours that may have landed is claimed again under its own token: taken, so
         # that no concurrent claim re-sends it too, and given back if this try gets no answer
         # either (it may not even have been sent: the earlier one is still in doubt).
@@ -445,14 +476,13 @@ class RedisKeyStore:
             fingerprint_bytes,
             _micros("lease", lease),
             1 if takeover else 0,
-            self._orphan_retention_us,
             token,
             (tool_label(tool) or "").encode() if tool else b"",
             1 if resend_only else 0,
         )
         # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
         first, again = _resendable(doubted is not None, *args)
-        trailer = self._trailer(rkey, chain.details(p=chain.said().scope))
+        trailer = self._trailer(rkey, chain.claimed(chain.said()))
         first, again = (*first, *trailer), (*again, *trailer)
         try:
             if not self._durable:
@@ -481,7 +511,7 @@ class RedisKeyStore:
         lease_us = _micros("lease", lease)
         if not self._fits(key):
             return False
-        args = (token, lease_us, self._orphan_retention_us)
+        args = (token, lease_us)
         return _done(key, await self._script(lua.RENEW, self._rkey(key), args, args))
 
     async def complete(
@@ -496,7 +526,10 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
-        trailer = self._trailer(rkey, chain.details(a=chain.said().reconciled))
+        told = chain.said()
+        verdict = chain.reconciled(told) if told.reconciled else ""
+        said = ",".join(part for part in (verdict, chain.details(u=told.upstream)) if part)
+        trailer = self._trailer(rkey, said)
         args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
             return _done(key, await self._script(lua.COMPLETE, rkey, args, resent, doubt=doubt))
@@ -520,7 +553,7 @@ class RedisKeyStore:
         told = chain.said()
         # A reconciliation's verdict (a=...) goes first in release.lua; else why it was released.
         trailer = self._trailer(
-            rkey, chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+            rkey, chain.reconciled(told) if told.reconciled else chain.details(w=told.why)
         )
         args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.RELEASE, rkey, args, resent, doubt=doubt))
@@ -531,17 +564,25 @@ class RedisKeyStore:
         args = (fence,)
         return _done(key, await self._script(lua.ABANDON, self._rkey(key), args, args))
 
-    async def settle(self, key: str, *, result: bytes | None, retention: float) -> bool:
+    async def settle(
+        self, key: str, *, result: bytes | None, retention: float, replacing: int | None = None
+    ) -> bool:
         if result is not None:
             self._limits.check_result(result)
         retention_us = _micros("retention", retention)
         if not self._fits(key):
             return False
         args, resent = _resendable(
-            False, 0 if result is None else 1, retention_us, b"" if result is None else result
+            False,
+            0 if result is None else 1,
+            retention_us,
+            b"" if result is None else result,
+            0 if replacing is None else replacing,
         )
         rkey = self._rkey(key)
-        trailer = self._trailer(rkey, chain.settled(result is not None, chain.said()))
+        with chain.replacing_settle(replacing):
+            told = chain.said()
+        trailer = self._trailer(rkey, chain.settled(result is not None, told))
         args, resent = (*args, *trailer), (*resent, *trailer)
         return _done(key, await self._script(lua.SETTLE, rkey, args, resent))
 
@@ -553,9 +594,9 @@ class RedisKeyStore:
         token = os.urandom(16).hex()
         lease_us = _micros("lease", lease)
         rkey = self._rkey(key)
-        told = chain.details(p=chain.said().scope, w="reconcile")
+        told = chain.claimed(chain.said(), "reconcile")
         args = (
-            stored.pack_fingerprint(fingerprint), fence, lease_us, self._orphan_retention_us, token,
+            stored.pack_fingerprint(fingerprint), fence, lease_us, token,
             *self._trailer(rkey, told),
         )  # fmt: skip
         # Always safe to re-send as it is: reconcile.lua recognises its own token.
@@ -582,7 +623,9 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.said()
         # A reconciler's verdict (a=), or why its holder gave the execution up (w=).
-        said = chain.details(a=told.reconciled) if told.reconciled else chain.details(w=told.why)
+        said = (
+            chain.reconciled(told) if told.reconciled else chain.details(w=told.why, e=told.ended)
+        )
         args = (token, *self._trailer(rkey, said))
         return _done(key, await self._script(lua.LEAVE_UNKNOWN, rkey, args, args))
 
@@ -631,7 +674,7 @@ class RedisKeyStore:
         created_before: float | None = None,
     ) -> list[Record]:
         """The first `limit` records a SCAN of the prefix meets that pass the filters, oldest
-        first among themselves (`lists_oldest_first`): when more match, any `limit` of them,
+        first among themselves (`oldest_first` is False): when more match, any `limit` of them,
         not the oldest, which only reading every record could find. A listing stops reading
         once it has `limit`: when most records match, it reads about `limit` of them, whatever
         the store's size; a filter few match reads on until it has found them (the whole store,
@@ -641,8 +684,15 @@ class RedisKeyStore:
         on a cluster), only as many as are still wanted (more while a filter rejects them), and
         decoded here (`record.py`) against one TIME per node scanned: no script runs for a
         listing, so it costs the server little beside the requests. Records that cannot be read
-        as ours are passed over (`pass_over`)."""
+        as ours are passed over (`pass_over`).
+
+        In-doubt records (IN_PROGRESS and UNKNOWN) are read from their index instead, off a
+        cluster (`_list_in_doubt`): what `keys list --state unknown` lists costs as many reads
+        as there are records in doubt or running, however many the store holds, and they are
+        all read, so the listing is the oldest of them."""
         check_list_limit(limit)
+        if state in _IN_DOUBT and self._index:
+            return await self._list_in_doubt(state, tool, limit, created_before)
         found: list[Record] = []
         if limit == 0:
             return found
@@ -673,8 +723,14 @@ class RedisKeyStore:
                     widen = min(widen * 2, SCAN_BATCH) if len(found) < limit else widen
                 if len(found) >= limit:
                     break
-        found.sort(key=lambda record: (record.created_at, record.key))
+        found.sort(key=_listing_order)
         return found
+
+    def oldest_first(self, state: RecordState | None) -> bool:
+        """Whether `list_records(state=state)` cut at `limit` gives the oldest records: only
+        for the in-doubt states off a cluster, read whole from their index; other listings stop
+        at the first matches their scan meets (`KeyStore.list_records`)."""
+        return state in _IN_DOUBT and bool(self._index)
 
     async def _now(self, here: _Here) -> int:
         """The Redis clock (of `here`'s node) in microseconds, with this store's test offset, as
@@ -739,6 +795,81 @@ class RedisKeyStore:
             return _visible(key, await self._script(lua.READ, rkey, (), ()))
         raise _translate(reply)
 
+    async def _list_in_doubt(
+        self, state: RecordState | None, tool: str | None, limit: int, created_before: float | None
+    ) -> list[Record]:
+        """`list_records` of one in-doubt state, from the in-doubt index (scripts/lib.lua:
+        index): SSCAN plus one pipelined read per 500 members, each of which drops a member
+        whose record left doubt meanwhile. An index not marked complete (a store written before
+        it, or emptied by `delete_all`) is built first (`_build_index`)."""
+        index = self._index
+        await self._build_index(index)
+        found: list[Record] = []
+        seen: set[bytes] = set()  # SSCAN may repeat a member
+        cursor = b"0"
+        while True:
+            step = command(b"SSCAN", index, cursor, b"COUNT", SCAN_BATCH)
+            with self._reaching():
+                cursor, members = await self._plain(step)
+            rkeys = [m for m in members if m and m not in seen]
+            seen.update(rkeys)
+            if rkeys:
+                replies = await self._script_many(lua.IN_DOUBT, rkeys)
+                self._keep_listed(rkeys, replies, state, tool, created_before, found)
+            if cursor == b"0":
+                break
+        found.sort(key=_listing_order)
+        return found[:limit]
+
+    async def _build_index(self, index: bytes) -> None:
+        """Make sure the in-doubt index is complete: unless marked so, one process builds it by
+        one scan of every record (each in doubt added by a script, atomically with its
+        record), under a lock (`{prefix}in-doubt:building`, held at most `BUILD_LOCK`), while
+        any other waits for the mark (every replica's gauge count starts at once after an
+        upgrade: one scan, not one per replica). A builder that died leaves the lock to expire,
+        and the next to find it gone builds."""
+        lock = index + b":building"
+        delay = 0.05
+        while True:
+            with self._reaching():
+                if await self._plain(command(b"SISMEMBER", index, b"")):
+                    return
+                took = await self._plain(
+                    command(b"SET", lock, b"1", b"NX", b"PX", int(BUILD_LOCK * 1000))
+                )
+            if took is not None:
+                break
+            await anyio.sleep(delay)  # another process is building it
+            delay = min(delay * 2, 1.0)
+        try:
+            async for _, rkeys in self._scan():
+                await self._script_many(lua.INDEX, rkeys)
+            with self._reaching():
+                await self._plain(command(b"SADD", index, b""))
+        finally:
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreError), self._reaching():
+                await self._plain(command(b"DEL", lock))
+
+    def _keep_listed(
+        self,
+        rkeys: Sequence[bytes],
+        replies: Sequence[Any],
+        state: RecordState | None,
+        tool: str | None,
+        created_before: float | None,
+        found: list[Record],
+    ) -> None:
+        """Add to `found` the records read (`replies` to READ of `rkeys`) that are visible and
+        pass the listing's filters; an unreadable one is passed over (`pass_over`)."""
+        for rkey, reply in zip(rkeys, replies, strict=True):
+            try:
+                record = _visible(self._key_of(rkey), reply)
+            except CorruptRecord as exc:
+                pass_over(exc)
+                continue
+            if record is not None and rules.listed(record, state, tool, created_before):
+                found.append(record)
+
     async def purge_expired(self) -> int:
         """Deletes records whose logical expiry has passed (SCAN over the prefix, as in
         `list_records`). Records Redis already expired on its own are not counted; unreadable
@@ -762,7 +893,14 @@ class RedisKeyStore:
             deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
         if self._cluster is None:  # a cluster keeps no stream (its histories are its trail)
             with self._reaching():
-                await self._plain(command(b"UNLINK", self._prefix_bytes + b"audit"))
+                await self._plain(
+                    command(
+                        b"UNLINK", self._prefix_bytes + b"audit", self._index,
+                        self._index + b":building",
+                    )
+                )  # fmt: skip
+        await self._script(lua.FORGET, self._mark_key, (), ())
+        self._marking = Marking()  # this object's next claim marks the prefix again
         return deleted
 
     async def aclose(self) -> None:
@@ -772,16 +910,54 @@ class RedisKeyStore:
             here.close()
         await anyio.lowlevel.checkpoint()
 
+    # -- the store's mark (`mark.py`) ----------------------------------------------------------
+
+    async def _write_mark(self) -> None:
+        args = (STORE_FORMAT, 1)
+        await self._script(lua.MARK, self._mark_key, args, args)
+
+    async def mark(self) -> StoreMark | None:
+        """The prefix's mark (the hash `{prefix}meta`); None before the first claim under the
+        prefix, or when that key holds something else (another program's)."""
+        args = (STORE_FORMAT, 0)
+        found = await self._script(lua.MARK, self._mark_key, args, args)
+        if not isinstance(found, list) or len(found) != 2:
+            return None
+        try:
+            return StoreMark(int(found[0]), int(found[1]) / 1000)
+        except ValueError:
+            return None
+
+    async def holds_anything(self) -> bool:
+        """Whether a record (in any state) or a history is kept under the prefix, or its audit
+        stream: SCAN stops at the first key found, so this costs a whole SCAN of the database
+        only where the prefix holds nothing of ours (where it has no mark)."""
+        if self._cluster is None:
+            with self._reaching():
+                if await self._plain(command(b"EXISTS", self._prefix_bytes + b"audit")):
+                    return True
+        async with contextlib.aclosing(
+            self._scan(_glob_escape(self._prefix_bytes) + b"{*")
+        ) as found:
+            async for _ in found:
+                return True
+        return False
+
     # -- history (rule 20) -------------------------------------------------------------------
 
-    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes]:
-        """An audited script's two last arguments (lib.lua): what the caller said, and where
+    def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes, bytes, bytes]:
+        """An audited script's four last arguments (lib.lua): the in-doubt index ('' on a
+        cluster), what the caller said, where
         the audit stream is ('' when this store keeps no history; '-' on a cluster, where the
-        histories are the audit trail: `history.py`)."""
-        del rkey
+        histories are the audit trail: `history.py`), and the record's history key ('' without
+        an audit key: `RecordMac.script_argument`)."""
         if not self._history:
-            return b"", b""
-        return said.encode(), b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
+            return self._index, b"", b"", b""
+        stream = b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
+        if self.audit_key is None:
+            return self._index, said.encode(), stream, b""
+        mac = self.audit_key.record(self._key_of(rkey)).script_argument()
+        return self._index, said.encode(), stream, mac
 
     async def history(self, key: str) -> str | None:
         """The record's history as stored (`history.parse` reads it); None: it has none."""
@@ -1111,7 +1287,8 @@ class RedisKeyStore:
             replies.update(zip(group, batch, strict=True))
         for rkey, reply in replies.items():
             if isinstance(reply, ReplyError):
-                replies[rkey] = await self._script(script, rkey, (), ())
+                args = self._trailer(rkey, "") if script.audited else ()
+                replies[rkey] = await self._script(script, rkey, args, args)
         return [replies[rkey] for rkey in rkeys]
 
     async def _script_batch(
@@ -1307,8 +1484,22 @@ def _claim_outcome(key: str, reply: Any) -> ClaimOutcome:
     if kind == b"mismatch":
         return ClaimOutcome(ClaimStatus.MISMATCH)
     if kind == b"unknown":
-        return ClaimOutcome(ClaimStatus.UNKNOWN, fence=int(reply[1]), attempts=int(reply[2]))
+        return ClaimOutcome(
+            ClaimStatus.UNKNOWN,
+            fence=int(reply[1]),
+            attempts=int(reply[2]),
+            turned_unknown=int(reply[3]) == 1,
+        )
     raise _failed(key, reply)
+
+
+#: The states the in-doubt index holds (scripts/lib.lua: index).
+_IN_DOUBT: Final = (RecordState.IN_PROGRESS, RecordState.UNKNOWN)
+
+
+def _listing_order(record: Record) -> tuple[float, str]:
+    """`list_records` lists oldest first (among what it read)."""
+    return (record.created_at, record.key)
 
 
 def _visible(key: str, reply: Any) -> Record | None:

@@ -1,5 +1,8 @@
--- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0, said, audit)
--- said: '', or a reconciliation's answer (a=...), written as a reconciled event first.
+-- complete(KEYS[1]; ARGV: offset_us, token, retention_us, result, resent 1|0, delivered 1|0,
+--          index, said, audit, mac)
+-- said: '', a reconciliation's details (a=ANSWER, and b=/r= when an operator asked), written
+-- as a reconciled event first, and/or the upstream's replay (u=replayed, last), added to the
+-- completed event. Values are percent-encoded, so "u=" can only start the u pair.
 -- Mirrors idempotency._stores.transitions.complete. Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this complete is sent again after its first reply was lost: then a record
 -- already COMPLETED with this very result is its own effect and answers {'ok'} (the result the
@@ -20,9 +23,11 @@ r.lease = ARGV[6] == '1' and DELIVERED or 0
 r.completed = now
 r.expires = now + retention
 save(key, r, now)
-if said() ~= '' then -- a reconciliation's verdict (a=happened, a=not_happened): rule 19
-    record_event(key, r, 'K', said(), now, false)
+local upstream = string.match(said(), 'u=[^,]*')
+local verdict = string.gsub(said(), ',?u=[^,]*$', '')
+if verdict ~= '' then -- a reconciliation's verdict (a=happened, a=not_happened): rule 19
+    record_event(key, r, 'K', verdict, now, false)
 end
-record_event(key, r, 'D', 's=' .. int(#result), now, false)
+record_event(key, r, 'D', 's=' .. int(#result) .. (upstream and ',' .. upstream or ''), now, false)
 announce(key, r)
 return {'ok'}

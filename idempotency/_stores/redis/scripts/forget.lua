@@ -1,5 +1,5 @@
 -- forget(KEYS[1]; ARGV: offset_us) -> 1 when the key was deleted, else 0, whatever it held
 -- (a record in any state, or one that cannot be read): `RedisKeyStore.delete_all`. Its history
--- (KEYS[1] .. ':h', the same slot) goes with it.
-redis.pcall('UNLINK', KEYS[1] .. ':h')
+-- and fence memo (KEYS[1] .. ':h', ':f', the same slot) go with it.
+redis.pcall('UNLINK', KEYS[1] .. ':h', KEYS[1] .. ':f')
 return redis.call('UNLINK', KEYS[1])

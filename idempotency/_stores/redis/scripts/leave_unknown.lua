@@ -1,4 +1,4 @@
--- leave_unknown(KEYS[1]; ARGV: offset_us, token, said, audit)
+-- leave_unknown(KEYS[1]; ARGV: offset_us, token, index, said, audit, mac)
 -- Mirrors idempotency._stores.transitions.leave_unknown: a reconciler that claimed the record
 -- (reconcile.lua) could not tell, so the record is UNKNOWN again, kept until resolved; or the
 -- holder of a claim gave its execution up as unknown (the guard's OutcomeLost), said as w=why.

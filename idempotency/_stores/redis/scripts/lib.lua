@@ -26,6 +26,23 @@
 --
 -- All times are microseconds of the Redis clock (TIME) plus ARGV[1], a test-only offset.
 -- expires_us decides liveness; the key's PEXPIRE is only garbage collection, never earlier.
+--
+-- IN_PROGRESS and UNKNOWN records never expire (rule 25: an in-doubt record is never forgotten
+-- unseen) and have no PEXPIRE. An UNKNOWN record stores expires_us 0; an IN_PROGRESS one stores
+-- NEVER, because the previous release refuses an IN_PROGRESS record without an expiry (and
+-- reads NEVER as a deadline it never reaches). This release reads any IN_PROGRESS expiry as 0.
+--
+-- A key's fence never repeats (rule 25): a record saved with an expiry leaves its fence in a
+-- memo beside it, KEYS[1] .. ':f' (the same hash tag, so the same slot; pcall, as the history),
+-- "FENCE:EXPIRES_US", which a claim of the key after the record expired numbers its new
+-- execution above, for FENCE_MEMORY past the record's expiry (`remembered_fence`).
+--
+-- In-doubt index: the set ARGV[#ARGV - 3] (audited scripts; '' on a Redis Cluster, where one
+-- set could not share every record's slot) holds the key of every IN_PROGRESS or UNKNOWN record,
+-- changed by `save` in the transition's own script, so that listing them reads only them
+-- (`RedisKeyStore.list_records`). Its member '' marks it complete (built by a scan of every
+-- record the first time it is read: records written before it, or by the previous release,
+-- are found that way; `purge` adds any it meets too).
 
 local FORMAT, FORMAT_WITH_TOOL = 1, 2
 local IN_PROGRESS, COMPLETED, UNKNOWN, RELEASED = 1, 2, 3, 4
@@ -33,6 +50,11 @@ local HEAD = '>BBi8i8i8i8i8i8i8'
 local HEAD_BYTES = 58
 local DELIVERED = 1
 local TOKEN_BYTES = 32
+-- The expiry an IN_PROGRESS record stores (year 2286; idempotency._stores.store.NEVER_EXPIRES).
+local NEVER = 1e16
+-- How long a record's fence is remembered after it expired (idempotency._stores.store.
+-- FENCE_MEMORY: a day).
+local FENCE_MEMORY_US = 86400000000
 -- A logically expired record stays physically at least this long, so purge can still count it.
 local MIN_TTL_MS = 1000
 
@@ -95,9 +117,13 @@ local function decode(raw)
     if (st == IN_PROGRESS) ~= (tlen == TOKEN_BYTES) or (st ~= IN_PROGRESS and tlen ~= 0) then
         return nil, 'token does not match the state'
     end
-    if (st == UNKNOWN) ~= (ex == 0) then
+    if (st == UNKNOWN and ex ~= 0) or ((st == COMPLETED or st == RELEASED) and ex == 0) then
         return nil, 'expiry does not match the state'
     end
+    if st == IN_PROGRESS then
+        rec.expires = 0 -- kept until it ends, whatever expiry it was stored with
+    end
+    rec.saved_state = st
     if (st == IN_PROGRESS and ls <= 0) or (st == COMPLETED and cp <= 0) then
         return nil, 'deadline missing for the state'
     end
@@ -124,13 +150,46 @@ local function encode(r)
     if #r.tool > 0 then
         format, tool = FORMAT_WITH_TOOL, string.char(#r.tool) .. r.tool
     end
+    local expires = r.expires
+    if r.state == IN_PROGRESS then
+        expires = NEVER
+    end
     return struct.pack(HEAD, format, r.state, r.fence, r.attempts, r.created, r.updated,
-            r.lease, r.completed, r.expires)
+            r.lease, r.completed, expires)
         .. struct.pack('>H', #r.fp) .. r.fp .. string.char(#r.token) .. r.token .. tool
         .. r.result
 end
 
+-- Whether a record in `state` is in doubt, or may turn so: IN_PROGRESS or UNKNOWN.
+local function open(state)
+    return state == IN_PROGRESS or state == UNKNOWN
+end
+
+-- Keep the in-doubt index in step with the record `r` at `key` about to be saved, when its state
+-- changes (which only audited scripts do: their trailer carries the index's key; a renewal or a
+-- delivery mark changes no state): in it while in doubt, out of it once not. Adding on every
+-- change within doubt too (a record the previous release claimed, turned UNKNOWN here) keeps a
+-- record written without the index from staying out of it. Before the record is written: a
+-- failure changes nothing.
+local function index(key, r)
+    local before = r.saved_state
+    if r.state == before then
+        return
+    end
+    r.saved_state = r.state
+    local set = ARGV[#ARGV - 3]
+    if set == '' then
+        return
+    end
+    if open(r.state) then
+        redis.call('SADD', set, key)
+    elseif open(before) then
+        redis.call('SREM', set, key)
+    end
+end
+
 local function save(key, r, now)
+    index(key, r)
     local raw = encode(r)
     if r.expires == 0 then
         redis.call('SET', key, raw)
@@ -138,6 +197,28 @@ local function save(key, r, now)
     end
     local ttl = math.max(math.ceil((r.expires - now) / 1000), MIN_TTL_MS)
     redis.call('SET', key, raw, 'PX', int(ttl))
+    local forget = r.expires + FENCE_MEMORY_US
+    redis.pcall('SET', key .. ':f', int(r.fence) .. ':' .. int(r.expires), 'PX',
+        int(math.max(math.ceil((forget - now) / 1000), MIN_TTL_MS)))
+end
+
+-- The last fence of the record at `key` that expired (`stored`: it, if still stored), while it
+-- is remembered: FENCE_MEMORY past the record's expiry (0: none). Mirrors idempotency._stores.
+-- transitions.remembered.
+local function remembered_fence(key, stored, now)
+    local fence = 0
+    if stored ~= nil and stored.expires ~= 0 and stored.expires + FENCE_MEMORY_US > now then
+        fence = stored.fence
+    end
+    local memo = redis.pcall('GET', key .. ':f')
+    if type(memo) ~= 'string' then
+        return fence
+    end
+    local kept, expired = string.match(memo, '^(%d+):(%d+)$')
+    if kept ~= nil and tonumber(expired) + FENCE_MEMORY_US > now then
+        fence = math.max(fence, tonumber(kept))
+    end
+    return fence
 end
 
 local function live(r, now)
@@ -145,6 +226,14 @@ local function live(r, now)
         return nil
     end
     return r
+end
+
+-- The record as read.lua replies it:
+--   {'record', now, state, fence, attempts, created, updated, lease, completed, expires,
+--    fingerprint, token, result, tool ('' when the record names none)}
+local function fields(r, now)
+    return {'record', now, r.state, r.fence, r.attempts, r.created, r.updated, r.lease,
+        r.completed, r.expires, r.fp, r.token, r.result, r.tool}
 end
 
 -- The record while `token` holds its claim (even past the lease, as long as no one took over).
@@ -214,16 +303,21 @@ local function announce(key, r)
 end
 
 -- History and audit stream (rule 20; idempotency._stores.history is the reference: the same
--- line format, chaining, counting and bounds, read back by one parser in Python).
+-- line format, chaining, counting, bounds and seal, read back by one parser in Python).
 -- A record's history is one string beside it, KEYS[1] .. ':h' (the record's hash tag, so its
 -- slot), kept while the record is plus a grace. It is not declared (a script declaring two keys
 -- could not create a record while its slot migrates: TRYAGAIN), so it is read and written with
 -- pcall: in the moment a migration has moved one of the pair and not the other, the cluster
 -- refuses the access and the transition, already saved, goes without its event rather than
--- fail half done. Scripts that record events get two more arguments at the end: ARGV[#ARGV - 1], what the caller said (DETAILS, already encoded: a scope
--- digest, why released, who settled), and ARGV[#ARGV], the audit stream's key: '' when the store
--- keeps no history, '-' on a Redis Cluster, where the histories are the audit trail (a stream
--- shared by a slot's records would be a key no script declares, split from them by a migration).
+-- fail half done. Scripts that record events get three more arguments at the end:
+-- ARGV[#ARGV - 2], what the caller said (DETAILS, already encoded: a scope digest, why
+-- released, who settled); ARGV[#ARGV - 1], the audit stream's key: '' when the store keeps no
+-- history, '-' on a Redis Cluster, where the histories are the audit trail (a stream shared by
+-- a slot's records would be a key no script declares, split from them by a migration); and
+-- ARGV[#ARGV], '' or, with an audit key, this record's own history key as HMAC-SHA1's two
+-- padded blocks (64 bytes each) and the audit key's id (idempotency._stores.audit_key): never
+-- the audit key itself, and never stored. Before these three, ARGV[#ARGV - 3]: the in-doubt
+-- index's key (see `index`).
 local HISTORY_MAX = 32
 local HISTORY_GRACE_MS = 86400000
 local AUDIT_MAX = '100000' -- a string: XADD takes it as is
@@ -232,7 +326,7 @@ local DIGEST_CHARS = 16
 local FAST_BYTES = 1024
 
 local function said()
-    return ARGV[#ARGV - 1]
+    return ARGV[#ARGV - 2]
 end
 
 local function history_lines(text)
@@ -254,8 +348,46 @@ local function split_line(line)
     return anchor, at, code, fence, info, digest
 end
 
-local function chained(prev, body)
+-- The digest an event carries: SHA-1 over its predecessor's digest and its body, or with an
+-- audit key the record's HMAC of the same.
+local function chained(keyed, prev, body)
+    if keyed ~= nil then
+        return keyed.mac(prev .. '|' .. body)
+    end
     return string.sub(redis.sha1hex(prev .. '|' .. body), 1, DIGEST_CHARS)
+end
+
+-- `text` (event lines) with its seal: without an audit key, the seal found, unchanged; with
+-- one, the count and adopted lines carried over from its own seal (never recounted, so lines
+-- cut out stay missing; else every line of `old`, the lines before this event, adopted), moved
+-- on by this event (`grew`: a line added, else one replaced; `dropped`: lines dropped from the
+-- front), and MACed.
+local function sealed(keyed, seal, old, text, grew, dropped)
+    if keyed == nil then
+        return seal and (seal .. '\n' .. text) or text
+    end
+    local id, count, adopted
+    if seal ~= nil then
+        id, count, adopted = string.match(seal, '^#(%x+)|(%d+)|(%d+)|%x+|%x+$')
+    end
+    if id == keyed.id then
+        count, adopted = tonumber(count), tonumber(adopted)
+    elseif old == '' then
+        count, adopted = 0, 0
+    else
+        local _, breaks = string.gsub(old, '\n', '')
+        count, adopted = breaks + 1, breaks + 1
+    end
+    if grew then
+        count = count + 1
+    elseif adopted == count then -- the replaced line was adopted; its successor is keyed
+        adopted = adopted - 1
+    end
+    count = math.max(0, count - dropped)
+    adopted = math.min(count, math.max(0, adopted - dropped))
+    local fields = keyed.id .. '|' .. int(count) .. '|' .. int(adopted) .. '|'
+        .. string.sub(text, -DIGEST_CHARS)
+    return '#' .. fields .. '|' .. keyed.mac('seal|' .. fields) .. '\n' .. text
 end
 
 -- An event's line up to its digest, AT|KIND|FENCE|ATTEMPT|DETAILS, in one format call: the hot
@@ -284,29 +416,19 @@ local function save_history(hkey, text, r, now)
     end
 end
 
--- Stretch the history's time to live to its record's plus the grace, for a write that moves the
--- record's expiry without an event (a renewal, a re-sent claim): a call running longer than its
--- first lease + orphan retention + grace keeps the claim its completion chains to. PEXPIRE on a
--- missing history (none kept) does nothing; pcall: a migration may have split the pair.
-local function keep_history(key, r, now)
-    local ttl = history_ttl(r, now)
-    if ttl ~= nil then
-        redis.pcall('PEXPIRE', key .. ':h', ttl)
-    end
-end
-
 -- The first claim of a record (fence 1) usually starts its history: written with SET NX, without
 -- reading first (one call less on the hot path). The line (false when a history is already
 -- there: a record gone within the grace, then claimed anew) or a refusal ({err = ...}).
-local function start_history(hkey, r, code, info, now)
+local function start_history(hkey, r, code, info, now, keyed)
     local body = event_body(math.floor(now / 1000), code, r, info)
-    local line = body .. '|' .. chained('', body)
+    local line = body .. '|' .. chained(keyed, '', body)
+    local text = keyed and sealed(keyed, nil, '', line, true, 0) or line
     local ttl = history_ttl(r, now)
     local done
     if ttl == nil then
-        done = redis.pcall('SET', hkey, line, 'NX')
+        done = redis.pcall('SET', hkey, text, 'NX')
     else
-        done = redis.pcall('SET', hkey, line, 'NX', 'PX', ttl)
+        done = redis.pcall('SET', hkey, text, 'NX', 'PX', ttl)
     end
     if type(done) == 'table' and done.err then
         return done
@@ -338,8 +460,8 @@ end
 -- The common case, without splitting the history into lines: an event that is not counted, on a
 -- history short enough that it needs no trimming, chains to the last 16 characters (the last
 -- digest). A completion takes its claim's time from the last line; nil (another last line):
--- use `append_full`.
-local function append_fast(hkey, text, r, code, info, now)
+-- use `append_full`. The event lines after it, and the line.
+local function append_fast(text, r, code, info, now, keyed)
     local at = math.floor(now / 1000)
     local body
     if code == 'D' then
@@ -351,17 +473,17 @@ local function append_fast(hkey, text, r, code, info, now)
     else
         body = event_body(at, code, r, info)
     end
-    local line = body .. '|' .. chained(string.sub(text, -DIGEST_CHARS), body)
-    save_history(hkey, #text > 0 and (text .. '\n' .. line) or line, r, now)
-    return line
+    local line = body .. '|' .. chained(keyed, string.sub(text, -DIGEST_CHARS), body)
+    return #text > 0 and (text .. '\n' .. line) or line, line
 end
 
--- Any event, reading and rewriting the whole history: counted ones replace a last line they
--- repeat, and a history past HISTORY_MAX lines drops its oldest (anchoring the first kept).
-local function append_full(hkey, text, r, code, info, now, counted)
+-- Any event, splitting the history into lines: counted ones replace a last line they repeat,
+-- and a history past HISTORY_MAX lines drops its oldest (anchoring the first kept). The event
+-- lines after it, the line, whether it was added (not a replacement), how many were dropped.
+local function append_full(text, r, code, info, now, counted, keyed)
     local lines = history_lines(text)
     local at = int(math.floor(now / 1000))
-    local prev, anchored = '', false
+    local prev, anchored, grew = '', false, true
     local last = lines[#lines]
     if last then
         local anchor, lat, lcode, lfence, linfo, ldigest = split_line(last)
@@ -370,6 +492,7 @@ local function append_full(hkey, text, r, code, info, now, counted)
             local count = tonumber(string.match(linfo, 'n=(%d+)') or '1') + 1
             info = (info ~= '' and (info .. ',') or '') .. 'n=' .. int(count) .. ',l=' .. at
             at = lat
+            grew = false
             lines[#lines] = nil
             if anchor then
                 prev, anchored = anchor, true
@@ -391,53 +514,77 @@ local function append_full(hkey, text, r, code, info, now, counted)
         end
     end
     local body = event_body(at, code, r, info)
-    local line = body .. '|' .. chained(prev, body)
+    local line = body .. '|' .. chained(keyed, prev, body)
     if anchored then
         line = '^' .. prev .. '|' .. line
     end
     lines[#lines + 1] = line
-    if #lines > HISTORY_MAX then
-        local _, _, _, _, _, dropped = split_line(lines[#lines - HISTORY_MAX])
+    local dropped = math.max(0, #lines - HISTORY_MAX)
+    if dropped > 0 then
+        local _, _, _, _, _, before = split_line(lines[dropped])
         local kept = {}
-        for i = #lines - HISTORY_MAX + 1, #lines do
+        for i = dropped + 1, #lines do
             kept[#kept + 1] = lines[i]
         end
         if string.sub(kept[1], 1, 1) ~= '^' then
-            kept[1] = '^' .. dropped .. '|' .. kept[1]
+            kept[1] = '^' .. before .. '|' .. kept[1]
         end
         lines = kept
     end
-    save_history(hkey, table.concat(lines, '\n'), r, now)
-    return lines[#lines]
+    return table.concat(lines, '\n'), lines[#lines], grew, dropped
 end
 
 -- Append one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history and
 -- the audit stream. `counted`: a replay or refusal, which replaces a last line it repeats.
 local function record_event(key, r, code, info, now, counted)
-    local audit = ARGV[#ARGV]
+    local audit = ARGV[#ARGV - 1]
     if audit == '' then
         return
+    end
+    -- The record's history key from the last argument, or nil (no audit key: plain digests):
+    -- its id, and `mac`, HMAC-SHA1 of a text under it as Python's hmac.new(key, text, sha1)
+    -- (the first DIGEST_CHARS hex digits). Made here, not as a function of the prelude (each
+    -- of which is made again on every call), so that a store without a key pays nothing for it.
+    local keyed, given = nil, ARGV[#ARGV]
+    if given ~= '' then
+        local sub, sha = string.sub, redis.sha1hex
+        local ipad, opad = sub(given, 1, 64), sub(given, 65, 128)
+        keyed = {id = sub(given, 129), mac = function(text)
+            local h = sha(ipad .. text)
+            -- The inner digest's 20 bytes, as five 32-bit numbers (the cheapest way measured).
+            local inner = struct.pack('>I4I4I4I4I4', tonumber(sub(h, 1, 8), 16),
+                tonumber(sub(h, 9, 16), 16), tonumber(sub(h, 17, 24), 16),
+                tonumber(sub(h, 25, 32), 16), tonumber(sub(h, 33, 40), 16))
+            return sub(sha(opad .. inner), 1, DIGEST_CHARS)
+        end}
     end
     local hkey = key .. ':h'
     local line
     if code == 'C' and r.fence == 1 then
-        line = start_history(hkey, r, code, info, now)
+        line = start_history(hkey, r, code, info, now, keyed)
         if type(line) == 'table' then
             return -- refused (a slot migration split the pair): no event this time
         end
     end
     if not line then
-        local text = redis.pcall('GET', hkey)
-        if type(text) == 'table' then
+        local stored = redis.pcall('GET', hkey)
+        if type(stored) == 'table' then
             return -- refused, as above
         end
-        text = text or ''
+        local seal, text = nil, stored or ''
+        if string.byte(text, 1) == 35 then -- '#': the seal line, then the event lines
+            local at = string.find(text, '\n', 1, true) or #text + 1
+            seal, text = string.sub(text, 1, at - 1), string.sub(text, at + 1)
+        end
+        local new, grew, dropped
         if not counted and #text < FAST_BYTES then
-            line = append_fast(hkey, text, r, code, info, now)
+            new, line = append_fast(text, r, code, info, now, keyed)
+            grew, dropped = true, 0
         end
-        if line == nil then
-            line = append_full(hkey, text, r, code, info, now, counted)
+        if not line then -- nil, or false: a fence-1 claim found a history (start_history)
+            new, line, grew, dropped = append_full(text, r, code, info, now, counted, keyed)
         end
+        save_history(hkey, sealed(keyed, seal, text, new, grew, dropped), r, now)
     end
     if audit ~= '-' then
         -- One field (fewer for XADD to encode): the line, then the tool's name after its length
@@ -452,14 +599,14 @@ end
 -- saved with its claimed event (said(): the claimer's scope digest, and why). A claim's takeover
 -- of an expired lease (claim.lua) and a reconciliation's claim of an UNKNOWN record
 -- (reconcile.lua).
-local function hand_over(key, r, token, lease, retention, now)
+local function hand_over(key, r, token, lease, now)
     r.state = IN_PROGRESS
     r.token = token
     r.fence = r.fence + 1
     r.attempts = r.attempts + 1
     r.updated = now
     r.lease = now + lease
-    r.expires = now + lease + retention
+    r.expires = 0
     save(key, r, now)
     record_event(key, r, 'C', said(), now, false)
 end

@@ -1,4 +1,5 @@
--- release(KEYS[1]; ARGV: offset_us, token, orphan_retention_us, resent 1|0, said, audit)
+-- release(KEYS[1]; ARGV: offset_us, token, orphan_retention_us, resent 1|0, index, said, audit,
+-- mac)
 -- Mirrors idempotency._stores.transitions.release: a tombstone keeps fence and attempts monotonic.
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}.
 -- resent = 1 only when this release is sent again after its first reply was lost: then a record
