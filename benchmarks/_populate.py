@@ -1,11 +1,13 @@
-"""Stores of many records, written in bulk by the stores' own encoders: a million in seconds.
+"""Stores of many records, written in bulk by the stores' own encoders: a million in a minute.
 
 Claiming and completing a million records through the store API would take minutes (two
 transitions each, ~10k pairs/s). These write the same bytes directly:
 
 * Redis: one script per 10,000 records, built from the store's own `scripts/lib.lua` (`save`
-  writes the record, `record_event` its history and audit stream entries, exactly as the
-  transitions do), so every record, history and stream entry is one the store could have written;
+  writes the record and keeps the in-doubt index, `record_event` its history and audit stream
+  entries, exactly as the transitions do), so every record, history and stream entry is one the
+  store could have written; the index is then marked complete (every record in doubt went
+  through `save`);
 * SQLite: the file's schema made by the store itself (`SQLiteKeyStore`, of the checkout under
   test), then one `executemany` per table inside one transaction: rows from the store's
   `_encode`, histories from `history.append` (the reference the scripts mirror).
@@ -13,7 +15,8 @@ transitions each, ~10k pairs/s). These write the same bytes directly:
 The records: every `unknown_every`-th one UNKNOWN (its worker's lease ran out), every
 `running_every`-th one IN_PROGRESS under a live lease, the rest COMPLETED with a 200-byte
 result, delivered, kept 24 h. Created 5 ms apart, oldest first by number, tool `charge`; store
-keys are 64 hex digits, as the guard's are.
+keys are 64 hex digits, as the guard's are. Each store is then marked (`MarkedStore`) as its
+first claim would have marked it, so that the reading commands read it.
 """
 
 from __future__ import annotations
