@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         f" serve-example creates; the Run journal to {DEFAULT_JOURNAL_URL} (or $MCP_ONCE_JOURNAL)."
         " demo writes to a"
         " temporary directory it removes, or under a prefix of its own in a Redis given with"
-        " --store, deleted when it ends.",
+        " --store, deleted when it ends. Histories are checked with the audit key of"
+        " $MCP_ONCE_AUDIT_KEY (or the file $MCP_ONCE_AUDIT_KEY_FILE names) when set.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (_demo, _keys, _runs, _serve, _gateway, _wrap, _bench):

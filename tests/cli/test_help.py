@@ -20,6 +20,8 @@ PASSWORD = "hunter2"
 VARIABLES = {
     "MCP_ONCE_STORE": f"redis://operator:{PASSWORD}@127.0.0.1:6379/0",
     "MCP_ONCE_JOURNAL": f"rediss://:{PASSWORD}@127.0.0.1:6380/1",
+    "MCP_ONCE_AUDIT_KEY": f"audit-key-{PASSWORD}",
+    "MCP_ONCE_AUDIT_KEY_FILE": "/nonexistent/mcp-once-audit-key",
 }
 
 
