@@ -40,10 +40,13 @@ def redis_benchmark_binary() -> str | None:
 class Counters:
     """`total_reads_processed` counts socket reads of client requests: one per round trip for a
     request that fits one read (pipelined commands share one). `commands` is `INFO
-    commandstats` (calls per command; commands a Lua script issues are counted there too)."""
+    commandstats` (calls per command; commands a Lua script issues are counted there too).
+    `keys` counts key lookups (`keyspace_hits` + `keyspace_misses`: an MGET of ten keys is ten,
+    a SCAN none): how many records a command read."""
 
     reads: int
     commands: dict[str, int]
+    keys: int = 0
 
     def minus(self, before: Counters) -> dict[str, Any]:
         """The delta, less the one read of the INFO request that took `self`."""
@@ -52,7 +55,11 @@ class Counters:
             for name, calls in self.commands.items()
             if calls != before.commands.get(name, 0) and name != "info"
         }
-        return {"round_trips": self.reads - before.reads - 1, "commands": changed}
+        return {
+            "round_trips": self.reads - before.reads - 1,
+            "commands": changed,
+            "keys_looked_up": self.keys - before.keys,
+        }
 
 
 def read_counters(client: redis.Redis) -> Counters:
@@ -63,4 +70,5 @@ def read_counters(client: redis.Redis) -> Counters:
         for name, value in info.items()
         if name.startswith("cmdstat_") and isinstance(value, dict)
     }
-    return Counters(int(info["total_reads_processed"]), commands)
+    keys = int(info["keyspace_hits"]) + int(info["keyspace_misses"])
+    return Counters(int(info["total_reads_processed"]), commands, keys)

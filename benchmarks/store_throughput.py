@@ -58,7 +58,7 @@ import redis.asyncio as aioredis
 
 from idempotency import KeyStore, RedisKeyStore, SQLiteKeyStore
 from idempotency._stores.redis import lua
-from idempotency._stores.redis.store import _pack_fingerprint
+from idempotency._stores.redis.record import pack_fingerprint
 from idempotency._stores.redis.wire import command
 
 from . import _powertools, _workload
@@ -160,7 +160,7 @@ def _pair_commands(run: str, n: int) -> tuple[Args, Args]:
     # No history kept (said and audit ''), the in-doubt index as the store names it.
     trailer = (b"", b"", _workload.INDEX)
     claim: Args = (
-        b"EVALSHA", lua.CLAIM.sha, 1, rkey, 0, _pack_fingerprint(fp), int(_workload.LEASE * 1e6),
+        b"EVALSHA", lua.CLAIM.sha, 1, rkey, 0, pack_fingerprint(fp), int(_workload.LEASE * 1e6),
         0, token, b"", 0, 0, *trailer,  # no tool name, as `store.claim` without `tool=` sends
     )  # fmt: skip
     complete: Args = (

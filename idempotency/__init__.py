@@ -22,7 +22,8 @@ Operator tooling (what `mcp-once keys` is built on): `store_key` (with `default_
 principal as records' histories do; `KeyStore.get`, `list_records`, `settle`
 and `purge_expired` read and settle records, and `unreadable_records()` reports the ones a
 listing could not read; `decode_result` (a `StoredResult`, or `UnreadableResult`),
-`domain_form` and `encode_result` read and write stored results; `rfc3339` formats times as the
+`domain_form` and `encode_result` read and write stored results (`check_result_envelope` tells a
+damaged one without the SDK); `rfc3339` formats times as the
 result marker does; `DEFAULT_LEASE` is the default lease, the unit a grace period before
 settling a record as failed is counted in; `history_interruption` (the `interrupted` event that
 left a record UNKNOWN, saying whether its holder saw the execution end) and
@@ -37,36 +38,26 @@ operator tools act within one server's records). A store marks itself at its fir
 (`MarkedStore.mark`, a `StoreMark`), so that a read of a place nothing of mcp-once's is kept at
 (`holds_anything`) is told from an empty store.
 
+Names whose modules load the MCP SDK, OpenTelemetry or redis-py (the guard, the integrations,
+`RedisKeyStore`, `decode_result`, ...) are imported on first use, so that `import idempotency`
+and the operator commands that only read a store start in a fraction of a second.
+
 `idempotency.wire` is the wire contract shared with the client library. Modules and packages
 whose names start with `_` are private: `_guard/` (the guard and its parts), `_stores/` (the key
 stores) and `_integrations/` (the framework integrations); their public names are the ones
 re-exported here.
 """
 
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from ._guard.current_claim import Claim, current_claim
+from ._guard.defaults import DEFAULT_LEASE
+from ._guard.envelope import UnreadableResult, check_result_envelope, rfc3339
 from ._guard.fingerprint import fingerprint
-from ._guard.guard import Interrupted, OutcomeLost
-from ._guard.hooks import Replay, ReplayHook
-from ._guard.mint import KeySource
-from ._guard.policy import DEFAULT_LEASE, KeyMode, Policy, PolicyOptions
-from ._guard.reconcile import InDoubt, Reconciled, ReconcileOption, Reconciler
-from ._guard.replay import (
-    StoredResult,
-    UnreadableResult,
-    decode_result,
-    domain_form,
-    encode_result,
-    rfc3339,
-)
-from ._guard.scope import CallScope, ScopeFn, default_scope, principal_digest, store_key
-from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
-from ._integrations.mcpserver.decorator import idempotent
-from ._integrations.mcpserver.install import install
-from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
+from ._guard.scope import CallScope, ScopeFn, default_scope, store_key
 from ._stores.audit_key import AuditKey
-from ._stores.audit_log import export as export_audit_logs
 from ._stores.history import AuditedStore, AuditEntry
 from ._stores.history import Event as HistoryEvent
 from ._stores.history import interruption as history_interruption
@@ -83,7 +74,6 @@ from ._stores.in_doubt import in_doubt_records, lease_ran_out
 from ._stores.mark import MarkedStore, StoreMark
 from ._stores.memory import MemoryKeyStore
 from ._stores.open import open_store
-from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
 from ._stores.sqlite import SQLiteKeyStore
 from ._stores.store import (
     ClaimOutcome,
@@ -97,6 +87,64 @@ from ._stores.store import (
     StoreUnavailable,
     unreadable_records,
 )
+
+if TYPE_CHECKING:
+    from ._guard.caller import principal_digest
+    from ._guard.guard import Interrupted, OutcomeLost
+    from ._guard.hooks import Replay, ReplayHook
+    from ._guard.mint import KeySource
+    from ._guard.policy import KeyMode, Policy, PolicyOptions
+    from ._guard.reconcile import InDoubt, Reconciled, ReconcileOption, Reconciler
+    from ._guard.replay import StoredResult, decode_result, domain_form, encode_result
+    from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
+    from ._integrations.mcpserver.decorator import idempotent
+    from ._integrations.mcpserver.install import install
+    from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
+    from ._stores.audit_log import export as export_audit_logs
+    from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
+
+#: The public names whose modules load the MCP SDK, OpenTelemetry or redis-py, by where they
+#: live: imported on first use (PEP 562), so that `import idempotency` and the operator commands
+#: built on the stores (`mcp-once keys`, `audit`) start without them.
+_ON_FIRST_USE: dict[str, str] = {
+    "principal_digest": "._guard.caller",
+    **dict.fromkeys(("Interrupted", "OutcomeLost"), "._guard.guard"),
+    **dict.fromkeys(("Replay", "ReplayHook"), "._guard.hooks"),
+    "KeySource": "._guard.mint",
+    **dict.fromkeys(("KeyMode", "Policy", "PolicyOptions"), "._guard.policy"),
+    **dict.fromkeys(
+        ("InDoubt", "Reconciled", "ReconcileOption", "Reconciler"), "._guard.reconcile"
+    ),
+    **dict.fromkeys(
+        ("StoredResult", "decode_result", "domain_form", "encode_result"), "._guard.replay"
+    ),
+    **dict.fromkeys(("GuardedCallTool", "idempotent_call_tool"), "._integrations.lowlevel"),
+    "idempotent": "._integrations.mcpserver.decorator",
+    "install": "._integrations.mcpserver.install",
+    **dict.fromkeys(
+        ("Reconciliation", "reconcile_unknown", "turn_unknown"), "._integrations.reconcile_records"
+    ),
+    "export_audit_logs": "._stores.audit_log",
+    **dict.fromkeys(
+        ("DurabilityUnsupported", "RedisKeyStore", "ReplicationUnconfirmed"), "._stores.redis.store"
+    ),
+}
+#: Public names that are another name in their module.
+_RENAMED = {"export_audit_logs": "export"}
+
+
+def __getattr__(name: str) -> Any:
+    where = _ON_FIRST_USE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), _RENAMED.get(name, name))
+    globals()[name] = value  # the next use is an ordinary module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 # A library is silent unless its user asks (the standard library's convention for libraries):
 # without this, a program that configured no logging would see our warnings through Python's
@@ -146,6 +194,7 @@ __all__ = [
     "StoredResult",
     "UnreadableResult",
     "check_history",
+    "check_result_envelope",
     "compare_audit_stream",
     "current_claim",
     "decode_result",

@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import uuid
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken, principal_components
 from mcp.server.context import ServerRequestContext
 
-from .scope import principal_of
+from .._stores.history import scope_digest
+from .fingerprint import canonical_json
 
 #: One random id per duplex channel object, dropped when the channel is collected.
 _channel_ids: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
@@ -64,6 +69,37 @@ def _channel_id(channel: object) -> str | None:
         return found
     except TypeError:  # not weak-referenceable: no identity rather than a leaked one
         return None
+
+
+def _access_token(request: ServerRequestContext[Any, Any] | None) -> AccessToken | None:
+    # The HTTP request carries the user the bearer middleware authenticated; the contextvar is the
+    # SDK's fallback for code running in the request's own context.
+    http_request = getattr(request, "request", None) if request is not None else None
+    asgi_scope = getattr(http_request, "scope", None)
+    if asgi_scope is not None and isinstance(asgi_scope, Mapping):  # no ABC check for None
+        user = asgi_scope.get("user")
+        if isinstance(user, AuthenticatedUser):
+            return user.access_token
+    return get_access_token()
+
+
+def principal_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
+    """The authenticated principal of this request, as canonical text, or None."""
+    token = _access_token(request)
+    if token is None:
+        return None
+    return _principal_text(token)
+
+
+def _principal_text(token: AccessToken) -> str:
+    return canonical_json(list(principal_components(token))).decode()
+
+
+def principal_digest(token: AccessToken) -> str:
+    """The principal a token stands for (client id, issuer, subject) as records' histories name
+    it on their claimed events (`principal`): a digest, the same on every server, never the
+    principal or the token. What an operator matches `mcp-once keys list` against."""
+    return scope_digest(_principal_text(token))
 
 
 def caller_of(request: ServerRequestContext[Any, Any] | None) -> str | None:

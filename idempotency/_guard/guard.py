@@ -57,9 +57,10 @@ from .._stores.store import (
 )
 from .._system_task import cancelled_beyond, loop_time
 from . import answers, errors, in_doubt_gauge
-from .caller import caller_of, cancel_requested, disconnected
+from .caller import caller_of, cancel_requested, disconnected, principal_of
 from .complete import gave_up, store_result
 from .current_claim import Claim, publish, withdraw
+from .envelope import UnreadableResult
 from .fingerprint import UnfingerprintableArguments, covered, fingerprints
 from .hooks import Replay, replayed
 from .keyplaces import found_keys, header_place
@@ -75,8 +76,8 @@ from .reconcile import (
     reconciler_for,
     resolve,
 )
-from .replay import UnreadableResult, decode_result, origin, stamped
-from .scope import CallScope, default_scope, principal_of, store_key
+from .replay import decode_result, origin, stamped
+from .scope import CallScope, default_scope, store_key
 from .telemetry import (
     NO_TRACE,
     Outcome,

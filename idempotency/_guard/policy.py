@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from .. import wire
+from .defaults import DEFAULT_LEASE
 from .fingerprint import FingerprintOption, check_option
 from .hooks import ReplayHook
 from .keyplaces import check_header_name
@@ -29,10 +30,6 @@ DEFAULT_RETENTION = 24 * 3600.0
 #: A keyless client's blind re-send comes within its timeout plus a reconnect: seconds to
 #: minutes. Ten minutes catches those and lets a deliberate repeat later run again.
 DEFAULT_DERIVED_RETENTION = 600.0
-#: `Policy.lease`'s default, in seconds (public: operator tooling counts grace periods in it).
-#: Renewed every 10 s while the tool runs; a crashed worker blocks its key for at most ~30 s
-#: (Powertools: 1 h), yet a store hiccup or a pause of a few seconds does not lose the claim.
-DEFAULT_LEASE = 30.0
 #: Bounds the shielded run (rule 10) and therefore how long a graceful shutdown drains.
 DEFAULT_MAX_RUN_TIME = 300.0
 #: Most tools finish within seconds; 10 s lets a concurrent duplicate replay instead of

@@ -1,4 +1,5 @@
 """Stored results: domain form in, domain form out, and the replay marker on the way back.
+(The envelope around a stored result, readable without the SDK, is `envelope.py`'s.)
 
 A record holds the tool's `CallToolResult` as content, structuredContent, isError and the author's
 own `_meta` — never a protocol-version envelope (`resultType`, the `serverInfo` stamp, per-version
@@ -12,7 +13,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from mcp_types import CallToolResult, TextContent
@@ -20,10 +21,7 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from .. import wire
-
-#: Written into every stored payload; a reader refuses payloads of another format.
-FORMAT = "mcp-once/result@1"
-
+from .envelope import FORMAT, UnreadableResult, open_envelope, rfc3339
 
 #: Writes stored payloads: built once rather than per `json.dumps` call (same bytes).
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
@@ -33,11 +31,6 @@ _HEAD = ('{"format":' + _ENCODER.encode(FORMAT) + ',"executedAt":').encode()
 _ENVELOPE = {"result_type"}
 #: A stored payload's field saying its result is the replay of the server the tool called.
 _UPSTREAM_REPLAYED = "upstreamReplayed"
-
-
-class UnreadableResult(ValueError):
-    """A stored payload is not one of ours (damaged, foreign, or a newer format): raised by
-    `decode_result`, with the reason as its message. The server answers CORRUPT_RECORD for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,30 +117,13 @@ def encode_result(
 
 def decode_result(data: bytes) -> StoredResult:
     """The stored result, or `UnreadableResult` saying why not."""
-    try:
-        payload = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UnreadableResult(f"not JSON: {exc}") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise UnreadableResult(f"not a {FORMAT} payload")
-    executed_at = payload.get("executedAt")
-    if executed_at is not None and (
-        isinstance(executed_at, bool) or not isinstance(executed_at, int | float)
-    ):
-        raise UnreadableResult("executedAt is not a number")
+    payload, executed_at = open_envelope(data)
     try:
         result = CallToolResult.model_validate(payload.get("result"))
     except ValidationError as exc:
         raise UnreadableResult(f"not a CallToolResult ({exc.error_count()} problems)") from None
     upstream = payload.get(_UPSTREAM_REPLAYED) is True
-    return StoredResult(result, None if executed_at is None else float(executed_at), upstream)
-
-
-def rfc3339(timestamp: float) -> str:
-    """UTC, millisecond precision, `Z` suffix: what `executedAt` carries on the wire, and how
-    `mcp-once keys` prints a record's times (`timestamp`: seconds since the epoch)."""
-    moment = datetime.fromtimestamp(timestamp, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return StoredResult(result, executed_at, upstream)
 
 
 def stamped(

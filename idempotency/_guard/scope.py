@@ -3,6 +3,7 @@
 A client key is only unique for its client: two tenants may both send "order-1". The store key
 is therefore a hash of (scope, tool, key), where the scope defaults to the authenticated principal
 plus the server name. Keys are stored hashed: a store dump reveals neither keys nor tenants.
+Who the authenticated principal of a request is, the SDK knows: `caller.principal_of` asks it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken, principal_components
-from mcp.server.context import ServerRequestContext
-
-from .._stores.history import scope_digest
 from .fingerprint import canonical_json
+
+if TYPE_CHECKING:  # the SDK only names a type here: naming a record needs no SDK (`keys`)
+    from mcp.server.context import ServerRequestContext
 
 #: Bumped if the derivation ever changes, so old and new records can never alias.
 _STORE_KEY_VERSION = "mcp-once/1"
@@ -48,37 +46,6 @@ def default_scope(call: CallScope) -> str:
     unguessable (the orchestrator mints UUIDs), and a derived key merges identical keyless calls.
     """
     return canonical_json({"server": call.server, "principal": call.principal}).decode()
-
-
-def _access_token(request: ServerRequestContext[Any, Any] | None) -> AccessToken | None:
-    # The HTTP request carries the user the bearer middleware authenticated; the contextvar is the
-    # SDK's fallback for code running in the request's own context.
-    http_request = getattr(request, "request", None) if request is not None else None
-    asgi_scope = getattr(http_request, "scope", None)
-    if asgi_scope is not None and isinstance(asgi_scope, Mapping):  # no ABC check for None
-        user = asgi_scope.get("user")
-        if isinstance(user, AuthenticatedUser):
-            return user.access_token
-    return get_access_token()
-
-
-def principal_of(request: ServerRequestContext[Any, Any] | None) -> str | None:
-    """The authenticated principal of this request, as canonical text, or None."""
-    token = _access_token(request)
-    if token is None:
-        return None
-    return _principal_text(token)
-
-
-def _principal_text(token: AccessToken) -> str:
-    return canonical_json(list(principal_components(token))).decode()
-
-
-def principal_digest(token: AccessToken) -> str:
-    """The principal a token stands for (client id, issuer, subject) as records' histories name
-    it on their claimed events (`principal`): a digest, the same on every server, never the
-    principal or the token. What an operator matches `mcp-once keys list` against."""
-    return scope_digest(_principal_text(token))
 
 
 def store_key(scope: str, tool: str, key: str) -> str:

@@ -31,8 +31,8 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from .._guard.defaults import DEFAULT_LEASE
 from .._guard.guard import Guard
-from .._guard.policy import DEFAULT_LEASE
 from .._guard.reconcile import (
     Convert,
     Verdict,

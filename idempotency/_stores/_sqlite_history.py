@@ -45,6 +45,8 @@ TABLES = ("history", "audit")
 Seen = tuple[str, Record | None, Record | None, object, Said, float]
 
 _LOAD_CHUNK = 500
+#: Histories a read of `histories_after` returns at most.
+HISTORY_PAGE = 1000
 
 
 def missing(conn: sqlite3.Connection) -> bool:
@@ -130,10 +132,13 @@ def history(conn: sqlite3.Connection, key: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def histories(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+def histories_after(conn: sqlite3.Connection, after: str) -> list[tuple[str, str]]:
+    """The next `HISTORY_PAGE` histories by key, from the first key past `after`."""
     if missing(conn):
         return []
-    rows = conn.execute("SELECT key, lines FROM history ORDER BY key")
+    rows = conn.execute(
+        "SELECT key, lines FROM history WHERE key > ? ORDER BY key LIMIT ?", (after, HISTORY_PAGE)
+    )
     return [(str(key), str(lines)) for key, lines in rows]
 
 

@@ -62,7 +62,7 @@ import contextvars
 import dataclasses
 import hashlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -239,7 +239,12 @@ class AuditedStore(Protocol):
         ...
 
     async def histories(self) -> list[tuple[str, str]]:
-        """Every history kept, (record key, history)."""
+        """Every history kept, (record key, history), sorted by key."""
+        ...
+
+    def iter_histories(self) -> AsyncIterator[tuple[str, str]]:
+        """Every history kept, (record key, history), in the store's own order, read a batch at
+        a time: for a reader that must not hold a million histories at once (`audit verify`)."""
         ...
 
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:

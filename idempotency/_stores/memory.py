@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import AsyncIterator
 
 import anyio
 
@@ -169,14 +170,19 @@ class MemoryKeyStore:
         return rules.visible(self._records.get(key), self._clock())
 
     async def list_records(
-        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
+        self,
+        *,
+        state: RecordState | None = None,
+        tool: str | None = None,
+        limit: int = 100,
+        created_before: float | None = None,
     ) -> list[Record]:
         check_list_limit(limit)
         now = self._clock()
         found = []
         for stored in self._records.values():
             record = rules.visible(stored, now)
-            if record is not None and rules.listed(record, state, tool):
+            if record is not None and rules.listed(record, state, tool, created_before):
                 found.append(record)
         found.sort(key=lambda r: (r.created_at, r.key))
         return found[:limit]
@@ -253,8 +259,13 @@ class MemoryKeyStore:
         return None if self._trail is None else self._trail.histories.get(key)
 
     async def histories(self) -> list[tuple[str, str]]:
-        """Every history kept, (record key, history), for `mcp-once audit verify`."""
+        """Every history kept, (record key, history), sorted by key."""
         return [] if self._trail is None else sorted(self._trail.histories.items())
+
+    async def iter_histories(self) -> AsyncIterator[tuple[str, str]]:
+        """Every history kept, (record key, history), for `mcp-once audit verify`."""
+        for kept in await self.histories():
+            yield kept
 
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
         """The audit stream from `since` (seconds, store clock) on, oldest first."""

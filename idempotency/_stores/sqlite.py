@@ -20,7 +20,7 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -87,6 +87,10 @@ SCHEMA_VERSION = 1
 #: NULL reads as not delivered, which is what every row of a release before it means: a row
 #: such a release rewrites loses nothing it could have merged.
 _ADDED_COLUMNS = {"tool": "TEXT", "delivered": "INTEGER"}
+#: Indexes added after the first release, made in place as the columns are (an older release
+#: ignores them): `records_by_created` lets an unfiltered listing read its first rows in order
+#: instead of sorting every row (adding it to a file of a million records takes seconds, once).
+_ADDED_INDEXES = {"records_by_created": "records (created_at)"}
 
 #: `wait()` polls because other processes cannot signal us; the delay doubles up to the cap, which
 #: bounds how late a cross-process completion is noticed. Same-process completions wake at once.
@@ -120,6 +124,7 @@ CREATE TABLE records (
 ) WITHOUT ROWID;
 CREATE INDEX records_by_expiry ON records (expires_at);
 CREATE INDEX records_by_state ON records (state, created_at);
+CREATE INDEX records_by_created ON records (created_at);
 PRAGMA application_id = {APPLICATION_ID};
 PRAGMA user_version = {SCHEMA_VERSION};
 """
@@ -386,28 +391,25 @@ class SQLiteKeyStore:
         return await self._writer.run(read)
 
     async def list_records(
-        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
+        self,
+        *,
+        state: RecordState | None = None,
+        tool: str | None = None,
+        limit: int = 100,
+        created_before: float | None = None,
     ) -> list[Record]:
+        """Oldest first, read along an index in `created_at` order (`records_by_created`, or
+        `records_by_state` for one state) and stopped at `limit`: a listing reads about as many
+        rows as it returns, plus those the other filters skip."""
         check_list_limit(limit)
 
         def read(conn: sqlite3.Connection) -> list[Record]:
             now = self._clock()
-            sql = (
-                f"SELECT {_COLUMNS} FROM records WHERE state IS NOT ?"
-                " AND (state = ? OR expires_at IS NULL OR expires_at > ?)"
-            )
-            args: list[object] = [RecordState.RELEASED.value, RecordState.IN_PROGRESS.value, now]
-            if state is not None:
-                sql += " AND state = ?"
-                args.append(state.value)
-            if tool is not None:
-                sql += " AND tool IS ?"
-                args.append(tool_label(tool))
-            sql += " ORDER BY created_at, key"
+            sql, args = listing_query(now, state, tool, created_before)
             found: list[Record] = []
+            if limit == 0:
+                return found
             for row in conn.execute(sql, args):
-                if len(found) >= limit:
-                    break
                 key = str(row[0])
                 try:
                     record = rules.visible(_decode(key, row[1:]), now)
@@ -416,6 +418,8 @@ class SQLiteKeyStore:
                     continue
                 if record is not None:
                     found.append(record)
+                    if len(found) >= limit:
+                        break
             return found
 
         return await self._writer.run(read)
@@ -490,8 +494,21 @@ class SQLiteKeyStore:
         return await self._writer.run(lambda conn: trail.history(conn, key))
 
     async def histories(self) -> list[tuple[str, str]]:
-        """Every history kept, (record key, history), for `mcp-once audit verify`."""
-        return await self._writer.run(trail.histories)
+        """Every history kept, (record key, history), sorted by key."""
+        return [kept async for kept in self.iter_histories()]
+
+    async def iter_histories(self) -> AsyncIterator[tuple[str, str]]:
+        """Every history kept, (record key, history), by key, read a page at a time (each page
+        its own short read on the writer thread, so writers are not held up): what `mcp-once
+        audit verify` reads, never holding more than a page."""
+        after = ""
+        while True:
+            page = await self._writer.run(functools.partial(trail.histories_after, after=after))
+            for kept in page:
+                yield kept
+            if len(page) < trail.HISTORY_PAGE:
+                return
+            after = page[-1][0]
 
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
         """The audit stream from `since` (seconds, store clock) on, oldest first."""
@@ -583,6 +600,30 @@ class SQLiteKeyStore:
         return StoreUnavailable(f"the SQLite key store at {self.path} failed: {message}")
 
 
+def listing_query(
+    now: float, state: RecordState | None, tool: str | None, created_before: float | None
+) -> tuple[str, list[object]]:
+    """`list_records`' statement and its arguments: live rows passing the filters, oldest first,
+    in an order an index gives (`records_by_created`; `records_by_state` for one state), so that
+    reading its first rows does not sort them all (`tests/store/test_sqlite_store.py` reads its
+    plan)."""
+    sql = (
+        f"SELECT {_COLUMNS} FROM records WHERE state IS NOT ?"
+        " AND (state = ? OR expires_at IS NULL OR expires_at > ?)"
+    )
+    args: list[object] = [RecordState.RELEASED.value, RecordState.IN_PROGRESS.value, now]
+    if state is not None:
+        sql += " AND state = ?"
+        args.append(state.value)
+    if tool is not None:
+        sql += " AND tool IS ?"
+        args.append(tool_label(tool))
+    if created_before is not None:
+        sql += " AND created_at <= ?"
+        args.append(created_before)
+    return sql + " ORDER BY created_at, key", args
+
+
 def sqlite_path_from_url(url: str) -> str:
     """The file path in a `sqlite:///…` URL (three slashes, then the path as written)."""
     prefix = "sqlite:///"
@@ -609,6 +650,7 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
     if (
         _schema_state(conn, where) == "ours"
         and not _missing_columns(conn)
+        and not _missing_indexes(conn)
         and not trail.missing(conn)
         and _has_fences(conn)
         and not marks.missing(conn)
@@ -624,6 +666,8 @@ def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:
                     conn.execute(statement)
         for column in _missing_columns(conn):
             conn.execute(f"ALTER TABLE records ADD COLUMN {column} {_ADDED_COLUMNS[column]}")
+        for index in _missing_indexes(conn):
+            conn.execute(f"CREATE INDEX {index} ON {_ADDED_INDEXES[index]}")
         # Tables added since, made in place: a release before ignores tables it does not know.
         trail.create(conn)
         for statement in _FENCES.split(";"):
@@ -654,6 +698,12 @@ def _missing_columns(conn: sqlite3.Connection) -> list[str]:
     """The added columns a file of ours does not have yet (it was written by an earlier release)."""
     present = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
     return [column for column in _ADDED_COLUMNS if column not in present]
+
+
+def _missing_indexes(conn: sqlite3.Connection) -> list[str]:
+    """The added indexes a file of ours does not have yet (an earlier release wrote it)."""
+    present = {row[1] for row in conn.execute("PRAGMA index_list(records)")}
+    return [index for index in _ADDED_INDEXES if index not in present]
 
 
 def _schema_state(conn: sqlite3.Connection, where: str) -> str:

@@ -288,11 +288,27 @@ class KeyStore(Protocol):
         ...
 
     async def list_records(
-        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
+        self,
+        *,
+        state: RecordState | None = None,
+        tool: str | None = None,
+        limit: int = 100,
+        created_before: float | None = None,
     ) -> list[Record]:
-        """Live records, oldest first (by `created_at`), optionally only those of one state
-        and of one tool (compared as `tool_label` keeps it; `""` picks the records that name
-        no tool), at most `limit` of them."""
+        """Live records, optionally only those of one state, of one tool (compared as
+        `tool_label` keeps it; `""` picks the records that name no tool) and first claimed at
+        or before `created_before` (seconds since the epoch), at most `limit` of them, oldest
+        first (by `created_at`, then key).
+
+        Which `limit` records, when more match: the oldest ones, unless the store's
+        `oldest_first(state)` says False for that state. Such a listing (`RedisKeyStore`'s but
+        for its in-doubt index: finding the oldest of a million would mean reading the million)
+        answers with the first `limit` matches the store's scan meets, sorted oldest first among
+        themselves; when fewer than `limit` match, it answered with all of them, as every store
+        does. A listing should cost about what it returns, not what the store holds: SQLite
+        reads an index in `created_at` order and stops at `limit`, Redis stops scanning. A
+        store without `oldest_first` lists oldest first (every store before it did); a store
+        written before `created_before` is only asked without it."""
         ...
 
     async def settle(

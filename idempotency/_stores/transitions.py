@@ -95,9 +95,16 @@ def visible(record: Record | None, now: float) -> Record | None:
     return record
 
 
-def listed(record: Record, state: RecordState | None, tool: str | None) -> bool:
+def listed(
+    record: Record,
+    state: RecordState | None,
+    tool: str | None,
+    created_before: float | None = None,
+) -> bool:
     """Whether a visible record passes a listing's filters (`KeyStore.list_records`)."""
     if state is not None and record.state is not state:
+        return False
+    if created_before is not None and record.created_at > created_before:
         return False
     return tool is None or record.tool == tool_label(tool)
 

@@ -28,6 +28,7 @@ import json
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -38,12 +39,10 @@ from idempotency import (
     AuditedStore,
     AuditEntry,
     AuditKey,
-    HistoryCheck,
     HistoryEvent,
     KeyStore,
     check_history,
     compare_audit_stream,
-    export_audit_logs,
     parse_history,
     record_servers,
     rfc3339,
@@ -368,6 +367,8 @@ async def _audit(store: KeyStore, args: argparse.Namespace) -> int:
         shown = [(entry, server) for entry, server in fresh if _wanted(entry, server, args)]
         _print_entries(shown, args, header=first)
         if args.otel:
+            from idempotency import export_audit_logs  # OpenTelemetry: loaded only for --otel
+
             export_audit_logs(
                 [entry for entry, _ in shown], servers={e.key: server for e, server in shown}
             )
@@ -422,28 +423,41 @@ def _print_rows(rows: list[list[str]]) -> None:
 async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
     """Check every history, then compare the audit stream with them. The stream is read first
     (`compare_audit_stream`): an event written between the two reads is then in a history and
-    not yet in the stream, never the other way round."""
+    not yet in the stream, never the other way round.
+
+    The histories are read as the store streams them (`iter_histories`), a batch at a time, and
+    only counts are kept, besides the histories of the records the stream names (it is capped,
+    `AUDIT_MAX_ENTRIES`) and the broken ones' keys: memory stays flat however many the store
+    keeps."""
     audited = _audited(store)
     key = _audit_key(store)
     stream = await audited.audit(limit=_READ_ALL)
-    histories = await audited.histories()
-    found: dict[str, HistoryCheck] = {}
-    for record, text in histories:
-        found[record] = checked = check_history(text, record=record, key=key)
+    named = {entry.key for entry in stream}
+    streamed: dict[str, str] = {}  # the histories of the records the stream names
+    statuses: Counter[str] = Counter()
+    broken_records: set[str] = set()
+    histories = events = 0
+    async for record, text in audited.iter_histories():
+        checked = check_history(text, record=record, key=key)
+        histories += 1
+        events += len(checked.verified)
+        statuses[checked.status] += 1
+        if checked.status == "broken":
+            broken_records.add(record)
         if checked.problem is not None:
             print(f"mcp-once: record {record}: {checked.problem}", file=sys.stderr)
+        if record in named:
+            streamed[record] = text
     # A broken history is named once, by its check.
     stream_problems = [
         (record, problem)
-        for record, problem in compare_audit_stream(stream, dict(histories), now=time.time())
-        if record not in found or found[record].status != "broken"
+        for record, problem in compare_audit_stream(stream, streamed, now=time.time())
+        if record not in broken_records
     ]
     for record, problem in stream_problems:
         print(f"mcp-once: record {record}: {problem}", file=sys.stderr)
-    statuses = [checked.status for checked in found.values()]
-    broken = statuses.count("broken") + len(stream_problems)
-    unsealed, unchecked = statuses.count("unsealed"), statuses.count("unchecked")
-    events = sum(len(checked.verified) for checked in found.values())
+    broken = statuses["broken"] + len(stream_problems)
+    unsealed, unchecked = statuses["unsealed"], statuses["unchecked"]
     clean = not (broken or unsealed or unchecked)
     how = (
         f"links and seals MACed with audit key {key.id}"
@@ -451,7 +465,7 @@ async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
         else "no audit key: an edit is caught, a recomputed chain or a cut is not"
     )
     print(
-        f"{'verified' if clean else 'checked'} {len(histories)} histories ({events} events)"
+        f"{'verified' if clean else 'checked'} {histories} histories ({events} events)"
         f"{': every chain holds' if clean else ''}\n{how}; compared with the audit stream"
     )
     if broken:

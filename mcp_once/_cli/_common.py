@@ -31,7 +31,6 @@ from idempotency import (
     KeyStore,
     MarkedStore,
     MemoryKeyStore,
-    RedisKeyStore,
     SQLiteKeyStore,
     StoreError,
     StoreUnavailable,
@@ -184,12 +183,14 @@ async def nothing_here(store: KeyStore, url: str) -> str | None:
         return None
     if await store.mark() is not None or await store.holds_anything():
         return None
-    if isinstance(store, RedisKeyStore):
-        where = f" (prefix {store.prefix!r})"
-    elif isinstance(store, SQLiteKeyStore):
+    from idempotency import RedisKeyStore  # redis-py: here only when a command fails
+
+    if isinstance(store, SQLiteKeyStore):
         where = f" (file {store.path})"
     elif isinstance(store, MemoryKeyStore):
         where = " (a memory store lives and dies with one process: this command's is empty)"
+    elif isinstance(store, RedisKeyStore):
+        where = f" (prefix {store.prefix!r})"
     else:
         where = ""
     return f"nothing of mcp-once's at {redacted(url)!r}{where}: is this the right --store?"

@@ -33,8 +33,6 @@ from urllib.parse import quote, unquote_plus
 
 import anyio
 
-from idempotency import RedisKeyStore
-
 from ._common import (
     EXIT_OK,
     EXIT_PROBLEM,
@@ -205,10 +203,14 @@ async def _demo_store(url: str) -> str:
         await store.aclose()
     if problem is not None:
         fail(problem, EXIT_UNREACHABLE)
+    from idempotency import RedisKeyStore  # redis-py, loaded by the demo only
+
     return _own_prefix(url) if isinstance(store, RedisKeyStore) else url
 
 
 async def _remove_demo_records(url: str) -> int:
+    from idempotency import RedisKeyStore
+
     store = open_or_fail(url)
     assert isinstance(store, RedisKeyStore)
     removed = 0

@@ -7,8 +7,12 @@ which; records written by a release that did not store it show "-" (and never ma
 `--tool`). Stored results are not printed unless asked (`--reveal-result`): they are user data,
 and an operator listing records should not see them by accident. Records that cannot be read
 are listed as `corrupt` (and the listing exits 1): the server refuses to serve them (-32014),
-so an operator must be able to find them. Settling a record as failed is refused for a grace
-period after its last lease ran out (see `_grace`).
+so an operator must be able to find them. A stored result counts as unreadable when its envelope
+is not ours (`check_result_envelope`, no SDK needed); only `show --reveal-result` decodes it in
+full with the SDK's model, which the listing does not load: `keys` starts in a fraction of a
+second. A listing cut short by `--limit` on Redis shows the first records its scan met, not the
+oldest ones (`KeyStore.list_records`); the table's last line says which it shows. Settling a
+record as failed is refused for a grace period after its last lease ran out (see `_grace`).
 
 A record IN_PROGRESS whose lease ran out (its worker was killed) is UNKNOWN in all but name: the
 store turns it so at the next claim. `keys` does not wait for one: it lists it as `unknown`
@@ -27,11 +31,9 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp_types import CallToolResult, TextContent
-from pydantic import ValidationError
 
 from idempotency import (
     AuditedStore,
@@ -43,18 +45,14 @@ from idempotency import (
     RecordState,
     StoreUnavailable,
     UnreadableResult,
-    decode_result,
-    domain_form,
-    encode_result,
+    check_result_envelope,
     history_operator_settle,
     history_saying,
     in_doubt_records,
     record_servers,
     rfc3339,
-    turn_unknown,
     unreadable_records,
 )
-from mcp_once._upstream.outputs import output_problem
 
 from . import _addressing, _audit, _durations, _grace, _principals, _reconcile
 from ._common import (
@@ -70,6 +68,9 @@ from ._common import (
     unreachable,
 )
 from ._proxies import add_proxy_option, apply_proxy, proxy_manifest
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 #: Settled results are kept as long as a completed record by default (24 h, like Stripe).
 DEFAULT_SETTLE_RETENTION = 24 * 3600.0
@@ -110,7 +111,9 @@ def add_parser(commands: Any) -> None:
         "list",
         help="list records (tool, state, age, lease, fence), optionally filtered",
         description="List records, oldest first. Filters combine; --limit counts the records"
-        " that pass them.",
+        " that pass them. A Redis store stops at the first --limit matches its scan meets,"
+        " which are not the oldest when more match (the last line says so): finding the"
+        " oldest would read every record.",
         epilog=_EPILOG,
     )
     listing.add_argument(
@@ -300,17 +303,20 @@ def _describe(record: Record, *, reveal: bool, servers: list[str]) -> dict[str, 
     }
     if record.result is not None:
         try:
-            stored = decode_result(record.result)
+            if reveal:
+                # Only a result to print needs the SDK (its `CallToolResult`): loaded here.
+                from idempotency import decode_result, domain_form
+
+                # Domain form: what was stored, without a protocol era's envelope (`resultType`).
+                described["result"] = domain_form(decode_result(record.result).result)
+            else:
+                check_result_envelope(record.result)
         except UnreadableResult as exc:
             # The server answers CORRUPT_RECORD for it, exactly as for a record it cannot read.
             described["state"] = CORRUPT
             described["corrupt"] = f"its stored result is unreadable: {exc}"
             if reveal:
                 described["result"] = f"<unreadable: {exc}>"
-        else:
-            if reveal:
-                # Domain form: what was stored, without a protocol era's envelope (`resultType`).
-                described["result"] = domain_form(stored.result)
     return described
 
 
@@ -362,10 +368,22 @@ def _cell(row: dict[str, Any], column: str) -> str:
     return "-" if value is None else str(value)
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    """Aligned columns, one record a line, "-" for nothing: `awk '{print $1}'` gets the keys."""
+def _print_table(rows: list[dict[str, Any]], order: str) -> None:
+    """Aligned columns, one record a line, "-" for nothing: `awk '{print $1}'` gets the keys.
+    The last line counts them and says which ones they are (`_order`)."""
     print_table(_COLUMNS, [[_cell(row, c) for c in _COLUMNS] for row in rows])
-    print(f"({len(rows)} record{'s' if len(rows) != 1 else ''})")
+    print(f"({len(rows)} record{'s' if len(rows) != 1 else ''}, {order})")
+
+
+def _order(store: KeyStore, state: RecordState | None, listed: int, limit: int) -> str:
+    """Which records a listing shows: with fewer than `--limit`, every match, oldest first; at
+    the limit, the oldest ones, or on a store whose listings of that state stop at the first
+    matches they meet (Redis, but for its in-doubt index: `KeyStore.list_records`) the first
+    ones its scan met."""
+    oldest_first = getattr(store, "oldest_first", None)
+    if listed < limit or oldest_first is None or oldest_first(state):
+        return "oldest first"
+    return f"the first {limit} the store's scan met, not the {limit} oldest; oldest first"
 
 
 def _check_list(args: argparse.Namespace) -> None:
@@ -378,28 +396,38 @@ def _check_list(args: argparse.Namespace) -> None:
 
 
 async def _listed(
-    store: KeyStore, state: RecordState | None, tool: str | None, limit: int
+    store: KeyStore, state: RecordState | None, tool: str | None, limit: int, before: float | None
 ) -> list[Record]:
     """The records `--state` asks for, as an operator sees states: a record under a lease that
-    ran out is unknown (see the module doc), not in_progress."""
+    ran out is unknown (see the module doc), not in_progress. `before`: `--older-than`'s
+    cutoff, asked of the store only when given (a store written before it knows no such
+    filter); the in-doubt records are all read (`in_doubt_records`), and cut by `_list`."""
+    older: dict[str, Any] = {} if before is None else {"created_before": before}
     if state is RecordState.UNKNOWN:
         return await in_doubt_records(store, tool=tool, limit=limit, now=_grace.clock())
     if state is not RecordState.IN_PROGRESS:
-        return await store.list_records(state=state, tool=tool, limit=limit)
+        return await store.list_records(state=state, tool=tool, limit=limit, **older)
     now = _grace.clock()
-    running = await store.list_records(state=RecordState.IN_PROGRESS, tool=tool, limit=limit)
+    running = await store.list_records(
+        state=RecordState.IN_PROGRESS, tool=tool, limit=limit, **older
+    )
     return [r for r in running if not _grace.lease_ran_out(r, now)]
 
 
 async def _of_server(
-    store: KeyStore, state: RecordState | None, tool: str | None, limit: int, server: str | None
+    store: KeyStore,
+    state: RecordState | None,
+    tool: str | None,
+    limit: int,
+    server: str | None,
+    before: float | None,
 ) -> list[tuple[Record, list[str]]]:
     """The records `_listed` gives, each with the servers its history names; with `server`,
     the first `limit` whose history names it. The store cannot filter by server, so the window
     read grows until `limit` are found or it holds every record that passes the other filters."""
     window = limit
     while True:
-        found = await _listed(store, state, tool, window)
+        found = await _listed(store, state, tool, window, before)
         named = [(record, await record_servers(store, record.key)) for record in found]
         kept = [pair for pair in named if server is None or server in pair[1]]
         if server is None or len(kept) >= limit or len(found) < window:
@@ -410,15 +438,15 @@ async def _of_server(
 async def _list(store: KeyStore, args: argparse.Namespace) -> int:
     """Exit 1 when a corrupt record was listed: something an operator must look at.
 
-    The store filters by state and tool before counting `--limit`; `--older-than` is applied
-    here, and still sees every match: the store lists oldest first, so the records older than
-    any age are the first ones of its answer."""
+    The store applies every filter before counting `--limit` (`--older-than` as a time on this
+    machine's clock), so that a store which stops at the first matches it meets (Redis) still
+    shows only matches; the footer says which records these are (`_order`)."""
     state = RecordState(args.state) if args.state in _LISTED_STATES else None
+    before = None if args.older_than is None else _grace.clock() - args.older_than
     with unreadable_records() as unreadable:
-        records = await _of_server(store, state, args.tool, args.limit, args.server)
-    if args.older_than is not None:
-        cutoff = _grace.clock() - args.older_than
-        records = [(r, named) for r, named in records if r.created_at <= cutoff]
+        records = await _of_server(store, state, args.tool, args.limit, args.server, before)
+    if before is not None:  # the in-doubt records, read whole (the others are already cut)
+        records = [(r, named) for r, named in records if r.created_at <= before]
     rows = [_describe(r, reveal=False, servers=named) for r, named in records]
     if state is None and args.tool is None and args.older_than is None and args.server is None:
         # An unreadable record has no state, tool or age to filter on: shown when nothing is
@@ -437,7 +465,7 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=2)
         print()
     else:
-        _print_table(rows)
+        _print_table(rows, _order(store, state, len(records), args.limit))
     corrupt = [row for row in rows if row["state"] == CORRUPT]
     for row in corrupt:
         print(
@@ -471,6 +499,12 @@ async def _show(store: KeyStore, args: argparse.Namespace) -> int:
 def _settled_result(args: argparse.Namespace) -> bytes | None:
     if args.failed:
         return None
+    # A result to store needs the SDK's `CallToolResult` (and pydantic): loaded only here.
+    from mcp_types import CallToolResult, TextContent
+    from pydantic import ValidationError
+
+    from idempotency import encode_result
+
     if args.result_text is not None:
         # MCPServer validates a returned result's structuredContent against the tool's output
         # schema, and a tool returning `str` has the schema {"result": string}: without it the
@@ -545,6 +579,8 @@ async def _settle(store: KeyStore, args: argparse.Namespace) -> int:
             print(f"mcp-once: {refusal}", file=sys.stderr)
             return EXIT_PROBLEM
     if record is not None and _grace.lease_ran_out(record):
+        from idempotency import turn_unknown  # the guard's claim rules: loads the SDK
+
         await turn_unknown(store, record)
     with history_saying(**_audit.settled_by(args)):
         settled = await store.settle(
@@ -604,6 +640,10 @@ def _unfit_result(args: argparse.Namespace, record: Record | None) -> str | None
     if result is None or tool is None or manifest is None:
         return None
     schema = manifest.output_schemas.get(tool)
+    # The SDK's `CallToolResult` (as the settle's own) and jsonschema: loaded only here.
+    from idempotency import decode_result
+    from mcp_once._upstream.outputs import output_problem
+
     stored = decode_result(result).result
     found = output_problem(schema, stored.structured_content, is_error=stored.is_error)
     if found is None:

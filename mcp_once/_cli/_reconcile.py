@@ -15,9 +15,9 @@ import importlib
 import json
 import sys
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from idempotency import KeyStore, Reconciliation, reconcile_unknown
+from idempotency import KeyStore
 
 from . import _audit
 from ._common import EXIT_PROBLEM, EXIT_USAGE, add_store_option, fail, server_cell
@@ -25,6 +25,9 @@ from ._proxies import add_proxy_option
 
 #: The answer of a record another server's history names: left alone, counted, not listed.
 _OTHER_SERVER = "other_server"
+
+if TYPE_CHECKING:
+    from idempotency import Reconciliation
 
 #: What each answer makes of a record, as the output says it (after "would be" when dry).
 _BECOMES = {
@@ -106,6 +109,8 @@ def _check_app(args: argparse.Namespace) -> None:
 
 
 async def _reconcile(store: KeyStore, args: argparse.Namespace) -> int:
+    from idempotency import reconcile_unknown  # the guard: loads the SDK, as the app did
+
     named = _audit.settled_by(args)
     try:
         done = await reconcile_unknown(

@@ -25,20 +25,11 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
 from idempotency import CallScope, default_scope, rfc3339, store_key
-from orchestrator import (
-    Entry,
-    Journal,
-    JournalUnavailable,
-    RunBusy,
-    RunSummary,
-    SQLiteJournal,
-    open_journal,
-)
 
 from ._common import (
     EXIT_OK,
@@ -51,6 +42,9 @@ from ._common import (
     redacted,
     require_file,
 )
+
+if TYPE_CHECKING:
+    from orchestrator import Entry, Journal, RunSummary
 
 #: What `Run` opens when given no journal (`orchestrator.default_journal_path`): the SQLite file
 #: under `.mcp-once/` of the working directory, named as a URL so the option, its help and the
@@ -138,6 +132,9 @@ def _run(
     into exit codes (as `keys` does for its store)."""
 
     def run(args: argparse.Namespace) -> int:
+        # The client library loads the MCP SDK: imported by these commands, not by `--help`.
+        from orchestrator import JournalUnavailable
+
         if prepare is not None:
             prepare(args)
         journal = _open_or_fail(args.journal)
@@ -164,6 +161,8 @@ def _unreachable(url: str, exc: Exception) -> NoReturn:
 def _open_or_fail(url: str) -> Journal:
     """The journal at `url`, or an exit saying what is wrong with the URL; an SQLite file that
     does not exist is not created (see the module's docstring)."""
+    from orchestrator import SQLiteJournal, open_journal
+
     try:
         journal = open_journal(url)  # opens nothing yet: SQLite connects on first use
     except (ValueError, TypeError) as exc:
@@ -317,6 +316,8 @@ def _refusal(run: RunSummary, now: float) -> str | None:
 
 
 async def _purge(journal: Journal, args: argparse.Namespace) -> int:
+    from orchestrator import RunBusy
+
     now = time.time()
     if args.run_id is not None:
         targets = [run] if (run := await journal.run(args.run_id)) is not None else []

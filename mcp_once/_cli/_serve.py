@@ -25,7 +25,6 @@ from ._common import (
     redacted,
     store_problem,
 )
-from ._example_server import build_server
 
 
 def add_parser(commands: Any) -> None:
@@ -85,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         fail(f"--port must be between 0 and 65535, not {args.port}", EXIT_USAGE)
     _ensure_default_directory(args.store)
+    from ._example_server import build_server  # the MCP SDK: loaded by the command, not `--help`
+
     store = open_or_fail(args.store)
     server = build_server(store)
     app = server.streamable_http_app(host=args.host)

@@ -253,7 +253,8 @@ async def test_list_show_history_and_audit_show_and_filter_by_server(
     only = await cli(capsys, "keys", "list", "--server", "depot", *store)
     lines = only.out.splitlines()
     # The last two columns: server, then principal ("-": no authentication).
-    assert lines[0].split()[-2:] == ["server", "principal"] and lines[-1] == "(1 record)"
+    assert lines[0].split()[-2:] == ["server", "principal"]
+    assert lines[-1] == "(1 record, oldest first)"
     assert lines[1].split()[0] == depot and lines[1].split()[-2:] == ["depot", "-"]
     limited = await cli(
         capsys, "keys", "list", "--server", "depot", "--limit", "1", "--json", *store

@@ -219,7 +219,11 @@ async def test_a_store_whose_records_are_all_gone_is_still_ours(
         conn.execute("DELETE FROM audit")
     url = f"sqlite:///{tmp_path / 'keys.db'}"
     listed = await cli(capsys, "keys", "list", "--state", "unknown", "--store", url)
-    assert (listed.code, listed.out.splitlines()[-1], listed.err) == (0, "(0 records)", "")
+    assert (listed.code, listed.out.splitlines()[-1], listed.err) == (
+        0,
+        "(0 records, oldest first)",
+        "",
+    )
     verified = await cli(capsys, "audit", "verify", "--store", url)
     assert (verified.code, verified.out.splitlines()[0]) == (
         0,

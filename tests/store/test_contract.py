@@ -647,12 +647,39 @@ async def test_list_records_by_state(backend: Backend) -> None:
     assert keys(await store.list_records(state=RecordState.COMPLETED)) == ["done"]
     assert keys(await store.list_records(state=RecordState.UNKNOWN)) == ["lost"]
     assert await store.list_records(state=RecordState.RELEASED) == []
-    assert keys(await store.list_records(limit=2)) == ["lost", "done"]
+    limited = keys(await store.list_records(limit=2))
+    if getattr(store, "oldest_first", lambda state: True)(None):
+        assert limited == ["lost", "done"]
+    else:  # any two (the first its scan met), oldest first among themselves
+        assert len(limited) == 2 and limited == [
+            k for k in ("lost", "done", "running") if k in limited
+        ]
     [completed] = await store.list_records(state=RecordState.COMPLETED)
     assert (completed.fingerprint, completed.result, completed.fence) == (FP, b"r", 1)
     assert completed.token is None and completed.completed_at is not None
     [running] = await store.list_records(state=RecordState.IN_PROGRESS)
     assert running.token is not None and running.lease_deadline is not None
+
+
+async def test_list_records_created_before_counts_only_older_records_to_the_limit(
+    backend: Backend,
+) -> None:
+    """`created_before` is a filter like the others, applied before `limit`: a store that stops
+    at the first matches it meets (Redis) still answers only records that old (the CLI's
+    `--older-than`)."""
+    store = backend.store
+    for key in ("old-1", "old-2", "new-1", "new-2"):
+        await claimed(store, key)
+        await backend.advance(100 if key == "old-2" else 1)
+    records = {r.key: r for r in await store.list_records()}
+    cutoff = records["old-2"].created_at
+    older = [r.key for r in await store.list_records(created_before=cutoff, limit=2)]
+    assert older == ["old-1", "old-2"]
+    [one] = [r.key for r in await store.list_records(created_before=cutoff, limit=1)]
+    assert one in ("old-1", "old-2")
+    assert await store.list_records(created_before=records["old-1"].created_at - 1) == []
+    newer = await store.list_records(created_before=cutoff + 50, state=RecordState.IN_PROGRESS)
+    assert [r.key for r in newer] == ["old-1", "old-2"]
 
 
 async def test_purge_expired_removes_only_expired_records(backend: Backend) -> None:

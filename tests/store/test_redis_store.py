@@ -33,6 +33,7 @@ from idempotency import (
     RedisKeyStore,
     ReplicationUnconfirmed,
     StoreUnavailable,
+    unreadable_records,
 )
 from idempotency._stores.redis import lua
 from idempotency._stores.redis.store import MAX_FINGERPRINT_BYTES
@@ -396,6 +397,102 @@ async def test_listing_and_purging_step_around_a_damaged_key(
     assert await store.purge_expired() == 1
     assert await raw.exists(rkey(prefix, "good")) == 0
     assert await snapshot(raw, rkey(prefix, "bad")) == before
+
+
+def _set_field(raw: bytes, at: int, value: int, size: int = 8) -> bytes:
+    return raw[:at] + value.to_bytes(size, "big", signed=size == 8) + raw[at + size :]
+
+
+#: A record's header (scripts/lib.lua): where each field starts.
+_STATE, _FENCE, _LEASE, _EXPIRES, _FP_LENGTH = 1, 2, 34, 50, 58
+#: Each refusal of lib.lua's `decode`, made from a real record claimed for tool "t" (a format 2
+#: record: header, fingerprint "fp-a", token, tool name).
+BROKEN: dict[str, Callable[[bytes], bytes]] = {
+    "shorter than a header": lambda good: good[:40],
+    "truncated fingerprint": lambda good: _set_field(good, _FP_LENGTH, 60_000, 2),
+    "truncated token": lambda good: good[:-37],
+    "truncated tool name": lambda good: good[:-2] + b"\xc8t",
+    "no tool name": lambda good: good[:-2],
+    "zero fence": lambda good: _set_field(good, _FENCE, 0),
+    # UNKNOWN without a token (and a claim's expiry kept): only the expiry is wrong.
+    "an expiry on an UNKNOWN record": lambda good: _set_field(
+        good[:-35] + b"\x00\x01t", _STATE, 3, 1
+    ),
+    "no lease on a claim": lambda good: _set_field(good, _LEASE, 0),
+    "a result on a claim": lambda good: good + b"r",
+    "a token on an UNKNOWN record": lambda good: _set_field(good, _STATE, 3, 1),
+    "unknown state": lambda good: _set_field(good, _STATE, 9, 1),
+    "unknown format": lambda good: b"\x07" + good[1:],
+}
+
+
+async def _both_readings(store: RedisKeyStore, key: str) -> tuple[object, object]:
+    """What `get` (the READ script, lib.lua's decode) and `list_records` (record.py) make of
+    the record at `key`: the record, None, or the reason it cannot be read."""
+    try:
+        scripted: object = await store.get(key)
+    except CorruptRecord as exc:
+        scripted = exc.why
+    with unreadable_records() as unreadable:
+        listed = [r for r in await store.list_records(limit=1000) if r.key == key]
+    found = [exc.why for exc in unreadable if exc.key == key]
+    return scripted, (found[0] if found else listed[0] if listed else None)
+
+
+@pytest.mark.parametrize("how", [*BROKEN, *DAMAGE])
+async def test_a_listing_refuses_every_damaged_key_as_the_scripts_do(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str, how: str
+) -> None:
+    """`list_records` decodes records in Python (`record.py`) instead of running lib.lua's
+    decoder per record: both must read every stored value alike, refusals and reasons too."""
+    name = rkey(prefix)
+    if how in BROKEN:
+        claimed = await store.claim(KEY, FP, lease=LEASE, takeover=False, tool="t")
+        assert claimed.status is ClaimStatus.CLAIMED
+        good = await raw.get(name)
+        assert isinstance(good, bytes) and good.endswith(b"\x01t")
+        await raw.set(name, BROKEN[how](good), keepttl=True)
+    else:
+        await _damage(raw, store, name, how)
+    scripted, listed = await _both_readings(store, KEY)
+    assert isinstance(scripted, str) and scripted, scripted  # damaged: refused, with a reason
+    assert listed == scripted
+
+
+async def test_a_listing_reads_every_kind_of_record_as_the_scripts_do(
+    store: RedisKeyStore, raw: aioredis.Redis, prefix: str
+) -> None:
+    """Every state, with and without a tool name, delivered or not, a packed fingerprint and a
+    plain one, and a record expired or released: the same `Record` (or none) both ways."""
+    fp = hashlib.sha256(b"x").hexdigest()  # stored packed, as the server layer's are
+    running = await store.claim("running", fp, lease=LEASE, takeover=False, tool="charge")
+    done = await store.claim("done", FP, lease=LEASE, takeover=False)
+    delivered = await store.claim("delivered", fp, lease=LEASE, takeover=False, tool="t")
+    gone = await store.claim("gone", FP, lease=LEASE, takeover=False)
+    released = await store.claim("released", FP, lease=LEASE, takeover=False)
+    await store.claim("lost", FP, lease=1.0, takeover=False, tool="charge")
+    assert done.token and delivered.token and gone.token and released.token and running.token
+    assert await store.complete("done", done.token, b"result", retention=60)
+    assert await store.complete("delivered", delivered.token, b"", retention=60, delivered=True)
+    assert await store.complete("gone", gone.token, b"r", retention=5)
+    assert await store.release("released", released.token)
+    store.advance_clock_for_testing(10.0)  # past "gone"'s retention and "lost"'s lease
+    lost = await store.claim("lost", FP, lease=LEASE, takeover=False)
+    assert lost.status is ClaimStatus.UNKNOWN
+    readings = {k: await _both_readings(store, k) for k in ("running", "done", "delivered")}
+    readings.update({k: await _both_readings(store, k) for k in ("lost", "gone", "released")})
+    for key, (scripted, listed) in readings.items():
+        assert listed == scripted, key
+    states = {k: getattr(scripted, "state", None) for k, (scripted, _) in readings.items()}
+    assert states == {
+        "running": RecordState.IN_PROGRESS,
+        "done": RecordState.COMPLETED,
+        "delivered": RecordState.COMPLETED,
+        "lost": RecordState.UNKNOWN,
+        "gone": None,
+        "released": None,
+    }
+    assert await raw.exists(rkey(prefix, "gone"), rkey(prefix, "released")) == 2  # still stored
 
 
 # -- an unreachable, stopped or stalled server -------------------------------------------------

@@ -4,15 +4,18 @@ its own, clear errors for every bad path or URL, and answers that survive cancel
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from fake_clock import EPOCH, FakeClock
 
+from benchmarks import _populate
 from idempotency import (
     ClaimStatus,
     CorruptRecord,
@@ -23,7 +26,12 @@ from idempotency import (
     StoreUnavailable,
     open_store,
 )
-from idempotency._stores.sqlite import APPLICATION_ID, SCHEMA_VERSION, sqlite_path_from_url
+from idempotency._stores.sqlite import (
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    listing_query,
+    sqlite_path_from_url,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -253,6 +261,69 @@ async def test_purge_works_in_batches(db: Path) -> None:
     assert await store.purge_expired() == 1203
     assert [r.key for r in await store.list_records()] == ["kept"]
     await store.aclose()
+
+
+#: Every filter `list_records` takes, alone and together.
+LISTINGS: list[dict[str, Any]] = [
+    {},
+    {"state": RecordState.UNKNOWN},
+    {"state": RecordState.COMPLETED},
+    {"tool": "charge"},
+    {"created_before": EPOCH},
+    {"state": RecordState.IN_PROGRESS, "tool": "charge", "created_before": EPOCH},
+]
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of 5,000 records (`benchmarks/_populate.py`, as the benchmark fills a million)."""
+    path = tmp_path_factory.mktemp("listing") / "keys.db"
+    _populate.fill_sqlite(path, 5_000, unknown_every=1_000, running_every=1_001)
+    return path
+
+
+@pytest.mark.parametrize("filters", LISTINGS, ids=lambda f: "+".join(f) or "none")
+def test_a_listing_reads_along_an_index_instead_of_sorting_every_row(
+    filled: Path, filters: dict[str, Any]
+) -> None:
+    """`keys list --limit 10` on a million records must not sort a million rows to return ten:
+    the statement's plan walks an index in `created_at` order, so reading its first rows
+    stops early; and it does (SQLite's count of the steps it ran, ten rows against all)."""
+    sql, args = listing_query(time.time(), filters.get("state"), filters.get("tool"),
+                              filters.get("created_before"))  # fmt: skip
+    with contextlib.closing(sqlite3.connect(filled)) as conn:
+        plan = " / ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", args))
+        assert "TEMP B-TREE" not in plan, plan
+        index = "records_by_state" if "state" in filters else "records_by_created"
+        assert f"USING INDEX {index}" in plan, plan
+        if filters:
+            return
+        steps = [0]
+
+        def step() -> int:
+            steps[0] += 1
+            return 0
+
+        conn.set_progress_handler(step, 100)
+        first = conn.execute(sql, args).fetchmany(10)
+        ten, steps[0] = steps[0], 0
+        every = conn.execute(sql, args).fetchall()
+    assert len(first) == 10 and len(every) == 5_000
+    assert ten * 50 < steps[0], (ten, steps[0])
+
+
+async def test_a_file_of_an_earlier_release_gets_the_listing_index_in_place(db: Path) -> None:
+    store = SQLiteKeyStore(db)
+    await store.get(KEY)
+    await store.aclose()
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("DROP INDEX records_by_created")  # as a release before it made the file
+    reopened = SQLiteKeyStore(db)
+    await reopened.get(KEY)
+    await reopened.aclose()
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        names = {row[1] for row in conn.execute("PRAGMA index_list(records)")}
+    assert "records_by_created" in names
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])

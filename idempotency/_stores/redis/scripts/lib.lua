@@ -67,6 +67,8 @@ local function int(n)
     return string.format('%d', n)
 end
 
+-- Listings read records without a script: idempotency/_stores/redis/record.py decodes this same
+-- layout in Python, refusing what this refuses with the same words (a test reads both ways).
 local function decode(raw)
     if #raw < HEAD_BYTES + 3 then
         return nil, 'shorter than a record header'

@@ -1,0 +1,123 @@
+"""Operator commands start without the MCP SDK (issue 48, item 7): `mcp-once --help`, `keys` and
+`audit` read a store and print, so they import neither `mcp` nor what it stands on (pydantic and
+the protocol types, ~1 s of the old start-up), nor FastMCP, nor the client library. Only the
+commands that talk MCP (proxy, tools, demo, serve-example) load it, when they run.
+
+Each command runs in a fresh interpreter (`python -c`, through `main`) that then reports which
+top-level packages it imported: the one measurement of "imported" that an earlier import in the
+test process cannot spoil.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_run import private_redis_server
+from redis_server import RedisServer
+
+from benchmarks import _populate
+
+#: Loaded only by commands that talk MCP (pydantic and mcp_types: what `mcp` stands on).
+SDK = {"mcp", "mcp_types", "pydantic", "pydantic_core", "fastmcp", "orchestrator", "uvicorn"}
+#: Not needed by a command on an SQLite store either: redis-py (which itself loads the
+#: OpenTelemetry SDK) and OpenTelemetry (`audit --otel` loads it).
+NOT_FOR_SQLITE = {"redis", "opentelemetry"}
+#: A store key no record has.
+ABSENT = "0" * 64
+
+_REPORT = """
+import json, sys
+from mcp_once._cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exc:
+    status = exc.code
+print(json.dumps({"status": status, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+"""
+
+
+def imported_by(*argv: str, cwd: Path) -> tuple[object, set[str]]:
+    """The exit status of `mcp-once *argv` and the top-level packages its process imported."""
+    done = subprocess.run(
+        [sys.executable, "-c", _REPORT, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return report["status"], set(report["modules"])
+
+
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("startup") / "keys.db"
+    _populate.fill_sqlite(path, 20, unknown_every=7, running_every=11)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    yield from private_redis_server("CLI start-up")
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server: RedisServer) -> str:
+    _populate.fill_redis(redis_server.url, 20, unknown_every=7, running_every=11)
+    return redis_server.url
+
+
+HELP = [["--help"], ["keys", "list", "--help"]]
+ON_A_STORE = [
+    ["keys", "list"],
+    ["keys", "list", "--state", "unknown"],
+    ["keys", "show", ABSENT],
+    ["keys", "history", ABSENT],
+    ["keys", "settle", ABSENT, "--failed"],
+    ["keys", "purge"],
+    ["audit"],
+    ["audit", "verify"],
+]
+
+
+@pytest.mark.parametrize("argv", HELP, ids=" ".join)
+def test_help_loads_no_sdk(argv: list[str], tmp_path: Path) -> None:
+    status, modules = imported_by(*argv, cwd=tmp_path)
+    assert status == 0
+    assert modules & (SDK | NOT_FOR_SQLITE) == set()
+
+
+@pytest.mark.parametrize("argv", ON_A_STORE, ids=" ".join)
+def test_operator_commands_on_sqlite_load_no_sdk(
+    argv: list[str], sqlite_url: str, tmp_path: Path
+) -> None:
+    status, modules = imported_by(*argv, "--store", sqlite_url, cwd=tmp_path)
+    assert status in (0, 1)  # 1: the absent record, as asked
+    assert modules & (SDK | NOT_FOR_SQLITE) == set()
+
+
+#: On Redis, the commands whose reading differs (the listing, one record, the histories).
+ON_REDIS = [["keys", "list"], ["keys", "show", ABSENT], ["audit", "verify"]]
+
+
+@pytest.mark.parametrize("argv", ON_REDIS, ids=" ".join)
+def test_operator_commands_on_redis_load_no_sdk(
+    argv: list[str], redis_url: str, tmp_path: Path
+) -> None:
+    status, modules = imported_by(*argv, "--store", redis_url, cwd=tmp_path)
+    assert status in (0, 1)
+    assert modules & SDK == set()
+
+
+def test_the_commands_that_talk_mcp_load_it(sqlite_url: str, tmp_path: Path) -> None:
+    """Not vacuous: the same report sees the SDK where a command needs it (a settle that stores
+    a result builds the SDK's `CallToolResult`)."""
+    argv = ["keys", "settle", ABSENT, "--result-text", "done", "--store", sqlite_url]
+    status, modules = imported_by(*argv, cwd=tmp_path)
+    assert status == 1  # no such record: nothing settled
+    assert {"mcp_types", "pydantic"} <= modules
