@@ -124,8 +124,8 @@ def log_about(
 #: Why the guard answered -32012 itself, by the outcome it counted: fixed sentences, nothing of
 #: the call's own (an `Interrupted`'s why is the framework's or the tool's, and not repeated).
 _UNKNOWN_BECAUSE = {
-    "unknown": "an earlier execution stopped mid-tool (its lease ran out) and this tool is not"
-    " safe to run twice",
+    "unknown": "an earlier execution stopped mid-tool (its holder died or its lease ran out) and"
+    " this tool is not safe to run twice",
     "aborted": "this execution was cut short mid-tool",
     "stale": "this execution finished after its lease had passed to another attempt",
 }

@@ -130,8 +130,8 @@ async def test_an_unknown_answer_leaves_one_warning_naming_record_tool_and_serve
     assert (level, event) == (logging.WARNING, "unknown")
     assert message == (
         f"record {RECORD} (tool 'charge', server 'shop'): answered OUTCOME_UNKNOWN (-32012): an"
-        " earlier execution stopped mid-tool (its lease ran out) and this tool is not safe to run"
-        " twice; reconcile the record or settle it"
+        " earlier execution stopped mid-tool (its holder died or its lease ran out) and this tool"
+        " is not safe to run twice; reconcile the record or settle it"
     )
     assert lines.fields() == [about("in_doubt"), about("unknown")]
     never_the_callers_data(lines)
