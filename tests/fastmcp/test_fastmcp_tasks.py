@@ -1,0 +1,127 @@
+"""Rule 23 on FastMCP: a keyed task-augmented call creates one task, its body runs once, and a
+re-send gets the same task. Served by `task_kit.InProcessTasks` (the extension's seams, bodies in
+a task group) under `IdempotencyMiddleware`; effects counted in `Effects`, tasks in the backend."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastmcp import Client, FastMCP
+from mcp import MCPError
+from server_kit import Effects, meta
+from task_kit import ClientTask, InProcessTasks, TasksClient, create
+
+from idempotency import MemoryKeyStore, RecordState, open_store, wire
+from idempotency.fastmcp import IdempotencyMiddleware, stored_task_result
+
+pytestmark = pytest.mark.anyio
+
+ARGS = {"env": "prod"}
+WORKER = Path(__file__).with_name("task_body_worker.py")
+
+
+def works(store: MemoryKeyStore, effects: Effects, tasks: InProcessTasks) -> FastMCP[Any]:
+    server: FastMCP[Any] = FastMCP("works")
+    server.add_middleware(IdempotencyMiddleware(store))
+    server.add_extension(tasks)
+
+    @server.tool(task=True)
+    async def deploy(env: str) -> str:
+        return await effects.charge(env, 1, gated=False)
+
+    return server
+
+
+def task_of(answer: object) -> ClientTask:
+    assert isinstance(answer, ClientTask), answer
+    return answer
+
+
+async def test_a_lost_task_creation_resent_gets_the_same_task() -> None:
+    store, effects, gate = MemoryKeyStore(), Effects(), anyio.Event()
+    tasks = InProcessTasks(create_gate=gate)
+    server = works(store, effects, tasks)
+    async with Client(server, extensions=[TasksClient()]) as client:
+        # The first answer is lost: the client times out while the task is being created.
+        with pytest.raises(MCPError):
+            await create(client, "deploy", ARGS, meta("d-1"), timeout=0.2)
+        gate.set()
+        in_flight = task_of(await create(client, "deploy", ARGS, meta("d-1")))
+        state = await tasks.work(server, in_flight.task_id)
+        after = task_of(await create(client, "deploy", ARGS, meta("d-1")))
+    assert tasks.created == 1 and effects.count == 1
+    assert in_flight.task_id == after.task_id == next(iter(tasks.tasks))
+    for answer in (in_flight, after):
+        marker = (answer.meta or {})[wire.IDEMPOTENCY_META]
+        assert marker["status"] == "replayed" and marker["key"] == "d-1"
+    assert state.status == "completed"
+
+
+async def test_a_task_creation_answers_executed_then_other_arguments_are_refused() -> None:
+    store, effects = MemoryKeyStore(), Effects()
+    tasks = InProcessTasks()
+    server = works(store, effects, tasks)
+    async with Client(server, extensions=[TasksClient()]) as client:
+        first = task_of(await create(client, "deploy", ARGS, meta("d-2")))
+        with pytest.raises(MCPError) as refused:
+            await create(client, "deploy", {"env": "staging"}, meta("d-2"))
+    assert (first.meta or {})[wire.IDEMPOTENCY_META]["status"] == "executed"
+    assert refused.value.error.code == wire.KEY_REUSED
+    assert tasks.created == 1
+    (record,) = await store.list_records()
+    assert record.state is RecordState.COMPLETED
+
+
+async def test_a_redelivered_body_does_not_run_again_and_its_result_is_kept() -> None:
+    store, effects = MemoryKeyStore(), Effects()
+    tasks = InProcessTasks()
+    server = works(store, effects, tasks)
+    async with Client(server, extensions=[TasksClient()]) as client:
+        task = task_of(await create(client, "deploy", ARGS, meta("d-3")))
+        state = await tasks.work(server, task.task_id)
+        first = state.result
+        await tasks.work(server, task.task_id)  # the queue delivers the same task again
+    assert effects.count == 1
+    assert first is not None and state.result is not None
+    assert state.result.content == first.content
+    assert (state.result.meta or {})[wire.IDEMPOTENCY_META]["status"] == "replayed"
+    # Another replica (a new server object on the same store) reads the task's final result.
+    replica = works(store, Effects(), InProcessTasks())
+    tool = await replica.get_tool("deploy")
+    assert tool is not None
+    kept = await stored_task_result(replica, tool, task.task_id)
+    assert kept is not None and kept.content == first.content
+
+
+@pytest.mark.redis
+async def test_a_task_body_whose_process_killed_mid_run_is_not_run_again(
+    tmp_path: Path, redis_url: str, redis_namespace: str
+) -> None:
+    """The worker running a task's body is SIGKILLed after its effect; the redelivery (a second
+    worker process) finds the record UNKNOWN: OUTCOME_UNKNOWN, and no second effect."""
+    url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={redis_namespace}:"
+    ledger = tmp_path / "ledger.txt"
+    argv = [sys.executable, str(WORKER), url, str(ledger), "task-7"]
+    async with await anyio.open_process([*argv, "hang"]) as first:
+        assert first.stdout is not None
+        seen = b""
+        with anyio.fail_after(120):  # a process start on a loaded machine
+            while b"\n" not in seen:
+                seen += await first.stdout.receive()
+        assert seen.strip() == b"effect"
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+    second = await anyio.run_process([*argv, "finish"], check=False)
+    assert second.stdout.decode().strip() == f"error {wire.OUTCOME_UNKNOWN}", second
+    assert ledger.read_text().splitlines() == ["task-7"]
+    opened = open_store(url)
+    try:
+        unknown = await opened.list_records(state=RecordState.UNKNOWN)
+    finally:
+        await opened.aclose()
+    assert len(unknown) == 1 and unknown[0].tool == "deploy#task-body"
