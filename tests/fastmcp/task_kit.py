@@ -16,8 +16,8 @@ the lifespan lets a modern `tools/call` result tagged `resultType: "task"` throu
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -33,6 +33,7 @@ from fastmcp.server.extensions import (
 )
 from fastmcp.tools.base import Tool, ToolResult
 from mcp import MCPError
+from mcp.client import Client as LowLevelClient
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp_types import (
     CallToolRequestParams,
@@ -76,7 +77,12 @@ class TaskState:
     error: dict[str, Any] | None = None
 
 
-def _produce_tasks(original: Any) -> Any:
+@contextmanager
+def producing_tasks() -> Iterator[None]:
+    """While entered, a modern `tools/call` result tagged `resultType: "task"` goes on the wire
+    as produced (what `fastmcp_tasks.wire_production` installs for the real extension)."""
+    original = methods.serialize_server_result
+
     def serialize(method: str, version: str, data: Mapping[str, Any], **kwargs: Any) -> Any:
         if (
             not kwargs
@@ -87,7 +93,24 @@ def _produce_tasks(original: Any) -> Any:
             return dict(data)
         return original(method, version, data, **kwargs)
 
-    return serialize
+    methods.serialize_server_result = serialize
+    try:
+        yield
+    finally:
+        methods.serialize_server_result = original
+
+
+def new_task(task_id: str) -> CreateTask:
+    """A task just created, in `working` status."""
+    now = datetime.now(UTC).isoformat()
+    return CreateTask(
+        task_id=task_id,
+        status="working",
+        created_at=now,
+        last_updated_at=now,
+        ttl_ms=TTL_MS,
+        poll_interval_ms=50,
+    )
 
 
 class InProcessTasks(ServerExtension):
@@ -115,12 +138,8 @@ class InProcessTasks(ServerExtension):
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncGenerator[None, None]:
-        original = methods.serialize_server_result
-        methods.serialize_server_result = _produce_tasks(original)
-        try:
+        with producing_tasks():
             yield
-        finally:
-            methods.serialize_server_result = original
 
     async def intercept_tool_call(
         self, params: CallToolRequestParams, context: Context, call_next: ToolCallContinuation
@@ -137,15 +156,7 @@ class InProcessTasks(ServerExtension):
         self.tasks[task_id] = TaskState(tool, dict(params.arguments or {}))
         if self.create_gate is not None:
             await self.create_gate.wait()
-        now = datetime.now(UTC).isoformat()
-        return CreateTask(
-            task_id=task_id,
-            status="working",
-            created_at=now,
-            last_updated_at=now,
-            ttl_ms=TTL_MS,
-            poll_interval_ms=50,
-        )
+        return new_task(task_id)
 
     async def work(self, server: FastMCP[Any], task_id: str) -> TaskState:
         """Run queued task `task_id`'s body (again, for a redelivery), as a worker does."""
@@ -194,7 +205,7 @@ class TasksClient(ClientExtension):
 
 
 async def create(
-    client: Client[Any],
+    client: Client[Any] | LowLevelClient,
     name: str,
     arguments: dict[str, Any],
     meta: dict[str, Any] | None,

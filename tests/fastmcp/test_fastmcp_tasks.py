@@ -13,10 +13,13 @@ import anyio
 import pytest
 from fastmcp import Client, FastMCP
 from mcp import MCPError
+from mcp.client import Client as LowLevelClient
+from mcp.server import Server
+from mcp_types import CallToolRequestParams, CallToolResult, TextContent
 from server_kit import Effects, meta
-from task_kit import ClientTask, InProcessTasks, TasksClient, create
+from task_kit import ClientTask, InProcessTasks, TasksClient, create, new_task, producing_tasks
 
-from idempotency import MemoryKeyStore, RecordState, open_store, wire
+from idempotency import MemoryKeyStore, RecordState, idempotent_call_tool, open_store, wire
 from idempotency.fastmcp import IdempotencyMiddleware, stored_task_result
 
 pytestmark = pytest.mark.anyio
@@ -125,3 +128,33 @@ async def test_a_task_body_whose_process_killed_mid_run_is_not_run_again(
     finally:
         await opened.aclose()
     assert len(unknown) == 1 and unknown[0].tool == "deploy#task-body"
+
+
+async def test_the_low_level_handler_keeps_the_task_it_answered_with() -> None:
+    """`idempotent_call_tool`: a handler answering with a task has it kept as the key's answer;
+    its backend fences the body with `GuardedCallTool.run_task_body`."""
+    created: list[str] = []
+    effects = Effects()
+
+    async def call_tool(ctx: Any, params: CallToolRequestParams) -> Any:
+        created.append(f"t-{len(created) + 1}")
+        return new_task(created[-1])
+
+    store = MemoryKeyStore()
+    guarded = idempotent_call_tool(store, call_tool, server_name="lo")
+    server = Server("lo", on_call_tool=guarded)
+    with producing_tasks():
+        async with LowLevelClient(server, extensions=[TasksClient()]) as client:
+            first = task_of(await create(client, "deploy", ARGS, meta("l-1")))
+            again = task_of(await create(client, "deploy", ARGS, meta("l-1")))
+
+    async def body() -> CallToolResult:
+        return CallToolResult(
+            content=[TextContent(type="text", text=await effects.charge("x", 1, gated=False))]
+        )
+
+    ran = [await guarded.run_task_body("deploy", first.task_id, ARGS, body) for _ in "12"]
+    assert created == ["t-1"] and first.task_id == again.task_id == "t-1"
+    statuses = [(r.meta or {})[wire.IDEMPOTENCY_META]["status"] for r in (first, again, *ran)]
+    assert statuses == ["executed", "replayed", "executed", "replayed"]
+    assert effects.count == 1
