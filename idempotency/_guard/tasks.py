@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, InputRequiredResult
 from pydantic import BaseModel, RootModel
 
 from .. import wire
@@ -127,7 +127,9 @@ def recorded(value: object) -> CallToolResult | None:
     return None if payload is None else as_record(payload)
 
 
-def rendered(answer: object) -> object:
+def rendered(
+    answer: CallToolResult | InputRequiredResult,
+) -> CallToolResult | InputRequiredResult | TaskCreated:
     """An entry point's answer as the wire takes it: a record's task (`TaskCreated`), anything
     else as it is."""
     if isinstance(answer, CallToolResult):

@@ -17,7 +17,8 @@ from mcp.client import Client as LowLevelClient
 from mcp.server import Server
 from mcp_types import CallToolRequestParams, CallToolResult, TextContent
 from server_kit import Effects, meta
-from task_kit import ClientTask, InProcessTasks, TasksClient, create, new_task, producing_tasks
+from task_kit import InProcessTasks
+from task_wire import ClientTask, TasksClient, create, new_task, producing_tasks
 
 from idempotency import MemoryKeyStore, RecordState, idempotent_call_tool, open_store, wire
 from idempotency.fastmcp import IdempotencyMiddleware, stored_task_result
