@@ -18,8 +18,7 @@ fences it with `run_task_body` (`_guard/task_body.py`), keyed by the task id.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -27,17 +26,14 @@ from mcp.server.extension import Extension, MethodBinding, ResourceBinding, Tool
 from mcp_types import (
     CLIENT_CAPABILITIES_META_KEY,
     CallToolRequestParams,
-    CallToolResult,
-    InputRequiredResult,
 )
 from typing_extensions import Unpack
 
 from ..._guard import tasks
-from ..._guard.guard import Guard, NothingDone, ToolCall, ToolResult
+from ..._guard.guard import Guard, NothingDone, ToolResult
 from ..._guard.policy import PolicyOptions, make_policy
-from ..._guard.task_body import run_task_body
 from ..._stores.store import KeyStore
-from ..lowlevel import generic_error_result
+from ..lowlevel import TaskBodies, guard_sdk_call
 
 
 class _Foreground(Exception):
@@ -57,14 +53,15 @@ def declared(params: CallToolRequestParams, identifier: str) -> bool:
     return isinstance(found, Mapping) and isinstance(found.get(identifier), Mapping)
 
 
-class IdempotentTasks(Extension):
-    """A tasks extension whose task creation runs under the guard (`idempotent_tasks`)."""
+class IdempotentTasks(Extension, TaskBodies):
+    """A tasks extension whose task creation runs under the guard (`idempotent_tasks`); the
+    extension runs each task's body through `run_task_body` (`TaskBodies`)."""
 
     def __init__(self, inner: Extension, guard: Guard, server_name: str) -> None:
         self.identifier = inner.identifier
         self.inner = inner
         self.guard = guard
-        self.server_name = server_name
+        self._server_name = server_name
 
     def settings(self) -> dict[str, Any]:
         return self.inner.settings()
@@ -107,46 +104,12 @@ class IdempotentTasks(Extension):
         async def passthrough() -> HandlerResult:
             return await inner.intercept_tool_call(params, ctx, call_next)
 
-        call = ToolCall(
-            server=self.server_name,
-            tool=params.name,
-            arguments=params.arguments,
-            meta=params.meta,
-            request=ctx,
-        )
         try:
-            return await self.guard.call(
-                call,
-                execute,
-                error_result=functools.partial(generic_error_result, params.name),
-                takeover=self.guard.policy.takeover_for(False),
-                passthrough=passthrough,
-                render=tasks.rendered,
+            return await guard_sdk_call(  # type: ignore[no-any-return]
+                self.guard, self._server_name, ctx, params, execute, passthrough
             )
         except _Foreground as went_on:
             return await call_next(went_on.ctx)  # claim given back: the tool's own guard's call
-
-    async def run_task_body(
-        self,
-        tool: str,
-        task_id: str,
-        arguments: Mapping[str, Any] | None,
-        body: Callable[[], Awaitable[CallToolResult | InputRequiredResult]],
-    ) -> CallToolResult | InputRequiredResult:
-        """Run the body of task `task_id` (a task of `tool` this extension created) at most
-        once, keyed by the task id (rule 23): for the extension to call where it runs the task.
-        A redelivery of a finished body gets its stored result, marked replayed; one of a body
-        that died mid-run OUTCOME_UNKNOWN (-32012)."""
-        return await run_task_body(
-            self.guard,
-            server=self.server_name,
-            tool=tool,
-            task_id=task_id,
-            arguments=arguments,
-            body=body,
-            error_result=functools.partial(generic_error_result, tool),
-            takeover=self.guard.policy.takeover_for(False),
-        )
 
 
 def idempotent_tasks(
