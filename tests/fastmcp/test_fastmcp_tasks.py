@@ -18,7 +18,7 @@ from mcp.server import Server
 from mcp_types import CallToolRequestParams, CallToolResult, TextContent
 from server_kit import Effects, meta
 from task_kit import InProcessTasks
-from task_wire import ClientTask, TasksClient, create, new_task, producing_tasks
+from task_wire import TTL_MS, ClientTask, TasksClient, create, new_task, producing_tasks
 
 from idempotency import MemoryKeyStore, RecordState, idempotent_call_tool, open_store, wire
 from idempotency.fastmcp import IdempotencyMiddleware, stored_task_result
@@ -29,9 +29,11 @@ ARGS = {"env": "prod"}
 WORKER = Path(__file__).with_name("task_body_worker.py")
 
 
-def works(store: MemoryKeyStore, effects: Effects, tasks: InProcessTasks) -> FastMCP[Any]:
+def works(
+    store: MemoryKeyStore, effects: Effects, tasks: InProcessTasks, **options: Any
+) -> FastMCP[Any]:
     server: FastMCP[Any] = FastMCP("works")
-    server.add_middleware(IdempotencyMiddleware(store))
+    server.add_middleware(IdempotencyMiddleware(store, **options))
     server.add_extension(tasks)
 
     @server.tool(task=True)
@@ -67,9 +69,11 @@ async def test_a_lost_task_creation_resent_gets_the_same_task() -> None:
 
 
 async def test_a_task_creation_answers_executed_then_other_arguments_are_refused() -> None:
+    """And the record outlives the task: kept for the task's TTL (an hour) though the store's
+    retention is a minute."""
     store, effects = MemoryKeyStore(), Effects()
     tasks = InProcessTasks()
-    server = works(store, effects, tasks)
+    server = works(store, effects, tasks, retention=60)
     async with Client(server, extensions=[TasksClient()]) as client:
         first = task_of(await create(client, "deploy", ARGS, meta("d-2")))
         with pytest.raises(MCPError) as refused:
@@ -79,6 +83,8 @@ async def test_a_task_creation_answers_executed_then_other_arguments_are_refused
     assert tasks.created == 1
     (record,) = await store.list_records()
     assert record.state is RecordState.COMPLETED
+    assert record.expires_at is not None and record.completed_at is not None
+    assert record.expires_at - record.completed_at >= TTL_MS / 1000
 
 
 async def test_a_redelivered_body_does_not_run_again_and_its_result_is_kept() -> None:
