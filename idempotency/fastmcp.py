@@ -387,6 +387,7 @@ class IdempotencyMiddleware(Middleware):
             body=execute,
             error_result=functools.partial(error_result, tool.name),
             takeover=self.guard.policy.takeover_for(declares_idempotent(tool.annotations)),
+            convert=lambda value: to_guard(tool.convert_result(value)),
         )
         return to_fastmcp(answer)
 

@@ -138,9 +138,11 @@ def reconciler_for(option: ReconcileOption | None, tool: str) -> Reconciler | No
     if option is None:
         return None
     if isinstance(option, Mapping):
-        # A versioned FastMCP tool is `name@version` in its records; a mapping may name it
-        # either way ('@' is never part of a conforming MCP tool name).
-        return option.get(tool) or option.get(tool.partition("@")[0])
+        # A versioned FastMCP tool is `name@version` in its records, a task's body
+        # `name#task-body` (`task_body.py`): a mapping may name either by the tool's name ('@'
+        # and '#' are never part of a conforming MCP tool name).
+        name = tool.partition("#")[0]
+        return option.get(tool) or option.get(name) or option.get(name.partition("@")[0])
     return option
 
 

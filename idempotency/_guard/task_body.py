@@ -32,6 +32,7 @@ from mcp_types import CallToolResult, InputRequiredResult
 from .. import wire
 from .envelope import UnreadableResult
 from .guard import Guard, ToolCall, as_is
+from .reconcile import Convert
 from .replay import decode_result
 from .scope import store_key
 
@@ -68,11 +69,13 @@ async def run_task_body(
     body: Callable[[], Awaitable[CallToolResult | InputRequiredResult]],
     error_result: Callable[[Exception], CallToolResult],
     takeover: bool,
+    convert: Convert | None = None,
 ) -> CallToolResult | InputRequiredResult:
     """Run `body` (the task's tool body, returning its `CallToolResult`) at most once per task id
     under `guard`; the result first-hand or replayed (marker in its `_meta`), or the guard's
     `MCPError` (IN_PROGRESS, OUTCOME_UNKNOWN, STORE_UNAVAILABLE). An input-required round is
-    handed back unstored, its claim released (rule 8): the leg that answers it runs again."""
+    handed back unstored, its claim released (rule 8): the leg that answers it runs again.
+    `convert`: how a reconciler's `happened` value becomes the body's result, as for the tool."""
     call = ToolCall(
         server=server,
         tool=tool + BODY_SUFFIX,
@@ -87,6 +90,7 @@ async def run_task_body(
         takeover=takeover,
         passthrough=body,  # `fail_open` with the store down: the author's choice
         render=as_is,
+        convert=convert,
     )
 
 

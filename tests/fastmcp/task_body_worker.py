@@ -1,10 +1,12 @@
 """A task worker process: runs one task's body of a guarded FastMCP server, as a queue worker
 would (outside any request), through `idempotency.fastmcp.run_task_body`.
 
-    python task_body_worker.py STORE_URL LEDGER TASK_ID hang|finish
+    python task_body_worker.py STORE_URL LEDGER TASK_ID hang|finish|reconcile
 
 The body appends the task id to LEDGER (the effect, fsynced), prints `effect`, then hangs (to be
-SIGKILLed) or returns. Prints `done` or `error CODE` (the guard's answer) at the end.
+SIGKILLed) or returns. Prints `done STATUS` (the marker's status, and `reconciled` when a
+reconciler answered) or `error CODE` (the guard's answer) at the end. `reconcile`: the guard has
+a reconciler for `deploy`, which says the effect happened (its ledger line is there).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fastmcp import FastMCP
 from fastmcp.tools.base import ToolResult
 from mcp import MCPError
 
-from idempotency import open_store
+from idempotency import InDoubt, Reconciled, open_store, wire
 from idempotency.fastmcp import IdempotencyMiddleware, run_task_body
 
 
@@ -33,7 +35,14 @@ def _effect(ledger: str, task_id: str) -> None:
 async def main(url: str, ledger: str, task_id: str, mode: str) -> None:
     store = open_store(url)
     server: FastMCP[Any] = FastMCP("works")
-    server.add_middleware(IdempotencyMiddleware(store, lease=2.0))
+
+    def happened(doubt: InDoubt) -> Reconciled:
+        with open(ledger) as f:
+            done = task_id in f.read().split()
+        return Reconciled.happened(f"deployed ({doubt.tool})") if done else Reconciled.unknown()
+
+    options: dict[str, Any] = {"reconcile": {"deploy": happened}} if mode == "reconcile" else {}
+    server.add_middleware(IdempotencyMiddleware(store, lease=2.0, **options))
 
     @server.tool(task=True)
     async def deploy(env: str) -> str:
@@ -51,11 +60,14 @@ async def main(url: str, ledger: str, task_id: str, mode: str) -> None:
         return await tool.run(arguments)
 
     try:
-        await run_task_body(server, tool, task_id, arguments, body)
+        result = await run_task_body(server, tool, task_id, arguments, body)
     except MCPError as exc:
         print(f"error {exc.error.code}", flush=True)
     else:
-        print("done", flush=True)
+        marker = (result.meta or {})[wire.IDEMPOTENCY_META]
+        print(
+            "done", marker["status"], "reconciled" if marker.get("reconciled") else "", flush=True
+        )
     finally:
         await store.aclose()
 

@@ -113,7 +113,8 @@ async def test_a_task_body_whose_process_killed_mid_run_is_not_run_again(
     tmp_path: Path, redis_url: str, redis_namespace: str
 ) -> None:
     """The worker running a task's body is SIGKILLed after its effect; the redelivery (a second
-    worker process) finds the record UNKNOWN: OUTCOME_UNKNOWN, and no second effect."""
+    worker process) finds the record UNKNOWN: OUTCOME_UNKNOWN, and no second effect; a third,
+    with the tool's reconciler, answers what the reconciler says happened."""
     url = f"{redis_url}{'&' if '?' in redis_url else '?'}prefix={redis_namespace}:"
     ledger = tmp_path / "ledger.txt"
     argv = [sys.executable, str(WORKER), url, str(ledger), "task-7"]
@@ -135,6 +136,10 @@ async def test_a_task_body_whose_process_killed_mid_run_is_not_run_again(
     finally:
         await opened.aclose()
     assert len(unknown) == 1 and unknown[0].tool == "deploy#task-body"
+    # The tool's reconciler (named by the tool) settles its body's record: no run, its answer.
+    third = await anyio.run_process([*argv, "reconcile"], check=False)
+    assert third.stdout.decode().split() == ["done", "replayed", "reconciled"], third
+    assert ledger.read_text().splitlines() == ["task-7"]
 
 
 async def test_the_low_level_handler_keeps_the_task_it_answered_with() -> None:
