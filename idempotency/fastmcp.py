@@ -75,6 +75,7 @@ from fastmcp.utilities.versions import VersionSpec
 from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp_types import INTERNAL_ERROR, CallToolRequestParams, CallToolResult, ListToolsRequest
+from pydantic import BaseModel
 from typing_extensions import Unpack
 
 from ._guard import answers, tasks
@@ -172,12 +173,14 @@ async def _authorized(context: MiddlewareContext[CallToolRequestParams]) -> Tool
     return ToolResult(content=[])
 
 
-def _rendered(answer: GuardResult) -> ToolResult:
+def _rendered(classes: Mapping[str, type[BaseModel]], tool: str, answer: GuardResult) -> ToolResult:
     """The guard's answer as FastMCP's chain carries it: a record's task as the task itself (a
-    model FastMCP's runner puts on the wire as is), a tool result as a `ToolResult`."""
+    model FastMCP's runner puts on the wire as is), of the task extension's own class where this
+    middleware has seen it for `tool` (`tasks.typed`); a tool result as a `ToolResult`."""
     task = tasks.rendered(answer)
-    if task is not answer:
-        return task  # type: ignore[return-value]  # FastMCP's chain carries any model onward
+    if isinstance(task, tasks.TaskCreated):
+        # FastMCP's chain carries any model onward (`ToolCallOutcome`).
+        return tasks.typed(task, classes.get(tool))  # type: ignore[return-value]
     return to_fastmcp(answer)
 
 
@@ -214,6 +217,8 @@ class IdempotencyMiddleware(Middleware):
         self._tools = _names(tools, "tools")
         self._tags = _names(tags, "tags")
         self._underived = _names(underived, "underived") or frozenset()
+        #: The class of the task extension's `CreateTaskResult`, per tool, once seen (`_rendered`).
+        self._task_classes: dict[str, type[BaseModel]] = {}
         install_body_watch()
 
     def guards(self, tool: Tool) -> bool:
@@ -334,7 +339,11 @@ class IdempotencyMiddleware(Middleware):
                         raise  # as FastMCP raised it: the guard stores it as FastMCP renders it
                     raise verdict from exc
             task = tasks.recorded(result)  # the task extension created a task: it is the answer
-            return to_guard(result) if task is None else task
+            if task is None:
+                return to_guard(result)
+            if isinstance(result, BaseModel):
+                self._task_classes[guarded_as] = type(result)
+            return task
 
         async def passthrough() -> ToolResult:
             handed_on.append(True)
@@ -348,7 +357,7 @@ class IdempotencyMiddleware(Middleware):
                 error_result=functools.partial(error_result, message.name),
                 takeover=self.guard.policy.takeover_for(declares_idempotent(tool.annotations)),
                 passthrough=passthrough,
-                render=_rendered,
+                render=functools.partial(_rendered, self._task_classes, guarded_as),
                 admit=admit,
                 convert=lambda value: to_guard(tool.convert_result(value)),
             )

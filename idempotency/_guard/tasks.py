@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcp_types import CallToolResult, InputRequiredResult
-from pydantic import BaseModel, RootModel
+from pydantic import BaseModel, Field, RootModel, ValidationError, create_model
 
 from .. import wire
 
@@ -118,6 +118,36 @@ def mark_task_replay(task: Mapping[str, Any], marker: Mapping[str, Any]) -> dict
     """`task` (a `CreateTaskResult`'s wire form) with `marker` as the guard's entry in its
     `_meta`: how a replayed task reaches the client (public, for the proxy and other hosts)."""
     return _with_meta(task, {wire.IDEMPOTENCY_META: dict(marker)})
+
+
+#: A task backend's own result class, extended with `_meta` (its `typed` form), per class.
+_WITH_META: dict[type[BaseModel], type[BaseModel]] = {}
+
+
+def typed(task: TaskCreated, cls: type[BaseModel] | None) -> BaseModel:
+    """`task` as an instance of the backend's own `CreateTaskResult` class `cls` (a subclass of
+    it that also keeps `_meta`, for the guard's marker), so that code in the same process that
+    checks the class the backend returns sees that class, replays included; `task` itself when
+    `cls` is unknown (a replay before this process created a task of the tool) or does not take
+    the task's fields. Either dumps to the same wire form."""
+    if cls is None:
+        return task
+    marked = _WITH_META.get(cls)
+    if marked is None:
+        marked = _WITH_META[cls] = create_model(
+            cls.__name__,
+            __base__=cls,
+            meta=(dict[str, Any] | None, Field(default=None, alias="_meta")),
+        )
+    fields: dict[str, Any] = {}
+    for name, info in cls.model_fields.items():
+        wire_name = info.serialization_alias or info.alias or name
+        if wire_name in task.root:
+            fields[name] = task.root[wire_name]
+    try:
+        return marked.model_validate({**fields, "_meta": task.root.get("_meta")}, by_name=True)
+    except ValidationError:
+        return task
 
 
 def recorded(value: object) -> CallToolResult | None:
