@@ -48,23 +48,30 @@ def task_of(answer: object) -> ClientTask:
     return answer
 
 
-async def test_a_lost_task_creation_resent_gets_the_same_task() -> None:
+@pytest.mark.parametrize("keyed", [True, False], ids=["client-key", "derived-key"])
+async def test_a_lost_task_creation_resent_gets_the_same_task(keyed: bool) -> None:
+    """With a client key, or keyless (rule 15: the caller gave up on the first answer, so its
+    identical re-send is merged under the derived key)."""
     store, effects, gate = MemoryKeyStore(), Effects(), anyio.Event()
     tasks = InProcessTasks(create_gate=gate)
     server = works(store, effects, tasks)
+    key = meta("d-1") if keyed else None
     async with Client(server, extensions=[TasksClient()]) as client:
         # The first answer is lost: the client times out while the task is being created.
         with pytest.raises(MCPError):
-            await create(client, "deploy", ARGS, meta("d-1"), timeout=0.2)
+            await create(client, "deploy", ARGS, key, timeout=0.2)
         gate.set()
-        in_flight = task_of(await create(client, "deploy", ARGS, meta("d-1")))
+        in_flight = task_of(await create(client, "deploy", ARGS, key))
         state = await tasks.work(server, in_flight.task_id)
-        after = task_of(await create(client, "deploy", ARGS, meta("d-1")))
+        if keyed:  # a keyless repeat after a delivered answer is a new intent (rule 15)
+            after = task_of(await create(client, "deploy", ARGS, key))
+            assert after.task_id == in_flight.task_id
+            assert (after.meta or {})[wire.IDEMPOTENCY_META]["status"] == "replayed"
     assert tasks.created == 1 and effects.count == 1
-    assert in_flight.task_id == after.task_id == next(iter(tasks.tasks))
-    for answer in (in_flight, after):
-        marker = (answer.meta or {})[wire.IDEMPOTENCY_META]
-        assert marker["status"] == "replayed" and marker["key"] == "d-1"
+    assert in_flight.task_id == next(iter(tasks.tasks))
+    marker = (in_flight.meta or {})[wire.IDEMPOTENCY_META]
+    assert marker["status"] == "replayed"
+    assert marker["keySource"] == ("client" if keyed else "derived")
     assert state.status == "completed"
 
 
