@@ -366,40 +366,6 @@ class IdempotencyMiddleware(Middleware):
             if admitted and not handed_on:  # the guard answered: a replay, or its own error
                 _label_request_span(ctx, tool, message.name)
 
-    async def fence_task_body(
-        self,
-        server: FastMCP,
-        tool: Tool,
-        task_id: str,
-        arguments: Mapping[str, Any] | None,
-        body: Callable[[], Awaitable[ToolResult]],
-    ) -> ToolResult:
-        """`run_task_body` under this middleware's guard (for a tool it guards)."""
-        effect_free = self.guard.policy.effect_free
-
-        async def execute() -> GuardResult:
-            try:
-                result = await body()
-            except Exception as exc:
-                verdict = judged(exc, effect_free, body_started=True)
-                if verdict is exc:
-                    raise
-                raise verdict from exc
-            return to_guard(result)
-
-        answer = await _run_task_body(
-            self.guard,
-            server=server.name,
-            tool=tool.name,
-            task_id=task_id,
-            arguments=arguments,
-            body=execute,
-            error_result=functools.partial(error_result, tool.name),
-            takeover=self.guard.policy.takeover_for(declares_idempotent(tool.annotations)),
-            convert=lambda value: to_guard(tool.convert_result(value)),
-        )
-        return to_fastmcp(answer)
-
     async def _authorize(self, context: MiddlewareContext[CallToolRequestParams]) -> None:
         """FastMCP's authorization answer before anything is claimed, wherever it sits.
 
@@ -493,7 +459,31 @@ async def run_task_body(
     middleware = _guarding_middleware(server, tool)
     if middleware is None:
         return await body()
-    return await middleware.fence_task_body(server, tool, task_id, arguments, body)
+    guard = middleware.guard
+    effect_free = guard.policy.effect_free
+
+    async def execute() -> GuardResult:
+        try:
+            result = await body()
+        except Exception as exc:
+            verdict = judged(exc, effect_free, body_started=True)
+            if verdict is exc:
+                raise
+            raise verdict from exc
+        return to_guard(result)
+
+    answer = await _run_task_body(
+        guard,
+        server=server.name,
+        tool=tool.name,
+        task_id=task_id,
+        arguments=arguments,
+        body=execute,
+        error_result=functools.partial(error_result, tool.name),
+        takeover=guard.policy.takeover_for(declares_idempotent(tool.annotations)),
+        convert=lambda value: to_guard(tool.convert_result(value)),
+    )
+    return to_fastmcp(answer)
 
 
 async def stored_task_result(server: FastMCP, tool: Tool, task_id: str) -> CallToolResult | None:
