@@ -16,7 +16,17 @@ from mcp_types import CallToolRequestParams, CallToolResult, TextContent
 from server_kit import Effects, meta
 from task_wire import TASKS, ClientTask, TasksClient, create, new_task, producing_tasks
 
-from idempotency import MemoryKeyStore, idempotent, idempotent_tasks, wire
+from idempotency import (
+    MemoryKeyStore,
+    TaskCreated,
+    decode_result,
+    encode_result,
+    idempotent,
+    idempotent_tasks,
+    mark_task_replay,
+    wire,
+)
+from idempotency._guard.tasks import as_record
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +93,21 @@ async def test_a_keyed_task_creation_on_mcpserver_makes_one_task() -> None:
 
     bodies = [await tasks.run_task_body("deploy", "s-1", ARGS, body) for _ in "12"]
     assert [status(b) for b in bodies] == ["executed", "replayed"] and effects.count == 2
+
+
+def test_a_kept_task_reads_back_as_the_task_with_the_marker_in_its_meta() -> None:
+    """The record's form of a task (`io.github.mcp-once/task` in a stored result's `_meta`), the
+    wire form a replay takes, and `mark_task_replay` for hosts that stamp a task themselves."""
+    task = new_task("t-9").model_dump(by_alias=True, exclude_none=True)
+    task["_meta"] = {"vendor/x": 1, wire.IDEMPOTENCY_META: {"status": "stale"}}
+    kept = decode_result(encode_result(as_record(task), 1.0)).result
+    assert kept.content == [] and (kept.meta or {})[wire.TASK_META]["taskId"] == "t-9"
+    assert wire.IDEMPOTENCY_META not in (kept.meta or {})[wire.TASK_META]["_meta"]
+    stamped = kept.model_copy(update={"meta": {**(kept.meta or {}), wire.IDEMPOTENCY_META: {}}})
+    back = TaskCreated.of_record(stamped)
+    assert back is not None and back.task_id == "t-9" and back.marker == {}
+    assert back.root["_meta"]["vendor/x"] == 1 and back.root["resultType"] == "task"
+    assert TaskCreated.of_record(CallToolResult(content=[])) is None
+    marked = mark_task_replay(task, {"status": "replayed"})
+    assert marked["_meta"] == {"vendor/x": 1, wire.IDEMPOTENCY_META: {"status": "replayed"}}
+    assert task["_meta"][wire.IDEMPOTENCY_META] == {"status": "stale"}  # not changed in place
