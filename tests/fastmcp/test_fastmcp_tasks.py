@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from fastmcp import Client, FastMCP
+from fastmcp.tools.base import ToolResult
 from mcp import MCPError
 from mcp.client import Client as LowLevelClient
 from mcp.server import Server
@@ -20,8 +21,18 @@ from server_kit import Effects, meta
 from task_kit import InProcessTasks
 from task_wire import TTL_MS, ClientTask, TasksClient, create, new_task, producing_tasks
 
-from idempotency import MemoryKeyStore, RecordState, idempotent_call_tool, open_store, wire
-from idempotency.fastmcp import IdempotencyMiddleware, stored_task_result
+from idempotency import (
+    InDoubt,
+    MemoryKeyStore,
+    OutcomeLost,
+    Reconciled,
+    RecordState,
+    idempotent_call_tool,
+    open_store,
+    reconcile_unknown,
+    wire,
+)
+from idempotency.fastmcp import IdempotencyMiddleware, run_task_body, stored_task_result
 
 pytestmark = pytest.mark.anyio
 
@@ -177,3 +188,37 @@ async def test_the_low_level_handler_keeps_the_task_it_answered_with() -> None:
     statuses = [(r.meta or {})[wire.IDEMPOTENCY_META]["status"] for r in (first, again, *ran)]
     assert statuses == ["executed", "replayed", "executed", "replayed"]
     assert effects.count == 1
+
+
+async def test_an_operator_reconciles_a_task_body_in_doubt_with_its_tools_reconciler() -> None:
+    """A body whose downstream call broke (`OutcomeLost`) leaves its record UNKNOWN at once;
+    `reconcile_unknown` asks the tool's reconciler (named by the tool), and the task's stored
+    result is then what the reconciler said happened."""
+    store = MemoryKeyStore()
+    asked: list[str] = []
+
+    def happened(doubt: InDoubt) -> Reconciled:
+        asked.append(doubt.tool)
+        return Reconciled.happened("deployed prod (per the system of record)")
+
+    server: FastMCP[Any] = FastMCP("works")
+    server.add_middleware(IdempotencyMiddleware(store, reconcile={"deploy": happened}))
+
+    @server.tool(task=True)
+    async def deploy(env: str) -> str:
+        raise OutcomeLost("the deployment service's connection broke mid-call")
+
+    tool = await server.get_tool("deploy")
+    assert tool is not None
+
+    async def body() -> ToolResult:
+        return await tool.run(ARGS)
+
+    with pytest.raises(MCPError) as lost:
+        await run_task_body(server, tool, "task-8", ARGS, body)
+    assert lost.value.error.code == wire.OUTCOME_UNKNOWN
+    (done,) = await reconcile_unknown(server, store)
+    assert (done.tool, done.answer, done.applied) == ("deploy#task-body", "happened", True)
+    assert asked == ["deploy#task-body"]
+    kept = await stored_task_result(server, tool, "task-8")
+    assert kept is not None and "per the system of record" in str(kept.content)
