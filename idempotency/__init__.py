@@ -12,6 +12,10 @@ when nothing more can come of that call: the record turns UNKNOWN at once). The
 source) each time a call is answered from its record (docs/observability.md). The `reconcile`
 option takes a `Reconciler` (or a mapping from tool name to one): asked with an `InDoubt` about an
 execution whose outcome is unknown, it answers with a `Reconciled` (docs/reconcile.md).
+Task-augmented calls (SEP-2663, rule 23): `idempotent_tasks` wraps an `MCPServer` tasks
+extension (an `IdempotentTasks`) so that a key creates one task and every re-send gets it; the
+low-level handler and the FastMCP middleware keep a task the same way. `TaskCreated` is a kept
+task on its way out, `mark_task_replay` puts the replay marker on a task's wire form.
 
 Key stores: `open_store(url)`, or `MemoryKeyStore`, `SQLiteKeyStore`, `RedisKeyStore` directly;
 anything implementing `KeyStore` will do. Records (`Record`, `RecordState`) and the store errors
@@ -96,9 +100,11 @@ if TYPE_CHECKING:
     from ._guard.policy import KeyMode, Policy, PolicyOptions
     from ._guard.reconcile import InDoubt, Reconciled, ReconcileOption, Reconciler
     from ._guard.replay import StoredResult, decode_result, domain_form, encode_result
+    from ._guard.tasks import TaskCreated, mark_task_replay
     from ._integrations.lowlevel import GuardedCallTool, idempotent_call_tool
     from ._integrations.mcpserver.decorator import idempotent
     from ._integrations.mcpserver.install import install
+    from ._integrations.mcpserver.tasks import IdempotentTasks, idempotent_tasks
     from ._integrations.reconcile_records import Reconciliation, reconcile_unknown, turn_unknown
     from ._stores.audit_log import export as export_audit_logs
     from ._stores.redis.store import DurabilityUnsupported, RedisKeyStore, ReplicationUnconfirmed
@@ -121,6 +127,8 @@ _ON_FIRST_USE: dict[str, str] = {
     **dict.fromkeys(("GuardedCallTool", "idempotent_call_tool"), "._integrations.lowlevel"),
     "idempotent": "._integrations.mcpserver.decorator",
     "install": "._integrations.mcpserver.install",
+    **dict.fromkeys(("IdempotentTasks", "idempotent_tasks"), "._integrations.mcpserver.tasks"),
+    **dict.fromkeys(("TaskCreated", "mark_task_replay"), "._guard.tasks"),
     **dict.fromkeys(
         ("Reconciliation", "reconcile_unknown", "turn_unknown"), "._integrations.reconcile_records"
     ),
@@ -165,6 +173,7 @@ __all__ = [
     "GuardedCallTool",
     "HistoryCheck",
     "HistoryEvent",
+    "IdempotentTasks",
     "InDoubt",
     "Interrupted",
     "KeyMode",
@@ -192,6 +201,7 @@ __all__ = [
     "StoreMark",
     "StoreUnavailable",
     "StoredResult",
+    "TaskCreated",
     "UnreadableResult",
     "check_history",
     "check_result_envelope",
@@ -209,9 +219,11 @@ __all__ = [
     "history_servers",
     "idempotent",
     "idempotent_call_tool",
+    "idempotent_tasks",
     "in_doubt_records",
     "install",
     "lease_ran_out",
+    "mark_task_replay",
     "open_store",
     "parse_history",
     "principal_digest",

@@ -14,11 +14,13 @@ FastMCP runs tools through its own registration and hands them only its own `Con
 the same options as `idempotent` / `install`, at FastMCP's two seams: `on_call_tool` runs a call
 under the guard, `on_list_tools` tells each caller what holds for it. Its choices, each tested:
 
-- Which tools: all (default), those named in `tools`, those carrying one of `tags` — never a
-  task-capable tool (`task=`): its body runs later in a worker, outside every middleware, so the
-  guard would cover only the enqueueing. Such tools are listed exactly as registered (no
-  `idempotentHint`, no `_meta` entry): nothing is promised that is not kept, and the log says
-  so once per tool.
+- Which tools: all (default), those named in `tools`, those carrying one of `tags`.
+- A task-augmented call of a task-capable tool (`task=`, the `io.modelcontextprotocol/tasks`
+  extension) is a call (rule 23): FastMCP's task extension answers it below the middleware with
+  a `CreateTaskResult`, which the record keeps as the key's answer, so a re-send of the key gets
+  the same task (its `taskId`), marked replayed, and no second task is created. The task's body
+  runs later, outside every middleware: a task backend fences it with `run_task_body`
+  (`_guard/task_body.py`), keyed by the task id, so a redelivery never runs it twice.
 - The key, the caller and the principal come from the wire request behind FastMCP's context
   (the middleware message's own `_meta` is rebuilt by FastMCP and lacks them): derived keys are
   bound to the caller, and FastMCP's access token (the SDK's, on the HTTP request) scopes keys
@@ -58,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -72,23 +74,25 @@ from fastmcp.tools.base import Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
 from mcp import MCPError
 from mcp.server.context import ServerRequestContext
-from mcp_types import INTERNAL_ERROR, CallToolRequestParams, ListToolsRequest
+from mcp_types import INTERNAL_ERROR, CallToolRequestParams, CallToolResult, ListToolsRequest
+from pydantic import BaseModel
 from typing_extensions import Unpack
 
-from ._guard import answers
+from ._guard import answers, tasks
 from ._guard.advertise import advertise_schema, advertise_tool, declares_idempotent, derivable
 from ._guard.caller import caller_of
 from ._guard.guard import Guard, ToolCall
 from ._guard.guard import ToolResult as GuardResult
 from ._guard.keyplaces import declares_argument, without_key
 from ._guard.policy import PolicyOptions, make_policy
-from ._guard.telemetry import logger
+from ._guard.task_body import body_result
+from ._guard.task_body import run_task_body as _run_task_body
 from ._integrations.fastmcp.body import install_body_watch, watching_body
 from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
 from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
 from ._stores.store import KeyStore
 
-__all__ = ["IdempotencyMiddleware"]
+__all__ = ["IdempotencyMiddleware", "run_task_body", "stored_task_result"]
 
 _AUTHORIZATION = "fastmcp.server.middleware.authorization"
 _CACHING = "fastmcp.server.middleware.caching"
@@ -169,6 +173,17 @@ async def _authorized(context: MiddlewareContext[CallToolRequestParams]) -> Tool
     return ToolResult(content=[])
 
 
+def _rendered(classes: Mapping[str, type[BaseModel]], tool: str, answer: GuardResult) -> ToolResult:
+    """The guard's answer as FastMCP's chain carries it: a record's task as the task itself (a
+    model FastMCP's runner puts on the wire as is), of the task extension's own class where this
+    middleware has seen it for `tool` (`tasks.typed`); a tool result as a `ToolResult`."""
+    task = tasks.rendered(answer)
+    if isinstance(task, tasks.TaskCreated):
+        # FastMCP's chain carries any model onward (`ToolCallOutcome`).
+        return tasks.typed(task, classes.get(tool))  # type: ignore[return-value]
+    return to_fastmcp(answer)
+
+
 def _label_request_span(ctx: Context, tool: Tool, name: str) -> None:
     """Label FastMCP's request span as FastMCP's tool path labels it, for a call the guard
     answered itself (a replay, or one of its own errors): FastMCP's tool path never ran, so
@@ -202,7 +217,8 @@ class IdempotencyMiddleware(Middleware):
         self._tools = _names(tools, "tools")
         self._tags = _names(tags, "tags")
         self._underived = _names(underived, "underived") or frozenset()
-        self._told: set[str] = set()
+        #: The class of the task extension's `CreateTaskResult`, per tool, once seen (`_rendered`).
+        self._task_classes: dict[str, type[BaseModel]] = {}
         install_body_watch()
 
     def guards(self, tool: Tool) -> bool:
@@ -211,15 +227,6 @@ class IdempotencyMiddleware(Middleware):
             (self._tools is not None and tool.name in self._tools)
             or (self._tags is not None and not self._tags.isdisjoint(tool.tags))
         )
-        if chosen and tool.task_config.supports_tasks():
-            if tool.name not in self._told:
-                self._told.add(tool.name)
-                logger.warning(
-                    "tool %r can run as a background task, outside every middleware: it is not"
-                    " guarded, and not listed as guarded",
-                    tool.name,
-                )
-            return False
         return chosen
 
     def derivable(self, tool: Tool) -> bool:
@@ -331,7 +338,12 @@ class IdempotencyMiddleware(Middleware):
                     if verdict is exc:
                         raise  # as FastMCP raised it: the guard stores it as FastMCP renders it
                     raise verdict from exc
-            return to_guard(result)
+            task = tasks.recorded(result)  # the task extension created a task: it is the answer
+            if task is None:
+                return to_guard(result)
+            if isinstance(result, BaseModel):
+                self._task_classes[guarded_as] = type(result)
+            return task
 
         async def passthrough() -> ToolResult:
             handed_on.append(True)
@@ -345,7 +357,7 @@ class IdempotencyMiddleware(Middleware):
                 error_result=functools.partial(error_result, message.name),
                 takeover=self.guard.policy.takeover_for(declares_idempotent(tool.annotations)),
                 passthrough=passthrough,
-                render=to_fastmcp,
+                render=functools.partial(_rendered, self._task_classes, guarded_as),
                 admit=admit,
                 convert=lambda value: to_guard(tool.convert_result(value)),
             )
@@ -421,6 +433,67 @@ class IdempotencyMiddleware(Middleware):
                 " IdempotencyMiddleware, so cached tool lists and results would bypass the"
                 " idempotency guard. Add IdempotencyMiddleware first; nothing was run.",
             )
+
+
+def _guarding_middleware(server: FastMCP, tool: Tool) -> IdempotencyMiddleware | None:
+    """The outermost `IdempotencyMiddleware` of `server` that guards `tool`, if any."""
+    for middleware in server.middleware:
+        if isinstance(middleware, IdempotencyMiddleware) and middleware.guards(tool):
+            return middleware
+    return None
+
+
+async def run_task_body(
+    server: FastMCP,
+    tool: Tool,
+    task_id: str,
+    arguments: Mapping[str, Any] | None,
+    body: Callable[[], Awaitable[ToolResult]],
+) -> ToolResult:
+    """Run the body of task `task_id` (a task-augmented call of `tool` on `server`) at most once
+    (rule 23), for a task backend to call where it runs a task: `body` runs the tool and returns
+    its `ToolResult`. Under the outermost `IdempotencyMiddleware` of `server` that guards `tool`,
+    keyed by the task id: a redelivery of a finished body gets its stored result (replayed, the
+    body not run), one of a body that died mid-run OUTCOME_UNKNOWN (-32012) unless the tool may
+    run twice. Without such a middleware, `body()` as it is."""
+    middleware = _guarding_middleware(server, tool)
+    if middleware is None:
+        return await body()
+    guard = middleware.guard
+    effect_free = guard.policy.effect_free
+
+    async def execute() -> GuardResult:
+        try:
+            result = await body()
+        except Exception as exc:
+            verdict = judged(exc, effect_free, body_started=True)
+            if verdict is exc:
+                raise
+            raise verdict from exc
+        return to_guard(result)
+
+    answer = await _run_task_body(
+        guard,
+        server=server.name,
+        tool=tool.name,
+        task_id=task_id,
+        arguments=arguments,
+        body=execute,
+        error_result=functools.partial(error_result, tool.name),
+        takeover=guard.policy.takeover_for(declares_idempotent(tool.annotations)),
+        convert=lambda value: to_guard(tool.convert_result(value)),
+    )
+    return to_fastmcp(answer)
+
+
+async def stored_task_result(server: FastMCP, tool: Tool, task_id: str) -> CallToolResult | None:
+    """The final result of task `task_id`'s body as its record keeps it (`run_task_body`), or
+    None (no guard, not finished, in doubt, expired): what a task backend's `tasks/result` can
+    answer from after a restart, or on another replica sharing the store."""
+    middleware = _guarding_middleware(server, tool)
+    if middleware is None:
+        return None
+    return await body_result(middleware.guard, server.name, tool.name, task_id)
 
 
 async def _guarded_tools(app: object) -> GuardedServer | None:

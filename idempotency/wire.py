@@ -31,6 +31,11 @@ MARKER_RECONCILED: Final = "reconciled"
 #: "replayed"). Kept with the record, so its later replays say it too. Absent on every other answer.
 MARKER_UPSTREAM: Final = "upstream"
 
+#: Stored result `_meta` (never on the wire): the `CreateTaskResult` a task-augmented call created
+#: (SEP-2663), kept as the record's answer so that every re-send of its key gets that task
+#: (rule 23). On the way out it becomes the task itself, the marker in the task's own `_meta`.
+TASK_META: Final = NAMESPACE + "task"
+
 #: Tool definition `_meta` of a tool `mcp-once proxy` guards: what of its calls the proxy does not
 #: guard, `{"unguarded": ["task"], "neverStored": ["task", "inputRequired"]}` (a task-augmented
 #: call passes through unguarded; neither it nor an input_required round is ever stored).

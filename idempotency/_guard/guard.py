@@ -78,6 +78,7 @@ from .reconcile import (
 )
 from .replay import decode_result, origin, stamped
 from .scope import CallScope, default_scope, store_key
+from .tasks import retention as task_retention
 from .telemetry import (
     NO_TRACE,
     Outcome,
@@ -436,6 +437,11 @@ class Guard:
             principal_digest=None if principal is None else scope_digest(principal),
             legacy_fingerprint=legacy,
         )
+
+    def scope_of(self, call: ToolCall) -> str:
+        """The partition a call's key lives in, for a call without a request (a task's body,
+        `task_body.py`): the same one its claim uses."""
+        return self._scope(call, principal_of(call.request))
 
     def _scope(self, call: ToolCall, principal: str | None) -> str:
         """The partition the call's key lives in (`Policy.scope`); `principal`: the call's
@@ -841,7 +847,8 @@ class Guard:
             token,
             result,
             executed_at=executed_at,
-            retention=t.retention,
+            # A created task's record outlives the task (rule 23): its id stays findable.
+            retention=task_retention(result, t.retention),
             max_bytes=policy.max_result_bytes,
             lease=policy.lease,
             keeper=keeper,

@@ -133,14 +133,21 @@ def check_timeout(value: object) -> float:
     return float(value)
 
 
+def tool_names(tool: str) -> tuple[str, ...]:
+    """The names the tool of a record named `tool` goes by, most specific first: a versioned
+    FastMCP tool is `name@version` in its records, a task's body `name#task-body`
+    (`task_body.py`); a mapping by tool name may name either by the tool's name ('@' and '#'
+    are never part of a conforming MCP tool name)."""
+    base = tool.partition("#")[0]
+    return (tool, base, base.partition("@")[0])
+
+
 def reconciler_for(option: ReconcileOption | None, tool: str) -> Reconciler | None:
     """The reconciler of `tool` under `reconcile=` (None: the tool has none)."""
     if option is None:
         return None
     if isinstance(option, Mapping):
-        # A versioned FastMCP tool is `name@version` in its records; a mapping may name it
-        # either way ('@' is never part of a conforming MCP tool name).
-        return option.get(tool) or option.get(tool.partition("@")[0])
+        return next((option[name] for name in tool_names(tool) if name in option), None)
     return option
 
 

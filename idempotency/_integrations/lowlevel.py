@@ -6,7 +6,11 @@ listed definitions. A handler exception (other than `MCPError` or a declared eff
 stored as an `isError` result whose text names the tool but not the exception, as `MCPServer`
 does for unexpected errors. With `key_argument`, the handler still gets the arguments exactly as
 sent, the key among them: it is the protocol-level handler (it sees `_meta` too), and it lists
-its own schemas, to which `advertise` adds the key argument.
+its own schemas, to which `advertise` adds the key argument. A handler that answers a
+task-augmented call with a task (SEP-2663: a `CreateTaskResult`, `resultType: "task"`, as a
+model or a mapping) has that task kept as the key's answer (rule 23, `_guard/tasks.py`): a
+re-send gets the same task, marked replayed. Its body is the handler's backend's to fence, with
+the task id (`_guard/task_body.py`).
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from mcp_types import (
 )
 from typing_extensions import Unpack
 
+from .._guard import tasks
 from .._guard.advertise import advertise_schema, advertise_tool, derivable
 from .._guard.caller import caller_of
-from .._guard.guard import Guard, ToolCall, ToolResult, as_is
+from .._guard.guard import Guard, ToolCall, ToolResult
 from .._guard.policy import PolicyOptions, make_policy
+from .._guard.task_body import run_task_body
 from .._guard.telemetry import crash_report, logger
 from .._stores.store import KeyStore
 
@@ -49,7 +55,71 @@ def generic_error_result(tool: str, exc: Exception) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
-class GuardedCallTool:
+def guard_sdk_call(
+    guard: Guard,
+    server: str,
+    ctx: ServerRequestContext[Any, Any],
+    params: CallToolRequestParams,
+    execute: Callable[[], Awaitable[ToolResult]],
+    passthrough: Callable[[], Awaitable[Any]],
+    *,
+    derivable: bool = True,
+) -> Awaitable[Any]:
+    """`Guard.call` of a `tools/call` as the SDK's handler layer sees it (the low-level handler,
+    `MCPServer`'s tasks extension): a handler exception stored as the low-level handler stores
+    one, a takeover only where the policy says so (the tool's annotations are not known here),
+    and a task answer going out as the task (`_guard/tasks.py`)."""
+    call = ToolCall(
+        server=server,
+        tool=params.name,
+        arguments=params.arguments,
+        meta=params.meta,
+        request=ctx,
+        derivable=derivable,
+    )
+    return guard.call(
+        call,
+        execute,
+        error_result=functools.partial(generic_error_result, params.name),
+        takeover=guard.policy.takeover_for(False),
+        passthrough=passthrough,
+        render=tasks.rendered,
+    )
+
+
+class TaskBodies:
+    """`run_task_body` for an SDK entry point (the low-level handler, `MCPServer`'s tasks): its
+    body returns the SDK's results, an exception it raises is stored as the low-level handler
+    stores one, and a takeover happens only where the policy says so (the guard cannot see the
+    tool's annotations)."""
+
+    guard: Guard
+    _server_name: str
+
+    async def run_task_body(
+        self,
+        tool: str,
+        task_id: str,
+        arguments: Mapping[str, Any] | None,
+        body: Callable[[], Awaitable[CallToolResult | InputRequiredResult]],
+    ) -> CallToolResult | InputRequiredResult:
+        """Run the body of task `task_id` (a task-augmented call of `tool` answered with a task)
+        at most once, keyed by the task id (rule 23): for the task backend to call where it runs
+        the task. A redelivery of a finished body gets its stored result, marked replayed; one of
+        a body that died mid-run OUTCOME_UNKNOWN (-32012)."""
+        return await run_task_body(
+            self.guard,
+            server=self._server_name,
+            tool=tool,
+            task_id=task_id,
+            arguments=arguments,
+            body=body,
+            error_result=functools.partial(generic_error_result, tool),
+            takeover=self.guard.policy.takeover_for(False),
+        )
+
+
+class GuardedCallTool(TaskBodies):
     """An `on_call_tool` handler that runs `handler` under the guard for the chosen tools."""
 
     def __init__(
@@ -83,28 +153,19 @@ class GuardedCallTool:
 
         async def execute() -> ToolResult:
             result: object = await self._handler(ctx, params)
+            task = tasks.recorded(result)  # a task-augmented call's task is its answer
+            if task is not None:
+                return task
             if isinstance(result, Mapping):
                 result = CallToolResult.model_validate(result)
             if not isinstance(result, CallToolResult | InputRequiredResult):
                 raise TypeError(f"on_call_tool returned {type(result).__name__}")
             return result
 
-        call = ToolCall(
-            server=self._server_name,
-            tool=params.name,
-            arguments=params.arguments,
-            meta=params.meta,
-            request=ctx,
-            derivable=self.derivable(params.name),
-        )
-        policy = self.guard.policy
-        return await self.guard.call(
-            call,
-            execute,
-            error_result=functools.partial(generic_error_result, params.name),
-            takeover=policy.takeover_for(False),
-            passthrough=functools.partial(self._handler, ctx, params),
-            render=as_is,
+        passthrough = functools.partial(self._handler, ctx, params)
+        derivable = self.derivable(params.name)
+        return await guard_sdk_call(  # type: ignore[no-any-return]  # a task goes out as the task
+            self.guard, self._server_name, ctx, params, execute, passthrough, derivable=derivable
         )
 
     def derivable(self, tool: str) -> bool:

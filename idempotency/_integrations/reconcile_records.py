@@ -42,6 +42,7 @@ from .._guard.reconcile import (
     in_doubt,
     reconciler_for,
     resolve,
+    tool_names,
 )
 from .._stores.history import saying, servers_of
 from .._stores.in_doubt import in_doubt_records
@@ -138,7 +139,9 @@ async def _guards_of(app: object) -> tuple[str, Lookup]:
             " server with IdempotencyMiddleware, or what idempotent_call_tool returned"
         )
     by_name = found.tools
-    return found.name, lambda name: by_name.get(name) or by_name.get(name.partition("@")[0])
+    return found.name, lambda name: next(
+        (by_name[known] for known in tool_names(name) if known in by_name), None
+    )
 
 
 def _kind(named: list[str], server: str) -> str | None:

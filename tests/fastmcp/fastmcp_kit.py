@@ -9,9 +9,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from fastmcp import Client, Context, FastMCP
-from fastmcp.server.extensions import ServerExtension, ToolCallContinuation, ToolCallOutcome
-from mcp_types import CallToolRequestParams, Tool
+from fastmcp import Client, FastMCP
+from mcp_types import Tool
 from server_kit import SOON, Effects, serve_http
 
 from idempotency import KeyStore, wire
@@ -60,21 +59,3 @@ def promise(tool: Tool) -> tuple[bool | None, Any]:
     """What a listed definition promises: its `idempotentHint` and mcp-once's `_meta` entry."""
     hint = tool.annotations.idempotent_hint if tool.annotations is not None else None
     return hint, (tool.meta or {}).get(wire.IDEMPOTENCY_META)
-
-
-class ForegroundTasks(ServerExtension):
-    """Stands in for `fastmcp-tasks` (not installable beside FastMCP 4.1.6): FastMCP refuses a
-    `task=True` tool unless an extension with this identifier is registered. The real one runs a
-    task-mode call's body later, in a Docket worker, outside every middleware; this one runs
-    every call in the foreground, which is all the middleware can see of either."""
-
-    identifier = "io.modelcontextprotocol/tasks"
-
-    def __init__(self) -> None:
-        self.intercepted: list[str] = []
-
-    async def intercept_tool_call(
-        self, params: CallToolRequestParams, context: Context, call_next: ToolCallContinuation
-    ) -> ToolCallOutcome:
-        self.intercepted.append(params.name)
-        return await call_next()

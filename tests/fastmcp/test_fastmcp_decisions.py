@@ -14,7 +14,7 @@ from fastmcp.exceptions import ToolError
 from fastmcp.server import create_proxy
 from fastmcp.server.middleware.caching import ResponseCachingMiddleware
 from fastmcp.server.middleware.rate_limiting import RateLimitingMiddleware
-from fastmcp_kit import ForegroundTasks, charge_server, promise, serving
+from fastmcp_kit import charge_server, promise, serving
 from mcp import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
@@ -26,6 +26,7 @@ from mcp_types import (
     ToolAnnotations,
 )
 from server_kit import Effects, answer, body, marker, meta, record_key
+from task_kit import InProcessTasks
 
 from idempotency import (
     Claim,
@@ -280,14 +281,13 @@ async def test_a_tool_with_a_timeout_that_finishes_in_time_is_stored_and_replaye
 # -- task-capable tools --------------------------------------------------------------------------
 
 
-async def test_task_capable_tools_are_never_guarded_nor_listed_as_guarded(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_a_task_capable_tool_called_in_the_foreground_is_guarded_like_any() -> None:
+    """A `task=True` tool called without the tasks extension runs in the foreground: guarded
+    and listed as guarded like every tool (its task-augmented calls: `test_fastmcp_tasks.py`)."""
     store = MemoryKeyStore()
     effects = Effects()
     server = charge_server(store, effects, gated=False)
-    tasks = ForegroundTasks()
-    server.add_extension(tasks)
+    server.add_extension(InProcessTasks())
     crunched: list[int] = []
 
     @server.tool(task=True)
@@ -298,14 +298,10 @@ async def test_task_capable_tools_are_never_guarded_nor_listed_as_guarded(
     async with serving(server, "memory") as connect, connect() as client:
         listed = {t.name: promise(t) for t in await client.list_tools()}
         results = [await client.call_tool_mcp("crunch", {"rows": 3}, meta=meta("t")) for _ in "12"]
-    assert listed["crunch"] == (None, None)
-    assert listed["charge"][0] is True
-    assert all(wire.IDEMPOTENCY_META not in (r.meta or {}) for r in results)
-    assert crunched == [3, 3] and tasks.intercepted == ["crunch", "crunch"]
-    assert await records(store) == []
-    # The author is told, once: the middleware was asked to guard every tool.
-    told = [r for r in caplog.records if r.name == "idempotency" and "'crunch'" in r.getMessage()]
-    assert len(told) == 1 and told[0].levelname == "WARNING"
+    assert listed["crunch"] == listed["charge"] and listed["crunch"][1] is not None
+    statuses = [(r.meta or {})[wire.IDEMPOTENCY_META]["status"] for r in results]
+    assert crunched == [3] and statuses == ["executed", "replayed"]
+    assert len(await records(store)) == 1
 
 
 # -- input rounds --------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.server.middleware.authorization import AuthMiddleware
 from fastmcp.server.sessions import SessionProvider
 from fastmcp.tools.base import Tool, ToolResult
-from fastmcp_kit import ForegroundTasks, promise, serving
+from fastmcp_kit import promise, serving
 from log_lines import logged
 from mcp import MCPError
 from mcp_types import CallToolRequestParams, CallToolResult, ToolAnnotations
@@ -54,36 +54,31 @@ CALLS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def shop(
-    guard: Middleware | None, effects: Effects, *inner: Middleware, task: bool = False
-) -> FastMCP[Any]:
+def shop(guard: Middleware | None, effects: Effects, *inner: Middleware) -> FastMCP[Any]:
     """The table's server: `charge` (an effect), `fail` (raises), `slow` (outlives its
-    `timeout=`), `look` (read-only); `guard` added first, then `inner`. `task`: every tool
-    task-capable (`task=True`, with a foreground stand-in for the tasks extension)."""
+    `timeout=`), `look` (read-only); `guard` added first, then `inner`."""
     mcp: FastMCP[Any] = FastMCP("shop")
     if guard is not None:
         mcp.add_middleware(guard)
     for middleware in inner:
         mcp.add_middleware(middleware)
-    if task:
-        mcp.add_extension(ForegroundTasks())
 
-    @mcp.tool(task=task)
+    @mcp.tool
     async def charge(order: str, cents: int) -> str:
         return await effects.charge(order, cents, gated=False)
 
-    @mcp.tool(task=task)
+    @mcp.tool
     async def fail(kind: str) -> str:
         if kind == "tool-error":
             raise ToolError("card declined")
         raise ValueError("the bank said no")
 
-    @mcp.tool(timeout=0.05, task=task)
+    @mcp.tool(timeout=0.05)
     async def slow() -> str:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
-    @mcp.tool(annotations=ToolAnnotations(read_only_hint=True), task=task)
+    @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def look(order: str) -> str:
         effects.count += 1
         return f"looked at {order} (read {effects.count})"
@@ -147,8 +142,6 @@ PATHS: dict[str, tuple[Callable[[], IdempotencyMiddleware], dict[str, Any] | Non
         False,
     ),
     "fail-open": (lambda: IdempotencyMiddleware(DownStore(), fail_open=True), meta("k"), True),
-    # Warns once per tool that it cannot guard it (the guard's only line).
-    "task-capable": (lambda: IdempotencyMiddleware(MemoryKeyStore()), meta("k"), True),
 }
 TABLE = [
     ("keys-optional", "memory"),
@@ -160,8 +153,6 @@ TABLE = [
     ("not-chosen", "http"),
     ("fail-open", "memory"),
     ("fail-open", "http"),
-    ("task-capable", "memory"),
-    ("task-capable", "http"),
 ]
 
 
@@ -172,7 +163,7 @@ async def test_a_call_the_guard_passes_through_is_fastmcps_own(path: str, transp
     seen: dict[str, dict[str, Any]] = {}
     for guarded in (False, True):
         effects = Effects()
-        server = shop(make() if guarded else None, effects, task=path == "task-capable")
+        server = shop(make() if guarded else None, effects)
         async with caller(server, transport) as call:
             for kind, (name, args) in CALLS.items():
                 spans.clear()

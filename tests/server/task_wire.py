@@ -1,0 +1,116 @@
+"""SEP-2663 tasks on the wire for the tests, with the SDK alone: the flat `CreateTaskResult`
+(`CreateTask`, `new_task`), the production half of a claimed `tools/call` result the SDK lacks
+(`producing_tasks`, as `fastmcp_tasks.wire_production` installs it), and a client that declares
+the tasks extension and reads the task itself (`TasksClient`, `create`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, Literal, cast
+
+import mcp_types.methods as methods
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp_types import CallToolResult, RequestParamsMeta, Result
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ConfigDict, Field
+
+TASKS = "io.modelcontextprotocol/tasks"
+TTL_MS = 3_600_000
+
+
+class CreateTask(BaseModel):
+    """SEP-2663's flat `CreateTaskResult`, as `fastmcp_tasks.models` spells it."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    result_type: Literal["task"] = Field(default="task", serialization_alias="resultType")
+    task_id: str = Field(serialization_alias="taskId")
+    status: str
+    created_at: str = Field(serialization_alias="createdAt")
+    last_updated_at: str = Field(serialization_alias="lastUpdatedAt")
+    ttl_ms: int | None = Field(serialization_alias="ttlMs")
+    poll_interval_ms: int | None = Field(default=None, serialization_alias="pollIntervalMs")
+
+
+@contextmanager
+def producing_tasks() -> Iterator[None]:
+    """While entered, a modern `tools/call` result tagged `resultType: "task"` goes on the wire
+    as produced (what `fastmcp_tasks.wire_production` installs for the real extension)."""
+    original = methods.serialize_server_result
+
+    def serialize(method: str, version: str, data: Mapping[str, Any], **kwargs: Any) -> Any:
+        if (
+            not kwargs
+            and method == "tools/call"
+            and version in MODERN_PROTOCOL_VERSIONS
+            and data.get("resultType") == "task"
+        ):
+            return dict(data)
+        return original(method, version, data, **kwargs)
+
+    methods.serialize_server_result = serialize
+    try:
+        yield
+    finally:
+        methods.serialize_server_result = original
+
+
+def new_task(task_id: str) -> CreateTask:
+    """A task just created, in `working` status."""
+    now = datetime.now(UTC).isoformat()
+    return CreateTask(
+        task_id=task_id,
+        status="working",
+        created_at=now,
+        last_updated_at=now,
+        ttl_ms=TTL_MS,
+        poll_interval_ms=50,
+    )
+
+
+class ClientTask(Result):
+    """The client's reading of a `CreateTaskResult` (its `_meta` included)."""
+
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+
+
+class TasksClient(ClientExtension):
+    """Declares the tasks extension on every request and reads its claimed result."""
+
+    identifier = TASKS
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return (
+            ResultClaim(
+                result_type="task",
+                model=ClientTask,
+                resolve=self._unused,
+                protocol_versions=frozenset(MODERN_PROTOCOL_VERSIONS),
+            ),
+        )
+
+    async def _unused(self, result: ClientTask, ctx: ClaimContext) -> CallToolResult:
+        raise AssertionError("the tests read the task itself (allow_claimed=True)")
+
+
+async def create(
+    client: Any,
+    name: str,
+    arguments: dict[str, Any],
+    meta: dict[str, Any] | None,
+    *,
+    timeout: float | None = None,
+) -> ClientTask | CallToolResult:
+    """A task-augmented `tools/call`: the task the server created (or a plain result)."""
+    answer = await client.session.call_tool(
+        name,
+        arguments,
+        read_timeout_seconds=timeout,
+        meta=cast("RequestParamsMeta | None", meta),
+        allow_claimed=True,
+    )
+    assert isinstance(answer, ClientTask | CallToolResult), answer
+    return answer
