@@ -1,0 +1,106 @@
+"""Task-augmented calls from the client (rule 23): `RetryingSession.create_task` sends the call's
+key with `params.task`, a lost `CreateTaskResult` is maybe-executed (re-sent only through the
+gate, under the same key), and the polls (`tasks/get`, `tasks/result`) are pure reads, re-sent at
+will. The server is a real task-capable SDK server (tests/task_server.py) with an effect ledger;
+the answers are lost on a real in-memory link (`_faults`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _faults import Faults, faulty_transport
+from mcp import Client
+from mcp_types import CallToolResult
+from task_server import KEY_META, build
+
+from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, TaskCreated
+
+pytestmark = pytest.mark.anyio
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_a_task_creation_carries_its_key_and_the_task_is_polled(tmp_path: Path) -> None:
+    server = build(tmp_path)
+    faults = Faults()
+    async with RetryingSession(
+        connect=lambda: Client(faulty_transport(server, faults)),  # type: ignore[arg-type]
+    ) as rs:
+        created = await rs.create_task(
+            "deploy", {"target": "prod"}, ttl=60_000, idempotency_key="deploy-1"
+        )
+        assert isinstance(created, TaskCreated) and created.task.ttl == 60_000
+        assert rs.last_report is not None and rs.last_report.outcome == "result"
+        assert not rs.last_report.replayed
+        status = await rs.get_task(created.task.task_id)
+        assert status.task_id == created.task.task_id and status.status == "completed"
+        result = await rs.task_result(created.task.task_id)
+        assert isinstance(result, CallToolResult) and "deployed prod" in str(result.content)
+    (tool, params), *polls = faults.requests
+    assert [p for p, _ in polls] == ["tasks/get", "tasks/result"]
+    assert tool == "deploy" and params["task"] == {"ttl": 60_000}
+    assert params["_meta"][KEY_META] == "deploy-1"
+    assert lines(tmp_path / "calls") == ["task deploy-1"]
+    assert len(lines(tmp_path / "effects")) == 1
+
+
+async def test_a_lost_task_creation_is_resent_under_its_key_only_through_the_gate(
+    tmp_path: Path,
+) -> None:
+    """`deploy` is `idempotentHint`: its lost `CreateTaskResult` is re-sent, same key (the
+    unguarded server makes a second task: only a guard makes the re-send a replay, see
+    tests/proxy/test_proxy_tasks.py). `release` is not: its lost answer is `OutcomeUnknown`
+    after one request, never a second task."""
+    server = build(tmp_path)
+    faults = Faults(plan={"deploy": ["drop"], "release": ["drop"]})
+    async with RetryingSession(
+        connect=lambda: Client(faulty_transport(server, faults)),  # type: ignore[arg-type]
+        policy=RetryPolicy(attempt_timeout=0.3),
+    ) as rs:
+        created = await rs.create_task("deploy", {"target": "a"}, idempotency_key="k-deploy")
+        assert isinstance(created, TaskCreated)
+        assert rs.last_report is not None and len(rs.last_report.attempts) == 2
+        assert rs.last_report.attempts[0].failure == "maybe_executed"
+        with pytest.raises(OutcomeUnknown) as caught:
+            await rs.create_task("release", {"target": "b"}, idempotency_key="k-release")
+        assert caught.value.key == "k-release" and caught.value.reason == "not_idempotent"
+    assert lines(tmp_path / "calls") == ["task k-deploy", "task k-deploy", "task k-release"]
+
+
+async def test_task_polls_are_resent_at_will(tmp_path: Path) -> None:
+    """`tasks/get` and `tasks/result` of a non-idempotent tool's task: their lost answers (one
+    dropped, one with the link cut) are re-sent, on a new session for the cut one: a poll
+    changes nothing, so no gate applies."""
+    server = build(tmp_path)
+    faults = Faults(plan={"tasks/get": ["drop"], "tasks/result": ["kill"]})
+    async with RetryingSession(
+        connect=lambda: Client(faulty_transport(server, faults)),  # type: ignore[arg-type]
+        policy=RetryPolicy(attempt_timeout=0.3),
+    ) as rs:
+        created = await rs.create_task("release", {"target": "c"})
+        assert isinstance(created, TaskCreated)
+        status = await rs.get_task(created.task.task_id)
+        assert status.status == "completed"
+        result = await rs.task_result(created.task.task_id)
+        assert "deployed c" in str(result.content)
+        assert rs.connects == 2
+    polls = [tool for tool, _ in faults.requests if tool.startswith("tasks/")]
+    assert polls == ["tasks/get", "tasks/get", "tasks/result", "tasks/result"]
+    assert len(lines(tmp_path / "effects")) == 1
+
+
+async def test_bad_task_arguments_are_refused_before_sending(tmp_path: Path) -> None:
+    faults = Faults()
+    async with RetryingSession(
+        connect=lambda: Client(faulty_transport(build(tmp_path), faults)),  # type: ignore[arg-type]
+    ) as rs:
+        with pytest.raises(ValueError, match="ttl must be a positive"):
+            await rs.create_task("deploy", {"target": "a"}, ttl=0)
+        with pytest.raises(ValueError, match="task_id must be a non-empty"):
+            await rs.get_task("")
+        with pytest.raises(ValueError, match="task_id must be a non-empty"):
+            await rs.task_result(None)  # type: ignore[arg-type]
+    assert faults.requests == []
