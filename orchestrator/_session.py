@@ -23,6 +23,8 @@ from mcp_types import (
     CallToolRequest,
     CallToolRequestParams,
     CallToolResult,
+    CancelTaskRequest,
+    CancelTaskRequestParams,
     GetTaskPayloadRequest,
     GetTaskPayloadRequestParams,
     GetTaskRequest,
@@ -468,14 +470,23 @@ class RetryingSession:
         )
         return await self._read(request, _TASK_RESULT)
 
-    async def _read(self, request: Request[Any, Any], answer: TypeAdapter[_T]) -> _T:
+    async def cancel_task(self, task_id: str) -> GetTaskResult:
+        """`tasks/cancel`: the task's status after it. Sent once (a lost answer is raised as it
+        came: poll `get_task` to learn where the task stands)."""
+        request = CancelTaskRequest(params=CancelTaskRequestParams(task_id=_task_id(task_id)))
+        return await self._read(request, TASK_STATUS, attempts=1)
+
+    async def _read(
+        self, request: Request[Any, Any], answer: TypeAdapter[_T], attempts: int | None = None
+    ) -> _T:
         """Send a request that changes nothing on the server: any failure but the server's own
         answer (an error it sent) is re-sent, on a replaced session if this one died, with the
         policy's backoff, until its attempts or deadline run out; then the last error is raised
         as it came (nothing to reconcile: a read has no effect)."""
         policy = self._policy
         deadline = anyio.current_time() + policy.deadline
-        for attempt in range(1, policy.max_attempts + 1):
+        attempts = policy.max_attempts if attempts is None else attempts
+        for attempt in range(1, attempts + 1):
             generation = self._slot.generation
             try:
                 with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
@@ -494,7 +505,7 @@ class RetryingSession:
                 if failure.session_dead or isinstance(exc, SessionUnavailable):
                     self._slot.mark_dead(generation)
                 wait = policy.backoff(attempt)
-                if attempt >= policy.max_attempts or anyio.current_time() + wait >= deadline:
+                if attempt >= attempts or anyio.current_time() + wait >= deadline:
                     raise
                 await pause(wait)
         raise AssertionError("unreachable: the last attempt raises")  # pragma: no cover

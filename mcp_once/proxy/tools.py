@@ -28,9 +28,10 @@ from mcp import MCPError
 from mcp_types import CONNECTION_CLOSED, InputRequiredResult
 
 from idempotency import Claim, current_claim
-from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
+from orchestrator import NotExecuted, OutcomeUnknown, TaskCreated, ToolCallError
 
 from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable, upstream_lost
+from .tasks import requested_task, stored_task
 from .upstream import UpstreamLink
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -94,6 +95,7 @@ class OnceProxyTool(ProxyTool):
                 progress=progress,
                 input_responses=ctx.input_responses,
                 request_state=ctx.request_state,
+                task=requested_task(ctx),
             )
         except OutcomeUnknown as exc:
             # Nothing more will come of this call: the record turns UNKNOWN now, not at the
@@ -113,6 +115,8 @@ class OnceProxyTool(ProxyTool):
             raise UpstreamRefused(exc) from exc
         if isinstance(result, InputRequiredResult):
             return InputRequiredToolResult(result)
+        if isinstance(result, TaskCreated):
+            return stored_task(result)  # what the record keeps: the task (rule 23)
         return ToolResult(
             content=result.content,
             structured_content=result.structured_content,
