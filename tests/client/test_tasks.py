@@ -27,7 +27,7 @@ async def test_a_task_creation_carries_its_key_and_the_task_is_polled(tmp_path: 
     server = build(tmp_path)
     faults = Faults()
     async with RetryingSession(
-        connect=lambda: Client(faulty_transport(server, faults)),  # type: ignore[arg-type]
+        connect=lambda: Client(faulty_transport(server, faults)),
     ) as rs:
         created = await rs.create_task(
             "deploy", {"target": "prod"}, ttl=60_000, idempotency_key="deploy-1"
@@ -57,7 +57,7 @@ async def test_a_lost_task_creation_is_resent_under_its_key_only_through_the_gat
     server = build(tmp_path)
     faults = Faults(plan={"deploy": ["drop"], "release": ["drop"]})
     async with RetryingSession(
-        connect=lambda: Client(faulty_transport(server, faults)),  # type: ignore[arg-type]
+        connect=lambda: Client(faulty_transport(server, faults)),
         policy=RetryPolicy(attempt_timeout=0.3),
     ) as rs:
         created = await rs.create_task("deploy", {"target": "a"}, idempotency_key="k-deploy")
@@ -77,7 +77,7 @@ async def test_task_polls_are_resent_at_will(tmp_path: Path) -> None:
     server = build(tmp_path)
     faults = Faults(plan={"tasks/get": ["drop"], "tasks/result": ["kill"]})
     async with RetryingSession(
-        connect=lambda: Client(faulty_transport(server, faults)),  # type: ignore[arg-type]
+        connect=lambda: Client(faulty_transport(server, faults)),
         policy=RetryPolicy(attempt_timeout=0.3),
     ) as rs:
         created = await rs.create_task("release", {"target": "c"})
@@ -95,12 +95,12 @@ async def test_task_polls_are_resent_at_will(tmp_path: Path) -> None:
 async def test_bad_task_arguments_are_refused_before_sending(tmp_path: Path) -> None:
     faults = Faults()
     async with RetryingSession(
-        connect=lambda: Client(faulty_transport(build(tmp_path), faults)),  # type: ignore[arg-type]
+        connect=lambda: Client(faulty_transport(build(tmp_path), faults)),
     ) as rs:
         with pytest.raises(ValueError, match="ttl must be a positive"):
             await rs.create_task("deploy", {"target": "a"}, ttl=0)
         with pytest.raises(ValueError, match="task_id must be a non-empty"):
             await rs.get_task("")
         with pytest.raises(ValueError, match="task_id must be a non-empty"):
-            await rs.task_result(None)  # type: ignore[arg-type]
+            await rs.task_result(None)
     assert faults.requests == []
