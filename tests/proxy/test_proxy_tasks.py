@@ -129,3 +129,27 @@ async def test_another_replica_gets_the_same_task_and_other_arguments_are_refuse
             assert refused.value.data["taskId"] == created.task.task_id
             assert (await two.get_task(created.task.task_id)).status == "completed"
     assert len(lines(ledger / "effects")) == 1 and len(lines(ledger / "tasks")) == 1
+
+
+AGENT = Path(__file__).parent / "task_agent.py"
+
+
+async def test_a_run_killed_after_creating_a_task_polls_the_same_task_when_restarted(
+    tmp_path: Path,
+) -> None:
+    """A `Run`-journalled agent (tests/proxy/task_agent.py) creates a task through the proxy and
+    is SIGKILLed before polling it; restarted, it resumes the run's position under the same key,
+    gets the same task (a replay) and polls it: one task, one effect upstream."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    journal, out = tmp_path / "journal.sqlite3", tmp_path / "agent.out"
+    async with task_upstream(tmp_path) as (upstream, ledger):
+        agent = [sys.executable, str(AGENT), store_url, upstream.url, str(journal), str(out)]
+        with anyio.fail_after(120):
+            killed = await anyio.run_process([*agent, "--kill"], check=False)
+            assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+            [created] = lines(out)
+            resumed = await anyio.run_process(agent, check=False)
+            assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert lines(out) == [created, created, "done completed deployed prod (#1)"]
+    assert lines(ledger / "tasks") == [created.removeprefix("task ")]
+    assert len(lines(ledger / "effects")) == 1 and len(lines(ledger / "calls")) == 1
