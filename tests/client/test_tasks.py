@@ -104,3 +104,58 @@ async def test_bad_task_arguments_are_refused_before_sending(tmp_path: Path) -> 
         with pytest.raises(ValueError, match="task_id must be a non-empty"):
             await rs.task_result(None)
     assert faults.requests == []
+
+
+class _Attempt:
+    """An engine's per-attempt context object (DBOS's step status, Temporal's activity info):
+    a fresh one per execution of a step, so the call ordinals restart with it."""
+
+    def __init__(self, **fields: object) -> None:
+        self.__dict__.update(fields)
+
+
+@pytest.mark.parametrize("engine", ["dbos", "temporal"])
+async def test_engine_adapters_key_a_task_creation_by_step_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """The DBOS and Temporal key sources key a task creation as a plain call: by the step's
+    identity and the call's ordinal in the step's execution, so a re-run of the step (a recovered
+    workflow, a retried activity) re-sends the first run's key, which a guard answers with the
+    first run's task. Each execution's first call here is a task creation and its second a plain
+    call; both executions send the same two keys."""
+    import orchestrator.dbos
+    import orchestrator.temporal
+
+    if engine == "dbos":
+        key_source = orchestrator.dbos.step_key
+
+        def execute() -> None:
+            status = _Attempt(current_attempt=None)
+            dbos = _Attempt(workflow_id="wf-7", step_id=3, step_status=status)
+            monkeypatch.setattr(orchestrator.dbos, "DBOS", dbos)
+    else:
+        key_source = orchestrator.temporal.activity_key
+
+        def execute() -> None:
+            info = _Attempt(
+                namespace="default",
+                workflow_id="wf-7",
+                workflow_run_id="run-1",
+                activity_id="3",
+                activity_run_id=None,
+            )
+            monkeypatch.setattr(orchestrator.temporal, "_current_info", lambda _: info)
+
+    faults = Faults()
+    async with RetryingSession(
+        connect=lambda: Client(faulty_transport(build(tmp_path), faults)),
+        key_source=key_source,
+    ) as rs:
+        for _ in range(2):
+            execute()
+            created = await rs.create_task("release", {"target": "eu"})
+            assert isinstance(created, TaskCreated)
+            await rs.call_tool("release", {"target": "eu"})
+    first, second, again_first, again_second = [p["_meta"][KEY_META] for _, p in faults.requests]
+    assert first != second and (again_first, again_second) == (first, second)
+    assert lines(tmp_path / "calls") == [f"task {first}", f"plain {second}"] * 2
