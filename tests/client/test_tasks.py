@@ -7,11 +7,12 @@ the answers are lost on a real in-memory link (`_faults`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _faults import Faults, faulty_transport
 from mcp import Client
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, ListToolsResult
 from task_server import KEY_META, build
 
 from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, TaskCreated
@@ -23,12 +24,15 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def test_a_task_creation_carries_its_key_and_the_task_is_polled(tmp_path: Path) -> None:
+def retrying(tmp_path: Path, faults: Faults, **options: Any) -> RetryingSession:
+    """A session to a fresh task server (its ledger in `tmp_path`) on a link `faults` breaks."""
     server = build(tmp_path)
+    return RetryingSession(connect=lambda: Client(faulty_transport(server, faults)), **options)
+
+
+async def test_a_task_creation_carries_its_key_and_the_task_is_polled(tmp_path: Path) -> None:
     faults = Faults()
-    async with RetryingSession(
-        connect=lambda: Client(faulty_transport(server, faults)),
-    ) as rs:
+    async with retrying(tmp_path, faults) as rs:
         created = await rs.create_task(
             "deploy", {"target": "prod"}, ttl=60_000, idempotency_key="deploy-1"
         )
@@ -54,12 +58,8 @@ async def test_a_lost_task_creation_is_resent_under_its_key_only_through_the_gat
     unguarded server makes a second task: only a guard makes the re-send a replay, see
     tests/proxy/test_proxy_tasks.py). `release` is not: its lost answer is `OutcomeUnknown`
     after one request, never a second task."""
-    server = build(tmp_path)
     faults = Faults(plan={"deploy": ["drop"], "release": ["drop"]})
-    async with RetryingSession(
-        connect=lambda: Client(faulty_transport(server, faults)),
-        policy=RetryPolicy(attempt_timeout=0.3),
-    ) as rs:
+    async with retrying(tmp_path, faults, policy=RetryPolicy(attempt_timeout=0.3)) as rs:
         created = await rs.create_task("deploy", {"target": "a"}, idempotency_key="k-deploy")
         assert isinstance(created, TaskCreated)
         assert rs.last_report is not None and len(rs.last_report.attempts) == 2
@@ -74,12 +74,8 @@ async def test_task_polls_are_resent_at_will(tmp_path: Path) -> None:
     """`tasks/get` and `tasks/result` of a non-idempotent tool's task: their lost answers (one
     dropped, one with the link cut) are re-sent, on a new session for the cut one: a poll
     changes nothing, so no gate applies."""
-    server = build(tmp_path)
     faults = Faults(plan={"tasks/get": ["drop"], "tasks/result": ["kill"]})
-    async with RetryingSession(
-        connect=lambda: Client(faulty_transport(server, faults)),
-        policy=RetryPolicy(attempt_timeout=0.3),
-    ) as rs:
+    async with retrying(tmp_path, faults, policy=RetryPolicy(attempt_timeout=0.3)) as rs:
         created = await rs.create_task("release", {"target": "c"})
         assert isinstance(created, TaskCreated)
         status = await rs.get_task(created.task.task_id)
@@ -94,9 +90,7 @@ async def test_task_polls_are_resent_at_will(tmp_path: Path) -> None:
 
 async def test_bad_task_arguments_are_refused_before_sending(tmp_path: Path) -> None:
     faults = Faults()
-    async with RetryingSession(
-        connect=lambda: Client(faulty_transport(build(tmp_path), faults)),
-    ) as rs:
+    async with retrying(tmp_path, faults) as rs:
         with pytest.raises(ValueError, match="ttl must be a positive"):
             await rs.create_task("deploy", {"target": "a"}, ttl=0)
         with pytest.raises(ValueError, match="task_id must be a non-empty"):
@@ -147,10 +141,7 @@ async def test_engine_adapters_key_a_task_creation_by_step_identity(
             monkeypatch.setattr(orchestrator.temporal, "_current_info", lambda _: info)
 
     faults = Faults()
-    async with RetryingSession(
-        connect=lambda: Client(faulty_transport(build(tmp_path), faults)),
-        key_source=key_source,
-    ) as rs:
+    async with retrying(tmp_path, faults, key_source=key_source) as rs:
         for _ in range(2):
             execute()
             created = await rs.create_task("release", {"target": "eu"})
@@ -159,3 +150,27 @@ async def test_engine_adapters_key_a_task_creation_by_step_identity(
     first, second, again_first, again_second = [p["_meta"][KEY_META] for _, p in faults.requests]
     assert first != second and (again_first, again_second) == (first, second)
     assert lines(tmp_path / "calls") == [f"task {first}", f"plain {second}"] * 2
+
+
+class _PlainSession:
+    """A `ToolSession` of a user's own, written before tasks: no `send_task_request`."""
+
+    async def call_tool(self, *args: Any, **kwargs: Any) -> CallToolResult:
+        raise AssertionError("nothing is sent")
+
+    async def list_tools_page(self, cursor: str | None) -> ListToolsResult:
+        return ListToolsResult(tools=[])
+
+    def closed(self) -> bool:
+        return False
+
+    def watch_list_changed(self, on_change: Any) -> bool:
+        return False
+
+
+async def test_a_session_that_cannot_send_tasks_is_refused_before_sending() -> None:
+    rs = RetryingSession(_PlainSession())
+    with pytest.raises(TypeError, match=r"implement orchestrator\.TaskSession"):
+        await rs.create_task("deploy", {"target": "a"})
+    with pytest.raises(TypeError, match=r"implement orchestrator\.TaskSession"):
+        await rs.get_task("t-1")

@@ -128,6 +128,7 @@ async def test_another_replica_gets_the_same_task_and_other_arguments_are_refuse
             assert refused.value.code == wire.KEY_REUSED
             assert refused.value.data["taskId"] == created.task.task_id
             assert (await two.get_task(created.task.task_id)).status == "completed"
+            assert (await one.cancel_task(created.task.task_id)).task_id == created.task.task_id
     assert len(lines(ledger / "effects")) == 1 and len(lines(ledger / "tasks")) == 1
 
 
