@@ -494,16 +494,17 @@ class RetryingSession:
                     sender = task_session(tool_session(session))
                     timeout = policy.attempt_timeout
                     return await sender.send_task_request(request, answer, timeout, None)
-            except (TypeError, ValueError):
-                raise
+            except (TypeError, ValueError, SessionUnavailable):
+                raise  # bad input, a bad answer, or no session to be had: no retry mends them
             except Exception as exc:
-                current = self._slot.current()
-                closed = current is None or transport_closed(current)
-                failure = classify(exc, None, session_closed=closed)
-                if failure.kind == "permanent":
-                    raise
-                if failure.session_dead or isinstance(exc, SessionUnavailable):
-                    self._slot.mark_dead(generation)
+                if not isinstance(exc, ReconnectFailed):  # else: not sent, the next one may be
+                    current = self._slot.current()
+                    closed = current is None or transport_closed(current)
+                    failure = classify(exc, None, session_closed=closed)
+                    if failure.kind == "permanent":
+                        raise
+                    if failure.session_dead:
+                        self._slot.mark_dead(generation)
                 wait = policy.backoff(attempt)
                 if attempt >= attempts or anyio.current_time() + wait >= deadline:
                     raise

@@ -174,3 +174,22 @@ async def test_a_session_that_cannot_send_tasks_is_refused_before_sending() -> N
         await rs.create_task("deploy", {"target": "a"})
     with pytest.raises(TypeError, match=r"implement orchestrator\.TaskSession"):
         await rs.get_task("t-1")
+
+
+async def test_a_poll_is_resent_past_a_reconnect_that_failed(tmp_path: Path) -> None:
+    """The link dies under a `tasks/get` and the first reconnect is refused: nothing was sent
+    then, so the poll goes on to the next session."""
+    server = build(tmp_path)
+    faults = Faults(plan={"tasks/get": ["kill"]})
+    refusals = [ConnectionRefusedError("refused once")]
+
+    def connect() -> Client:
+        if faults.kills and refusals:
+            raise refusals.pop()
+        return Client(faulty_transport(server, faults))
+
+    async with RetryingSession(connect=connect, policy=RetryPolicy(max_attempts=3)) as rs:
+        created = await rs.create_task("release", {"target": "d"})
+        assert isinstance(created, TaskCreated)
+        assert (await rs.get_task(created.task.task_id)).status == "completed"
+    assert refusals == [] and faults.kills == 1
