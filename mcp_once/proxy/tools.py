@@ -10,7 +10,9 @@ ran it after all, its record answers), and new for a deliberate repeat, which th
 run rather than replay. The upstream's input-required round
 reaches a 2026-07-28 caller as the tool's `InputRequiredToolResult` (the guard releases the claim
 for it: a question is never stored) and the caller's answers go upstream with the continuation,
-under the same upstream key. A call the guard does not run (pass-through, or unprotected) is
+under the same upstream key. A caller's task-augmented call goes upstream with its task, and
+the task the upstream created is the result the guard stores (`tasks.py`). A call the guard does
+not run (pass-through, or unprotected) is
 FastMCP's own proxy call, untouched (rule 14).
 """
 
