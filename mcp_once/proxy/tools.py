@@ -12,8 +12,7 @@ reaches a 2026-07-28 caller as the tool's `InputRequiredToolResult` (the guard r
 for it: a question is never stored) and the caller's answers go upstream with the continuation,
 under the same upstream key. A caller's task-augmented call goes upstream with its task, and
 the task the upstream created is the result the guard stores (`tasks.py`). A call the guard does
-not run (pass-through, or unprotected) is
-FastMCP's own proxy call, untouched (rule 14).
+not run (pass-through, or unprotected) is FastMCP's own proxy call, untouched (rule 14).
 """
 
 from __future__ import annotations
