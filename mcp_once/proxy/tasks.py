@@ -74,8 +74,10 @@ def stored_task(created: TaskCreated) -> ToolResult:
 def task_answer(result: ToolResult) -> TaskCreated | None:
     """The `CreateTaskResult` a stored (or just stored) task is answered with, its `_meta` the
     result's (the guard's marker: executed, or replayed); None for a result that holds no task."""
-    meta: dict[str, Any] = dict(result.meta or {})
-    task = meta.pop(STORED_TASK, None)
+    if not result.meta or STORED_TASK not in result.meta:
+        return None  # every plain answer: nothing copied
+    meta: dict[str, Any] = dict(result.meta)
+    task = meta.pop(STORED_TASK)
     if not isinstance(task, Mapping):
         return None
     return TaskCreated.model_validate({"task": task, "_meta": meta or None})
