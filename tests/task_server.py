@@ -14,13 +14,15 @@ so a lost `CreateTaskResult` is a task that exists and an effect that happened. 
 remembered by this process only: a test that restarts it asks nothing of the old ones.
 
 `deploy({target})` has `idempotentHint` (a client may re-send it under its key); `release` is the
-same tool without it.
+same tool without it, and `release({target, crash: true})` SIGKILLs this process right after its
+effect, before any answer (a task's `CreateTaskResult` lost with the server).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -123,8 +125,11 @@ def build(ledger: Path) -> MCPServer:
         return effect(target)
 
     @server.tool()
-    def release(target: str) -> str:
-        return effect(target)
+    def release(target: str, crash: bool = False) -> str:
+        done = effect(target)
+        if crash:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return done
 
     return server
 

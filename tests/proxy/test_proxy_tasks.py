@@ -23,7 +23,13 @@ from idempotency import open_store, wire
 from mcp_once.proxy import Upstream, build_proxy
 from mcp_once.proxy.middleware import UNGUARDED
 from mcp_once.scenarios import ServerProcess
-from orchestrator import RetryingSession, RetryPolicy, TaskCreated, ToolCallError
+from orchestrator import (
+    RetryingSession,
+    RetryPolicy,
+    ServerOutcomeUnknown,
+    TaskCreated,
+    ToolCallError,
+)
 from orchestrator.chaos import Chaos, Fault, FaultPlan, in_memory_transport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
@@ -154,3 +160,23 @@ async def test_a_run_killed_after_creating_a_task_polls_the_same_task_when_resta
     assert lines(out) == [created, created, "done completed deployed prod (#1)"]
     assert lines(ledger / "tasks") == [created.removeprefix("task ")]
     assert len(lines(ledger / "effects")) == 1 and len(lines(ledger / "calls")) == 1
+
+
+async def test_an_upstream_killed_while_creating_a_task_leaves_the_record_unknown(
+    tmp_path: Path,
+) -> None:
+    """The upstream dies after the task's effect, before its `CreateTaskResult`: maybe executed,
+    so the record turns UNKNOWN and the caller gets -32012; a re-send of the key once the
+    upstream is back gets -32012 again, never a second task or effect."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    async with task_upstream(tmp_path) as (upstream, ledger):
+        proxy = build_proxy(Upstream.http(upstream.url), open_store(store_url))
+        arguments = {"target": "eu", "crash": True}
+        async with proxy.opened(), RetryingSession(connect=front(proxy)) as rs:
+            with pytest.raises(ServerOutcomeUnknown):
+                await rs.create_task("release", arguments, idempotency_key="crash-1")
+            await anyio.to_thread.run_sync(upstream.start)
+            with pytest.raises(ServerOutcomeUnknown):
+                await rs.create_task("release", arguments, idempotency_key="crash-1")
+    assert len(lines(ledger / "calls")) == 1 and len(lines(ledger / "effects")) == 1
+    assert lines(ledger / "tasks") == []  # it died before recording its task
