@@ -10,7 +10,9 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
 - `tool_session(session)`: any session `RetryingSession` accepts, as the `ToolSession` it drives
   (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook);
   `InputRoundSession`, the optional capability of one to carry an input-required round
-  (`RetryingSession.call_tool(..., allow_input_required=True)`).
+  (`RetryingSession.call_tool(..., allow_input_required=True)`); `TaskSession`, the optional
+  capability of one to send the tasks extension's requests (`RetryingSession.create_task`, whose
+  answer is a `TaskCreated` of `resultType` `TASK_RESULT_TYPE`, then `get_task`, `task_result`).
 - `SessionSlot`: the reconnection half of `RetryingSession`: one live session, replaced through a
   `Connect` factory when it dies, shared by every caller (raises `ReconnectFailed`, or
   `SessionUnavailable` when it has no factory). `RetryingSession.call_tool` never raises either:
@@ -79,7 +81,8 @@ from ._reconnect import Connect, ReconnectFailed, SessionSlot, SessionUnavailabl
 from ._report import AttemptReport, CallOutcome, CallReport, FailureKind, GiveUpReason
 from ._run import Run, RunDiverged, RunExpired, Turn, run_key
 from ._session import RetryingSession
-from ._sessions import InputRoundSession, SessionLike, ToolSession, tool_session
+from ._sessions import InputRoundSession, SessionLike, TaskSession, ToolSession, tool_session
+from ._tasks import TASK_RESULT_TYPE, TaskCreated
 from ._testing import testing
 
 # A library is silent unless its user asks (the standard library's convention for libraries):
@@ -90,6 +93,7 @@ logging.getLogger("orchestrator").addHandler(logging.NullHandler())
 __all__ = [
     "GATED",
     "MAX_ATTEMPTS_CEILING",
+    "TASK_RESULT_TYPE",
     "AttemptReport",
     "CallOutcome",
     "CallReport",
@@ -129,6 +133,8 @@ __all__ = [
     "SessionLike",
     "SessionSlot",
     "SessionUnavailable",
+    "TaskCreated",
+    "TaskSession",
     "ToolCallError",
     "ToolSession",
     "TransportFailed",

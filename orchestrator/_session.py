@@ -14,13 +14,31 @@ import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, cast, overload
+from typing import Any, Literal, NoReturn, TypeVar, cast, overload
 
 import anyio
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
-from mcp_types import CallToolResult, InputRequiredResult, InputResponses, RequestParamsMeta, Tool
+from mcp_types import (
+    CallToolRequest,
+    CallToolRequestParams,
+    CallToolResult,
+    CancelTaskRequest,
+    CancelTaskRequestParams,
+    GetTaskPayloadRequest,
+    GetTaskPayloadRequestParams,
+    GetTaskRequest,
+    GetTaskRequestParams,
+    GetTaskResult,
+    InputRequiredResult,
+    InputResponses,
+    Request,
+    RequestParamsMeta,
+    TaskMetadata,
+    Tool,
+)
 from opentelemetry import trace
+from pydantic import BaseModel, TypeAdapter
 
 from idempotency import wire
 
@@ -57,15 +75,26 @@ from ._sessions import (
     InputRoundSession,
     OverClientSession,
     SessionLike,
+    TaskSession,
     ToolSession,
     round_session,
+    task_session,
     tool_session,
 )
+from ._tasks import TASK_ANSWER, TASK_STATUS, TaskCreated, task_metadata
 from ._telemetry import error_type
 from ._testing import pause
 
+#: What one call may be answered with: the tool's result, a question (an input-required round),
+#: or, for a task-augmented call, the task the server created.
+_Answer = CallToolResult | InputRequiredResult | TaskCreated
 
-def _replayed(result: CallToolResult | InputRequiredResult) -> bool:
+_T = TypeVar("_T", bound=BaseModel)
+
+_TASK_RESULT: TypeAdapter[CallToolResult] = TypeAdapter(CallToolResult)
+
+
+def _replayed(result: _Answer) -> bool:
     if isinstance(result, InputRequiredResult):
         return False  # a question is never a record's answer (rule 8)
     record = (result.meta or {}).get(wire.IDEMPOTENCY_META)
@@ -95,11 +124,12 @@ def check_key_options(key_source: KeySource | None, run: Run | None) -> None:
         raise TypeError(f"run must be an orchestrator.Run or None, not {type(run).__name__}")
 
 
-def _answered(result: CallToolResult | InputRequiredResult) -> CallOutcome:
-    """How a call that got an answer ended: a question is an answer too (never retried)."""
+def _answered(result: _Answer) -> CallOutcome:
+    """How a call that got an answer ended: a question is an answer too (never retried), and so
+    is a created task (its result comes later, by polling)."""
     if isinstance(result, InputRequiredResult):
         return "input_required"
-    return "is_error" if result.is_error else "result"
+    return "is_error" if isinstance(result, CallToolResult) and result.is_error else "result"
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +414,115 @@ class RetryingSession:
         allow_input_required: bool = False,
     ) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
         """`call_tool`, also returning the call's `CallReport`."""
+        round_ = _Round.of(input_responses, request_state, allow_input_required)
+        answer, report = await self._started(
+            name, arguments, read_timeout_seconds, progress_callback, meta, idempotency_key, round_
+        )
+        assert not isinstance(answer, TaskCreated)  # no task was asked for
+        return answer, report
+
+    async def create_task(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        ttl: int | None = None,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> TaskCreated | CallToolResult:
+        """Call a tool as a task (the tasks extension: `params.task`, with `ttl` milliseconds of
+        retention asked for): the server's `TaskCreated` (poll it with `get_task`, read it with
+        `task_result`), or the tool's `CallToolResult` when the server ran it as a plain call.
+
+        Creating a task is a call like any other (rule 23): it carries the call's key (the same
+        choice of key as `call_tool`, a `run` journals it by position), and a lost answer is
+        maybe-executed, re-sent only through the gate and under the same key, so that a guarded
+        server (or `mcp-once proxy`) answers the re-send with the task it already created
+        (`TaskCreated.meta` marked as a replay, `last_report.replayed`). Raises as `call_tool`
+        does, and TypeError for a session that cannot send tasks (`TaskSession`)."""
+        task = task_metadata(ttl)
+        answer, _ = await self._started(
+            name,
+            arguments,
+            read_timeout_seconds,
+            progress_callback,
+            meta,
+            idempotency_key,
+            None,
+            TaskMetadata(**task),
+        )
+        assert not isinstance(answer, InputRequiredResult)  # never allowed for a task
+        return answer
+
+    async def get_task(self, task_id: str) -> GetTaskResult:
+        """`tasks/get`: the task's status. A pure read, re-sent on any failure that is not the
+        server's answer, within the policy's attempts and deadline (see `_read`)."""
+        request = GetTaskRequest(params=GetTaskRequestParams(task_id=_task_id(task_id)))
+        return await self._read(request, TASK_STATUS)
+
+    async def task_result(self, task_id: str) -> CallToolResult:
+        """`tasks/result`: the tool's result, once the task is done (the server holds the
+        request until then, up to the attempt's timeout). A pure read, re-sent as `get_task`."""
+        request = GetTaskPayloadRequest(
+            params=GetTaskPayloadRequestParams(task_id=_task_id(task_id))
+        )
+        return await self._read(request, _TASK_RESULT)
+
+    async def cancel_task(self, task_id: str) -> GetTaskResult:
+        """`tasks/cancel`: the task's status after it. Sent once (a lost answer is raised as it
+        came: poll `get_task` to learn where the task stands)."""
+        request = CancelTaskRequest(params=CancelTaskRequestParams(task_id=_task_id(task_id)))
+        return await self._read(request, TASK_STATUS, attempts=1)
+
+    async def _read(
+        self, request: Request[Any, Any], answer: TypeAdapter[_T], attempts: int | None = None
+    ) -> _T:
+        """Send a request that changes nothing on the server: any failure but the server's own
+        answer (an error it sent) is re-sent, on a replaced session if this one died, with the
+        policy's backoff, until its attempts or deadline run out; then the last error is raised
+        as it came (nothing to reconcile: a read has no effect)."""
+        policy = self._policy
+        deadline = anyio.current_time() + policy.deadline
+        attempts = policy.max_attempts if attempts is None else attempts
+        for attempt in range(1, attempts + 1):
+            generation = self._slot.generation
+            try:
+                with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                    session, generation = await self._slot.acquire()
+                    sender = task_session(tool_session(session))
+                    timeout = policy.attempt_timeout
+                    return await sender.send_task_request(request, answer, timeout, None)
+            except (TypeError, ValueError, SessionUnavailable):
+                raise  # bad input, a bad answer, or no session to be had: no retry mends them
+            except Exception as exc:
+                if not isinstance(exc, ReconnectFailed):  # else: not sent, the next one may be
+                    current = self._slot.current()
+                    closed = current is None or transport_closed(current)
+                    failure = classify(exc, None, session_closed=closed)
+                    if failure.kind == "permanent":
+                        raise
+                    if failure.session_dead:
+                        self._slot.mark_dead(generation)
+                wait = policy.backoff(attempt)
+                if attempt >= attempts or anyio.current_time() + wait >= deadline:
+                    raise
+                await pause(wait)
+        raise AssertionError("unreachable: the last attempt raises")  # pragma: no cover
+
+    async def _started(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        read_timeout_seconds: float | None,
+        progress_callback: ProgressFnT | None,
+        meta: RequestParamsMeta | Mapping[str, Any] | None,
+        idempotency_key: str | None,
+        round_: _Round | None,
+        task: TaskMetadata | None = None,
+    ) -> tuple[_Answer, CallReport]:
+        """One call (a plain one, a round's, or a task's) checked, keyed and run."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty tool name, got {name!r}")
         if arguments is not None and not isinstance(arguments, dict):
@@ -403,7 +542,6 @@ class RetryingSession:
             raise ValueError(
                 f"meta[{wire.ATTEMPT_META!r}] is set by RetryingSession, not the caller"
             )
-        round_ = _Round.of(input_responses, request_state, allow_input_required)
         if self._slot.can_reconnect and not self._slot.entered:
             raise RuntimeError(
                 "a RetryingSession with connect= must be entered (`async with`) before use:"
@@ -431,7 +569,7 @@ class RetryingSession:
                     " (idempotency_key=), the same for the question and its continuation"
                 )
             return await self._journaled(
-                run, name, arguments, read_timeout_seconds, progress_callback, meta
+                run, name, arguments, read_timeout_seconds, progress_callback, meta, task
             )
         kind: KeyKind
         if brought is not None:
@@ -446,6 +584,7 @@ class RetryingSession:
         )
         call.adoptable = brought is None
         call.round = round_
+        call.task = task
         return await call.run()
 
     async def _key_argument(
@@ -495,7 +634,8 @@ class RetryingSession:
         read_timeout: float | None,
         progress_callback: ProgressFnT | None,
         meta: Mapping[str, Any] | None,
-    ) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
+        task: TaskMetadata | None,
+    ) -> tuple[_Answer, CallReport]:
         """One call of `run`: claimed (journal first), sent under the claimed key, marked done
         when an answer ends it (a result, an `isError` result or a permanent error). Anything
         else (`OutcomeUnknown`, `NotExecuted`, cancellation, a crash) leaves the intent: the
@@ -510,6 +650,7 @@ class RetryingSession:
         call = _Call(
             self, name, arguments, read_timeout, progress_callback, meta, run.next_key(), "run"
         )
+        call.task = task
         catalog = self._catalog
         policy = self._policy
         claim: Claim | None = None
@@ -549,6 +690,12 @@ class RetryingSession:
         assert claim is not None
         await run.done(claim)
         return answer
+
+
+def _task_id(task_id: object) -> str:
+    if not isinstance(task_id, str) or not task_id:
+        raise ValueError(f"task_id must be a non-empty string, got {task_id!r}")
+    return task_id
 
 
 class _Call:
@@ -592,6 +739,8 @@ class _Call:
         self.connects_before = owner._slot.connects
         #: The input-required round the call carries (None: a plain call).
         self.round: _Round | None = None
+        #: The task the call asks the server to create (`params.task`; None: a plain call).
+        self.task: TaskMetadata | None = None
         #: Run once, by the first attempt that has a live session, before anything is sent (a
         #: run's journal claims the call's position there, since its entry names the server).
         self.before_send: Callable[[SessionLike], Awaitable[None]] | None = None
@@ -618,12 +767,12 @@ class _Call:
         telemetry.ended(self.span, report, self.key_kind)
         return report
 
-    async def run(self) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
+    async def run(self) -> tuple[_Answer, CallReport]:
         """The call, under its span (current, so the attempts' spans nest under it)."""
         with telemetry.call_span(self.name, self.key_kind) as self.span:
             return await self.attempts()
 
-    async def attempts(self) -> tuple[CallToolResult | InputRequiredResult, CallReport]:
+    async def attempts(self) -> tuple[_Answer, CallReport]:
         self.start = anyio.current_time()
         self.deadline = self.start + self.policy.deadline
         budget = self.owner._budget
@@ -691,9 +840,7 @@ class _Call:
     def round_allowed(self) -> bool:
         return self.round is not None and self.round.allowed
 
-    async def attempt(
-        self, attempt: int
-    ) -> tuple[CallToolResult | InputRequiredResult | None, Failure | None, int]:
+    async def attempt(self, attempt: int) -> tuple[_Answer | None, Failure | None, int]:
         """Send attempt `attempt`: a result or the classified failure, and the generation."""
         generation = self.slot.generation
         with anyio.CancelScope(deadline=self.deadline) as scope:
@@ -711,6 +858,7 @@ class _Call:
             )
         adapted = tool_session(session)
         rounds = round_session(adapted) if self.round is not None else None  # before sending
+        tasks = task_session(adapted) if self.task is not None else None
         if self.before_send is not None:
             prepare, self.before_send = self.before_send, None
             await prepare(session)
@@ -732,9 +880,13 @@ class _Call:
         token = current_probe.set(probe)
         telemetry.attempt_sent(self.name, attempt)
         sent = anyio.current_time()
+        result: _Answer
         try:
             with anyio.CancelScope(deadline=self.deadline) as scope:
-                result = await self.send(adapted, rounds, arguments, timeout, meta)
+                if tasks is not None:
+                    result = await self.send_task(tasks, arguments, timeout, meta)
+                else:
+                    result = await self.send(adapted, rounds, arguments, timeout, meta)
         except Exception as exc:
             telemetry.request_done(self.name, anyio.current_time() - sent, error_type(exc))
             return None, classify(exc, probe, session_closed=transport_closed(session)), generation
@@ -775,6 +927,25 @@ class _Call:
             meta=wire_meta,
             input_responses=self.round.input_responses,
             request_state=self.round.request_state,
+        )
+
+    async def send_task(
+        self,
+        session: TaskSession,
+        arguments: dict[str, Any] | None,
+        timeout: float,
+        meta: dict[str, Any],
+    ) -> TaskCreated | CallToolResult:
+        """One task-augmented `tools/call` (the same `params.task` on every attempt)."""
+        params = CallToolRequestParams(
+            name=self.name,
+            arguments=arguments,
+            task=self.task,
+            _meta=cast(RequestParamsMeta, meta),
+        )
+        request = CallToolRequest(params=params)
+        return await session.send_task_request(
+            request, TASK_ANSWER, timeout, self.progress_callback
         )
 
     def with_key(self) -> dict[str, Any] | None:

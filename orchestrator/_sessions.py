@@ -28,23 +28,28 @@ from __future__ import annotations
 import importlib
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-from mcp import Client, ClientSession
+from mcp import Client, ClientSession, MCPError
 from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import (
+    CONNECTION_CLOSED,
     CallToolResult,
     InputRequiredResult,
     InputResponses,
     ListToolsResult,
     PaginatedRequestParams,
+    Request,
     RequestParamsMeta,
     ToolListChangedNotification,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, TypeAdapter
 
 if TYPE_CHECKING:
     from fastmcp import Client as FastMCPClient
+
+_T = TypeVar("_T", bound=BaseModel)
 
 
 @runtime_checkable
@@ -116,6 +121,35 @@ def round_session(session: ToolSession) -> InputRoundSession:
         f"{type(session).__name__} cannot carry an input-required round: implement"
         " orchestrator.InputRoundSession (call_tool_round) to pass input_responses,"
         " request_state or allow_input_required"
+    )
+
+
+@runtime_checkable
+class TaskSession(Protocol):
+    """The optional capability of a `ToolSession` to send the tasks extension's requests: a
+    task-augmented `tools/call` and the `tasks/*` polls, whose answers the SDK's typed
+    `call_tool` cannot read (a second protocol, as `InputRoundSession`, so that a user's own
+    `ToolSession` keeps working; the SDK's session and client and a `fastmcp.Client` have it)."""
+
+    async def send_task_request(
+        self,
+        request: Request[Any, Any],
+        result_type: TypeAdapter[_T],
+        read_timeout_seconds: float | None,
+        progress_callback: ProgressFnT | None,
+    ) -> _T:
+        """Send `request` (one attempt), its answer read as `result_type`."""
+        ...
+
+
+def task_session(session: ToolSession) -> TaskSession:
+    """`session` as one that sends the tasks extension's requests, or TypeError (before anything
+    is sent) for a `ToolSession` that does not implement `TaskSession`."""
+    if isinstance(session, TaskSession):
+        return session
+    raise TypeError(
+        f"{type(session).__name__} cannot send a task-augmented call: implement"
+        " orchestrator.TaskSession (send_task_request) to create or poll tasks"
     )
 
 
@@ -219,11 +253,31 @@ class OverClientSession:
             )
         )
 
-    async def send_round(
-        self, sending: Coroutine[Any, Any, CallToolResult | InputRequiredResult]
-    ) -> CallToolResult | InputRequiredResult:
-        """Await a round's request on the inner session (an adapter adds its client's watch)."""
+    async def send_round(self, sending: Coroutine[Any, Any, _T]) -> _T:
+        """Await a round's (or a task's) request on the inner session (an adapter adds its
+        client's watch)."""
         return await sending
+
+    async def send_task_request(
+        self,
+        request: Request[Any, Any],
+        result_type: TypeAdapter[_T],
+        read_timeout_seconds: float | None,
+        progress_callback: ProgressFnT | None,
+    ) -> _T:
+        """`TaskSession.send_task_request`, on the inner session; without one, it fails as a
+        closed link does (never sent)."""
+        inner = self.inner()
+        if inner is None:
+            raise MCPError(CONNECTION_CLOSED, "Connection closed")
+        return await self.send_round(
+            inner.send_request(
+                request,
+                result_type,
+                request_read_timeout_seconds=read_timeout_seconds,
+                progress_callback=progress_callback,
+            )
+        )
 
     def closed(self) -> bool:
         inner = self.inner()

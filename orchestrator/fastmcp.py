@@ -30,7 +30,6 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp_types import (
     CONNECTION_CLOSED,
     CallToolResult,
-    InputRequiredResult,
     ListToolsResult,
     RequestParamsMeta,
 )
@@ -89,11 +88,9 @@ class FastMCPSession(OverClientSession):
             )
         )
 
-    async def send_round(
-        self, sending: Coroutine[Any, Any, CallToolResult | InputRequiredResult]
-    ) -> CallToolResult | InputRequiredResult:
-        """A round's request, under the client's watch on its session task (as FastMCP's own
-        proxy sends one), failing as `call_tool` does."""
+    async def send_round(self, sending: Coroutine[Any, Any, ResultT]) -> ResultT:
+        """A round's (or a task's) request, under the client's watch on its session task (as
+        FastMCP's own proxy sends one), failing as `call_tool` does."""
         return await self._watched(self._client._await_with_session_monitoring(sending))
 
     async def _watched(self, sending: Awaitable[ResultT]) -> ResultT:

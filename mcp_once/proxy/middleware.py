@@ -3,10 +3,11 @@
 The guard itself is `IdempotencyMiddleware`, unchanged (same options, rules and errors); this
 module only chooses, per tool, which one: the policy file gives each tool its own options, so each
 distinct set of options gets one `IdempotencyMiddleware` (all on the same store), and a tool the
-policy or its `readOnlyHint` passes through gets none, and so does a task-augmented call (each
-guarded tool's listing says so in its `io.github.mcp-once/proxy` `_meta` entry). Failures of the
-upstream that the guard released (never sent, the upstream's own JSON-RPC error) reach the caller
-as `failures.py` says.
+policy or its `readOnlyHint` passes through gets none. A task-augmented call is guarded as any
+call is, the task it created stored and answered as its `CreateTaskResult` (`tasks.py`; each
+guarded tool's listing names what stays unstored in its `io.github.mcp-once/proxy` `_meta`
+entry). Failures of the upstream that the guard released (never sent, the upstream's own
+JSON-RPC error) reach the caller as `failures.py` says.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -25,20 +26,23 @@ from mcp_types import CallToolRequestParams, ListToolsRequest
 from idempotency import KeyStore, PolicyOptions, wire
 from idempotency.fastmcp import IdempotencyMiddleware
 from mcp_once._upstream.outputs import output_problem
+from orchestrator import TaskCreated
 
 from .failures import EFFECT_FREE, caller_error
 from .policy import ProxyPolicy, ToolPolicy
+from .tasks import plain_resend, requested_task, task_answer
 
 logger = logging.getLogger("mcp_once.proxy")
 
 _CallContext = MiddlewareContext[CallToolRequestParams]
 _CallNext = CallNext[CallToolRequestParams, ToolResult]
 
-#: What the listing tells a client of each guarded tool: calls the proxy does not guard (a
-#: task-augmented call) and answers it never stores (an input_required round is a question).
+#: What the listing tells a client of each guarded tool: calls the proxy does not guard (none:
+#: a task-augmented call is guarded, its task stored, `tasks.py`) and answers it never stores (an
+#: input_required round is a question).
 UNGUARDED: dict[str, tuple[str, ...]] = {
-    "unguarded": ("task",),
-    "neverStored": ("task", "inputRequired"),
+    "unguarded": (),
+    "neverStored": ("inputRequired",),
 }
 
 
@@ -53,17 +57,6 @@ async def _only(tools: list[Tool], _: MiddlewareContext[ListToolsRequest]) -> Se
 
 def _read_only(tool: Tool) -> bool:
     return bool(tool.annotations is not None and tool.annotations.read_only_hint)
-
-
-def _task_augmented(context: _CallContext) -> bool:
-    """Whether the call as sent carries `params.task` (FastMCP's middleware message is rebuilt
-    without it, so the wire request's own params are read)."""
-    ctx = context.fastmcp_context
-    wrapped = None if ctx is None else ctx.request_context
-    params = None if wrapped is None else wrapped._srctx.params
-    if isinstance(params, Mapping):
-        return params.get("task") is not None
-    return getattr(params, "task", None) is not None
 
 
 def _replayed(result: ToolResult) -> bool:
@@ -149,13 +142,14 @@ class ProxyGuardMiddleware(Middleware):
                 listed[index] = _marked(tool)
         return listed
 
-    async def on_call_tool(self, context: _CallContext, call_next: _CallNext) -> ToolResult:
-        """The call under its tool's guard (or passed through), upstream failures mapped."""
+    async def on_call_tool(  # type: ignore[override]  # a task's answer is no ToolResult
+        self, context: _CallContext, call_next: _CallNext
+    ) -> ToolResult | TaskCreated:
+        """The call under its tool's guard (or passed through), upstream failures mapped; a
+        task-augmented call's stored task answered as the `CreateTaskResult` (`tasks.py`)."""
         ctx = context.fastmcp_context
         tool = None if ctx is None else await ctx.fastmcp.get_tool(context.message.name)
-        # A task-augmented call passes through, never stored: the proxy's tools run no tasks
-        # (their `execution.taskSupport` is "forbidden"), so it runs as a plain proxied call.
-        guard = None if tool is None or _task_augmented(context) else self.guard_of(tool)
+        guard = None if tool is None else self.guard_of(tool)
         try:
             if guard is None:
                 return await call_next(context)
@@ -166,6 +160,11 @@ class ProxyGuardMiddleware(Middleware):
                 raise
             raise error from exc
         assert tool is not None
+        created = task_answer(result)
+        if created is not None:
+            if requested_task(ctx) is None:
+                raise plain_resend(tool.name, created, result)
+            return created
         if tool.output_schema is not None and _replayed(result):
             self._check_output(tool.name, tool.output_schema, result)
         return result

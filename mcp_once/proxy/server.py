@@ -33,6 +33,7 @@ from .failures import UpstreamUnreachable
 from .limits import BodyLimit, InFlightLimit
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
+from .tasks import TaskForwarding
 from .tools import OnceProxyProvider
 from .upstream import UpstreamLink, UpstreamStartFailed
 
@@ -236,6 +237,7 @@ def build_proxy(
         max_body=max_body,
     )
     server.add_provider(provider)
+    server.add_extension(TaskForwarding(link))
     forward_completions(server, link)
     if max_in_flight is not None:
         # Outside the guard: a call refused for its caller's load is never claimed.

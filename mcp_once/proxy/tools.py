@@ -10,8 +10,9 @@ ran it after all, its record answers), and new for a deliberate repeat, which th
 run rather than replay. The upstream's input-required round
 reaches a 2026-07-28 caller as the tool's `InputRequiredToolResult` (the guard releases the claim
 for it: a question is never stored) and the caller's answers go upstream with the continuation,
-under the same upstream key. A call the guard does not run (pass-through, or unprotected) is
-FastMCP's own proxy call, untouched (rule 14).
+under the same upstream key. A caller's task-augmented call goes upstream with its task, and
+the task the upstream created is the result the guard stores (`tasks.py`). A call the guard does
+not run (pass-through, or unprotected) is FastMCP's own proxy call, untouched (rule 14).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from mcp import MCPError
 from mcp_types import CONNECTION_CLOSED, InputRequiredResult
 
 from idempotency import Claim, current_claim
-from orchestrator import NotExecuted, OutcomeUnknown, ToolCallError
+from orchestrator import NotExecuted, OutcomeUnknown, TaskCreated, ToolCallError
 
 from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable, upstream_lost
+from .tasks import requested_task, stored_task
 from .upstream import UpstreamLink
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -94,6 +96,7 @@ class OnceProxyTool(ProxyTool):
                 progress=progress,
                 input_responses=ctx.input_responses,
                 request_state=ctx.request_state,
+                task=requested_task(ctx),
             )
         except OutcomeUnknown as exc:
             # Nothing more will come of this call: the record turns UNKNOWN now, not at the
@@ -113,6 +116,8 @@ class OnceProxyTool(ProxyTool):
             raise UpstreamRefused(exc) from exc
         if isinstance(result, InputRequiredResult):
             return InputRequiredToolResult(result)
+        if isinstance(result, TaskCreated):
+            return stored_task(result)  # what the record keeps: the task (rule 23)
         return ToolResult(
             content=result.content,
             structured_content=result.structured_content,

@@ -49,7 +49,9 @@ if TYPE_CHECKING:
     from fastmcp import Client
     from fastmcp.client.transports import ClientTransport
     from mcp.shared.dispatcher import ProgressFnT
-    from mcp_types import CallToolResult, InputRequiredResult, InputResponses
+    from mcp_types import CallToolResult, InputRequiredResult, InputResponses, TaskMetadata
+
+    from orchestrator import TaskCreated
 
 
 class UpstreamStartFailed(RuntimeError):
@@ -162,6 +164,10 @@ class UpstreamLink:
             return self._modern
         return self._session
 
+    def tasks(self) -> RetryingSession:
+        """The session a caller's task polls go on: its era's, where its task was created."""
+        return self._era()
+
     def alive(self) -> bool:
         """Whether the sessions opened so far can all still send (False before the first
         connect, and once the SDK has seen a stdio child's pipes close)."""
@@ -197,8 +203,13 @@ class UpstreamLink:
         progress: ProgressFnT | None = None,
         input_responses: InputResponses | None = None,
         request_state: str | None = None,
-    ) -> CallToolResult | InputRequiredResult:
+        task: TaskMetadata | None = None,
+    ) -> CallToolResult | InputRequiredResult | TaskCreated:
         """Call `name` upstream under `key` (in `_meta`, the same on every re-send).
+
+        With `task` (a caller's task-augmented call, `tasks.py`) the call goes upstream with it,
+        and the upstream's `TaskCreated` is returned (or its `CallToolResult`, if it ran the call
+        as a plain one); no round is carried.
 
         On the 2026-07-28 era's session the caller's continuation of an input-required round
         (`input_responses`, `request_state`: None on its first call) goes with the call, and the
@@ -213,6 +224,14 @@ class UpstreamLink:
         deadline = anyio.current_time() + self.retry.deadline
         while True:
             try:
+                if task is not None:
+                    return await era.create_task(
+                        name,
+                        arguments,
+                        progress_callback=progress,
+                        idempotency_key=key,
+                        ttl=task.ttl,
+                    )
                 return await era.call_tool(
                     name,
                     arguments,

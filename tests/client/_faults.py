@@ -23,12 +23,16 @@ from mcp_types import JSONRPCError, JSONRPCRequest, JSONRPCResponse
 
 Fault = Literal["drop", "kill"]
 
+#: The requests a plan can fault: a `tools/call` by its tool's name, a task's poll by its method.
+_PLANNED = frozenset({"tools/call", "tasks/get", "tasks/result"})
+
 
 @dataclass
 class Faults:
     """A plan shared by every link a test opens (so it spans reconnections)."""
 
-    #: Per tool name: faults for its successive tools/call requests (None = deliver).
+    #: Per tool name (or `tasks/get`, `tasks/result`): faults for its successive requests
+    #: (None = deliver).
     plan: dict[str, list[Fault | None]] = field(default_factory=dict)
     #: Per tool name: the fault for every request once `plan` is used up.
     always: dict[str, Fault] = field(default_factory=dict)
@@ -56,9 +60,9 @@ async def faulty_transport(server: MCPServer, faults: Faults) -> AsyncIterator[T
             with contextlib.suppress(anyio.ClosedResourceError):  # a kill closes it under us
                 async for item in up_recv:
                     message = item.message
-                    if isinstance(message, JSONRPCRequest) and message.method == "tools/call":
+                    if isinstance(message, JSONRPCRequest) and message.method in _PLANNED:
                         params = dict(message.params or {})
-                        tool = str(params.get("name"))
+                        tool = str(params.get("name", message.method))
                         faults.requests.append((tool, params))
                         fault = faults.decide(tool)
                         if fault is not None:

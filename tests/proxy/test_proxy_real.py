@@ -403,13 +403,15 @@ async def test_log_lines_and_questions_reach_the_caller_of_the_first_execution_o
 
 
 @pytest.mark.parametrize("era", ["legacy", "auto"])
-async def test_a_task_augmented_call_passes_through_and_is_never_stored(
+async def test_a_task_augmented_call_to_an_upstream_without_tasks_is_guarded(
     node_servers: NodeServers, ledger: Path, era: str
 ) -> None:
-    """A call carrying `params.task` to a guarded tool passes through unguarded: the upstream
-    runs each copy (two effects under one key), nothing is stored, no marker; the listing says so
-    in each guarded tool's `io.github.mcp-once/proxy` entry. The same key without a task is then
-    guarded as ever (the task-augmented copies left no record to replay)."""
+    """A call carrying `params.task` to a guarded tool is guarded as any call (rule 23) and goes
+    upstream with its task: this upstream has no tasks and refuses it with its own JSON-RPC
+    error, which is passed on as sent, nothing stored and nothing run (where the proxy used to
+    drop the task and run the call plain). The same key without a task is then guarded as ever.
+    The listing's `io.github.mcp-once/proxy` entry names no unguarded call. (An upstream with
+    tasks: test_proxy_tasks.py.)"""
     from fastmcp import Client as FastMCPClient
     from pydantic import TypeAdapter
 
@@ -425,24 +427,22 @@ async def test_a_task_augmented_call_passes_through_and_is_never_stored(
     async with proxy.opened(), FastMCPClient(proxy, mode=era) as front:
         listed = {t.name: t for t in await front.list_tools()}
         assert (listed["charge"].meta or {})[wire.PROXY_META] == {
-            "unguarded": ["task"],
-            "neverStored": ["task", "inputRequired"],
+            "unguarded": [],
+            "neverStored": ["inputRequired"],
         }
         assert wire.PROXY_META not in (listed["balance"].meta or {})  # passed through anyway
-        tasked = [
-            await front.session.send_request(mcp_types.CallToolRequest(params=params), answer)
-            for _ in range(2)
-        ]
-        ran = [r for r in tasked if isinstance(r, mcp_types.CallToolResult)]
-        assert [text(r) for r in ran] == ["charged 3 (#1)", "charged 3 (#2)"]
-        assert [status(r) for r in ran] == [None, None]
-        assert await store.list_records() == []
+        for _ in range(2):
+            with pytest.raises(MCPError) as refused:
+                request = mcp_types.CallToolRequest(params=params)
+                await front.session.send_request(request, answer)
+            assert "does not support task creation" in refused.value.message
+        assert await store.list_records() == [] and lines(ledger / "calls") == 0
         plain = [
             await front.call_tool_mcp("charge", {"amount": 3}, meta=meta_key("task-1"))
             for _ in range(2)
         ]
         assert [status(r) for r in plain] == ["executed", "replayed"]
-    assert lines(ledger / "effects") == 3
+    assert lines(ledger / "effects") == 1
 
 
 async def test_max_run_time_from_the_policy_is_outcome_unknown(
