@@ -39,7 +39,7 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, CallToolResult, RequestParam
 from pydantic import Field
 
 sys.path.insert(0, str(Path(__file__).parent / "server"))  # run as a script, too
-from task_wire import TASKS, CreateTask, new_task, producing_tasks  # noqa: E402
+from task_wire import TASKS, CreateTask, new_task, producing_tasks
 
 KEY_META = "io.github.mcp-once/idempotency-key"
 
