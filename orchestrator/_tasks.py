@@ -32,7 +32,7 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
 from mcp_types import CallToolResult, ErrorData, Request, RequestParams, Result
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import Field, TypeAdapter
+from pydantic import ConfigDict, Field, TypeAdapter
 
 #: The tasks extension's identifier (SEP-2663), declared in a request's capabilities.
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
@@ -46,7 +46,9 @@ TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 class _TaskFields(Result):
     """The fields every task answer carries (`CreateTaskResult`, `tasks/get`, `tasks/cancel`);
-    a field a server adds is kept (`Result` allows extras)."""
+    a field a server adds is kept, so that the proxy stores and forwards the task as it came."""
+
+    model_config = ConfigDict(extra="allow")
 
     task_id: str
     status: str

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from _faults import Faults, faulty_transport
-from mcp import Client
+from mcp import Client, MCPError
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CallToolResult, ListToolsResult
 from task_server import KEY_META, build
 from task_wire import producing_tasks
@@ -26,7 +26,9 @@ from orchestrator import (
     RetryPolicy,
     TaskCreated,
     TasksExtension,
+    TaskState,
 )
+from orchestrator._tasks import TASK_ANSWER
 
 pytestmark = pytest.mark.anyio
 
@@ -221,3 +223,38 @@ async def test_a_poll_is_resent_past_a_reconnect_that_failed(tmp_path: Path) -> 
         assert isinstance(created, TaskCreated)
         assert (await rs.get_task(created.task_id)).status == "completed"
     assert refusals == [] and faults.kills == 1
+
+
+def test_the_task_answers_read_the_real_wire_shapes() -> None:
+    """SEP-2663's flat `CreateTaskResult` is a `TaskCreated` (extra fields kept, the guard's
+    marker in `_meta`); a plain result is a `CallToolResult`; `tasks/get`'s outcome is the
+    inlined result, or the inlined error raised, and a task with neither has no outcome."""
+    created = TASK_ANSWER.validate_python(
+        {
+            "resultType": "task",
+            "taskId": "t-1",
+            "status": "working",
+            "createdAt": "2026-07-28T00:00:00Z",
+            "lastUpdatedAt": "2026-07-28T00:00:00Z",
+            "ttlMs": 60_000,
+            "pollIntervalMs": 500,
+            "vendor": 1,
+            "_meta": {"io.github.mcp-once/idempotency": {"status": "replayed"}},
+        }
+    )
+    assert isinstance(created, TaskCreated) and created.task_id == "t-1"
+    assert created.poll_interval_ms == 500 and created.model_extra == {"vendor": 1}
+    plain = TASK_ANSWER.validate_python({"content": [{"type": "text", "text": "x"}]})
+    assert isinstance(plain, CallToolResult)
+    done = TaskState.model_validate(
+        {"taskId": "t-1", "status": "completed", "result": {"content": [], "isError": False}}
+    )
+    assert done.terminal and done.outcome().content == []
+    failed = TaskState.model_validate(
+        {"taskId": "t-1", "status": "failed", "error": {"code": -32603, "message": "boom"}}
+    )
+    with pytest.raises(MCPError) as caught:
+        failed.outcome()
+    assert caught.value.error.code == -32603
+    with pytest.raises(ValueError, match="has no result"):
+        TaskState.model_validate({"taskId": "t-1", "status": "cancelled"}).outcome()
