@@ -213,8 +213,7 @@ def fill_sqlite(
     rows, histories = [], []
     for record, text in _sqlite_records(count, unknown_every, running_every, now):
         rows.append(sqlite_store._encode(record))
-        forget = None if record.expires_at is None else record.expires_at + chain.HISTORY_GRACE
-        histories.append((record.key, record.tool, text, forget))
+        histories.append((record.key, record.tool, text, record.expires_at))
     # The events of the last records, as many as the store's cap keeps at most.
     audit = [
         (created_at, key, tool, line)

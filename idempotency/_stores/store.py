@@ -30,8 +30,7 @@ DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 MAX_TOOL_BYTES = 255
 #: How long a store remembers a record's last fence after the record itself expired (seconds):
 #: a claim of its key within that time gets a higher fence (rule 25: a key's fence never
-#: repeats). A day, as a record's history outlives it (`history.HISTORY_GRACE`); what it costs
-#: per record is in docs/guarantee.md.
+#: repeats). A day; what it costs per record is in docs/guarantee.md.
 FENCE_MEMORY = 24 * 3600.0
 #: The expiry stored in an IN_PROGRESS record (seconds since the epoch, year 2286), which has
 #: none: the previous release refuses an IN_PROGRESS record without one, and reads this as a

@@ -39,6 +39,7 @@ from idempotency import (
     AuditedStore,
     AuditEntry,
     AuditKey,
+    CorruptRecord,
     HistoryEvent,
     KeyStore,
     check_history,
@@ -420,6 +421,14 @@ def _print_rows(rows: list[list[str]]) -> None:
         print("  ".join(row))
 
 
+async def _stored(store: KeyStore, key: str) -> bool:
+    """Whether a record is stored under `key` (an unreadable one is)."""
+    try:
+        return await store.get(key) is not None
+    except CorruptRecord:
+        return True
+
+
 async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
     """Check every history, then compare the audit stream with them. The stream is read first
     (`compare_audit_stream`): an event written between the two reads is then in a history and
@@ -448,10 +457,13 @@ async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
             print(f"mcp-once: record {record}: {checked.problem}", file=sys.stderr)
         if record in named:
             streamed[record] = text
+    # A history gone with its record is as it should be (rule 24); one gone while its record
+    # is stored was deleted. Only the records the stream names without a history are read.
+    stored = {k for k in named - streamed.keys() if await _stored(store, k)}
     # A broken history is named once, by its check.
     stream_problems = [
         (record, problem)
-        for record, problem in compare_audit_stream(stream, streamed, now=time.time())
+        for record, problem in compare_audit_stream(stream, streamed, stored=stored)
         if record not in broken_records
     ]
     for record, problem in stream_problems:

@@ -58,10 +58,14 @@ class Backend:
             await store.aclose()
 
 
-def redis_store(url: str, prefix: str, *, orphan_retention: float = ORPHAN_RETENTION) -> Any:
+def redis_store(
+    url: str, prefix: str, *, orphan_retention: float = ORPHAN_RETENTION, audit_stream: bool = False
+) -> Any:
     from idempotency import RedisKeyStore
 
-    return RedisKeyStore.from_url(url, prefix=prefix, orphan_retention=orphan_retention)
+    return RedisKeyStore.from_url(
+        url, prefix=prefix, orphan_retention=orphan_retention, audit_stream=audit_stream
+    )
 
 
 def make_memory(*, orphan_retention: float = ORPHAN_RETENTION) -> Backend:
@@ -85,14 +89,22 @@ def make_sqlite(path: Path, *, orphan_retention: float = ORPHAN_RETENTION) -> Ba
     )
 
 
-def make_redis(url: str, namespace: str, *, orphan_retention: float = ORPHAN_RETENTION) -> Backend:
+def make_redis(
+    url: str,
+    namespace: str,
+    *,
+    orphan_retention: float = ORPHAN_RETENTION,
+    audit_stream: bool = False,
+) -> Backend:
     prefix = f"{namespace}:"
-    store = redis_store(url, prefix, orphan_retention=orphan_retention)
+    store = redis_store(url, prefix, orphan_retention=orphan_retention, audit_stream=audit_stream)
     return Backend(
         "redis",
         store,
         store.advance_clock_for_testing,
-        lambda: redis_store(url, prefix, orphan_retention=orphan_retention),
+        lambda: redis_store(
+            url, prefix, orphan_retention=orphan_retention, audit_stream=audit_stream
+        ),
         location=url,
         prefix=prefix,
     )
@@ -102,8 +114,10 @@ def make_redis_sentinel(
     url: str, namespace: str, *, orphan_retention: float = ORPHAN_RETENTION
 ) -> Backend:
     """The Redis store reached through Sentinel (`redis+sentinel://`); everything else as
-    `make_redis`, and raw access goes through Sentinel too (`_redis_client`)."""
-    made = make_redis(url, namespace, orphan_retention=orphan_retention)
+    `make_redis`, and raw access goes through Sentinel too (`_redis_client`). It keeps the audit
+    stream (`audit_stream=true`), so that every contract test runs on one Redis with the stream
+    and without it (`redis`)."""
+    made = make_redis(url, namespace, orphan_retention=orphan_retention, audit_stream=True)
     made.name = "redis-sentinel"
     return made
 

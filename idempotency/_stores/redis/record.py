@@ -22,8 +22,11 @@ from ..store import CorruptRecord, Record, RecordState
 #: `>BBi8i8i8i8i8i8i8`: format, state, fence, attempts, created, updated, lease, completed,
 #: expires (microseconds of the Redis clock; 0 = none).
 _HEAD: Final = struct.Struct(">BBqqqqqqq")
-_FORMATS: Final = (1, 2)
+_FORMATS: Final = (1, 2, 3)
 _WITH_TOOL: Final = 2
+#: A record carrying its own history (rule 24), after its tool name.
+_WITH_HISTORY: Final = 3
+_HISTORY_LENGTH: Final = struct.Struct(">I")
 _TOKEN_BYTES: Final = 32
 STATES: Final = {
     1: RecordState.IN_PROGRESS,
@@ -40,6 +43,12 @@ DELIVERED: Final = 1
 def decode(key: str, raw: bytes) -> Record:
     """The record stored as `raw`, expired or not, or `CorruptRecord` with the reason `lib.lua`
     gives for the same bytes."""
+    return decode_with_history(key, raw)[0]
+
+
+def decode_with_history(key: str, raw: bytes) -> tuple[Record, bytes | None]:
+    """`decode`, and the history a format-3 record carries (None for formats 1 and 2, whose
+    history, if any, is a key beside them): a listing reads both in one MGET."""
     size = len(raw)
     if size < _HEAD.size + 3:
         raise CorruptRecord(key, "shorter than a record header")
@@ -62,12 +71,26 @@ def decode(key: str, raw: bytes) -> Record:
     token = raw[at : at + token_length]
     at += token_length
     tool = b""
-    if version == _WITH_TOOL:
-        name_length = raw[at] if at < size else 0
-        if name_length == 0 or at + name_length >= size:
+    history = None
+    if version != 1:
+        name_length = raw[at] if at < size else -1
+        if (
+            name_length < 0
+            or (name_length == 0 and version == _WITH_TOOL)
+            or at + name_length >= size
+        ):
             raise CorruptRecord(key, "truncated tool name")
         tool = raw[at + 1 : at + 1 + name_length]
         at += 1 + name_length
+    if version == _WITH_HISTORY:
+        if at + _HISTORY_LENGTH.size > size:
+            raise CorruptRecord(key, "truncated history")
+        (history_length,) = _HISTORY_LENGTH.unpack_from(raw, at)
+        at += _HISTORY_LENGTH.size
+        if at + history_length > size:
+            raise CorruptRecord(key, "truncated history")
+        history = raw[at : at + history_length]
+        at += history_length
     result = raw[at:]
     if state not in STATES:
         raise CorruptRecord(key, f"unknown state {state}")
@@ -87,7 +110,7 @@ def decode(key: str, raw: bytes) -> Record:
     return of_fields(
         key, state, fence, attempts, created, updated, lease, completed, expires,
         fingerprint, token, result, tool,
-    )  # fmt: skip
+    ), history  # fmt: skip
 
 
 def of_fields(
