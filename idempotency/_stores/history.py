@@ -566,15 +566,26 @@ def servers(text: str | None) -> list[str]:
     return found
 
 
-async def servers_of(store: object, key: str) -> list[str]:
+async def servers_of(store: object, key: str | Record) -> list[str]:
     """The servers the history of the record `key` names (`servers`); none when the store keeps
-    no history or the history cannot be read (`mcp-once audit verify` names that one)."""
-    if not isinstance(store, AuditedStore):
-        return []
+    no history or the history cannot be read (`mcp-once audit verify` names that one). Given
+    a `Record` read with its history (`Record.history`), that history: no read of its own."""
     try:
-        return servers(await store.history(key))
+        return servers(await history_of(store, key))
     except ValueError:
         return []
+
+
+async def history_of(store: object, key: str | Record) -> str | None:
+    """The history of the record `key` (a key, or a `Record`, whose history is used when it was
+    read with it); None when the store keeps none."""
+    if isinstance(key, Record):
+        if key.history is not None:
+            return key.history
+        key = key.key
+    if not isinstance(store, AuditedStore):
+        return None
+    return await store.history(key)
 
 
 def interruption(text: str | None) -> Event | None:

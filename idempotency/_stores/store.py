@@ -11,7 +11,7 @@ import enum
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 #: The library's logger, the same one the guard logs to: stores tell the operator in the same
@@ -108,6 +108,10 @@ class Record:
     #: its caller gave up on (`KeyStore.abandon`) it is a re-send and replays. False for every
     #: record a release before this one wrote, so those keep being merged as they were.
     delivered: bool = False
+    #: The record's history when it was read with the record (a Redis listing reads a format-3
+    #: record's history in the same MGET: `history.servers_of` and `keys list` use it instead
+    #: of reading it again); None: not read with it (ask the store: `AuditedStore.history`).
+    history: str | None = field(default=None, compare=False, repr=False)
 
 
 class StoreError(Exception):

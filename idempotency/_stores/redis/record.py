@@ -42,13 +42,9 @@ DELIVERED: Final = 1
 
 def decode(key: str, raw: bytes) -> Record:
     """The record stored as `raw`, expired or not, or `CorruptRecord` with the reason `lib.lua`
-    gives for the same bytes."""
-    return decode_with_history(key, raw)[0]
-
-
-def decode_with_history(key: str, raw: bytes) -> tuple[Record, bytes | None]:
-    """`decode`, and the history a format-3 record carries (None for formats 1 and 2, whose
-    history, if any, is a key beside them): a listing reads both in one MGET."""
+    gives for the same bytes. A format-3 record comes with its history (`Record.history`; None
+    for formats 1 and 2, whose history, if any, is a key beside them): a listing reads both in
+    one MGET."""
     size = len(raw)
     if size < _HEAD.size + 3:
         raise CorruptRecord(key, "shorter than a record header")
@@ -109,15 +105,17 @@ def decode_with_history(key: str, raw: bytes) -> tuple[Record, bytes | None]:
         raise CorruptRecord(key, "result stored in a record that is not completed")
     return of_fields(
         key, state, fence, attempts, created, updated, lease, completed, expires,
-        fingerprint, token, result, tool,
-    ), history  # fmt: skip
+        fingerprint, token, result, tool, history,
+    )  # fmt: skip
 
 
 def of_fields(
     key: str, state: int, fence: int, attempts: int, created: int, updated: int, lease: int,
     completed: int, expires: int, fingerprint: bytes, token: bytes, result: bytes, tool: bytes,
+    history: bytes | None = None,
 ) -> Record:  # fmt: skip
-    """The `Record` of a stored record's fields (times in microseconds, 0 for none)."""
+    """The `Record` of a stored record's fields (times in microseconds, 0 for none), and its
+    history when it was read with it."""
     record_state = STATES[state]
     done = record_state is RecordState.COMPLETED
     return Record(
@@ -136,6 +134,7 @@ def of_fields(
         result=result if done else None,
         tool=tool.decode(errors="replace") or None,
         delivered=done and lease == DELIVERED,
+        history=None if history is None else history.decode(errors="replace"),
     )
 
 

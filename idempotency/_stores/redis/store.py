@@ -1021,30 +1021,30 @@ class RedisKeyStore:
                     if text is not None:
                         yield self._key_of(rkey), None, _text(text)
                     continue
-                record, history = self._decoded(rkey, raw)
-                if history is not None:
-                    yield self._key_of(rkey), record.tool if record else None, _text(history)
+                record = self._decoded(rkey, raw)
+                if record is not None and record.history is not None:
+                    yield self._key_of(rkey), record.tool, record.history
             for rkey, raw, text in zip(beside, held, values[len(records) + len(beside) :],
                                        strict=True):  # fmt: skip
                 if isinstance(raw, ReplyError):
                     continue  # its record moved: read with it above, or in its own batch
-                record, history = self._decoded(rkey, raw)
-                if history is not None:
+                record = self._decoded(rkey, raw)
+                if record is not None and record.history is not None:
                     continue  # moved into its record, read with it
                 if isinstance(text, ReplyError):
                     text = await self._moved_history(rkey, text)
                 if text is not None:
                     yield self._key_of(rkey), record.tool if record else None, _text(text)
 
-    def _decoded(self, rkey: bytes, raw: Any) -> tuple[Record | None, bytes | None]:
-        """(record, the history inside it) of a record's bytes; (None, None) when absent or
-        unreadable."""
+    def _decoded(self, rkey: bytes, raw: Any) -> Record | None:
+        """The record (with the history inside it, if format 3) of a record's bytes; None when
+        absent or unreadable."""
         if type(raw) is not bytes:
-            return None, None
+            return None
         try:
-            return stored.decode_with_history(self._key_of(rkey), raw)
+            return stored.decode(self._key_of(rkey), raw)
         except CorruptRecord:
-            return None, None
+            return None
 
     async def _moved_history(self, rkey: bytes, reply: ReplyError) -> Any:
         """On a cluster, the history of a record whose key (or history key) moved since the
