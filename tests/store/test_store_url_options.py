@@ -190,3 +190,11 @@ def test_the_history_options_are_parsed_and_refused_where_they_cannot_hold() -> 
             open_store(f"redis://127.0.0.1:1/0?{query}")
     with pytest.raises(ValueError, match="audit_stream=true is not available on a Redis Cluster"):
         open_store("redis+cluster://127.0.0.1:1?audit_stream=true")
+
+
+def test_every_store_option_is_in_the_configuration_reference() -> None:
+    """Issue 45: every option a store's URL takes has its row in docs/configuration.md."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    table = doc.split("### Store options", 1)[1].split("\n###", 1)[0]
+    for option in {*redis_store.URL_OPTIONS, *sqlite.URL_OPTIONS}:
+        assert f"`{option}`" in table, option
