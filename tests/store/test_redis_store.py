@@ -34,7 +34,9 @@ from idempotency import (
     RedisKeyStore,
     ReplicationUnconfirmed,
     StoreUnavailable,
+    parse_history,
     unreadable_records,
+    verify_history,
 )
 from idempotency._stores.redis import lua
 from idempotency._stores.redis.store import MAX_FINGERPRINT_BYTES
@@ -1310,3 +1312,36 @@ async def test_delete_all_removes_every_key_under_the_prefix_and_nothing_else(
         await raw.delete(f"{prefix}outside")
         await nested.aclose()
         await store.aclose()
+
+
+async def test_a_history_beside_its_record_is_read_then_moves_inside(
+    store: RedisKeyStore, redis_url: str, raw: aioredis.Redis, prefix: str
+) -> None:
+    """Issue 45: a format-2 record with its history in a key beside it (as the release of issue
+    37 wrote them) shows that history (`history`, `histories`, the audit trail read from the
+    histories) until its next event moves it inside the record (format 3) and the key goes."""
+    source = await store.claim("source", FP, lease=LEASE, takeover=False, tool="t")
+    assert source.token and await store.complete("source", source.token, b"r", retention=60)
+    text = await store.history("source")
+    assert text is not None
+    pinned = RedisKeyStore.from_url(redis_url, prefix=prefix, record_format=2)
+    try:
+        old = await pinned.claim(KEY, FP, lease=LEASE, takeover=False, tool="t")
+        assert old.token and await pinned.complete(KEY, old.token, b"r", retention=60)
+    finally:
+        await pinned.aclose()
+    name = rkey(prefix)
+    assert (await raw.get(name))[0] == 2  # type: ignore[index]
+    await raw.set(name + b":h", text, px=60_000)
+    assert await store.history(KEY) == text
+    assert dict(await store.histories())[KEY] == text
+    assert [e.event.kind for e in await store.audit() if e.key == KEY] == ["claimed", "completed"]
+    replay = await store.claim(KEY, FP, lease=LEASE, takeover=False)
+    assert replay.status is ClaimStatus.REPLAY
+    assert (await raw.get(name))[0] == 3  # type: ignore[index]
+    assert await raw.exists(name + b":h") == 0
+    moved = await store.history(KEY)
+    assert moved is not None and moved.startswith(text + "\n")
+    assert [e.kind for e in parse_history(moved)] == ["claimed", "completed", "replayed"]
+    assert verify_history(moved) is None
+    assert dict(await store.histories())[KEY] == moved
