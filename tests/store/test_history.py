@@ -13,8 +13,8 @@ import sqlite3
 from typing import Any
 
 import pytest
-from history_tamper import redis_history, with_redis_history
-from store_backends import Backend, sync_redis_client
+from history_tamper import redis_history
+from store_backends import Backend, sync_redis_client, write_history
 
 from idempotency import (
     AuditedStore,
@@ -357,17 +357,7 @@ def raw_history_storage(backend: Backend) -> list[str]:
 
 
 async def overwrite_history(backend: Backend, key: str, text: str) -> None:
-    store = backend.store
-    if isinstance(store, MemoryKeyStore):
-        assert store._trail is not None
-        store._trail.histories[key] = text
-    elif isinstance(store, SQLiteKeyStore):
-        with sqlite3.connect(backend.location) as conn:
-            conn.execute("UPDATE history SET lines = ? WHERE key = ?", (text, key))
-    else:
-        with sync_redis_client(backend.location) as client:
-            name = f"{backend.prefix}{{{key}}}"
-            client.set(name, with_redis_history(client.get(name), text), keepttl=True)
+    write_history(backend, key, text)
 
 
 @pytest.mark.parametrize("answer", ["happened", "not_happened", "unknown"])

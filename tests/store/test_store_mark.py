@@ -10,18 +10,16 @@ that object.
 from __future__ import annotations
 
 import functools
-import sqlite3
 
 import anyio
 import pytest
 from fake_clock import EPOCH
-from store_backends import Backend, sync_redis_client
+from store_backends import Backend, write_history
 
 from idempotency import (
     AuditedStore,
     LimitExceeded,
     MarkedStore,
-    MemoryKeyStore,
     RedisKeyStore,
     SQLiteKeyStore,
     StoreMark,
@@ -87,23 +85,8 @@ async def test_a_history_alone_is_something_of_ours(backend: Backend) -> None:
     await backend.advance(30 * 24 * 3600)  # past the release tombstone's retention
     assert await store.purge_expired() == 1
     assert await store.list_records() == []
-    await leave_history(backend, "k", text)
+    write_history(backend, "k", text, beside=True)
     assert await marked(backend).holds_anything()
-
-
-async def leave_history(backend: Backend, key: str, text: str) -> None:
-    """A history of `key` stored without its record, behind the store's back."""
-    store = backend.store
-    if isinstance(store, MemoryKeyStore):
-        assert store._trail is not None
-        store._trail.histories[key] = text
-    elif isinstance(store, SQLiteKeyStore):
-        with sqlite3.connect(backend.location) as conn:
-            conn.execute("INSERT INTO history (key, lines) VALUES (?, ?)", (key, text))
-        conn.close()
-    else:  # as the release of issue 37 kept it, beside its record
-        with sync_redis_client(backend.location) as client:
-            client.set(f"{backend.prefix}{{{key}}}:h", text)
 
 
 def count_marks(
