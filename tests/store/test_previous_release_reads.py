@@ -262,3 +262,48 @@ async def test_the_previous_release_reads_and_writes_a_store_with_histories(
         assert kinds == ["claimed", "completed"]
     finally:
         await store.aclose()
+
+
+REFUSES = """
+import sys, anyio
+from idempotency import CorruptRecord, open_store
+
+async def main(url, key):
+    store = open_store(url)
+    try:
+        await store.claim(key, "f" * 64, lease=30, takeover=False)
+    except CorruptRecord as exc:
+        print("refused:", exc.why)
+    else:
+        print("claimed")
+    finally:
+        await store.aclose()
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.redis
+async def test_the_previous_release_refuses_format_3_and_runs_nothing(
+    previous_release: Path,
+) -> None:
+    """Why the pin exists (issue 45): unpinned, this release writes records carrying their
+    history (format 3), which the previous release refuses as corrupt (-32014: nothing runs)."""
+    for server in private_redis_server("previous-release-format-3"):
+        key = store_key("format-3")
+        store = open_store(server.url)
+        try:
+            token = (await store.claim(key, FINGERPRINT, lease=30, takeover=False)).token
+            assert token is not None
+            assert await store.complete(key, token, RESULT_NOW, retention=600)
+        finally:
+            await store.aclose()
+        with anyio.fail_after(120):
+            ran = await anyio.run_process(
+                [sys.executable, "-c", REFUSES, server.url, key],
+                env={"PYTHONPATH": str(previous_release), "PATH": "/usr/bin:/bin"},
+                cwd=previous_release,
+                check=False,
+            )
+        assert ran.returncode == 0, ran.stderr.decode(errors="replace")
+        assert ran.stdout.decode().strip() == "refused: unknown record format 3"
