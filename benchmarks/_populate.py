@@ -3,11 +3,11 @@
 Claiming and completing a million records through the store API would take minutes (two
 transitions each, ~10k pairs/s). These write the same bytes directly:
 
-* Redis: one script per 10,000 records, built from the store's own `scripts/lib.lua` (`save`
-  writes the record and keeps the in-doubt index, `record_event` its history and audit stream
-  entries, exactly as the transitions do), so every record, history and stream entry is one the
-  store could have written; the index is then marked complete (every record in doubt went
-  through `save`);
+* Redis: one script per 10,000 records, built from the store's own `scripts/lib.lua`
+  (`record_event` adds the events to the record's history, `save` writes the record, its history
+  inside it (format 3), and keeps the in-doubt index, exactly as the transitions do), so every
+  record and history is one the store could have written (no audit stream: off by default); the
+  index is then marked complete (every record in doubt went through `save`);
 * SQLite: the file's schema made by the store itself (`SQLiteKeyStore`, of the checkout under
   test), then one `executemany` per table inside one transaction: rows from the store's
   `_encode`, histories from `history.append` (the reference the scripts mirror).
@@ -79,13 +79,13 @@ for i = first, first + count - 1 do
         r.state, r.token, r.lease = IN_PROGRESS, string.format('%032x', i), now + LEASE_US
         r.completed, r.expires, r.result = 0, now + LEASE_US + RETENTION_US, ''
     end
-    save(key, r, now)
     record_event(key, r, 'C', '', created, false)
     if r.state == COMPLETED then
         record_event(key, r, 'D', 's=' .. int(#result), created + 1000, false)
     elseif r.state == UNKNOWN then
         record_event(key, r, 'L', '', created + 30000000, false)
     end
+    save(key, r, now)
 end
 return count
 """
@@ -110,8 +110,8 @@ def fill_redis(
     unknown_every: int = 100_000,
     running_every: int = 100_003,
 ) -> float:
-    """Write `count` records (and their histories and stream entries) under `prefix` of the
-    Redis at `url`; returns the seconds it took."""
+    """Write `count` records (their histories inside them) under `prefix` of the Redis at
+    `url`; returns the seconds it took."""
     started = time.monotonic()
     client = redis.Redis.from_url(url, socket_timeout=None)
     index = prefix.encode() + IN_DOUBT_INDEX
@@ -120,7 +120,7 @@ def fill_redis(
         for first in range(1, count + 1, REDIS_BATCH):
             size = min(REDIS_BATCH, count + 1 - first)
             args = [0, prefix, first, size, count, unknown_every, running_every, RESULT]
-            fill(keys=[], args=[*args, index, "", f"{prefix}audit", ""])
+            fill(keys=[], args=[*args, index, "", "-", ""])
         # Every record in doubt went into the index as it was saved: the index is complete.
         client.sadd(index, "")
     finally:
@@ -213,8 +213,7 @@ def fill_sqlite(
     rows, histories = [], []
     for record, text in _sqlite_records(count, unknown_every, running_every, now):
         rows.append(sqlite_store._encode(record))
-        forget = None if record.expires_at is None else record.expires_at + chain.HISTORY_GRACE
-        histories.append((record.key, record.tool, text, forget))
+        histories.append((record.key, record.tool, text, record.expires_at))
     # The events of the last records, as many as the store's cap keeps at most.
     audit = [
         (created_at, key, tool, line)

@@ -258,6 +258,7 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             None if value is None else value >= SQLITE_SPEEDUP,
         )
     )
+    rows.extend(_history_rows(out, row))
     value = out.get("outage_amplification")
     rows.append(
         row(
@@ -287,6 +288,58 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
                 None if value is None else value <= 300,
             )
         )
+    return rows
+
+
+def _history_rows(out: dict[str, Any], row: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 45's rows: Redis pairs/s at 16 callers with histories (the default) and with the
+    audit stream against histories off, paired per round; bytes per completed record with its
+    history against without (its fence memo counted on both sides); SQLite commits per pair with
+    histories against without."""
+    rows = []
+    ratios = out.get("history_on_vs_off") or {}
+    targets = out.get("history_targets") or {}
+    for contender, label in (
+        ("mcp_once", "histories inside the records (default)"),
+        ("mcp_once_stream", "histories and the audit stream (audit_stream=true)"),
+    ):
+        value = (ratios.get(contender) or {}).get("16")
+        bound = targets.get(contender)
+        rows.append(
+            row(
+                f"Redis store pairs/s at 16 callers, {label} / histories off",
+                value,
+                "-" if bound is None else f">= {bound:g}x",
+                None if value is None or bound is None else value >= bound,
+            )
+        )
+    memory = out.get("history_bytes") or {}
+    value = memory.get("with_vs_without_memo_counted")
+    sizes = (
+        f" ({memory.get('record_with_history_bytes')} vs"
+        f" {memory.get('record_without_history_bytes')} B, the fence memo's"
+        f" {memory.get('fence_memo_bytes')} B counted on both sides)"
+        if value is not None
+        else ""
+    )
+    rows.append(
+        row(
+            f"Redis bytes per completed record with its history / without{sizes}",
+            value,
+            "<= 1.5x",
+            None if value is None else value <= 1.5,
+        )
+    )
+    commits = out.get("sqlite_commits_per_pair") or {}
+    on, off = (commits.get(c, {}).get("16") for c in ("sqlite", "sqlite_no_history"))
+    rows.append(
+        row(
+            f"SQLite commits per pair at 16 callers, histories on ({on}) / off ({off})",
+            None if on is None or not off else round(on / off, 3),
+            "<= 1.0x (no extra commit)",
+            None if on is None or not off else on <= off * 1.05,
+        )
+    )
     return rows
 
 
@@ -360,6 +413,14 @@ def _headline(out: dict[str, Any], results: dict[str, Any]) -> None:
     rm = results.get("record_memory", {})
     if "record_overhead_bytes" in rm:
         out["record_overhead_bytes"] = rm["record_overhead_bytes"]
+    if "history" in rm:
+        out["history_bytes"] = rm["history"]
+    # Issue 45: histories on against off (and with the stream), side by side in each round.
+    if st.get("history_on_vs_off"):
+        out["history_on_vs_off"] = st["history_on_vs_off"]
+        out["history_targets"] = st["history_targets"]
+    if st.get("sqlite_commits_per_pair"):
+        out["sqlite_commits_per_pair"] = st["sqlite_commits_per_pair"]
 
 
 def run(

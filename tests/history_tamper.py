@@ -2,7 +2,8 @@
 
 Text functions (`edited`, `recomputed`, `cut`, `unsealed`) change a history as stored; `Raw`
 reads, writes and deletes histories and appends audit stream entries behind the store's back, on
-memory, SQLite and Redis, as such a person would with `sqlite3` or `redis-cli`.
+memory, SQLite and Redis (where a history is inside its record: format 3), as such a person
+would with `sqlite3` or `redis-cli`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,41 @@ def unsealed(text: str) -> str:
     return chain.peel(text)[1]
 
 
+def record_parts(raw: bytes) -> tuple[bytes, bytes, bytes]:
+    """A format-3 Redis record (`scripts/lib.lua`) as (everything before its history's length,
+    its history, everything after: the result)."""
+    assert raw[0] == 3, f"not a format-3 record: format {raw[0]}"
+    at = 58
+    at += 2 + int.from_bytes(raw[at : at + 2], "big")  # fingerprint
+    at += 1 + raw[at]  # token
+    at += 1 + raw[at]  # tool name
+    size = int.from_bytes(raw[at : at + 4], "big")
+    return raw[:at], raw[at + 4 : at + 4 + size], raw[at + 4 + size :]
+
+
+def redis_history(raw: bytes) -> str:
+    """The history inside a format-3 Redis record's bytes."""
+    return record_parts(raw)[1].decode()
+
+
+def with_redis_history(raw: bytes, text: str) -> bytes:
+    """A format-3 Redis record's bytes with `text` as its history."""
+    head, _, rest = record_parts(raw)
+    written = text.encode()
+    return head + len(written).to_bytes(4, "big") + written + rest
+
+
+def without_redis_history(raw: bytes) -> bytes:
+    """A format-3 Redis record's bytes rewritten as format 2 (1 without a tool): no history."""
+    head, _, rest = record_parts(raw)
+    at = 58
+    at += 2 + int.from_bytes(raw[at : at + 2], "big")
+    at += 1 + raw[at]
+    if raw[at] == 0:  # no tool name: format 1, without the name's length byte
+        return bytes([1]) + head[1:at] + rest
+    return bytes([2]) + head[1:] + rest
+
+
 @dataclass
 class Raw:
     """A store's histories and audit stream, reached around the store."""
@@ -89,7 +125,7 @@ class Raw:
             return self.store._trail.histories[record]
         if self.location.startswith("redis"):
             with self._redis() as client:
-                return str(client.get(self._hkey(record)).decode())
+                return redis_history(client.get(self._rkey(record)))
         with sqlite3.connect(self.location) as conn:
             (text,) = conn.execute("SELECT lines FROM history WHERE key = ?", (record,)).fetchone()
             return str(text)
@@ -100,7 +136,8 @@ class Raw:
             self.store._trail.histories[record] = text
         elif self.location.startswith("redis"):
             with self._redis() as client:
-                client.set(self._hkey(record), text, keepttl=True)
+                name = self._rkey(record)
+                client.set(name, with_redis_history(client.get(name), text), keepttl=True)
         else:
             with sqlite3.connect(self.location) as conn:
                 conn.execute("UPDATE history SET lines = ? WHERE key = ?", (text, record))
@@ -110,8 +147,9 @@ class Raw:
             assert self.store._trail is not None
             del self.store._trail.histories[record]
         elif self.location.startswith("redis"):
-            with self._redis() as client:
-                assert client.delete(self._hkey(record)) == 1
+            with self._redis() as client:  # the record rewritten without its history
+                name = self._rkey(record)
+                client.set(name, without_redis_history(client.get(name)), keepttl=True)
         else:
             with sqlite3.connect(self.location) as conn:
                 conn.execute("DELETE FROM history WHERE key = ?", (record,))
@@ -133,8 +171,8 @@ class Raw:
                     (at, record, tool, line),
                 )
 
-    def _hkey(self, record: str) -> str:
-        return f"{self.prefix}{{{record}}}:h"
+    def _rkey(self, record: str) -> str:
+        return f"{self.prefix}{{{record}}}"
 
     def _redis(self) -> Any:
         import redis

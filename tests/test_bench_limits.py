@@ -69,6 +69,15 @@ def figures(**changes: Any) -> dict[str, Any]:
         "vs_powertools_ceiling_by_callers": {"1": 1.48, "16": 9.0, "64": 10.0},
         "sqlite_vs_baseline_16": 4.5,
         "sqlite_pairs_per_second_by_callers": {"16": 9450.0},
+        "history_on_vs_off": {"mcp_once": {"16": 0.97}, "mcp_once_stream": {"16": 0.9}},
+        "history_targets": {"mcp_once": 0.95, "mcp_once_stream": 0.85},
+        "history_bytes": {
+            "with_vs_without_memo_counted": 1.22,
+            "record_with_history_bytes": 568,
+            "record_without_history_bytes": 440,
+            "fence_memo_bytes": 152,
+        },
+        "sqlite_commits_per_pair": {"sqlite": {"16": 0.4}, "sqlite_no_history": {"16": 0.4}},
     }
     out.update(changes)
     return out
@@ -101,6 +110,21 @@ def test_every_issue_25_target_is_judged_beside_its_ceiling() -> None:
         assert (row["target"], row["ceiling"], row["met"]) == (target, ceiling, True)
     sqlite = by_metric(rows, "SQLite store pairs/s at 16 callers")
     assert (sqlite["measured"], sqlite["target"], sqlite["met"]) == (4.5, ">= 4x", True)
+
+
+def test_issue_45s_history_targets_are_judged_side_by_side() -> None:
+    rows = bench_run._targets(figures())
+    on = by_metric(rows, "histories inside the records (default) / histories off")
+    assert (on["measured"], on["target"], on["met"]) == (0.97, ">= 0.95x", True)
+    stream = by_metric(rows, "audit_stream=true")
+    assert (stream["measured"], stream["target"], stream["met"]) == (0.9, ">= 0.85x", True)
+    size = by_metric(rows, "with its history / without")
+    assert (size["measured"], size["met"]) == (1.22, True)
+    assert "568 vs 440 B, the fence memo's 152 B counted on both sides" in size["metric"]
+    commits = by_metric(rows, "SQLite commits per pair")
+    assert (commits["measured"], commits["met"]) == (1.0, True)
+    unmeasured = bench_run._targets({})
+    assert by_metric(unmeasured, "SQLite commits per pair")["met"] is None
 
 
 def test_a_target_its_own_ceiling_misses_is_marked_beyond_the_ceiling() -> None:
@@ -136,6 +160,19 @@ def test_a_target_its_own_ceiling_misses_is_marked_beyond_the_ceiling() -> None:
         ({"vs_powertools_ratio_by_callers": {"1": 1.3}}, "Powertools Redis layer, 1 caller"),
         ({"vs_powertools_ratio_by_callers": {"64": 3.9}}, "Powertools Redis layer, 64 caller"),
         ({"sqlite_vs_baseline_16": 3.9}, "SQLite store pairs/s at 16 callers"),
+        (
+            {"history_on_vs_off": {"mcp_once": {"16": 0.94}, "mcp_once_stream": {"16": 0.9}}},
+            "histories inside the records (default) / histories off",
+        ),
+        (
+            {"history_on_vs_off": {"mcp_once": {"16": 0.97}, "mcp_once_stream": {"16": 0.8}}},
+            "histories and the audit stream (audit_stream=true) / histories off",
+        ),
+        ({"history_bytes": {"with_vs_without_memo_counted": 1.6}}, "with its history / without"),
+        (
+            {"sqlite_commits_per_pair": {"sqlite": {"16": 0.8}, "sqlite_no_history": {"16": 0.4}}},
+            "SQLite commits per pair",
+        ),
     ],
 )
 def test_check_exits_1_when_an_issue_25_target_is_missed(

@@ -4,8 +4,9 @@ Two tables beside `records`, created in place when a file is opened (a release b
 ignores tables it does not know: the schema version stays 1, see `sqlite.py`):
 
 * `history`: one row per record key, its history text (`history.py`), the tool, and when the row
-  may go (`forget_at`: the record's expiry, as of its last event, plus the grace; NULL while the
-  record is UNKNOWN); never while the record is still stored (a renewal writes no event).
+  may go (`forget_at`: the record's expiry, as of its last event; NULL while the record is
+  UNKNOWN); never while the record is still stored (a renewal writes no event). It goes with its
+  record (rule 24): `purge_expired` deletes both, and a new record under the key starts anew.
 * `audit`: every event line in arrival order (`id`), with its record key and tool, capped at
   `AUDIT_MAX_ENTRIES` by `purge_expired`.
 
@@ -19,7 +20,7 @@ import sqlite3
 
 from . import history as chain
 from .audit_key import AuditKey, record_mac
-from .history import HISTORY_GRACE, AuditEntry, Said
+from .history import AuditEntry, Said
 from .store import Record
 
 SCHEMA = """
@@ -82,7 +83,7 @@ def keep(conn: sqlite3.Connection, seen: list[Seen], audit_key: AuditKey | None 
         texts[key] = text
         record = after or before
         assert record is not None
-        forget = None if record.expires_at is None else record.expires_at + HISTORY_GRACE
+        forget = record.expires_at
         rows[key] = (key, record.tool, text, forget)
         audit.extend((now, key, record.tool, line) for line in added)
     if rows:
@@ -96,24 +97,20 @@ def keep(conn: sqlite3.Connection, seen: list[Seen], audit_key: AuditKey | None 
 def purged(
     conn: sqlite3.Connection, gone: list[Record], now: float, audit_key: AuditKey | None = None
 ) -> None:
-    """Records `purge_expired` deleted: a purged event each, their histories kept a grace
-    longer; histories past theirs and audit entries past the cap go (same transaction)."""
+    """Records `purge_expired` deleted: their histories go with them (rule 24), a purged
+    event each in the audit table; histories of records gone otherwise and audit entries past
+    the cap go too (same transaction)."""
     texts = _load(conn, [record.key for record in gone])
-    rows = []
     audit = []
     for record in gone:
-        text = chain.purged(
-            texts.get(record.key, ""), record, now, record_mac(audit_key, record.key)
-        )
-        rows.append((record.key, record.tool, text, now + HISTORY_GRACE))
-        audit.append((now, record.key, record.tool, chain.last_line(text)))
-    conn.executemany(
-        "INSERT OR REPLACE INTO history (key, tool, lines, forget_at) VALUES (?,?,?,?)", rows
-    )
+        mac = record_mac(audit_key, record.key)
+        line = chain.purged(texts.get(record.key, ""), record, now, mac)
+        audit.append((now, record.key, record.tool, line))
+    conn.executemany("DELETE FROM history WHERE key = ?", [(record.key,) for record in gone])
     conn.executemany("INSERT INTO audit (at, key, tool, line) VALUES (?,?,?,?)", audit)
     # A record still stored keeps its history whatever `forget_at` says: a renewal moves the
     # record's expiry without an event, so without writing the row (its own statement per
-    # renewal); `forget_at` counts again from the purged event.
+    # renewal).
     conn.execute(
         "DELETE FROM history WHERE forget_at <= ?"
         " AND NOT EXISTS (SELECT 1 FROM records WHERE records.key = history.key)",

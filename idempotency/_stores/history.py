@@ -73,9 +73,6 @@ from .store import ClaimOutcome, ClaimStatus, Record, RecordState
 
 #: Events a record's history keeps; older ones are dropped (the chain is anchored, see above).
 MAX_EVENTS = 32
-#: Seconds a history outlives its record, so that "what happened to this key" can still be
-#: answered for a while after the record expired or was purged.
-HISTORY_GRACE = 24 * 3600.0
 #: Entries an audit stream keeps (per Redis stream; the SQLite table and memory list too).
 AUDIT_MAX_ENTRIES = 100_000
 DIGEST_CHARS = 16
@@ -569,15 +566,26 @@ def servers(text: str | None) -> list[str]:
     return found
 
 
-async def servers_of(store: object, key: str) -> list[str]:
+async def servers_of(store: object, key: str | Record) -> list[str]:
     """The servers the history of the record `key` names (`servers`); none when the store keeps
-    no history or the history cannot be read (`mcp-once audit verify` names that one)."""
-    if not isinstance(store, AuditedStore):
-        return []
+    no history or the history cannot be read (`mcp-once audit verify` names that one). Given
+    a `Record` read with its history (`Record.history`), that history: no read of its own."""
     try:
-        return servers(await store.history(key))
+        return servers(await history_of(store, key))
     except ValueError:
         return []
+
+
+async def history_of(store: object, key: str | Record) -> str | None:
+    """The history of the record `key` (a key, or a `Record`, whose history is used when it was
+    read with it); None when the store keeps none."""
+    if isinstance(key, Record):
+        if key.history is not None:
+            return key.history
+        key = key.key
+    if not isinstance(store, AuditedStore):
+        return None
+    return await store.history(key)
 
 
 def interruption(text: str | None) -> Event | None:
@@ -636,7 +644,10 @@ def note(
 ) -> tuple[str, list[str]]:
     """`text` with the events of one transition appended, and the lines added (for the audit
     stream): the whole of what memory and SQLite do per transition (`mac`: the record's history
-    key, with an audit key)."""
+    key, with an audit key). A transition that finds no live record starts a new one, and
+    with it a new history: the last record's history died with it (rule 24)."""
+    if before is None or (before.expires_at is not None and before.expires_at <= now):
+        text = ""
     added: list[str] = []
     started = claimed_at(text) if isinstance(answer, bool) else None
     for code, fence, attempt, info in events(before, after, answer, said=said, started=started):
@@ -646,23 +657,21 @@ def note(
 
 
 def purged(text: str, record: Record, now: float, mac: RecordMac | None = None) -> str:
-    """`text` with a purged event: the record is gone from the store, its history is kept."""
-    return append(text, "G", record.fence, record.attempts, "", now, mac)
+    """The purged event's line, for the audit stream: the record is gone from the store, and
+    its history (`text`) with it (rule 24)."""
+    return last_line(append(text, "G", record.fence, record.attempts, "", now, mac))
 
 
 class Trail:
     """Histories and the audit stream of the memory store: a dict and a bounded list."""
 
-    def __init__(self, grace: float = HISTORY_GRACE, audit_key: AuditKey | None = None) -> None:
+    def __init__(self, audit_key: AuditKey | None = None) -> None:
         self.histories: dict[str, str] = {}
         self.audit_key = audit_key
         #: (id, at, key, tool, line), oldest first; at most AUDIT_MAX_ENTRIES.
         self.stream: deque[tuple[int, float, str, str | None, str]] = deque(
             maxlen=AUDIT_MAX_ENTRIES
         )
-        #: When the histories of records that are gone may go too.
-        self._forget_at: dict[str, float] = {}
-        self._grace = grace
         self._next_id = 1
 
     def note(
@@ -681,14 +690,11 @@ class Trail:
             self._keep(key, text, record.tool if record else None, added, now)
 
     def purged(self, key: str, record: Record, now: float) -> None:
-        text = purged(self.histories.get(key, ""), record, now, record_mac(self.audit_key, key))
-        self._keep(key, text, record.tool, [last_line(text)], now)
-        self._forget_at[key] = now + self._grace
-
-    def forget_before(self, now: float) -> None:
-        for key in [k for k, at in self._forget_at.items() if at <= now]:
-            del self._forget_at[key]
-            self.histories.pop(key, None)
+        """The record is gone, and its history with it (rule 24); the stream says so."""
+        text = self.histories.pop(key, "")
+        line = purged(text, record, now, record_mac(self.audit_key, key))
+        self.stream.append((self._next_id, now, key, record.tool, line))
+        self._next_id += 1
 
     def read(self, since: float | None, limit: int) -> list[AuditEntry]:
         found = []
@@ -702,7 +708,6 @@ class Trail:
 
     def _keep(self, key: str, text: str, tool: str | None, added: list[str], now: float) -> None:
         self.histories[key] = text
-        self._forget_at.pop(key, None)
         for line in added:
             self.stream.append((self._next_id, now, key, tool, line))
             self._next_id += 1

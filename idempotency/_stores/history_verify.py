@@ -10,22 +10,21 @@ the key's writers never sealed can prove only what a plain chain proves, and a v
 the key says so (`unsealed`) rather than vouch for it: a chain recomputed without the key and its
 seal dropped looks just like one written before the key was configured.
 
-The audit stream is a second copy of every event, written in the same operation. A history that
-is gone while the stream holds an event of its record younger than a history's grace (a history
-outlives its last event at least that long on every backend) was deleted; a history missing the
-newest event the stream holds for it was cut short or rewritten (`compare_stream`).
+The audit stream (where one is kept) is a second copy of every event, written in the same
+operation. A history dies with its record (rule 24), so a history that is gone while its record is
+still stored and the stream holds its events was deleted; a history missing the newest event the
+stream holds for it was cut short or rewritten (`compare_stream`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from .audit_key import KEY_VARIABLE, AuditKey, RecordMac
 from .history import (
     COUNTED,
-    HISTORY_GRACE,
     KINDS,
     AuditEntry,
     Event,
@@ -40,9 +39,6 @@ from .history import digest as plain_digest
 #: unsealed: with a key, events written without it, checked only as a plain chain. unchecked:
 #: sealed with an audit key, and none was given.
 Status = Literal["ok", "broken", "unsealed", "unchecked"]
-#: Seconds by which the verifier's clock and the store's may differ without a history that
-#: expired on time being taken for a deleted one.
-CLOCK_MARGIN = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,13 +165,13 @@ def _first_broken(
 
 
 def compare_stream(
-    entries: Iterable[AuditEntry], histories: Mapping[str, str], *, now: float
+    entries: Iterable[AuditEntry], histories: Mapping[str, str], *, stored: Container[str]
 ) -> list[tuple[str, str]]:
     """(record key, problem) for each record whose history disagrees with the audit stream:
-    gone while the stream holds an event of it younger than a history's grace, or missing the
-    newest event the stream holds for it. Read the stream first, then the histories (`now`:
-    when, on the store's clock give or take `CLOCK_MARGIN`): an event written in between is
-    then in a history and not in the stream, never the other way round."""
+    gone while its record is still `stored` (a history dies only with its record: rule 24), or
+    missing the newest event the stream holds for it. Read the stream first, then the
+    histories: an event written in between is then in a history and not in the stream, never
+    the other way round."""
     newest: dict[str, AuditEntry] = {}
     for found in entries:
         newest[found.key] = found  # the stream is in the order events were written
@@ -185,13 +181,12 @@ def compare_stream(
         told = f"{event.kind} at {event.written:.3f}, digest {event.digest}"
         text = histories.get(record)
         if text is None:
-            if event.written > now - HISTORY_GRACE + CLOCK_MARGIN:
+            if record in stored:
                 problems.append(
                     (
                         record,
-                        f"its history is gone, yet the audit stream holds its events (the newest:"
-                        f" {told}) and a history outlives its newest event by"
-                        f" {HISTORY_GRACE / 3600:g} h: deleted",
+                        f"its history is gone, yet its record is stored and the audit stream"
+                        f" holds its events (the newest: {told}): deleted",
                     )
                 )
             continue

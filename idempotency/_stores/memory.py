@@ -236,8 +236,6 @@ class MemoryKeyStore:
             self._fences[key] = (record.fence, record.expires_at)
             if self._trail is not None:
                 self._trail.purged(key, record, now)
-        if self._trail is not None:
-            self._trail.forget_before(now)
         for key in [k for k, (_, at) in self._fences.items() if at + FENCE_MEMORY <= now]:
             del self._fences[key]
         return len(gone)

@@ -11,7 +11,7 @@ import enum
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 #: The library's logger, the same one the guard logs to: stores tell the operator in the same
@@ -30,8 +30,7 @@ DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 MAX_TOOL_BYTES = 255
 #: How long a store remembers a record's last fence after the record itself expired (seconds):
 #: a claim of its key within that time gets a higher fence (rule 25: a key's fence never
-#: repeats). A day, as a record's history outlives it (`history.HISTORY_GRACE`); what it costs
-#: per record is in docs/guarantee.md.
+#: repeats). A day; what it costs per record is in docs/guarantee.md.
 FENCE_MEMORY = 24 * 3600.0
 #: The expiry stored in an IN_PROGRESS record (seconds since the epoch, year 2286), which has
 #: none: the previous release refuses an IN_PROGRESS record without one, and reads this as a
@@ -109,6 +108,10 @@ class Record:
     #: its caller gave up on (`KeyStore.abandon`) it is a re-send and replays. False for every
     #: record a release before this one wrote, so those keep being merged as they were.
     delivered: bool = False
+    #: The record's history when it was read with the record (a Redis listing reads a format-3
+    #: record's history in the same MGET: `history.servers_of` and `keys list` use it instead
+    #: of reading it again); None: not read with it (ask the store: `AuditedStore.history`).
+    history: str | None = field(default=None, compare=False, repr=False)
 
 
 class StoreError(Exception):

@@ -10,7 +10,8 @@ SIEM (`--json`: one object a line). Neither holds an argument, a result or a raw
 
 `audit verify` checks every record's chain and names the first event that breaks one; with the
 audit key (the store's `audit_key=`, `$MCP_ONCE_AUDIT_KEY`) it checks the MACs and seals too, and
-with the audit stream it names histories the stream outlived or that lack its newest event
+with the audit stream it names histories gone while their record is stored or that lack the
+stream's newest event
 (`idempotency.check_history`, `compare_audit_stream` say what each proves). `keys history` warns
 when the history it prints does not verify. Records an earlier release wrote have no history: they
 read as having none, never as an error; a key with neither a record nor a history is one (exit 1).
@@ -39,6 +40,7 @@ from idempotency import (
     AuditedStore,
     AuditEntry,
     AuditKey,
+    CorruptRecord,
     HistoryEvent,
     KeyStore,
     check_history,
@@ -182,8 +184,9 @@ def add_parser(commands: Any, run: Runner) -> None:
         description="Check every record's history: each event must carry the digest of the"
         " one before and match its own; with the audit key (audit_key= in the store URL,"
         " $MCP_ONCE_AUDIT_KEY) each link is a MAC and the seal must name the history's count"
-        " and newest event. With the audit stream, a history the stream outlived, or missing"
-        " the newest event the stream holds for it, is named too. Exits 1 naming each problem;"
+        " and newest event. With the audit stream, a history gone while its record is stored,"
+        " or missing the newest event the stream holds for it, is named too. Exits 1 naming"
+        " each problem;"
         " 2 when histories are sealed with an audit key and none was given.",
     )
     verify.add_argument(
@@ -274,7 +277,7 @@ async def _history(store: KeyStore, args: argparse.Namespace) -> int:
         print(
             f"mcp-once: no record {args.key} in the key store at {redacted(args.store)!r}, and"
             " no history of one: check the key (or --client-key, --tool and --server); a record"
-            " gone longer than its history's grace leaves none either",
+            " gone takes its history with it",
             file=sys.stderr,
         )
         return EXIT_PROBLEM
@@ -420,6 +423,14 @@ def _print_rows(rows: list[list[str]]) -> None:
         print("  ".join(row))
 
 
+async def _stored(store: KeyStore, key: str) -> bool:
+    """Whether a record is stored under `key` (an unreadable one is)."""
+    try:
+        return await store.get(key) is not None
+    except CorruptRecord:
+        return True
+
+
 async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
     """Check every history, then compare the audit stream with them. The stream is read first
     (`compare_audit_stream`): an event written between the two reads is then in a history and
@@ -448,10 +459,13 @@ async def _verify(store: KeyStore, args: argparse.Namespace) -> int:
             print(f"mcp-once: record {record}: {checked.problem}", file=sys.stderr)
         if record in named:
             streamed[record] = text
+    # A history gone with its record is as it should be (rule 24); one gone while its record
+    # is stored was deleted. Only the records the stream names without a history are read.
+    stored = {k for k in named - streamed.keys() if await _stored(store, k)}
     # A broken history is named once, by its check.
     stream_problems = [
         (record, problem)
-        for record, problem in compare_audit_stream(stream, streamed, now=time.time())
+        for record, problem in compare_audit_stream(stream, streamed, stored=stored)
         if record not in broken_records
     ]
     for record, problem in stream_problems:

@@ -428,7 +428,9 @@ async def _of_server(
     window = limit
     while True:
         found = await _listed(store, state, tool, window, before)
-        named = [(record, await record_servers(store, record.key)) for record in found]
+        # A record read with its history (Redis: in the listing's MGET) names its servers
+        # without another read.
+        named = [(record, await record_servers(store, record)) for record in found]
         kept = [pair for pair in named if server is None or server in pair[1]]
         if server is None or len(kept) >= limit or len(found) < window:
             return kept[:limit]
@@ -460,7 +462,7 @@ async def _list(store: KeyStore, args: argparse.Namespace) -> int:
         )
     if args.state == CORRUPT:
         rows = [row for row in rows if row["state"] == CORRUPT]
-    await _principals.add_principals(store, rows)
+    await _principals.add_principals(store, rows, [record for record, _ in records])
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()

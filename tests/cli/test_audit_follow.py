@@ -41,15 +41,19 @@ Entry = dict[str, Any]
     params=[
         "sqlite",
         pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-stream", marks=pytest.mark.redis),
         pytest.param("redis-cluster", marks=pytest.mark.redis),
     ]
 )
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLite; one Redis polled through its histories (the default) and through its audit
+    stream (`audit_stream=true`); a Redis Cluster (its histories)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'keys.db'}"
-    elif request.param == "redis":
+    elif request.param.startswith("redis") and request.param != "redis-cluster":
+        stream = "?audit_stream=true" if request.param == "redis-stream" else ""
         for server in private_redis_server("audit --follow"):
-            yield server.url
+            yield server.url + stream
     else:  # the session's cluster, shared: this test's own prefix
         url = request.getfixturevalue("redis_cluster_url")
         yield f"{url}?prefix={request.getfixturevalue('redis_namespace')}:"

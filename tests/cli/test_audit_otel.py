@@ -47,13 +47,15 @@ SECRET = "card-SENTINEL-9137"
 EVENTS_PER_ORDER = 3
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-stream"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLite; Redis with its audit trail read from the histories (the default) and from the
+    audit stream (`audit_stream=true`)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'keys.db'}"
         return
     for server in private_redis_server("audit --otel"):
-        yield server.url
+        yield server.url + ("?audit_stream=true" if request.param == "redis-stream" else "")
 
 
 async def charge(url: str, orders: range) -> None:

@@ -31,11 +31,12 @@ KEY_ID = AuditKey(KEY.encode()).id
 
 @pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A SQLite file, or this test's own prefix on the session's Redis."""
+    """A SQLite file, or this test's own prefix on the session's Redis, keeping the audit
+    stream (`audit_stream=true`: off by default) that verify compares the histories with."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'keys.db'}"
     prefix = f"prefix={request.getfixturevalue('redis_namespace')}:"
-    return f"{request.getfixturevalue('redis_url')}?{prefix}"
+    return f"{request.getfixturevalue('redis_url')}?audit_stream=true&{prefix}"
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +48,7 @@ def no_key(monkeypatch: pytest.MonkeyPatch) -> None:
 def raw(url: str) -> Raw:
     if url.startswith("sqlite:///"):
         return Raw(None, url.removeprefix("sqlite:///"))
-    location, _, prefix = url.partition("?prefix=")
+    location, _, prefix = url.partition("?audit_stream=true&prefix=")
     return Raw(None, location, prefix)
 
 

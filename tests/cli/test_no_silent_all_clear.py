@@ -166,17 +166,15 @@ async def test_a_wrong_redis_database_or_prefix_is_named_not_an_all_clear(
         f"nothing of mcp-once's at {shown + '?prefix=billing%3A'!r} (prefix 'billing:'): is this"
         " the right --store?",
     )
-    # Looking created nothing in either place: db 5 is empty, db 0 holds the record, its
-    # history, its fence memo (rule 25), the audit stream and the mark its first claim made, and
+    # Looking created nothing in either place: db 5 is empty, db 0 holds the record (its
+    # history inside it), its fence memo (rule 25) and the mark its first claim made, and
     # the in-doubt index `keys list --state unknown` completed there (a cache of the records in
     # doubt, none here), and nothing under billing:.
     assert redis_keys(wrong_db) == []
     assert redis_keys(redis_url) == sorted(
         [
             f"mcp-once:{{{RECORD}}}".encode(),
-            f"mcp-once:{{{RECORD}}}:h".encode(),
             f"mcp-once:{{{RECORD}}}:f".encode(),
-            b"mcp-once:audit",
             b"mcp-once:meta",
             b"mcp-once:in-doubt",
         ]

@@ -58,10 +58,14 @@ class Backend:
             await store.aclose()
 
 
-def redis_store(url: str, prefix: str, *, orphan_retention: float = ORPHAN_RETENTION) -> Any:
+def redis_store(
+    url: str, prefix: str, *, orphan_retention: float = ORPHAN_RETENTION, audit_stream: bool = False
+) -> Any:
     from idempotency import RedisKeyStore
 
-    return RedisKeyStore.from_url(url, prefix=prefix, orphan_retention=orphan_retention)
+    return RedisKeyStore.from_url(
+        url, prefix=prefix, orphan_retention=orphan_retention, audit_stream=audit_stream
+    )
 
 
 def make_memory(*, orphan_retention: float = ORPHAN_RETENTION) -> Backend:
@@ -85,14 +89,22 @@ def make_sqlite(path: Path, *, orphan_retention: float = ORPHAN_RETENTION) -> Ba
     )
 
 
-def make_redis(url: str, namespace: str, *, orphan_retention: float = ORPHAN_RETENTION) -> Backend:
+def make_redis(
+    url: str,
+    namespace: str,
+    *,
+    orphan_retention: float = ORPHAN_RETENTION,
+    audit_stream: bool = False,
+) -> Backend:
     prefix = f"{namespace}:"
-    store = redis_store(url, prefix, orphan_retention=orphan_retention)
+    store = redis_store(url, prefix, orphan_retention=orphan_retention, audit_stream=audit_stream)
     return Backend(
         "redis",
         store,
         store.advance_clock_for_testing,
-        lambda: redis_store(url, prefix, orphan_retention=orphan_retention),
+        lambda: redis_store(
+            url, prefix, orphan_retention=orphan_retention, audit_stream=audit_stream
+        ),
         location=url,
         prefix=prefix,
     )
@@ -102,8 +114,10 @@ def make_redis_sentinel(
     url: str, namespace: str, *, orphan_retention: float = ORPHAN_RETENTION
 ) -> Backend:
     """The Redis store reached through Sentinel (`redis+sentinel://`); everything else as
-    `make_redis`, and raw access goes through Sentinel too (`_redis_client`)."""
-    made = make_redis(url, namespace, orphan_retention=orphan_retention)
+    `make_redis`, and raw access goes through Sentinel too (`_redis_client`). It keeps the audit
+    stream (`audit_stream=true`), so that every contract test runs on one Redis with the stream
+    and without it (`redis`)."""
+    made = make_redis(url, namespace, orphan_retention=orphan_retention, audit_stream=True)
     made.name = "redis-sentinel"
     return made
 
@@ -213,3 +227,30 @@ def _redis_damage_now(backend: Backend, key: str, how: str) -> None:
         else:
             client.delete(name)
             client.hset(name, mapping={"state": "banana", "fingerprint": ""})
+
+
+def write_history(backend: Backend, key: str, text: str, *, beside: bool = False) -> None:
+    """Store `text` as the history of `key` behind the store's back: memory's dict, SQLite's
+    `history` row (made if missing); on Redis inside the record (format 3), or with `beside` in
+    a key beside it (`{key}:h`), as the release of issue 37 kept histories."""
+    from history_tamper import with_redis_history
+
+    store = backend.store
+    if isinstance(store, MemoryKeyStore):
+        assert store._trail is not None
+        store._trail.histories[key] = text
+    elif backend.name == "sqlite":
+        with sqlite3.connect(backend.location) as conn:
+            conn.execute(
+                "INSERT INTO history (key, lines) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET lines = excluded.lines",
+                (key, text),
+            )
+        conn.close()
+    else:
+        with sync_redis_client(backend.location) as client:
+            name = f"{backend.prefix}{{{key}}}"
+            if beside:
+                client.set(f"{name}:h", text)
+            else:
+                client.set(name, with_redis_history(client.get(name), text), keepttl=True)

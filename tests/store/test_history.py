@@ -13,7 +13,8 @@ import sqlite3
 from typing import Any
 
 import pytest
-from store_backends import Backend, sync_redis_client
+from history_tamper import redis_history
+from store_backends import Backend, sync_redis_client, write_history
 
 from idempotency import (
     AuditedStore,
@@ -183,32 +184,32 @@ async def test_a_history_is_bounded_and_stays_checkable(backend: Backend) -> Non
     assert verify_history(text) is None
 
 
-async def test_a_renewed_calls_history_outlives_its_record_by_the_grace(backend: Backend) -> None:
-    """A call that runs longer than its first lease + the grace keeps its history (an
-    IN_PROGRESS record and its history have no expiry: rule 25), so its completion continues
-    the chain (and has its duration). One renewal with a long lease stands for many short ones.
-    Memory and SQLite: time is moved past the grace and expired rows purged. Redis: keys expire
-    on the server's real clock, which the test offset does not move, so the time to live of
-    the record and of its history is read instead: none."""
+async def test_a_renewed_calls_history_lives_as_long_as_its_record(backend: Backend) -> None:
+    """A call that runs longer than a day keeps its history (an IN_PROGRESS record has no
+    expiry: rule 25, and its history is inside it: rule 24), so its completion continues the
+    chain (and has its duration). One renewal with a long lease stands for many short ones.
+    Memory and SQLite: time is moved past it and expired rows purged. Redis: keys expire on the
+    server's real clock, which the test offset does not move, so the record's time to live is
+    read instead (none), and that nothing else is kept for it but its fence memo."""
     store = backend.store
+    day = 24 * 3600.0
     claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
     assert claimed.token is not None
-    lease = 3 * chain.HISTORY_GRACE
-    assert await store.renew("k", claimed.token, lease=lease)
+    assert await store.renew("k", claimed.token, lease=3 * day)
     if isinstance(store, RedisKeyStore):
         with sync_redis_client(backend.location) as client:
-            record_ttl = client.pttl(f"{backend.prefix}{{k}}")
-            history_ttl = client.pttl(f"{backend.prefix}{{k}}:h")
-        assert (record_ttl, history_ttl) == (-1, -1)
-    await backend.advance(2.5 * chain.HISTORY_GRACE)  # past lease + retention + grace
+            assert client.pttl(f"{backend.prefix}{{k}}") == -1
+            assert client.exists(f"{backend.prefix}{{k}}:h") == 0  # no second key
+    await backend.advance(2.5 * day)  # past lease + retention
     await store.purge_expired()  # the record is alive: nothing of it goes
     assert await store.complete("k", claimed.token, b"r", retention=600)
     events = parse_history(await audited(backend).history("k"))
     assert [e.kind for e in events] == ["claimed", "completed"]
-    assert int(events[1].details["duration_ms"]) >= 2.5 * chain.HISTORY_GRACE * 1000
+    assert int(events[1].details["duration_ms"]) >= 2.5 * day * 1000
 
 
-async def test_a_purged_record_leaves_its_history(backend: Backend) -> None:
+async def test_a_purged_records_history_goes_with_it(backend: Backend) -> None:
+    """Rule 24: the history dies with its record; an audit stream, where kept, says it went."""
     store = backend.store
     claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
     assert claimed.token is not None
@@ -216,21 +217,29 @@ async def test_a_purged_record_leaves_its_history(backend: Backend) -> None:
     await backend.advance(5)
     assert await store.purge_expired() == 1
     assert await store.get("k") is None
-    assert await kinds(backend, "k") == ["claimed", "completed", "purged"]
+    assert await audited(backend).history("k") is None
+    assert await audited(backend).histories() == []
+    trail = [e.event.kind for e in await audited(backend).audit() if e.key == "k"]
+    assert trail == ([] if _reads_histories(backend) else ["claimed", "completed", "purged"])
 
 
-async def test_a_record_claimed_anew_within_the_grace_continues_its_history(
+def _reads_histories(backend: Backend) -> bool:
+    """Whether the backend's audit trail is read from its histories (Redis without the stream:
+    the default, and always on a cluster) rather than from a stream of its own."""
+    return isinstance(backend.store, RedisKeyStore) and not backend.store._audit_stream
+
+
+async def test_a_record_claimed_anew_after_expiry_starts_a_new_history(
     backend: Backend,
 ) -> None:
-    """A new record under a key whose history outlived the last one (Redis: its first claim tries
-    to start a history without reading, finds one, and chains to it), and a completion whose
-    claim is not the history's last line (a refusal came between: its duration is still read)."""
+    """A new record under a key whose last record expired starts its own history (rule 24: the
+    last one's went with it; its fence goes on, rule 25), and a completion whose claim is not
+    the history's last line (a refusal came between: its duration is still read)."""
     store = backend.store
     claimed = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
     assert claimed.token is not None
     await store.complete("k", claimed.token, b"r", retention=1)
     await backend.advance(5)
-    assert await store.purge_expired() == 1
     again = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
     assert again.token is not None and again.fence == 2  # rule 25: the fence goes on
     await backend.advance(0.25)
@@ -238,11 +247,10 @@ async def test_a_record_claimed_anew_within_the_grace_continues_its_history(
     assert await store.complete("k", again.token, b"r" * 7, retention=600)
     text = await audited(backend).history("k")
     events = parse_history(text)
-    kinds_found = [e.kind for e in events]
-    assert kinds_found == ["claimed", "completed", "purged", "claimed", "refused", "completed"]
-    assert events[3].prev == events[2].digest
-    assert events[5].details["result_bytes"] == "7"
-    assert 240 <= int(events[5].details["duration_ms"]) <= 300
+    assert [e.kind for e in events] == ["claimed", "refused", "completed"]
+    assert events[0].fence == 2 and events[0].prev == ""
+    assert events[2].details["result_bytes"] == "7"
+    assert 240 <= int(events[2].details["duration_ms"]) <= 300
     assert verify_history(text) is None
 
 
@@ -254,7 +262,7 @@ async def test_the_audit_stream_names_any_key_and_tool_and_reads_older_entries(
     written before that (fields `k`, `t`, `e`) read as they did."""
     store = backend.store
     key, tool = "line\nbreak|bar{x}", "tool\nname|x"
-    stream = isinstance(store, RedisKeyStore) and not backend.location.startswith("redis+cluster")
+    stream = isinstance(store, RedisKeyStore) and not _reads_histories(backend)
     older = "1700000000000|C|1|1|p=00|" + chain.digest("", "1700000000000|C|1|1|p=00")
     if stream:
         with sync_redis_client(backend.location) as client:
@@ -343,23 +351,13 @@ def raw_history_storage(backend: Backend) -> list[str]:
             kind = client.type(name)
             if kind == b"stream":
                 found.append(repr(client.xrange(name)))
-            elif name.endswith(b":h"):
-                found.append(repr(client.get(name)))
+            elif kind == b"string" and name.endswith(b"}"):  # a record: its history inside
+                found.append(repr(redis_history(client.get(name))))
         return found
 
 
 async def overwrite_history(backend: Backend, key: str, text: str) -> None:
-    store = backend.store
-    if isinstance(store, MemoryKeyStore):
-        assert store._trail is not None
-        store._trail.histories[key] = text
-    elif isinstance(store, SQLiteKeyStore):
-        with sqlite3.connect(backend.location) as conn:
-            conn.execute("UPDATE history SET lines = ? WHERE key = ?", (text, key))
-    else:
-        with sync_redis_client(backend.location) as client:
-            name = f"{backend.prefix}{{{key}}}:h"
-            client.set(name, text, keepttl=True)
+    write_history(backend, key, text)
 
 
 @pytest.mark.parametrize("answer", ["happened", "not_happened", "unknown"])
@@ -496,10 +494,9 @@ async def test_an_operators_settle_is_replaced_only_under_its_own_fence(backend:
     assert history_operator_settle(await audited(backend).history("k"), 2) is None
 
 
-async def test_a_record_claimed_anew_over_a_long_history_keeps_it(backend: Backend) -> None:
-    """Issue 48: the Redis claim that finds a history already there (its `SET NX` refused) goes
-    on to append to it, also when it is too long for the short path (over 1 KB): that claim
-    failed its script before, so a key whose record expired could not run again for a day."""
+async def test_a_record_claimed_anew_over_a_long_history_starts_anew(backend: Backend) -> None:
+    """A key whose expired record carries a history too long for Redis's short path (over 1 KB):
+    its next claim starts a history of its own (rule 24), and the fence goes on (rule 25)."""
     store = backend.store
     for n in range(chain.MAX_EVENTS // 2):  # a refusal and a replay a turn: a line each
         if n == 0:
@@ -513,5 +510,5 @@ async def test_a_record_claimed_anew_over_a_long_history_keeps_it(backend: Backe
     again = await store.claim("k", "fp", lease=30, takeover=False, tool=TOOL)
     assert again.token is not None and again.fence == 2  # rule 25: the fence goes on
     text = await audited(backend).history("k")
-    assert [e.kind for e in parse_history(text)][-2:] == ["replayed", "claimed"]
+    assert [e.kind for e in parse_history(text)] == ["claimed"]
     assert verify_history(text) is None

@@ -9,7 +9,9 @@ run in a process of its own on PYTHONPATH, in this venv — reads and writes tha
 its own API (`previous_release.py`): every record reads as this release wrote it, claims answer
 as they always did (replay, key reused, busy, unknown), a released record runs again, a new key
 runs and replays, and its listing holds the records and nothing else (no history, no audit
-stream). Back in this release, every history still verifies: the older release's transitions
+stream). On Redis this release writes under `record_format=2` (issue 45: format 2, no history,
+as in a fleet mixing the two releases), and lifting the pin starts histories. Back in this
+release, every history still verifies: the older release's transitions
 leave no event, and break no chain.
 
 It needs the git history (CI runs on a clean clone of main, which has it): outside a git clone,
@@ -96,13 +98,24 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+#: On Redis this release writes records carrying their history (format 3), which the previous
+#: release refuses: a fleet mixing the two pins this release to format 2 (issue 45), and that is
+#: what is tested against the previous release. SQLite keeps histories in tables of their own,
+#: which the previous release ignores: no pin.
+PIN = "record_format=2"
+
+
 @pytest.fixture(params=["sqlite", "redis"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{(tmp_path / 'keys.sqlite3').resolve()}"
         return
     for server in private_redis_server("previous-release"):  # skipped loudly, failed under CI
-        yield server.url
+        yield f"{server.url}?{PIN}"
+
+
+def unpinned(url: str) -> str:
+    return url.removesuffix(f"?{PIN}")
 
 
 async def write_with_histories(url: str) -> None:
@@ -143,6 +156,9 @@ async def write_with_histories(url: str) -> None:
         }
     finally:
         await store.aclose()
+    if PIN in url:  # format 2: no history
+        assert kinds == {name: [] for name in KEYS}
+        return
     assert kinds["taken"] == ["claimed", "lease ran out", "claimed", "completed"]
     assert kinds["settled"] == ["claimed", "lease ran out", "settled"]
 
@@ -165,7 +181,10 @@ async def test_the_previous_release_reads_and_writes_a_store_with_histories(
     store_url: str, previous_release: Path
 ) -> None:
     await write_with_histories(store_url)
-    seen = await anyio.to_thread.run_sync(read_with_previous_release, store_url, previous_release)
+    # The previous release knows no `record_format`: its URL is the same store without it.
+    seen = await anyio.to_thread.run_sync(
+        read_with_previous_release, unpinned(store_url), previous_release
+    )
     assert seen["package"] == str(previous_release / "idempotency" / "__init__.py")
 
     def got(name: str) -> tuple[object, ...] | None:
@@ -215,11 +234,76 @@ async def test_the_previous_release_reads_and_writes_a_store_with_histories(
         again = await store.claim(KEYS["forgotten"], FINGERPRINT, lease=30, takeover=False)
         assert (again.status, again.fence, again.attempts) == (ClaimStatus.CLAIMED, 2, 1)
         histories = dict(await store.histories())
-        assert set(histories) == set(KEYS.values()) - {KEYS["new"]}
-        assert {key: verify_history(text) for key, text in histories.items()} == dict.fromkeys(
-            histories
-        )
-        kinds = [e.kind for e in parse_history(histories[KEYS["released"]])]
-        assert kinds == ["claimed", "released"]
+        if PIN in store_url:
+            assert histories == {}  # pinned to format 2: none written
+        else:
+            assert set(histories) == set(KEYS.values()) - {KEYS["new"]}
+            assert {key: verify_history(text) for key, text in histories.items()} == (
+                dict.fromkeys(histories)
+            )
+            kinds = [e.kind for e in parse_history(histories[KEYS["released"]])]
+            assert kinds == ["claimed", "released"]
     finally:
         await store.aclose()
+    if PIN not in store_url:
+        return
+    # The whole fleet upgraded, the pin is lifted: histories start, records the previous
+    # release wrote included, from their next event on.
+    store = open_store(unpinned(store_url))
+    try:
+        assert isinstance(store, AuditedStore)
+        replay = await store.claim(KEYS["new"], FINGERPRINT, lease=30, takeover=False)
+        assert replay.status is ClaimStatus.REPLAY and replay.result == RESULT
+        token = (await store.claim(store_key("after"), FINGERPRINT, lease=30, takeover=False)).token
+        assert token is not None
+        assert await store.complete(store_key("after"), token, RESULT_NOW, retention=600)
+        assert [e.kind for e in parse_history(await store.history(KEYS["new"]))] == ["replayed"]
+        kinds = [e.kind for e in parse_history(await store.history(store_key("after")))]
+        assert kinds == ["claimed", "completed"]
+    finally:
+        await store.aclose()
+
+
+REFUSES = """
+import sys, anyio
+from idempotency import CorruptRecord, open_store
+
+async def main(url, key):
+    store = open_store(url)
+    try:
+        await store.claim(key, "f" * 64, lease=30, takeover=False)
+    except CorruptRecord as exc:
+        print("refused:", exc.why)
+    else:
+        print("claimed")
+    finally:
+        await store.aclose()
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.redis
+async def test_the_previous_release_refuses_format_3_and_runs_nothing(
+    previous_release: Path,
+) -> None:
+    """Why the pin exists (issue 45): unpinned, this release writes records carrying their
+    history (format 3), which the previous release refuses as corrupt (-32014: nothing runs)."""
+    for server in private_redis_server("previous-release-format-3"):
+        key = store_key("format-3")
+        store = open_store(server.url)
+        try:
+            token = (await store.claim(key, FINGERPRINT, lease=30, takeover=False)).token
+            assert token is not None
+            assert await store.complete(key, token, RESULT_NOW, retention=600)
+        finally:
+            await store.aclose()
+        with anyio.fail_after(120):
+            ran = await anyio.run_process(
+                [sys.executable, "-c", REFUSES, server.url, key],
+                env={"PYTHONPATH": str(previous_release), "PATH": "/usr/bin:/bin"},
+                cwd=previous_release,
+                check=False,
+            )
+        assert ran.returncode == 0, ran.stderr.decode(errors="replace")
+        assert ran.stdout.decode().strip() == "refused: unknown record format 3"

@@ -37,7 +37,6 @@ from idempotency import (
     StoreUnavailable,
     encode_result,
     open_store,
-    parse_history,
 )
 from mcp_once._cli import _common, main
 
@@ -424,14 +423,11 @@ async def test_list_and_purge_cover_every_shard(
     assert await store.list_records() == []
     for master in await in_thread(redis_cluster.masters):
         names = await in_thread(functools.partial(names_on, redis_cluster, master, prefix))
-        # Only histories stay, for their grace (rule 20), each ending with its purged event,
-        # each record's last fence, for a day (rule 25), and the store's mark on the master of
-        # its slot (`mark.py`).
+        # Only each record's last fence stays, for a day (rule 25), and the store's mark on the
+        # master of its slot (`mark.py`): the histories went with their records (rule 24).
         kept = [name for name in names if name != prefix.encode() + b"meta"]
-        assert all(name.endswith((b":h", b":f")) for name in kept), names
-    assert {e.kind for _, text in await store.histories() for e in parse_history(text)[-1:]} == {
-        "purged"
-    }
+        assert all(name.endswith(b":f") for name in kept), names
+    assert await store.histories() == []
 
 
 async def test_the_keys_cli_lists_and_purges_every_shard(

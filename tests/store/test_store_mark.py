@@ -14,9 +14,10 @@ import functools
 import anyio
 import pytest
 from fake_clock import EPOCH
-from store_backends import Backend
+from store_backends import Backend, write_history
 
 from idempotency import (
+    AuditedStore,
     LimitExceeded,
     MarkedStore,
     RedisKeyStore,
@@ -71,13 +72,20 @@ async def test_a_store_is_marked_by_its_first_claim_and_by_nothing_before(
 
 
 async def test_a_history_alone_is_something_of_ours(backend: Backend) -> None:
-    """Its record purged, the record's history stays for a grace: the store is not "nothing"."""
-    claimed = await backend.store.claim("k", "fp", lease=LEASE, takeover=False)
+    """A history whose record is gone (a record of the release before format 3 purged here on
+    Redis, its history beside it kept for a grace; on memory and SQLite a history row without
+    its record): the store is not "nothing". A purged record's history goes with it (rule 24)."""
+    store = backend.store
+    claimed = await store.claim("k", "fp", lease=LEASE, takeover=False)
     assert claimed.token is not None
-    assert await backend.store.release("k", claimed.token)
+    assert await store.release("k", claimed.token)
+    assert isinstance(store, AuditedStore)
+    text = await store.history("k")
+    assert text is not None
     await backend.advance(30 * 24 * 3600)  # past the release tombstone's retention
-    assert await backend.store.purge_expired() == 1
-    assert await backend.store.list_records() == []
+    assert await store.purge_expired() == 1
+    assert await store.list_records() == []
+    write_history(backend, "k", text, beside=True)
     assert await marked(backend).holds_anything()
 
 

@@ -22,6 +22,7 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 from fake_clock import EPOCH, FakeClock
+from history_tamper import without_redis_history
 from store_backends import Backend
 
 from idempotency import (
@@ -294,22 +295,33 @@ def rkey(prefix: str, key: str) -> bytes:
 
 
 @pytest.mark.redis
+@pytest.mark.parametrize("record_format", [2, 3])
 async def test_redis_records_of_the_previous_format_still_read(
-    redis_pair: tuple[RedisKeyStore, Any], prefix: str
+    redis_pair: tuple[RedisKeyStore, Any], redis_url: str, prefix: str, record_format: int
 ) -> None:
-    store, raw = redis_pair
+    """Read by this release as it writes (format 3: records carrying their history), and as
+    it writes under `record_format=2` for a rolling upgrade (no history, formats 1 and 2)."""
+    _, raw = redis_pair
+    store = RedisKeyStore.from_url(redis_url, prefix=prefix, record_format=record_format)
     seconds, micros = await raw.time()
     now_us = seconds * 1_000_000 + micros
     await raw.set(rkey(prefix, "done"), previous_record(COMPLETED, now_us, result=b"r"), px=600_000)
     running = previous_record(IN_PROGRESS, now_us, lease_us=now_us + 1_000_000, token=b"t" * 32)
     await raw.set(rkey(prefix, "running"), running, px=600_000)
 
-    await reads_the_previous_release(store, lambda: store.advance_clock_for_testing(2.0))
-    # Named now, so in the format that carries the name.
+    try:
+        await reads_the_previous_release(store, lambda: store.advance_clock_for_testing(2.0))
+    finally:
+        await store.aclose()
+    # Named now, so in a format that carries the name (3: its history too, the events from
+    # this release on).
     stored = await raw.get(rkey(prefix, "running"))
-    assert stored[0] == 2 and b"\x06charge" in stored
-    # A record nobody named stays in the previous format, byte for byte readable by it.
-    assert (await raw.get(rkey(prefix, "done")))[0] == 1
+    assert stored[0] == record_format and b"\x06charge" in stored
+    if record_format == 2:
+        # A record nobody named stays in the previous format, byte for byte readable by it.
+        assert (await raw.get(rkey(prefix, "done")))[0] == 1
+    else:  # its replay was recorded: in its history, inside it
+        assert (await raw.get(rkey(prefix, "done")))[0] == 3
 
 
 @pytest.mark.redis
@@ -318,7 +330,7 @@ async def test_a_redis_record_with_a_truncated_tool_name_is_corrupt_and_left_alo
 ) -> None:
     store, raw = redis_pair
     await store.claim("k", FP, lease=LEASE, takeover=False, tool="charge")
-    good = await raw.get(rkey(prefix, "k"))
+    good = without_redis_history(await raw.get(rkey(prefix, "k")))  # format 2
     assert good.endswith(b"\x06charge")  # an in-progress record: nothing after the name
     await raw.set(rkey(prefix, "k"), good[:-3], keepttl=True)
     with pytest.raises(CorruptRecord) as caught:

@@ -166,3 +166,35 @@ def test_every_keyword_option_can_be_written_in_the_url(
     """A new keyword of `from_url` must get a parser, or the URL silently could not carry it."""
     keywords = set(inspect.signature(from_url).parameters) - not_in_url
     assert keywords == set(options)
+
+
+def test_the_history_options_are_parsed_and_refused_where_they_cannot_hold() -> None:
+    """Issue 45: `audit_stream` (off by default) and `record_format` (3 by default; 2 for a
+    rolling upgrade), in the URL as by keyword; each combination that cannot be kept is a
+    `ValueError` naming it."""
+    default = redis_opened("redis://127.0.0.1:1/0")
+    assert (default._history, default._audit_stream) == (True, False)
+    streamed = redis_opened("redis://127.0.0.1:1/0?audit_stream=true")
+    assert (streamed._history, streamed._audit_stream) == (True, True)
+    pinned = redis_opened("redis://127.0.0.1:1/0?record_format=2")
+    assert pinned._history is False  # format 2 carries no history
+    assert RedisKeyStore.from_url("redis://127.0.0.1:1/0", record_format=2)._history is False
+    refused = {
+        "record_format=4": "record_format must be 2",
+        "record_format=two": "record_format='two': expected an integer",
+        "audit_stream=true&history=false": "audit_stream=true needs the histories",
+        "audit_stream=true&record_format=2": "audit_stream=true needs the histories",
+    }
+    for query, why in refused.items():
+        with pytest.raises(ValueError, match=why):
+            open_store(f"redis://127.0.0.1:1/0?{query}")
+    with pytest.raises(ValueError, match="audit_stream=true is not available on a Redis Cluster"):
+        open_store("redis+cluster://127.0.0.1:1?audit_stream=true")
+
+
+def test_every_store_option_is_in_the_configuration_reference() -> None:
+    """Issue 45: every option a store's URL takes has its row in docs/configuration.md."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    table = doc.split("### Store options", 1)[1].split("\n###", 1)[0]
+    for option in {*redis_store.URL_OPTIONS, *sqlite.URL_OPTIONS}:
+        assert f"`{option}`" in table, option

@@ -1,17 +1,19 @@
-"""The Redis store's audit stream (rule 20), read back.
+"""The Redis store's audit trail (rules 20 and 24), read back.
 
-A record's history is one string beside it (`{prefix}{key}:h`, the record's own hash tag, so the
-same slot), declared by the scripts that decide (`scripts/lib.lua`, `record_event`) and written by
-them. On one Redis (or a primary behind Sentinel) the same script also appends the event to the
-audit stream, `{prefix}audit`, capped at `AUDIT_MAX_ENTRIES` (approximately: `MAXLEN ~`).
+A record's history is inside the record (format 3, `scripts/lib.lua`), written by the script that
+decides with the same `SET` as the record; a record an earlier release wrote may have one beside
+it (`{prefix}{key}:h`, the record's own hash tag, so the same slot), read until it moves in. With
+`audit_stream=true`, on one Redis (or a primary behind Sentinel), the same script also appends
+the event to the audit stream, `{prefix}audit`, capped at `AUDIT_MAX_ENTRIES` (approximately:
+`MAXLEN ~`); `entries` reads it.
 
-On a Redis Cluster there is no stream: a stream shared by the records of a slot is a key their
-scripts would touch without declaring it, and a slot migration moves keys one batch at a time, so
-a script could append to a stream already moved (a second stream, and a slot that cannot be
-handed over). The histories, which move with their records, are the audit trail there: reading
-it merges every history's events by time (`from_histories`). A replay or refusal repeating the
-last line updates it in place (`history.append`) rather than adding an entry, so between two
-reads several of them show as one update carrying their count.
+Without the stream (the default), and always on a Redis Cluster, the histories are the audit
+trail: reading it merges every history's events by time (`from_histories`). A cluster keeps no
+stream: a stream shared by the records of a slot is a key their scripts would touch without
+declaring it, and a slot migration moves keys one batch at a time, so a script could append to a
+stream already moved (a second stream, and a slot that cannot be handed over). A replay or
+refusal repeating the last line updates it in place (`history.append`) rather than adding an
+entry, so between two reads several of them show as one update carrying their count.
 """
 
 from __future__ import annotations

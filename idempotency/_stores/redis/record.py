@@ -22,8 +22,11 @@ from ..store import CorruptRecord, Record, RecordState
 #: `>BBi8i8i8i8i8i8i8`: format, state, fence, attempts, created, updated, lease, completed,
 #: expires (microseconds of the Redis clock; 0 = none).
 _HEAD: Final = struct.Struct(">BBqqqqqqq")
-_FORMATS: Final = (1, 2)
+_FORMATS: Final = (1, 2, 3)
 _WITH_TOOL: Final = 2
+#: A record carrying its own history (rule 24), after its tool name.
+_WITH_HISTORY: Final = 3
+_HISTORY_LENGTH: Final = struct.Struct(">I")
 _TOKEN_BYTES: Final = 32
 STATES: Final = {
     1: RecordState.IN_PROGRESS,
@@ -39,7 +42,9 @@ DELIVERED: Final = 1
 
 def decode(key: str, raw: bytes) -> Record:
     """The record stored as `raw`, expired or not, or `CorruptRecord` with the reason `lib.lua`
-    gives for the same bytes."""
+    gives for the same bytes. A format-3 record comes with its history (`Record.history`; None
+    for formats 1 and 2, whose history, if any, is a key beside them): a listing reads both in
+    one MGET."""
     size = len(raw)
     if size < _HEAD.size + 3:
         raise CorruptRecord(key, "shorter than a record header")
@@ -62,12 +67,26 @@ def decode(key: str, raw: bytes) -> Record:
     token = raw[at : at + token_length]
     at += token_length
     tool = b""
-    if version == _WITH_TOOL:
-        name_length = raw[at] if at < size else 0
-        if name_length == 0 or at + name_length >= size:
+    history = None
+    if version != 1:
+        name_length = raw[at] if at < size else -1
+        if (
+            name_length < 0
+            or (name_length == 0 and version == _WITH_TOOL)
+            or at + name_length >= size
+        ):
             raise CorruptRecord(key, "truncated tool name")
         tool = raw[at + 1 : at + 1 + name_length]
         at += 1 + name_length
+    if version == _WITH_HISTORY:
+        if at + _HISTORY_LENGTH.size > size:
+            raise CorruptRecord(key, "truncated history")
+        (history_length,) = _HISTORY_LENGTH.unpack_from(raw, at)
+        at += _HISTORY_LENGTH.size
+        if at + history_length > size:
+            raise CorruptRecord(key, "truncated history")
+        history = raw[at : at + history_length]
+        at += history_length
     result = raw[at:]
     if state not in STATES:
         raise CorruptRecord(key, f"unknown state {state}")
@@ -86,15 +105,17 @@ def decode(key: str, raw: bytes) -> Record:
         raise CorruptRecord(key, "result stored in a record that is not completed")
     return of_fields(
         key, state, fence, attempts, created, updated, lease, completed, expires,
-        fingerprint, token, result, tool,
+        fingerprint, token, result, tool, history,
     )  # fmt: skip
 
 
 def of_fields(
     key: str, state: int, fence: int, attempts: int, created: int, updated: int, lease: int,
     completed: int, expires: int, fingerprint: bytes, token: bytes, result: bytes, tool: bytes,
+    history: bytes | None = None,
 ) -> Record:  # fmt: skip
-    """The `Record` of a stored record's fields (times in microseconds, 0 for none)."""
+    """The `Record` of a stored record's fields (times in microseconds, 0 for none), and its
+    history when it was read with it."""
     record_state = STATES[state]
     done = record_state is RecordState.COMPLETED
     return Record(
@@ -113,6 +134,7 @@ def of_fields(
         result=result if done else None,
         tool=tool.decode(errors="replace") or None,
         delivered=done and lease == DELIVERED,
+        history=None if history is None else history.decode(errors="replace"),
     )
 
 

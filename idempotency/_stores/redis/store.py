@@ -134,6 +134,9 @@ from .wire import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFIX: Final = "mcp-once:"
+#: The record format this release writes: 3, records carrying their history (scripts/lib.lua).
+#: `record_format=2` writes what the release before it did, for a rolling upgrade.
+RECORD_FORMAT: Final = 3
 #: Seconds to wait for a reply before the connection is given up (and to connect, by default).
 DEFAULT_SOCKET_TIMEOUT: Final = 5.0
 #: The record header stores the fingerprint's length in two bytes; real ones are 64 hex chars.
@@ -162,6 +165,8 @@ URL_OPTIONS: Final = {
     "wait_aof": boolean,
     "socket_timeout": number_or_none,
     "history": boolean,
+    "audit_stream": boolean,
+    "record_format": integer,
     "audit_key": string,  # checked by the constructor, which never quotes it
     "audit_key_file": string,
 }
@@ -271,6 +276,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_stream: bool = False,
+        record_format: int = RECORD_FORMAT,
         audit_key: str | bytes | AuditKey | None = None,
         audit_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -286,8 +293,16 @@ class RedisKeyStore:
         The client must return bytes (`decode_responses=False`), as a sign it is configured
         for binary results like the store's own connections.
 
-        `history`: keep each record's history and the audit stream (rule 20, `history.py`),
-        written by the transition's own script. On by default; off only to measure its cost.
+        `history`: keep each record's history inside the record (rules 20 and 24, format 3,
+        `scripts/lib.lua`), written by the transition's own script. On by default; off only to
+        measure its cost. `audit_stream`: also append each event to the prefix's audit stream
+        (`{prefix}audit`), in the same script, for a reader that follows every record (a SIEM);
+        off by default, when `mcp-once audit` reads the histories. Not on a Redis Cluster, where
+        the histories are always the audit trail (`history.py`).
+        `record_format=2`: write records as the release before format 3 did (no history, no
+        stream), so that a fleet mixing that release with this one keeps working during a
+        rolling upgrade; every record, format 3 included, is still read. Lifting it (the
+        default, 3) starts histories (docs/operations.md, "Upgrading").
         `audit_key` (or `audit_key_file`, else `$MCP_ONCE_AUDIT_KEY` or
         `$MCP_ONCE_AUDIT_KEY_FILE`): MAC and seal the histories (`audit_key.py`); each script is
         given its record's own key, never this one.
@@ -308,6 +323,9 @@ class RedisKeyStore:
             raise ValueError("RedisKeyStore needs a client with decode_responses=False")
         if wait_replicas < 0:
             raise ValueError(f"wait_replicas must be >= 0, not {wait_replicas}")
+        _check_history_options(
+            history, audit_stream, record_format, cluster=isinstance(client, RedisCluster)
+        )
         endpoint = Endpoint.of_pool(pool)
         if isinstance(client, RedisCluster):
             cluster = Cluster(endpoint, seeds)
@@ -343,7 +361,9 @@ class RedisKeyStore:
         self._wait_aof = wait_aof
         self._durable = durable
         self._durability_checked = False
-        self._history = history
+        #: Histories are written (format 3); off with history=False or record_format=2.
+        self._history = history and record_format == RECORD_FORMAT
+        self._audit_stream = audit_stream
         #: The key this store MACs and seals histories with; None: plain digests.
         self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         # wait(): the first re-read after no news, doubling up to the cap (missed messages).
@@ -363,6 +383,8 @@ class RedisKeyStore:
         wait_timeout: float = 1.0,
         wait_aof: bool = False,
         history: bool = True,
+        audit_stream: bool = False,
+        record_format: int = RECORD_FORMAT,
         audit_key: str | bytes | AuditKey | None = None,
         audit_key_file: str | os.PathLike[str] | None = None,
         socket_timeout: float | None = DEFAULT_SOCKET_TIMEOUT,
@@ -947,13 +969,13 @@ class RedisKeyStore:
 
     def _trailer(self, rkey: bytes, said: str) -> tuple[bytes, bytes, bytes, bytes]:
         """An audited script's four last arguments (lib.lua): the in-doubt index ('' on a
-        cluster), what the caller said, where
-        the audit stream is ('' when this store keeps no history; '-' on a cluster, where the
-        histories are the audit trail: `history.py`), and the record's history key ('' without
-        an audit key: `RecordMac.script_argument`)."""
+        cluster), what the caller said, where the audit stream is ('' when this store writes
+        no history; '-' when it keeps no stream, where the histories are the audit trail:
+        `history.py`), and the record's history key ('' without an audit key:
+        `RecordMac.script_argument`)."""
         if not self._history:
             return self._index, b"", b"", b""
-        stream = b"-" if self._cluster is not None else self._prefix_bytes + b"audit"
+        stream = self._prefix_bytes + b"audit" if self._audit_stream else b"-"
         if self.audit_key is None:
             return self._index, said.encode(), stream, b""
         mac = self.audit_key.record(self._key_of(rkey)).script_argument()
@@ -974,23 +996,70 @@ class RedisKeyStore:
         """Every history kept, (record key, history), in SCAN order, a batch at a time
         (`_get_many`, on the batch's node): what `mcp-once audit verify` reads, never holding
         more than a batch of histories (the scan remembers the keys it met, not their text)."""
-        pattern = _glob_escape(self._prefix_bytes) + b"{*}:h"
-        async for here, hkeys in self._scan(pattern, once=True, step=lambda: LONG_SCAN_BATCH):
-            for hkey, text in zip(hkeys, await self._get_many(here, hkeys), strict=True):
+        async with contextlib.aclosing(self._trails()) as trails:
+            async for key, _, text in trails:
+                yield key, text
+
+    async def _trails(self) -> AsyncGenerator[tuple[str, str | None, str], None]:
+        """Every history kept, (record key, tool, history), read with one scan of the prefix's
+        record keys: the history inside each format-3 record (read with it), and the history
+        key beside a record a release before wrote (`{prefix}{key}:h`), unless its record has
+        since become format 3 (its history moved in: scripts/lib.lua). Unreadable records are
+        passed over: `audit verify` reads the records too, and names those."""
+        pattern = _glob_escape(self._prefix_bytes) + b"{*"
+        async for here, keys in self._scan(pattern, once=True, step=lambda: LONG_SCAN_BATCH):
+            records = [k for k in keys if k.endswith(b"}")]
+            beside = [k[:-2] for k in keys if k.endswith(b"}:h")]
+            if not records and not beside:
+                continue
+            hkeys = [rkey + b":h" for rkey in beside]
+            values = await self._get_many(here, [*records, *beside, *hkeys])
+            held = values[len(records) : len(records) + len(beside)]
+            for rkey, raw in zip(records, values[: len(records)], strict=True):
+                if isinstance(raw, ReplyError):  # moved since the scan: read where it is now
+                    text = await self._moved_history(rkey, raw)
+                    if text is not None:
+                        yield self._key_of(rkey), None, _text(text)
+                    continue
+                record = self._decoded(rkey, raw)
+                if record is not None and record.history is not None:
+                    yield self._key_of(rkey), record.tool, record.history
+            for rkey, raw, text in zip(beside, held, values[len(records) + len(beside) :],
+                                       strict=True):  # fmt: skip
+                if isinstance(raw, ReplyError):
+                    continue  # its record moved: read with it above, or in its own batch
+                record = self._decoded(rkey, raw)
+                if record is not None and record.history is not None:
+                    continue  # moved into its record, read with it
                 if isinstance(text, ReplyError):
-                    if self._cluster is None or text.code not in REDIRECTS:
-                        raise _translate(text)
-                    # Moved since the scan: read on the record's slot owner, as the record is.
-                    text = await self._script(lua.HISTORY, hkey[:-2], (), ())
+                    text = await self._moved_history(rkey, text)
                 if text is not None:
-                    yield self._key_of(hkey[:-2]), _text(text)
+                    yield self._key_of(rkey), record.tool if record else None, _text(text)
+
+    def _decoded(self, rkey: bytes, raw: Any) -> Record | None:
+        """The record (with the history inside it, if format 3) of a record's bytes; None when
+        absent or unreadable."""
+        if type(raw) is not bytes:
+            return None
+        try:
+            return stored.decode(self._key_of(rkey), raw)
+        except CorruptRecord:
+            return None
+
+    async def _moved_history(self, rkey: bytes, reply: ReplyError) -> Any:
+        """On a cluster, the history of a record whose key (or history key) moved since the
+        scan, read at its new owner. Any other refusal is raised."""
+        if self._cluster is None or reply.code not in REDIRECTS:
+            raise _translate(reply)
+        return await self._script(lua.HISTORY, rkey, (), ())
 
     async def audit(self, *, since: float | None = None, limit: int = 1000) -> list[AuditEntry]:
-        """The audit stream from `since` (seconds, Redis clock) on, oldest first; on a
-        cluster, every history's events merged by time (`history.py`)."""
-        if self._cluster is not None:
-            tools = {r.key: r.tool for r in await self.list_records(limit=1_000_000_000)}
-            kept = [(key, tools.get(key), text) for key, text in await self.histories()]
+        """The audit stream from `since` (seconds, Redis clock) on, oldest first; without one
+        (the default, and on a cluster), every history's events merged by time
+        (`history.py`): a read of every record, which `mcp-once audit --follow` repeats at
+        each poll (docs/operations.md says what that costs)."""
+        if not self._audit_stream:
+            kept = [trail async for trail in self._trails()]
             return audit_stream.from_histories(kept, since, limit)
         # Entry ids are the Redis clock's milliseconds, without this store's test offset.
         start = b"-"
@@ -1429,6 +1498,29 @@ def _info_field(info: Any, name: str) -> str | None:
         if field == name:
             return value.strip()
     return None
+
+
+def _check_history_options(
+    history: bool, audit_stream: bool, record_format: int, *, cluster: bool
+) -> None:
+    """Refuse a combination of history options that cannot be kept, naming it."""
+    if record_format not in (2, RECORD_FORMAT):
+        raise ValueError(
+            f"record_format must be 2 (the release before format 3 reads it) or {RECORD_FORMAT},"
+            f" not {record_format!r}"
+        )
+    if not audit_stream:
+        return
+    if cluster:
+        raise ValueError(
+            "audit_stream=true is not available on a Redis Cluster: its histories are the"
+            " audit trail (`mcp-once audit` reads them)"
+        )
+    if not history or record_format != RECORD_FORMAT:
+        raise ValueError(
+            "audit_stream=true needs the histories it chains to: not with history=false or"
+            " record_format=2"
+        )
 
 
 def _micros(what: str, seconds: float) -> int:

@@ -47,30 +47,42 @@ if r == nil or r.state == RELEASED or repeated then
         lease = now + lease, completed = 0, expires = 0,
         fp = fp, token = token, tool = tool, result = '',
         saved_state = stored and stored.saved_state,
+        -- the same record goes on with its history; a new one (the last expired) starts its
+        -- own, and a history beside the last (lib.lua: written before format 3) ends with it
+        hist = r and r.hist, format = r and r.format,
+        moved = r == nil and stored ~= nil and stored.format ~= FORMAT_HISTORY,
     }
-    save(key, fresh, now)
     record_event(key, fresh, 'C', said(), now, false)
+    save(key, fresh, now)
     return {'claimed', token, fresh.fence, attempts, 0}
 end
 if r.fp ~= fp then
     record_event(key, r, 'X', 'c=key_reused', now, true)
+    keep(key, r)
     return {'mismatch'}
 end
 if r.state == COMPLETED then
-    if resend_only and r.lease ~= DELIVERED then
+    local marked = resend_only and r.lease ~= DELIVERED
+    if marked then
         r.lease = DELIVERED
         r.updated = now
-        save(key, r, now)
     end
     record_event(key, r, 'P', '', now, true)
+    if marked then
+        save(key, r, now)
+    else
+        keep(key, r)
+    end
     return {'replay', r.fence, r.attempts, r.completed, r.result}
 end
 if r.state == UNKNOWN then
     record_event(key, r, 'X', 'c=unknown', now, true)
+    keep(key, r)
     return {'unknown', r.fence, r.attempts, 0}
 end
 if now < r.lease then
     record_event(key, r, 'X', 'c=in_progress', now, true)
+    keep(key, r)
     return {'busy', r.fence, r.lease - now}
 end
 -- A record written without a tool name (the previous release) takes it from the claim that
@@ -83,7 +95,8 @@ if takeover then
     hand_over(key, r, token, lease, now)
     return {'claimed', token, r.fence, r.attempts, 1}
 end
-to_unknown(key, r, now)
-record_event(key, r, 'L', 'w=unknown', now, false)
+to_unknown(key, r, now, function(turned)
+    record_event(key, turned, 'L', 'w=unknown', now, false)
+end)
 announce(key, r)
 return {'unknown', r.fence, r.attempts, 1}

@@ -22,12 +22,12 @@ r.updated = now
 r.lease = ARGV[6] == '1' and DELIVERED or 0
 r.completed = now
 r.expires = now + retention
-save(key, r, now)
 local upstream = string.match(said(), 'u=[^,]*')
 local verdict = string.gsub(said(), ',?u=[^,]*$', '')
 if verdict ~= '' then -- a reconciliation's verdict (a=happened, a=not_happened): rule 19
     record_event(key, r, 'K', verdict, now, false)
 end
 record_event(key, r, 'D', 's=' .. int(#result) .. (upstream and ',' .. upstream or ''), now, false)
+save(key, r, now)
 announce(key, r)
 return {'ok'}

@@ -12,12 +12,13 @@ end)
 if refused then
     return refused
 end
-to_unknown(key, r, now)
-local told = said()
-if string.sub(told, 1, 2) == 'a=' then -- a reconciler's verdict (rule 19)
-    record_event(key, r, 'K', told, now, false)
-elseif told ~= '' then -- its holder gave the execution up as unknown (w=why)
-    record_event(key, r, 'I', told, now, false)
-end
+to_unknown(key, r, now, function(turned)
+    local told = said()
+    if string.sub(told, 1, 2) == 'a=' then -- a reconciler's verdict (rule 19)
+        record_event(key, turned, 'K', told, now, false)
+    elseif told ~= '' then -- its holder gave the execution up as unknown (w=why)
+        record_event(key, turned, 'I', told, now, false)
+    end
+end)
 announce(key, r)
 return {'ok'}

@@ -4,7 +4,7 @@
 -- then the result bytes. One string rather than a hash keeps a completed record's overhead near
 -- 200 bytes; a hash turns into a hashtable as soon as the result passes 64 bytes (~900 bytes).
 --
---   >B  format (1 or 2)     >B  state (1 in progress, 2 completed, 3 unknown, 4 released)
+--   >B  format (1, 2 or 3)  >B  state (1 in progress, 2 completed, 3 unknown, 4 released)
 --   >i8 fence               >i8 attempts
 --   >i8 created_us          >i8 updated_us
 --   >i8 lease_deadline_us   >i8 completed_us       >i8 expires_us     (0 = none)
@@ -12,6 +12,8 @@
 --       digest arrives as 0xFF + 32 raw bytes; scripts only compare them)
 --   B   token length (32 or 0), token bytes
 --   format 2 only: B tool name length (1..255), tool name bytes (UTF-8, for operators)
+--   format 3 only: B tool name length (0..255), tool name bytes, then >I4 history length and
+--       the record's history (see `record_event`: the seal line, if any, and event lines)
 --   result bytes (the rest)
 --
 -- A COMPLETED record has no lease: its lease_deadline_us slot holds the delivery mark instead
@@ -23,6 +25,14 @@
 -- as a record whose tool is unknown, and written again as format 1 until a claim names its tool.
 -- A record with a tool name is format 2, which the previous release refuses as unknown, so a
 -- record never says "format 2" unless it carries a tool name.
+--
+-- Format 3 is a record carrying its own history (rule 24: it lives inside the record and dies
+-- with it), which releases before it refuse as unknown. A store that keeps histories writes it;
+-- one that keeps none (`history=False`) or is pinned to format 2 (`record_format=2`, for a
+-- rolling upgrade) writes formats 1 and 2 as before, and keeps a format-3 record's history as it
+-- found it. A format-1 or -2 record may have a history beside it, KEYS[1] .. ':h' (the release
+-- of issue 37 wrote one): read while the record is (history.lua), and moved inside the record
+-- the first time an event is recorded for it here.
 --
 -- All times are microseconds of the Redis clock (TIME) plus ARGV[1], a test-only offset.
 -- expires_us decides liveness; the key's PEXPIRE is only garbage collection, never earlier.
@@ -44,7 +54,7 @@
 -- record the first time it is read: records written before it, or by the previous release,
 -- are found that way; `purge` adds any it meets too).
 
-local FORMAT, FORMAT_WITH_TOOL = 1, 2
+local FORMAT, FORMAT_WITH_TOOL, FORMAT_HISTORY = 1, 2, 3
 local IN_PROGRESS, COMPLETED, UNKNOWN, RELEASED = 1, 2, 3, 4
 local HEAD = '>BBi8i8i8i8i8i8i8'
 local HEAD_BYTES = 58
@@ -77,7 +87,7 @@ local function decode(raw)
     if not ok then
         return nil, 'unreadable header'
     end
-    if v ~= FORMAT and v ~= FORMAT_WITH_TOOL then
+    if v ~= FORMAT and v ~= FORMAT_WITH_TOOL and v ~= FORMAT_HISTORY then
         return nil, 'unknown record format ' .. int(v)
     end
     local fplen = struct.unpack('>H', raw, pos)
@@ -94,19 +104,31 @@ local function decode(raw)
     end
     local token = string.sub(raw, pos, pos + tlen - 1)
     pos = pos + tlen
-    local tool = ''
-    if v == FORMAT_WITH_TOOL then
+    local tool, hist = '', nil
+    if v ~= FORMAT then
         local nlen = string.byte(raw, pos)
-        if nlen == nil or nlen == 0 or pos + nlen > #raw then
+        if nlen == nil or (nlen == 0 and v == FORMAT_WITH_TOOL) or pos + nlen > #raw then
             return nil, 'truncated tool name'
         end
         tool = string.sub(raw, pos + 1, pos + nlen)
         pos = pos + 1 + nlen
     end
+    if v == FORMAT_HISTORY then
+        if pos + 3 > #raw then
+            return nil, 'truncated history'
+        end
+        local hlen = struct.unpack('>I4', raw, pos)
+        pos = pos + 4
+        if pos + hlen - 1 > #raw then
+            return nil, 'truncated history'
+        end
+        hist = string.sub(raw, pos, pos + hlen - 1)
+        pos = pos + hlen
+    end
     local rec = {
         state = st, fence = fence, attempts = att, created = cr, updated = up, lease = ls,
         completed = cp, expires = ex, fp = fp, token = token, tool = tool,
-        result = string.sub(raw, pos),
+        result = string.sub(raw, pos), format = v, hist = hist,
     }
     if st < IN_PROGRESS or st > RELEASED then
         return nil, 'unknown state ' .. int(st)
@@ -145,9 +167,13 @@ local function load(key)
     return decode(raw)
 end
 
+-- The record's bytes: format 3 when it carries a history (r.hist), else 1 or 2.
 local function encode(r)
     local format, tool = FORMAT, ''
-    if #r.tool > 0 then
+    if r.hist ~= nil then
+        format = FORMAT_HISTORY
+        tool = string.char(#r.tool) .. r.tool .. struct.pack('>I4', #r.hist) .. r.hist
+    elseif #r.tool > 0 then
         format, tool = FORMAT_WITH_TOOL, string.char(#r.tool) .. r.tool
     end
     local expires = r.expires
@@ -188,8 +214,18 @@ local function index(key, r)
     end
 end
 
+-- A record written before histories moved inside it whose history has now moved in (see
+-- `record_event`): the key that held it goes.
+local function moved(key, r)
+    if r.moved then
+        r.moved = false
+        redis.pcall('UNLINK', key .. ':h')
+    end
+end
+
 local function save(key, r, now)
     index(key, r)
+    moved(key, r)
     local raw = encode(r)
     if r.expires == 0 then
         redis.call('SET', key, raw)
@@ -278,12 +314,14 @@ local function load_live(key, now)
     return live(stored, now), nil
 end
 
--- The record `r` in doubt: UNKNOWN, held by no one, kept until someone resolves it (rule 9).
-local function to_unknown(key, r, now)
+-- The record `r` in doubt: UNKNOWN, held by no one, kept until someone resolves it (rule 9);
+-- `events(r)` records its events before it is saved.
+local function to_unknown(key, r, now, events)
     r.state = UNKNOWN
     r.token = ''
     r.updated = now
     r.expires = 0
+    events(r)
     save(key, r, now)
 end
 
@@ -302,24 +340,23 @@ local function announce(key, r)
     redis.call('PUBLISH', key, r.state)
 end
 
--- History and audit stream (rule 20; idempotency._stores.history is the reference: the same
--- line format, chaining, counting, bounds and seal, read back by one parser in Python).
--- A record's history is one string beside it, KEYS[1] .. ':h' (the record's hash tag, so its
--- slot), kept while the record is plus a grace. It is not declared (a script declaring two keys
--- could not create a record while its slot migrates: TRYAGAIN), so it is read and written with
--- pcall: in the moment a migration has moved one of the pair and not the other, the cluster
--- refuses the access and the transition, already saved, goes without its event rather than
--- fail half done. Scripts that record events get three more arguments at the end:
--- ARGV[#ARGV - 2], what the caller said (DETAILS, already encoded: a scope digest, why
--- released, who settled); ARGV[#ARGV - 1], the audit stream's key: '' when the store keeps no
--- history, '-' on a Redis Cluster, where the histories are the audit trail (a stream shared by
--- a slot's records would be a key no script declares, split from them by a migration); and
--- ARGV[#ARGV], '' or, with an audit key, this record's own history key as HMAC-SHA1's two
--- padded blocks (64 bytes each) and the audit key's id (idempotency._stores.audit_key): never
--- the audit key itself, and never stored. Before these three, ARGV[#ARGV - 3]: the in-doubt
--- index's key (see `index`).
+-- History and audit stream (rules 20 and 24; idempotency._stores.history is the reference: the
+-- same line format, chaining, counting, bounds and seal, read back by one parser in Python).
+-- A record's history is inside the record (format 3: r.hist), so it is written by the same SET
+-- as the record, lives exactly as long as the record and goes with it: no second key, no grace
+-- after expiry. `record_event` adds an event to r.hist, and the caller saves the record after
+-- it (`save`, or `keep` for a replay or refusal that changes nothing else). Scripts that record
+-- events get three more arguments at the end: ARGV[#ARGV - 2], what the caller said (DETAILS,
+-- already encoded: a scope digest, why released, who settled); ARGV[#ARGV - 1], the audit
+-- stream's key: '' when the store keeps no history (or writes format 2), '-' when it keeps no
+-- stream (the default, and always on a Redis Cluster, where a stream shared by a slot's records
+-- would be a key no script declares, split from them by a migration: the histories are the
+-- audit trail), else the stream (`audit_stream=true`), to which the same script appends each
+-- event; and ARGV[#ARGV], '' or, with an audit key, this record's history key as HMAC-SHA1's
+-- two padded blocks (64 bytes each) and the audit key's id (idempotency._stores.audit_key):
+-- never the audit key itself, and never stored. Before these three, ARGV[#ARGV - 3]: the
+-- in-doubt index's key (see `index`).
 local HISTORY_MAX = 32
-local HISTORY_GRACE_MS = 86400000
 local AUDIT_MAX = '100000' -- a string: XADD takes it as is
 local DIGEST_CHARS = 16
 -- Histories shorter than this take `append_fast` (at most some 22 lines: below HISTORY_MAX).
@@ -394,46 +431,6 @@ end
 -- path's cost is mostly calls like it (`at`: milliseconds, a number or its digits).
 local function event_body(at, code, r, info)
     return string.format('%d|%s|%d|%d|%s', at, code, r.fence, r.attempts, info)
-end
-
--- The history's time to live: its record's plus the grace; nil while the record is UNKNOWN
--- (kept until resolved, as the record is).
-local function history_ttl(r, now)
-    if r.expires == 0 then
-        return nil
-    end
-    return int(math.max(math.ceil((r.expires - now) / 1000), 0) + HISTORY_GRACE_MS)
-end
-
--- Write the history. One SET of the whole text, not APPEND: APPEND leaves room to grow, a third
--- more memory per history, and the text was read anyway (the chain's last digest).
-local function save_history(hkey, text, r, now)
-    local ttl = history_ttl(r, now)
-    if ttl == nil then
-        redis.call('SET', hkey, text)
-    else
-        redis.call('SET', hkey, text, 'PX', ttl)
-    end
-end
-
--- The first claim of a record (fence 1) usually starts its history: written with SET NX, without
--- reading first (one call less on the hot path). The line (false when a history is already
--- there: a record gone within the grace, then claimed anew) or a refusal ({err = ...}).
-local function start_history(hkey, r, code, info, now, keyed)
-    local body = event_body(math.floor(now / 1000), code, r, info)
-    local line = body .. '|' .. chained(keyed, '', body)
-    local text = keyed and sealed(keyed, nil, '', line, true, 0) or line
-    local ttl = history_ttl(r, now)
-    local done
-    if ttl == nil then
-        done = redis.pcall('SET', hkey, text, 'NX')
-    else
-        done = redis.pcall('SET', hkey, text, 'NX', 'PX', ttl)
-    end
-    if type(done) == 'table' and done.err then
-        return done
-    end
-    return done and line
 end
 
 -- When the newest line of `text` was written, if it is a claimed event (nil otherwise): the
@@ -534,8 +531,9 @@ local function append_full(text, r, code, info, now, counted, keyed)
     return table.concat(lines, '\n'), lines[#lines], grew, dropped
 end
 
--- Append one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history and
--- the audit stream. `counted`: a replay or refusal, which replaces a last line it repeats.
+-- Add one event of the record `r` at `key` (kind `code`, DETAILS `info`) to its history (r.hist,
+-- saved with the record by the caller) and to the audit stream, if kept. `counted`: a replay or
+-- refusal, which replaces a last line it repeats.
 local function record_event(key, r, code, info, now, counted)
     local audit = ARGV[#ARGV - 1]
     if audit == '' then
@@ -558,34 +556,33 @@ local function record_event(key, r, code, info, now, counted)
             return sub(sha(opad .. inner), 1, DIGEST_CHARS)
         end}
     end
-    local hkey = key .. ':h'
-    local line
-    if code == 'C' and r.fence == 1 then
-        line = start_history(hkey, r, code, info, now, keyed)
-        if type(line) == 'table' then
-            return -- refused (a slot migration split the pair): no event this time
+    local stored = r.hist
+    if stored == nil then
+        stored = ''
+        if r.format ~= nil and r.format ~= FORMAT_HISTORY then
+            -- written before histories moved inside records: its history, if any, moves in
+            -- (pcall: in a slot migration's moment the pair may be split; it starts anew then)
+            local kept = redis.pcall('GET', key .. ':h')
+            if type(kept) == 'string' then
+                stored = kept
+            end
+            r.moved = true
         end
     end
-    if not line then
-        local stored = redis.pcall('GET', hkey)
-        if type(stored) == 'table' then
-            return -- refused, as above
-        end
-        local seal, text = nil, stored or ''
-        if string.byte(text, 1) == 35 then -- '#': the seal line, then the event lines
-            local at = string.find(text, '\n', 1, true) or #text + 1
-            seal, text = string.sub(text, 1, at - 1), string.sub(text, at + 1)
-        end
-        local new, grew, dropped
-        if not counted and #text < FAST_BYTES then
-            new, line = append_fast(text, r, code, info, now, keyed)
-            grew, dropped = true, 0
-        end
-        if not line then -- nil, or false: a fence-1 claim found a history (start_history)
-            new, line, grew, dropped = append_full(text, r, code, info, now, counted, keyed)
-        end
-        save_history(hkey, sealed(keyed, seal, text, new, grew, dropped), r, now)
+    local seal, text = nil, stored
+    if string.byte(text, 1) == 35 then -- '#': the seal line, then the event lines
+        local at = string.find(text, '\n', 1, true) or #text + 1
+        seal, text = string.sub(text, 1, at - 1), string.sub(text, at + 1)
     end
+    local new, line, grew, dropped
+    if not counted and #text < FAST_BYTES then
+        new, line = append_fast(text, r, code, info, now, keyed)
+        grew, dropped = true, 0
+    end
+    if not line then -- a completion whose last line is not its claim
+        new, line, grew, dropped = append_full(text, r, code, info, now, counted, keyed)
+    end
+    r.hist = sealed(keyed, seal, text, new, grew, dropped)
     if audit ~= '-' then
         -- One field (fewer for XADD to encode): the line, then the tool's name after its length
         -- (one byte: at most 255) and the record's key (idempotency._stores.redis.history).
@@ -593,6 +590,16 @@ local function record_event(key, r, code, info, now, counted)
         redis.call('XADD', audit, 'MAXLEN', '~', AUDIT_MAX, '*',
             'a', line .. '\n' .. string.char(#r.tool) .. r.tool .. tag)
     end
+end
+
+-- Save the record `r` at `key` after a replay's or refusal's event, which changed nothing but its
+-- history: its time to live and its place in the in-doubt index stay as they are.
+local function keep(key, r)
+    if ARGV[#ARGV - 1] == '' then
+        return -- no event was recorded
+    end
+    moved(key, r)
+    redis.call('SET', key, encode(r), 'KEEPTTL')
 end
 
 -- Hand the record `r` to the holder `token`: the fence and attempts one higher, a new lease,
@@ -607,6 +614,6 @@ local function hand_over(key, r, token, lease, now)
     r.updated = now
     r.lease = now + lease
     r.expires = 0
-    save(key, r, now)
     record_event(key, r, 'C', said(), now, false)
+    save(key, r, now)
 end

@@ -11,6 +11,8 @@ if why or r == nil or live(r, now) ~= nil then
     return 0
 end
 redis.call('DEL', KEYS[1])
-r.expires = now -- gone: its history stays for the grace
-record_event(KEYS[1], r, 'G', '', now, false)
+if ARGV[#ARGV - 1] ~= '-' then -- its history went with it (lib.lua); the stream, if kept, says so
+    r.expires = now
+    record_event(KEYS[1], r, 'G', '', now, false)
+end
 return 1

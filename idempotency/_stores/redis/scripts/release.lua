@@ -12,12 +12,13 @@ end)
 if refused then
     return refused
 end
-save(key, tombstone(r, now, retention), now)
+tombstone(r, now, retention)
 local told = said()
 if string.sub(told, 1, 2) == 'a=' then -- a reconciliation's verdict first (rule 19)
     record_event(key, r, 'K', told, now, false)
     told = ''
 end
 record_event(key, r, 'R', told ~= '' and told or 'w=released', now, false)
+save(key, r, now)
 announce(key, r)
 return {'ok'}

@@ -1,6 +1,5 @@
 -- renew(KEYS[1]; ARGV: offset_us, token, lease_us)
--- Mirrors idempotency._stores.transitions.renew: the lease moves, the record keeps no expiry
--- (nor does its history: written without one when the record was claimed).
+-- Mirrors idempotency._stores.transitions.renew: the lease moves, the record keeps no expiry.
 -- Replies {'ok'}, {'lost'} or {'corrupt', why}.
 local key, token, lease = KEYS[1], ARGV[2], tonumber(ARGV[3])
 local now = clock()

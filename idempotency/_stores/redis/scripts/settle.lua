@@ -37,7 +37,7 @@ if has_result then
 else
     tombstone(r, now, retention)
 end
-save(key, r, now)
 record_event(key, r, 'S', said(), now, false)
+save(key, r, now)
 announce(key, r)
 return {'ok'}
