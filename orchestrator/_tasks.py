@@ -137,7 +137,7 @@ async def poll_interval(state: TaskState | TaskCreated) -> None:
 async def _resolved(created: TaskCreated, ctx: ClaimContext) -> CallToolResult:
     """A plain `call_tool` the server answered with a task (the session declares the
     extension): polled to its end, as fastmcp-tasks' client does, so that the caller gets the
-    tool's result as from a plain call."""
+    tool's result as from a plain call (a task that asks for input cannot be answered here)."""
     session: ClientSession = ctx.session
     state: TaskState | TaskCreated = created
     while True:
@@ -146,6 +146,11 @@ async def _resolved(created: TaskCreated, ctx: ClaimContext) -> CallToolResult:
         state = await session.send_request(request, TASK_STATE, ctx.read_timeout_seconds)
         if state.terminal:
             return state.outcome()
+        if state.status == "input_required":
+            raise RuntimeError(
+                f"task {created.task_id!r} of {ctx.tool_name!r} waits for input: create it with"
+                " RetryingSession.create_task and answer it with update_task"
+            )
 
 
 class TasksExtension(ClientExtension):
