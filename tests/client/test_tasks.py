@@ -258,3 +258,18 @@ def test_the_task_answers_read_the_real_wire_shapes() -> None:
     assert caught.value.error.code == -32603
     with pytest.raises(ValueError, match="has no result"):
         TaskState.model_validate({"taskId": "t-1", "status": "cancelled"}).outcome()
+
+
+async def test_a_task_update_or_cancel_is_sent_once(tmp_path: Path) -> None:
+    """`tasks/update` and `tasks/cancel` change the task: a lost answer is raised as it came
+    after one request, never re-sent (unlike a poll)."""
+    faults = Faults(plan={"tasks/update": ["drop"], "tasks/cancel": ["drop"]})
+    async with retrying(tmp_path, faults, policy=RetryPolicy(attempt_timeout=0.3)) as rs:
+        created = await rs.create_task("deploy", {"target": "x"})
+        assert isinstance(created, TaskCreated)
+        with pytest.raises(MCPError, match="'tasks/update' timed out"):
+            await rs.update_task(created.task_id, {"r-1": {"action": "accept"}})
+        with pytest.raises(MCPError, match="'tasks/cancel' timed out"):
+            await rs.cancel_task(created.task_id)
+    sent = [method for method, _ in faults.requests if method.startswith("tasks/")]
+    assert sent == ["tasks/update", "tasks/cancel"]

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client
-from proxy_kit import MARKER
+from proxy_kit import KEY, MARKER
 
 from idempotency import open_store, wire
 from mcp_once.proxy import Upstream, build_proxy
@@ -191,3 +191,29 @@ async def test_an_upstream_killed_while_creating_a_task_leaves_the_record_unknow
                 await rs.create_task("release", arguments, idempotency_key="crash-1")
     assert len(lines(ledger / "calls")) == 1 and len(lines(ledger / "effects")) == 1
     assert lines(ledger / "tasks") == []  # it died before recording its task
+
+
+async def test_a_legacy_era_caller_cannot_ask_for_a_task_and_gets_a_plain_call(
+    tmp_path: Path,
+) -> None:
+    """Tasks are 2026-07-28 only: a 2025-11-25 caller's requests carry no capabilities (its
+    client declares the extension, the SDK drops it), so the proxy sends its call upstream plain,
+    on a session that does not declare the extension: the tool's result, stored and replayed."""
+    from fastmcp import Client as FastMCPClient
+
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    async with task_upstream(tmp_path) as (upstream, ledger):
+        proxy = build_proxy(Upstream.http(upstream.url), open_store(store_url))
+        extensions = [TasksExtension()]
+        async with (
+            proxy.opened(),
+            FastMCPClient(proxy, mode="legacy", extensions=extensions) as legacy,
+        ):
+            answers = [
+                await legacy.call_tool_mcp("deploy", {"target": "eu"}, meta={KEY: "old-1"})
+                for _ in "12"
+            ]
+    assert [(a.meta or {})[MARKER]["status"] for a in answers] == ["executed", "replayed"]
+    assert "deployed eu (#1)" in str(answers[1].content)
+    [call] = lines(ledger / "calls")
+    assert call.startswith("plain mcp-once:") and lines(ledger / "tasks") == []
