@@ -84,7 +84,7 @@ from ._tasks import (
     TaskState,
     UpdateTask,
     UpdateTaskParams,
-    poll_interval,
+    until_done,
 )
 from ._telemetry import error_type
 from ._testing import pause
@@ -472,16 +472,7 @@ class RetryingSession:
         error (`MCPError`), a cancelled one ValueError, a task waiting for input RuntimeError
         (answer it with `update_task`). Each poll is re-sent as `get_task`'s; the wait has no
         bound of its own (the caller's cancel scope bounds it)."""
-        while True:
-            state = await self.get_task(task_id)
-            if state.terminal:
-                return state.outcome()
-            if state.status == "input_required":
-                raise RuntimeError(
-                    f"task {task_id!r} waits for input: answer its input_requests with"
-                    " update_task, then wait again"
-                )
-            await poll_interval(state)
+        return await until_done(task_id, lambda: self.get_task(task_id))
 
     async def update_task(self, task_id: str, input_responses: Mapping[str, Any]) -> None:
         """`tasks/update`: the caller's answers to a task's `inputRequests`. Sent once (it

@@ -23,7 +23,7 @@ a replay. A server that runs the call plain (it does not task that tool) answers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -134,23 +134,40 @@ async def poll_interval(state: TaskState | TaskCreated) -> None:
     await anyio.sleep(max(0.02, ms / 1000) if ms is not None and ms > 0 else 0.1)
 
 
-async def _resolved(created: TaskCreated, ctx: ClaimContext) -> CallToolResult:
-    """A plain `call_tool` the server answered with a task (the session declares the
-    extension): polled to its end, as fastmcp-tasks' client does, so that the caller gets the
-    tool's result as from a plain call (a task that asks for input cannot be answered here)."""
-    session: ClientSession = ctx.session
-    state: TaskState | TaskCreated = created
+async def until_done(
+    task_id: str,
+    poll: Callable[[], Awaitable[TaskState]],
+    waited: TaskState | TaskCreated | None = None,
+) -> CallToolResult:
+    """Poll task `task_id` (`poll`: one `tasks/get`) at the server's pace until it is terminal,
+    after waiting out `waited`'s interval if given; its inlined result, or its error raised
+    (`TaskState.outcome`). A task that asks for input is a RuntimeError: its answers go with
+    `tasks/update`, which a wait cannot send."""
     while True:
-        await poll_interval(state)
-        request = GetTask(params=TaskIdParams(task_id=created.task_id))
-        state = await session.send_request(request, TASK_STATE, ctx.read_timeout_seconds)
+        if waited is not None:
+            await poll_interval(waited)
+        state = await poll()
         if state.terminal:
             return state.outcome()
         if state.status == "input_required":
             raise RuntimeError(
-                f"task {created.task_id!r} of {ctx.tool_name!r} waits for input: create it with"
-                " RetryingSession.create_task and answer it with update_task"
+                f"task {task_id!r} waits for input: answer its input_requests with"
+                " RetryingSession.update_task, then wait again"
             )
+        waited = state
+
+
+async def _resolved(created: TaskCreated, ctx: ClaimContext) -> CallToolResult:
+    """A plain `call_tool` the server answered with a task (the session declares the
+    extension): polled to its end, as fastmcp-tasks' client does, so that the caller gets the
+    tool's result as from a plain call."""
+    session: ClientSession = ctx.session
+    request = GetTask(params=TaskIdParams(task_id=created.task_id))
+
+    async def poll() -> TaskState:
+        return await session.send_request(request, TASK_STATE, ctx.read_timeout_seconds)
+
+    return await until_done(created.task_id, poll, created)
 
 
 class TasksExtension(ClientExtension):
