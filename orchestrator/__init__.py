@@ -11,8 +11,10 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
   (one keyed `tools/call`, one page of `tools/list`, `closed()`, the list-changed hook);
   `InputRoundSession`, the optional capability of one to carry an input-required round
   (`RetryingSession.call_tool(..., allow_input_required=True)`); `TaskSession`, the optional
-  capability of one to send the tasks extension's requests (`RetryingSession.create_task`, whose
-  answer is a `TaskCreated` of `resultType` `TASK_RESULT_TYPE`, then `get_task`, `task_result`).
+  capability of one to send the tasks extension's requests (SEP-2663: `RetryingSession.create_task`
+  on a session declaring `TasksExtension` (`TASKS_EXTENSION`), whose answer is a flat
+  `TaskCreated` of `resultType` `TASK_RESULT_TYPE`, then `get_task` (a `TaskState`),
+  `task_result`, `update_task`, `cancel_task`).
 - `SessionSlot`: the reconnection half of `RetryingSession`: one live session, replaced through a
   `Connect` factory when it dies, shared by every caller (raises `ReconnectFailed`, or
   `SessionUnavailable` when it has no factory). `RetryingSession.call_tool` never raises either:
@@ -82,7 +84,7 @@ from ._report import AttemptReport, CallOutcome, CallReport, FailureKind, GiveUp
 from ._run import Run, RunDiverged, RunExpired, Turn, run_key
 from ._session import RetryingSession
 from ._sessions import InputRoundSession, SessionLike, TaskSession, ToolSession, tool_session
-from ._tasks import TASK_RESULT_TYPE, TaskCreated
+from ._tasks import TASK_RESULT_TYPE, TASKS_EXTENSION, TaskCreated, TasksExtension, TaskState
 from ._testing import testing
 
 # A library is silent unless its user asks (the standard library's convention for libraries):
@@ -93,6 +95,7 @@ logging.getLogger("orchestrator").addHandler(logging.NullHandler())
 __all__ = [
     "GATED",
     "MAX_ATTEMPTS_CEILING",
+    "TASKS_EXTENSION",
     "TASK_RESULT_TYPE",
     "AttemptReport",
     "CallOutcome",
@@ -135,6 +138,8 @@ __all__ = [
     "SessionUnavailable",
     "TaskCreated",
     "TaskSession",
+    "TaskState",
+    "TasksExtension",
     "ToolCallError",
     "ToolSession",
     "TransportFailed",

@@ -23,18 +23,10 @@ from mcp_types import (
     CallToolRequest,
     CallToolRequestParams,
     CallToolResult,
-    CancelTaskRequest,
-    CancelTaskRequestParams,
-    GetTaskPayloadRequest,
-    GetTaskPayloadRequestParams,
-    GetTaskRequest,
-    GetTaskRequestParams,
-    GetTaskResult,
     InputRequiredResult,
     InputResponses,
     Request,
     RequestParamsMeta,
-    TaskMetadata,
     Tool,
 )
 from opentelemetry import trace
@@ -81,7 +73,19 @@ from ._sessions import (
     task_session,
     tool_session,
 )
-from ._tasks import TASK_ANSWER, TASK_STATUS, TaskCreated, task_metadata
+from ._tasks import (
+    TASK_ANSWER,
+    TASK_STATE,
+    TASK_UPDATED,
+    CancelTask,
+    GetTask,
+    TaskCreated,
+    TaskIdParams,
+    TaskState,
+    UpdateTask,
+    UpdateTaskParams,
+    until_done,
+)
 from ._telemetry import error_type
 from ._testing import pause
 
@@ -90,8 +94,6 @@ from ._testing import pause
 _Answer = CallToolResult | InputRequiredResult | TaskCreated
 
 _T = TypeVar("_T", bound=BaseModel)
-
-_TASK_RESULT: TypeAdapter[CallToolResult] = TypeAdapter(CallToolResult)
 
 
 def _replayed(result: _Answer) -> bool:
@@ -428,13 +430,14 @@ class RetryingSession:
         read_timeout_seconds: float | None = None,
         progress_callback: ProgressFnT | None = None,
         *,
-        ttl: int | None = None,
         meta: RequestParamsMeta | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> TaskCreated | CallToolResult:
-        """Call a tool as a task (the tasks extension: `params.task`, with `ttl` milliseconds of
-        retention asked for): the server's `TaskCreated` (poll it with `get_task`, read it with
-        `task_result`), or the tool's `CallToolResult` when the server ran it as a plain call.
+        """Call a tool as a task (SEP-2663): the server's `TaskCreated` (poll it with
+        `get_task`, or wait for its result with `task_result`), or the tool's `CallToolResult`
+        when the server ran it as a plain call. The session must declare the tasks extension
+        (`Client(..., extensions=[TasksExtension()])`, on a 2026-07-28 session): the SDK stamps
+        it into every request's capabilities, which is how a server learns it may task the call.
 
         Creating a task is a call like any other (rule 23): it carries the call's key (the same
         choice of key as `call_tool`, a `run` journals it by position), and a lost answer is
@@ -442,7 +445,6 @@ class RetryingSession:
         server (or `mcp-once proxy`) answers the re-send with the task it already created
         (`TaskCreated.meta` marked as a replay, `last_report.replayed`). Raises as `call_tool`
         does, and TypeError for a session that cannot send tasks (`TaskSession`)."""
-        task = task_metadata(ttl)
         answer, _ = await self._started(
             name,
             arguments,
@@ -451,30 +453,40 @@ class RetryingSession:
             meta,
             idempotency_key,
             None,
-            TaskMetadata(**task),
+            task=True,
         )
         assert not isinstance(answer, InputRequiredResult)  # never allowed for a task
         return answer
 
-    async def get_task(self, task_id: str) -> GetTaskResult:
-        """`tasks/get`: the task's status. A pure read, re-sent on any failure that is not the
-        server's answer, within the policy's attempts and deadline (see `_read`)."""
-        request = GetTaskRequest(params=GetTaskRequestParams(task_id=_task_id(task_id)))
-        return await self._read(request, TASK_STATUS)
+    async def get_task(self, task_id: str) -> TaskState:
+        """`tasks/get`: the task's status, and its outcome inlined once it is terminal
+        (`TaskState.outcome()`). A pure read, re-sent on any failure that is not the server's
+        answer, within the policy's attempts and deadline (see `_read`)."""
+        request = GetTask(params=TaskIdParams(task_id=_task_id(task_id)))
+        return await self._read(request, TASK_STATE)
 
     async def task_result(self, task_id: str) -> CallToolResult:
-        """`tasks/result`: the tool's result, once the task is done (the server holds the
-        request until then, up to the attempt's timeout). A pure read, re-sent as `get_task`."""
-        request = GetTaskPayloadRequest(
-            params=GetTaskPayloadRequestParams(task_id=_task_id(task_id))
-        )
-        return await self._read(request, _TASK_RESULT)
+        """The tool's result of task `task_id`: `tasks/get` polled (at the server's
+        `pollIntervalMs`) until the task is terminal, its inlined result returned. SEP-2663 has
+        no `tasks/result`: the outcome comes with `tasks/get`. A failed task raises its inlined
+        error (`MCPError`), a cancelled one ValueError, a task waiting for input RuntimeError
+        (answer it with `update_task`). Each poll is re-sent as `get_task`'s; the wait has no
+        bound of its own (the caller's cancel scope bounds it)."""
+        return await until_done(task_id, lambda: self.get_task(task_id))
 
-    async def cancel_task(self, task_id: str) -> GetTaskResult:
+    async def update_task(self, task_id: str, input_responses: Mapping[str, Any]) -> None:
+        """`tasks/update`: the caller's answers to a task's `inputRequests`. Sent once (it
+        changes the task; a lost answer is raised as it came: poll `get_task`)."""
+        if not isinstance(input_responses, Mapping):
+            raise TypeError("input_responses must be a mapping of request key to answer")
+        params = UpdateTaskParams(task_id=_task_id(task_id), input_responses=dict(input_responses))
+        await self._read(UpdateTask(params=params), TASK_UPDATED, attempts=1)
+
+    async def cancel_task(self, task_id: str) -> TaskState:
         """`tasks/cancel`: the task's status after it. Sent once (a lost answer is raised as it
         came: poll `get_task` to learn where the task stands)."""
-        request = CancelTaskRequest(params=CancelTaskRequestParams(task_id=_task_id(task_id)))
-        return await self._read(request, TASK_STATUS, attempts=1)
+        request = CancelTask(params=TaskIdParams(task_id=_task_id(task_id)))
+        return await self._read(request, TASK_STATE, attempts=1)
 
     async def _read(
         self, request: Request[Any, Any], answer: TypeAdapter[_T], attempts: int | None = None
@@ -520,7 +532,7 @@ class RetryingSession:
         meta: RequestParamsMeta | Mapping[str, Any] | None,
         idempotency_key: str | None,
         round_: _Round | None,
-        task: TaskMetadata | None = None,
+        task: bool = False,
     ) -> tuple[_Answer, CallReport]:
         """One call (a plain one, a round's, or a task's) checked, keyed and run."""
         if not isinstance(name, str) or not name:
@@ -634,7 +646,7 @@ class RetryingSession:
         read_timeout: float | None,
         progress_callback: ProgressFnT | None,
         meta: Mapping[str, Any] | None,
-        task: TaskMetadata | None,
+        task: bool,
     ) -> tuple[_Answer, CallReport]:
         """One call of `run`: claimed (journal first), sent under the claimed key, marked done
         when an answer ends it (a result, an `isError` result or a permanent error). Anything
@@ -739,8 +751,8 @@ class _Call:
         self.connects_before = owner._slot.connects
         #: The input-required round the call carries (None: a plain call).
         self.round: _Round | None = None
-        #: The task the call asks the server to create (`params.task`; None: a plain call).
-        self.task: TaskMetadata | None = None
+        #: Whether the call is a task creation (its answer may be a `TaskCreated`).
+        self.task = False
         #: Run once, by the first attempt that has a live session, before anything is sent (a
         #: run's journal claims the call's position there, since its entry names the server).
         self.before_send: Callable[[SessionLike], Awaitable[None]] | None = None
@@ -858,7 +870,7 @@ class _Call:
             )
         adapted = tool_session(session)
         rounds = round_session(adapted) if self.round is not None else None  # before sending
-        tasks = task_session(adapted) if self.task is not None else None
+        tasks = task_session(adapted) if self.task else None
         if self.before_send is not None:
             prepare, self.before_send = self.before_send, None
             await prepare(session)
@@ -936,12 +948,10 @@ class _Call:
         timeout: float,
         meta: dict[str, Any],
     ) -> TaskCreated | CallToolResult:
-        """One task-augmented `tools/call` (the same `params.task` on every attempt)."""
+        """One `tools/call` whose answer may be a task (the session's requests declare the
+        tasks extension; the request itself is a plain call's)."""
         params = CallToolRequestParams(
-            name=self.name,
-            arguments=arguments,
-            task=self.task,
-            _meta=cast(RequestParamsMeta, meta),
+            name=self.name, arguments=arguments, _meta=cast(RequestParamsMeta, meta)
         )
         request = CallToolRequest(params=params)
         return await session.send_task_request(

@@ -1,13 +1,18 @@
-"""A task-capable MCP server the tests did not guard: the SDK's `MCPServer` with a minimal tasks
-extension (a task-augmented `tools/call` answered with a `CreateTaskResult` of `resultType`
-"task", `tasks/get`, `tasks/result`, `tasks/cancel`), and an effect ledger.
+"""A task-capable MCP server the tests did not guard, on the real SEP-2663 wire (the 2026-07-28
+`io.modelcontextprotocol/tasks` extension, as `fastmcp_tasks` serves it): the SDK's `MCPServer`
+with a minimal tasks extension and an effect ledger. A `tools/call` of a tool whose request
+declared the extension (the request's `_meta` client capabilities) is answered with a flat
+`CreateTaskResult` (`resultType` "task", `taskId`, `status`, ...), produced on the wire as
+`fastmcp_tasks.wire_production` does (`producing_tasks`); `tasks/get` answers the task's fields
+with its result inlined, `tasks/update` acknowledges, `tasks/cancel` answers the task's fields.
+A request that did not declare the extension is run plain.
 
     python tests/task_server.py LEDGER_DIR PORT      streamable HTTP at /mcp on PORT
 
 Files in LEDGER_DIR, each appended with one line and fsynced before anything else happens, so
 what a test counts is what happened, whatever a client or the proxy says:
-  calls    one line per `tools/call` of `deploy` received: "task <key>" or "plain <key>"
-  effects  one line per effect of `deploy` (one per task created, or per plain call)
+  calls    one line per `tools/call` received: "task <key>" or "plain <key>"
+  effects  one line per effect of a tool (one per task created, or per plain call)
   tasks    one line per task created: its id
 The task's body runs when the task is created (it is done before the `CreateTaskResult` is sent),
 so a lost `CreateTaskResult` is a task that exists and an effect that happened. Every task is
@@ -20,7 +25,6 @@ effect, before any answer (a task's `CreateTaskResult` lost with the server).
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import sys
@@ -28,25 +32,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from mcp import MCPError
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
-from mcp_types import (
-    CallToolResult,
-    CancelTaskRequestParams,
-    CancelTaskResult,
-    CreateTaskResult,
-    GetTaskPayloadRequestParams,
-    GetTaskRequestParams,
-    GetTaskResult,
-    Task,
-    ToolAnnotations,
-)
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CallToolResult, RequestParams, ToolAnnotations
+from pydantic import Field
+
+sys.path.insert(0, str(Path(__file__).parent / "server"))  # run as a script, too
+from task_wire import TASKS, CreateTask, new_task, producing_tasks
 
 KEY_META = "io.github.mcp-once/idempotency-key"
 
 
-class _Created(CreateTaskResult):
-    result_type: str = "task"
+class TaskId(RequestParams):
+    task_id: str = Field(alias="taskId")
 
 
 def _record(ledger: Path, file: str, line: str) -> None:
@@ -58,34 +57,46 @@ def _record(ledger: Path, file: str, line: str) -> None:
         os.close(fd)
 
 
+def declared(meta: dict[str, Any]) -> bool:
+    """Whether a request declared the tasks extension in its per-request capabilities."""
+    capabilities = meta.get(CLIENT_CAPABILITIES_META_KEY)
+    extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+    return isinstance(extensions, dict) and isinstance(extensions.get(TASKS), dict)
+
+
 class _Tasks(Extension):
-    identifier = "io.modelcontextprotocol/tasks"
+    identifier = TASKS
 
     def __init__(self, ledger: Path) -> None:
         self.ledger = ledger
-        self.tasks: dict[str, tuple[Task, CallToolResult]] = {}
+        self.tasks: dict[str, tuple[CreateTask, CallToolResult]] = {}
 
     def methods(self) -> list[MethodBinding]:
-        async def get(ctx: Any, params: GetTaskRequestParams) -> GetTaskResult:
-            task, _ = self._task(params.task_id)
-            return GetTaskResult(**task.model_dump())
+        async def get(ctx: Any, params: TaskId) -> dict[str, Any]:
+            task, result = self._task(params.task_id)
+            inlined = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            return {**self._fields(task), "resultType": "complete", "result": inlined}
 
-        async def result(ctx: Any, params: GetTaskPayloadRequestParams) -> CallToolResult:
-            return self._task(params.task_id)[1]
+        async def update(ctx: Any, params: TaskId) -> dict[str, Any]:
+            self._task(params.task_id)
+            return {}
 
-        async def cancel(ctx: Any, params: CancelTaskRequestParams) -> CancelTaskResult:
-            task, _ = self._task(params.task_id)
-            return CancelTaskResult(**task.model_dump())
+        async def cancel(ctx: Any, params: TaskId) -> dict[str, Any]:
+            return {**self._fields(self._task(params.task_id)[0]), "resultType": "complete"}
 
         return [
-            MethodBinding("tasks/get", GetTaskRequestParams, get),
-            MethodBinding("tasks/result", GetTaskPayloadRequestParams, result),
-            MethodBinding("tasks/cancel", CancelTaskRequestParams, cancel),
+            MethodBinding("tasks/get", TaskId, get),
+            MethodBinding("tasks/update", TaskId, update),
+            MethodBinding("tasks/cancel", TaskId, cancel),
         ]
 
-    def _task(self, task_id: str) -> tuple[Task, CallToolResult]:
-        from mcp import MCPError
+    @staticmethod
+    def _fields(task: CreateTask) -> dict[str, Any]:
+        fields = task.model_dump(by_alias=True, mode="json", exclude_none=True)
+        del fields["resultType"]
+        return fields
 
+    def _task(self, task_id: str) -> tuple[CreateTask, CallToolResult]:
         found = self.tasks.get(task_id)
         if found is None:
             raise MCPError(-32602, f"no task {task_id!r}")
@@ -93,26 +104,19 @@ class _Tasks(Extension):
 
     async def intercept_tool_call(self, params: Any, ctx: Any, call_next: Any) -> Any:
         meta = dict(params.meta or {})
-        key = meta.get(KEY_META)
-        _record(self.ledger, "calls", f"{'task' if params.task else 'plain'} {key}")
-        if params.task is None:
+        task = declared(meta)
+        _record(self.ledger, "calls", f"{'task' if task else 'plain'} {meta.get(KEY_META)}")
+        if not task:
             return await call_next(ctx)
         out = await call_next(ctx)  # the body, run now: the effect happens before the answer
-        now = datetime.datetime.now(datetime.UTC).isoformat()
-        task = Task(
-            task_id=uuid.uuid4().hex,
-            status="completed",
-            created_at=now,
-            last_updated_at=now,
-            ttl=params.task.ttl,
-        )
-        self.tasks[task.task_id] = (task, out)
-        _record(self.ledger, "tasks", task.task_id)
-        return _Created(task=task)
+        created = new_task(uuid.uuid4().hex).model_copy(update={"status": "completed"})
+        self.tasks[created.task_id] = (created, CallToolResult.model_validate(out))
+        _record(self.ledger, "tasks", created.task_id)
+        return created.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def build(ledger: Path) -> MCPServer:
-    """The server, writing its ledger in `ledger`."""
+    """The server, writing its ledger in `ledger` (enter `producing_tasks()` to serve it)."""
     server = MCPServer("task-upstream", extensions=[_Tasks(ledger)])
 
     def effect(target: str) -> str:
@@ -136,4 +140,5 @@ def build(ledger: Path) -> MCPServer:
 
 if __name__ == "__main__":
     ledger_dir, port = Path(sys.argv[1]), int(sys.argv[2])
-    build(ledger_dir).run("streamable-http", host="127.0.0.1", port=port)
+    with producing_tasks():
+        build(ledger_dir).run("streamable-http", host="127.0.0.1", port=port)

@@ -22,15 +22,15 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import Tool, ToolResult
 from mcp import MCPError
 from mcp_types import CallToolRequestParams, ListToolsRequest
+from pydantic import BaseModel
 
 from idempotency import KeyStore, PolicyOptions, wire
 from idempotency.fastmcp import IdempotencyMiddleware
 from mcp_once._upstream.outputs import output_problem
-from orchestrator import TaskCreated
 
 from .failures import EFFECT_FREE, caller_error
 from .policy import ProxyPolicy, ToolPolicy
-from .tasks import plain_resend, requested_task, task_answer
+from .tasks import declares_tasks, plain_resend
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -144,7 +144,7 @@ class ProxyGuardMiddleware(Middleware):
 
     async def on_call_tool(  # type: ignore[override]  # a task's answer is no ToolResult
         self, context: _CallContext, call_next: _CallNext
-    ) -> ToolResult | TaskCreated:
+    ) -> ToolResult | BaseModel:
         """The call under its tool's guard (or passed through), upstream failures mapped; a
         task-augmented call's stored task answered as the `CreateTaskResult` (`tasks.py`)."""
         ctx = context.fastmcp_context
@@ -160,11 +160,10 @@ class ProxyGuardMiddleware(Middleware):
                 raise
             raise error from exc
         assert tool is not None
-        created = task_answer(result)
-        if created is not None:
-            if requested_task(ctx) is None:
-                raise plain_resend(tool.name, created, result)
-            return created
+        if not isinstance(result, ToolResult):  # the key's answer is a task (rule 23, `tasks.py`)
+            if not declares_tasks(ctx):
+                raise plain_resend(tool.name, result)
+            return result
         if tool.output_schema is not None and _replayed(result):
             self._check_output(tool.name, tool.output_schema, result)
         return result

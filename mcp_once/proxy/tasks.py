@@ -1,104 +1,127 @@
-"""Task-augmented calls through the proxy (rule 23): the task a key created is the key's answer.
+"""Task-augmented calls through the proxy (rule 23, SEP-2663): the task a key created is the key's
+answer.
 
-A caller's `tools/call` with `params.task` (the tasks extension, SEP-2663) to a guarded tool is
-claimed like any call and goes upstream once, with the task and under the record's upstream key
-(`tools.py`). The upstream answers at once with the task it created (`TaskCreated`: its id, not
-the tool's result), and that is what the record stores: the task, in the stored result's `_meta`
-under `STORED_TASK` (`stored_task`), beside a line of text naming it. A re-send of the key (same
-caller scope, same arguments; a lost `CreateTaskResult`, another replica) is the guard's replay
-of that record, which the middleware turns back into the same `CreateTaskResult`, marked as a
-replay (`task_answer`); no second task is created upstream. A plain re-send of the key is
-refused as a re-use of the key for another request (-32011, naming the task: the caller asked for
-a tool's result, and the key's answer is a task, which its SDK could not read); a task-augmented
-re-send of a key whose record holds a plain answer gets that answer, as from a server that ran
-the call plain.
+A caller opts in per request: a `tools/call` whose capabilities (`_meta`
+`io.modelcontextprotocol/clientCapabilities`) declare the tasks extension may be answered with a
+task (`declares_tasks`). Such a call to a guarded tool is claimed like any call and goes
+upstream once, under the record's upstream key, on the link's session that declares the
+extension too (`UpstreamLink.call(..., task=True)`). An upstream that tasks it answers at once
+with its flat `CreateTaskResult` (`orchestrator.TaskCreated`: `resultType` "task", `taskId`,
+`status`, ...), and that is what the record stores, in the one form every entry point of
+mcp-once stores a task in: `idempotency.task_record`, a result with no content whose `_meta`
+holds the `CreateTaskResult` under `wire.TASK_META`: the proxied tool returns the upstream's
+task and the guard (`idempotency.fastmcp.IdempotencyMiddleware`, which keeps whatever task a
+task backend below it returns) stores it. A re-send of the key (same caller scope, same
+arguments; a lost `CreateTaskResult`, another replica) is the guard's replay of that record: the
+same `CreateTaskResult` with the guard's marker, "replayed", in its `_meta`; no second task is
+created upstream. A re-send with other arguments is -32011,
+as for any call. A re-send that does not declare the extension is refused as a re-use of the
+key for another request (-32011, naming the task: its caller cannot read a task); a declaring
+re-send of a key whose record holds a plain answer gets that answer (a server may run a
+declaring call plain).
 
-The task's polls (`tasks/get`, `tasks/result`, `tasks/cancel`) are the upstream's to answer:
-`TaskForwarding` sends them on, on the link's session (a poll is re-sent at will, a cancel once).
+Tasks are a 2026-07-28 matter: a 2025-era caller's request cannot declare the extension (the
+SDK keeps no per-request capabilities there, and FastMCP tasks only on the modern protocol), so
+its calls are plain calls; so are a stdio upstream's (one handshake session, no tasks).
+
+The task's requests (`tasks/get`, `tasks/update`, `tasks/cancel`) are the upstream's to
+answer: `TaskForwarding` sends them on, on the link's task session (a poll is re-sent at will,
+an update or a cancel once). SEP-2663 has no `tasks/result`: the outcome is inlined in
+`tasks/get`. The proxy's front sends a `CreateTaskResult` as produced (`producing_tasks`: the
+production half of a claimed `tools/call` result the SDK lacks, as `fastmcp_tasks` installs it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
+import mcp_types.methods as methods
 from fastmcp.server.extensions import MethodBinding, ServerExtension
-from fastmcp.tools.base import ToolResult
 from mcp import MCPError
-from mcp_types import (
-    CallToolResult,
-    CancelTaskRequestParams,
-    GetTaskPayloadRequestParams,
-    GetTaskRequestParams,
-    GetTaskResult,
-    TaskMetadata,
-    TextContent,
-)
+from mcp_types import RequestParams
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, Field
 
-from idempotency import wire
-from orchestrator import TaskCreated
+from idempotency import TaskCreated, wire
+from orchestrator import TASK_RESULT_TYPE, TASKS_EXTENSION
 
 if TYPE_CHECKING:
     from fastmcp.server.context import Context
 
     from .upstream import UpstreamLink
 
-#: Where a stored result keeps the task its call created (the `Task`, as the upstream sent it).
-STORED_TASK = "io.github.mcp-once/task"
 
-#: The tasks extension's identifier, which the proxy's front advertises for the polls it forwards.
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-
-
-def requested_task(ctx: Context | None) -> TaskMetadata | None:
-    """The `params.task` of the call as sent (FastMCP's middleware message and the tool's run
-    are given the call without it, so the wire request's own params are read)."""
-    wrapped = None if ctx is None else ctx.request_context
-    params = None if wrapped is None else wrapped._srctx.params
-    task = params.get("task") if isinstance(params, Mapping) else getattr(params, "task", None)
-    if task is None:
-        return None
-    return task if isinstance(task, TaskMetadata) else TaskMetadata.model_validate(task)
+def declares_tasks(ctx: Context | None) -> bool:
+    """Whether the caller's request declared the tasks extension (SEP-2663's per-request
+    opt-in: a server may task only such a call)."""
+    return ctx is not None and ctx.client_extension_settings(TASKS_EXTENSION) is not None
 
 
-def stored_task(created: TaskCreated) -> ToolResult:
-    """The result the record keeps for a created task: the task in `_meta`, named in text."""
-    task = created.task.model_dump(by_alias=True, mode="json", exclude_none=True)
-    text = f"task {created.task.task_id} created ({created.task.status})"
-    return ToolResult(
-        content=[TextContent(type="text", text=text)],
-        meta={**(created.meta or {}), STORED_TASK: task},
-    )
-
-
-def task_answer(result: ToolResult) -> TaskCreated | None:
-    """The `CreateTaskResult` a stored (or just stored) task is answered with, its `_meta` the
-    result's (the guard's marker: executed, or replayed); None for a result that holds no task."""
-    if not result.meta or STORED_TASK not in result.meta:
-        return None  # every plain answer: nothing copied
-    meta: dict[str, Any] = dict(result.meta)
-    task = meta.pop(STORED_TASK)
-    if not isinstance(task, Mapping):
-        return None
-    return TaskCreated.model_validate({"task": task, "_meta": meta or None})
-
-
-def plain_resend(tool: str, created: TaskCreated, result: ToolResult) -> MCPError:
-    """The refusal of a plain call whose key's record holds a task (see the module doc)."""
-    marker = (result.meta or {}).get(wire.IDEMPOTENCY_META)
-    key = marker.get("key") if isinstance(marker, Mapping) else None
-    task_id = created.task.task_id
+def plain_resend(tool: str, task: BaseModel) -> MCPError:
+    """The refusal of a call that did not declare the extension, whose key's record holds a
+    task (`task`, the guard's answer: the `CreateTaskResult` with its marker; see the module
+    doc)."""
+    created = TaskCreated.model_validate(task.model_dump(by_alias=True, mode="json"))
+    marker = created.marker or {}
     return MCPError(
         wire.KEY_REUSED,
-        f"This idempotency key of tool {tool!r} created task {task_id!r} (a task-augmented"
-        " call); re-send it with params.task to get the task again, or poll the task"
-        " (tasks/get, tasks/result). A plain call needs a new key. Do not retry as is.",
-        {"key": key, "tool": tool, "taskId": task_id},
+        f"This idempotency key of tool {tool!r} created task {created.task_id!r} (a call"
+        f" whose request declared the {TASKS_EXTENSION} extension); re-send it declaring the"
+        " extension to get the task again, or poll the task (tasks/get). A plain call needs a"
+        " new key. Do not retry as is.",
+        {"key": marker.get("key"), "tool": tool, "taskId": created.task_id},
     )
+
+
+#: Holds on the serializer wrap (`producing_tasks`), and the SDK's own serializer while held.
+_holds: list[Any] = []
+
+
+def _serialize(method: str, version: str, data: Mapping[str, Any], **kwargs: Any) -> Any:
+    if (
+        not kwargs
+        and method == "tools/call"
+        and version in MODERN_PROTOCOL_VERSIONS
+        and data.get("resultType") == TASK_RESULT_TYPE
+    ):
+        return dict(data)  # built from a validated CreateTaskResult: sent as it is
+    return _holds[0](method, version, data, **kwargs)
+
+
+@contextmanager
+def producing_tasks() -> Iterator[None]:
+    """While entered (reference-counted: every front of the process), a modern `tools/call`
+    result tagged `resultType: "task"` goes on the wire as produced: the SDK's runner would
+    otherwise validate it as a `CallToolResult` and strip the task to nothing. Every other
+    result is the SDK's serializer's, unchanged."""
+    if not _holds:
+        _holds.append(methods.serialize_server_result)
+        methods.serialize_server_result = _serialize
+    _holds.append(None)
+    try:
+        yield
+    finally:
+        _holds.pop()
+        if len(_holds) == 1:
+            methods.serialize_server_result = _holds.pop()
+
+
+class TaskId(RequestParams):
+    """A task request's params: the task's id (`tasks/get`, `tasks/cancel`)."""
+
+    task_id: str = Field(alias="taskId")
+
+
+class TaskUpdate(TaskId):
+    """`tasks/update`'s params: the answers to the task's input requests."""
+
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
 
 
 class TaskForwarding(ServerExtension):
-    """The tasks extension on the proxy's front: its polls, sent on to the upstream."""
+    """The tasks extension on the proxy's front: its requests, sent on to the upstream."""
 
     identifier = TASKS_EXTENSION
 
@@ -108,20 +131,29 @@ class TaskForwarding(ServerExtension):
     def clone(self) -> TaskForwarding:
         return TaskForwarding(self.link)  # the link is shared, never copied
 
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        with producing_tasks():
+            yield
+
     def methods(self) -> list[MethodBinding]:
         link = self.link
 
-        async def get(_: Any, params: GetTaskRequestParams) -> GetTaskResult:
-            return await link.tasks().get_task(params.task_id)
+        def answer(state: Any) -> dict[str, Any]:
+            return dict(state.model_dump(by_alias=True, mode="json", exclude_none=True))
 
-        async def result(_: Any, params: GetTaskPayloadRequestParams) -> CallToolResult:
-            return await link.tasks().task_result(params.task_id)
+        async def get(_: Any, params: TaskId) -> dict[str, Any]:
+            return answer(await link.tasks().get_task(params.task_id))
 
-        async def cancel(_: Any, params: CancelTaskRequestParams) -> GetTaskResult:
-            return await link.tasks().cancel_task(params.task_id)
+        async def update(_: Any, params: TaskUpdate) -> dict[str, Any]:
+            await link.tasks().update_task(params.task_id, params.input_responses)
+            return {}
+
+        async def cancel(_: Any, params: TaskId) -> dict[str, Any]:
+            return answer(await link.tasks().cancel_task(params.task_id))
 
         return [
-            MethodBinding("tasks/get", GetTaskRequestParams, get),
-            MethodBinding("tasks/result", GetTaskPayloadRequestParams, result),
-            MethodBinding("tasks/cancel", CancelTaskRequestParams, cancel),
+            MethodBinding("tasks/get", TaskId, get),
+            MethodBinding("tasks/update", TaskUpdate, update),
+            MethodBinding("tasks/cancel", TaskId, cancel),
         ]

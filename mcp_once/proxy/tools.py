@@ -10,9 +10,10 @@ ran it after all, its record answers), and new for a deliberate repeat, which th
 run rather than replay. The upstream's input-required round
 reaches a 2026-07-28 caller as the tool's `InputRequiredToolResult` (the guard releases the claim
 for it: a question is never stored) and the caller's answers go upstream with the continuation,
-under the same upstream key. A caller's task-augmented call goes upstream with its task, and
-the task the upstream created is the result the guard stores (`tasks.py`). A call the guard does
-not run (pass-through, or unprotected) is FastMCP's own proxy call, untouched (rule 14).
+under the same upstream key. A call whose request declared the tasks extension goes upstream
+declaring it too, and the task the upstream created is the result the guard stores
+(`tasks.py`). A call the guard does not run (pass-through, or unprotected) is FastMCP's own
+proxy call, untouched (rule 14).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from idempotency import Claim, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, TaskCreated, ToolCallError
 
 from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable, upstream_lost
-from .tasks import requested_task, stored_task
+from .tasks import declares_tasks
 from .upstream import UpstreamLink
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -65,7 +66,9 @@ class OnceProxyTool(ProxyTool):
         adopted._resend = resend
         return adopted
 
-    async def run(self, arguments: dict[str, Any], context: Context | None = None) -> ToolResult:
+    async def run(  # type: ignore[override]  # a task's creation answers with the task
+        self, arguments: dict[str, Any], context: Context | None = None
+    ) -> ToolResult | TaskCreated:
         link = self._link
         if link is None:
             return await super().run(arguments, context)
@@ -80,7 +83,7 @@ class OnceProxyTool(ProxyTool):
 
     async def _guarded(
         self, link: UpstreamLink, claim: Claim, arguments: dict[str, Any], ctx: Context
-    ) -> ToolResult:
+    ) -> ToolResult | TaskCreated:
         """The call sent upstream under the record's own key, its failures in the guard's terms."""
         name = self._backend_name or self.name
         # The upstream's progress reaches the caller of the first execution (a replay has none).
@@ -96,7 +99,7 @@ class OnceProxyTool(ProxyTool):
                 progress=progress,
                 input_responses=ctx.input_responses,
                 request_state=ctx.request_state,
-                task=requested_task(ctx),
+                task=declares_tasks(ctx),
             )
         except OutcomeUnknown as exc:
             # Nothing more will come of this call: the record turns UNKNOWN now, not at the
@@ -117,7 +120,9 @@ class OnceProxyTool(ProxyTool):
         if isinstance(result, InputRequiredResult):
             return InputRequiredToolResult(result)
         if isinstance(result, TaskCreated):
-            return stored_task(result)  # what the record keeps: the task (rule 23)
+            # The record's answer is the task (rule 23): the guard keeps it in its one form
+            # (`idempotency.task_record`) and answers every re-send of the key with it.
+            return result
         return ToolResult(
             content=result.content,
             structured_content=result.structured_content,

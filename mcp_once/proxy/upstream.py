@@ -14,7 +14,10 @@ Over HTTP, one session per protocol era, each opened on first use and reused acr
 a 2026-07-28 caller's (and the listing with no caller) to a 2026-07-28 one, in which an upstream
 tool can answer with an input-required round (SEP-2322), which the handshake era cannot carry: a
 guarded call's round is returned to its caller (`call`), whose answers come back as the
-continuation under the same key.
+continuation under the same key. A third, opened on first use, declares the tasks extension
+(SEP-2663, `orchestrator.TasksExtension`) in its requests' capabilities: a caller's call that
+declared it goes upstream on it (`call(..., task=True)`), and so do the task's requests; no other
+call does, so an upstream never tasks a caller's call that did not ask for a task.
 Over stdio, one handshake session and one child (started once, and again only after it died): a
 second child would split a stateful server's state between callers of the two eras, a worse
 surprise than a round that does not pass. FastMCP's listing reads through the same connected
@@ -37,6 +40,7 @@ from orchestrator import (
     ReconnectFailed,
     RetryingSession,
     RetryPolicy,
+    TasksExtension,
     http_client_factory,
     tool_session,
 )
@@ -49,7 +53,7 @@ if TYPE_CHECKING:
     from fastmcp import Client
     from fastmcp.client.transports import ClientTransport
     from mcp.shared.dispatcher import ProgressFnT
-    from mcp_types import CallToolResult, InputRequiredResult, InputResponses, TaskMetadata
+    from mcp_types import CallToolResult, InputRequiredResult, InputResponses
 
     from orchestrator import TaskCreated
 
@@ -107,6 +111,8 @@ class UpstreamLink:
         self._session = RetryingSession(connect=self._connect, policy=self.retry)
         #: The 2026-07-28 era's session, opened on its first use (HTTP upstreams only).
         self._modern = RetryingSession(connect=self._connect_modern, policy=self.retry)
+        #: The 2026-07-28 session that declares the tasks extension (HTTP upstreams only).
+        self._tasks = RetryingSession(connect=self._connect_tasks, policy=self.retry)
         #: The calls in flight, to which the upstream's log lines and requests are forwarded.
         self.forwarding = Forwarding()
 
@@ -122,6 +128,16 @@ class UpstreamLink:
 
         return ProxyClient(transport(self.upstream), mode="auto", **self._client_options())
 
+    def _connect_tasks(self) -> Client[Any]:
+        """The session a task is created and polled on: the 2026-07-28 one's, declaring the
+        tasks extension (on an upstream without 2026-07-28 it declares nothing: no tasks)."""
+        from fastmcp.server.providers.proxy import ProxyClient
+
+        options = self._client_options()
+        return ProxyClient(
+            transport(self.upstream), mode="auto", extensions=[TasksExtension()], **options
+        )
+
     def _client_options(self) -> dict[str, Any]:
         """What each upstream session is opened with: our forwarding handlers, and none of the
         caller's headers. FastMCP's `ProxyClient` copies the headers of the request that opens
@@ -133,15 +149,18 @@ class UpstreamLink:
 
     @property
     def connects(self) -> int:
-        """Upstream sessions opened so far, both eras (one per stdio child)."""
-        return self._session.connects + self._modern.connects
+        """Upstream sessions opened so far, every era's and the tasks one (one per stdio
+        child)."""
+        return self._session.connects + self._modern.connects + self._tasks.connects
 
     async def __aenter__(self) -> UpstreamLink:
         await self._session.__aenter__()
         await self._modern.__aenter__()
+        await self._tasks.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await self._tasks.__aexit__(*exc_info)
         await self._modern.__aexit__(*exc_info)
         await self._session.__aexit__(*exc_info)
 
@@ -165,13 +184,15 @@ class UpstreamLink:
         return self._session
 
     def tasks(self) -> RetryingSession:
-        """The session a caller's task polls go on: its era's, where its task was created."""
-        return self._era()
+        """The session a task is created and polled on: the one declaring the extension (over
+        stdio the one session: no task was created there, the upstream answers so)."""
+        return self._session if self.upstream.url is None else self._tasks
 
     def alive(self) -> bool:
         """Whether the sessions opened so far can all still send (False before the first
         connect, and once the SDK has seen a stdio child's pipes close)."""
-        opened = [s.session for s in (self._session, self._modern) if s.session is not None]
+        sessions = (self._session, self._modern, self._tasks)
+        opened = [s.session for s in sessions if s.session is not None]
         return bool(opened) and not any(tool_session(s).closed() for s in opened)
 
     async def client(self) -> Client[Any]:
@@ -203,13 +224,14 @@ class UpstreamLink:
         progress: ProgressFnT | None = None,
         input_responses: InputResponses | None = None,
         request_state: str | None = None,
-        task: TaskMetadata | None = None,
+        task: bool = False,
     ) -> CallToolResult | InputRequiredResult | TaskCreated:
         """Call `name` upstream under `key` (in `_meta`, the same on every re-send).
 
-        With `task` (a caller's task-augmented call, `tasks.py`) the call goes upstream with it,
-        and the upstream's `TaskCreated` is returned (or its `CallToolResult`, if it ran the call
-        as a plain one); no round is carried.
+        With `task` (a caller's request that declared the tasks extension, `tasks.py`) the call
+        goes upstream on the session that declares it (over HTTP; over stdio it is a plain
+        call), and the upstream's `TaskCreated` is returned (or its `CallToolResult`, if it ran
+        the call as a plain one); no round is carried.
 
         On the 2026-07-28 era's session the caller's continuation of an input-required round
         (`input_responses`, `request_state`: None on its first call) goes with the call, and the
@@ -221,16 +243,13 @@ class UpstreamLink:
         `resend`, only once the deadline is spent), `ToolCallError` (the upstream's refusal)."""
         era = self._era()
         rounds = era is self._modern
+        task = task and self.upstream.url is not None
         deadline = anyio.current_time() + self.retry.deadline
         while True:
             try:
-                if task is not None:
-                    return await era.create_task(
-                        name,
-                        arguments,
-                        progress_callback=progress,
-                        idempotency_key=key,
-                        ttl=task.ttl,
+                if task:
+                    return await self._tasks.create_task(
+                        name, arguments, progress_callback=progress, idempotency_key=key
                     )
                 return await era.call_tool(
                     name,

@@ -24,14 +24,14 @@ from mcp_types import JSONRPCError, JSONRPCRequest, JSONRPCResponse
 Fault = Literal["drop", "kill"]
 
 #: The requests a plan can fault: a `tools/call` by its tool's name, a task's poll by its method.
-_PLANNED = frozenset({"tools/call", "tasks/get", "tasks/result"})
+_PLANNED = frozenset({"tools/call", "tasks/get", "tasks/update", "tasks/cancel"})
 
 
 @dataclass
 class Faults:
     """A plan shared by every link a test opens (so it spans reconnections)."""
 
-    #: Per tool name (or `tasks/get`, `tasks/result`): faults for its successive requests
+    #: Per tool name (or a task's method, `tasks/get`): faults for its successive requests
     #: (None = deliver).
     plan: dict[str, list[Fault | None]] = field(default_factory=dict)
     #: Per tool name: the fault for every request once `plan` is used up.

@@ -1,23 +1,42 @@
-"""Task-augmented calls from the client (rule 23): `RetryingSession.create_task` sends the call's
-key with `params.task`, a lost `CreateTaskResult` is maybe-executed (re-sent only through the
-gate, under the same key), and the polls (`tasks/get`, `tasks/result`) are pure reads, re-sent at
-will. The server is a real task-capable SDK server (tests/task_server.py) with an effect ledger;
-the answers are lost on a real in-memory link (`_faults`)."""
+"""Task-augmented calls from the client (rule 23, SEP-2663): `RetryingSession.create_task` sends
+the call's key on a session declaring the tasks extension (`TasksExtension`: the request's
+capabilities), reads the flat `CreateTaskResult`, a lost one is maybe-executed (re-sent only
+through the gate, under the same key), and the polls (`tasks/get`, with the result inlined once
+the task is done) are pure reads, re-sent at will. The server is a real task-capable SDK server
+(tests/task_server.py) with an effect ledger; the answers are lost on a real in-memory link
+(`_faults`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _faults import Faults, faulty_transport
-from mcp import Client
-from mcp_types import CallToolResult, ListToolsResult
+from mcp import Client, MCPError
+from mcp_types import CLIENT_CAPABILITIES_META_KEY, CallToolResult, ListToolsResult
 from task_server import KEY_META, build
+from task_wire import producing_tasks
 
-from orchestrator import OutcomeUnknown, RetryingSession, RetryPolicy, TaskCreated
+from orchestrator import (
+    TASKS_EXTENSION,
+    OutcomeUnknown,
+    RetryingSession,
+    RetryPolicy,
+    TaskCreated,
+    TasksExtension,
+    TaskState,
+)
+from orchestrator._tasks import TASK_ANSWER
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(autouse=True)
+def _producing() -> Iterator[None]:
+    with producing_tasks():  # the server half of a claimed result (tests/server/task_wire.py)
+        yield
 
 
 def lines(path: Path) -> list[str]:
@@ -27,25 +46,31 @@ def lines(path: Path) -> list[str]:
 def retrying(tmp_path: Path, faults: Faults, **options: Any) -> RetryingSession:
     """A session to a fresh task server (its ledger in `tmp_path`) on a link `faults` breaks."""
     server = build(tmp_path)
-    return RetryingSession(connect=lambda: Client(faulty_transport(server, faults)), **options)
+    return RetryingSession(connect=lambda: tasks_client(server, faults), **options)
+
+
+def tasks_client(server: Any, faults: Faults) -> Client:
+    """The SDK's client declaring the tasks extension, on a link `faults` breaks."""
+    return Client(faulty_transport(server, faults), extensions=[TasksExtension()])
 
 
 async def test_a_task_creation_carries_its_key_and_the_task_is_polled(tmp_path: Path) -> None:
     faults = Faults()
     async with retrying(tmp_path, faults) as rs:
-        created = await rs.create_task(
-            "deploy", {"target": "prod"}, ttl=60_000, idempotency_key="deploy-1"
-        )
-        assert isinstance(created, TaskCreated) and created.task.ttl == 60_000
+        created = await rs.create_task("deploy", {"target": "prod"}, idempotency_key="deploy-1")
+        assert isinstance(created, TaskCreated) and created.result_type == "task"
+        assert created.ttl_ms == 3_600_000 and created.created_at is not None
         assert rs.last_report is not None and rs.last_report.outcome == "result"
         assert not rs.last_report.replayed
-        status = await rs.get_task(created.task.task_id)
-        assert status.task_id == created.task.task_id and status.status == "completed"
-        result = await rs.task_result(created.task.task_id)
+        status = await rs.get_task(created.task_id)
+        assert status.task_id == created.task_id and status.status == "completed"
+        assert "deployed prod" in str(status.outcome().content)
+        result = await rs.task_result(created.task_id)
         assert isinstance(result, CallToolResult) and "deployed prod" in str(result.content)
     (tool, params), *polls = faults.requests
-    assert [p for p, _ in polls] == ["tasks/get", "tasks/result"]
-    assert tool == "deploy" and params["task"] == {"ttl": 60_000}
+    assert [p for p, _ in polls] == ["tasks/get", "tasks/get"]
+    assert tool == "deploy" and "task" not in params  # SEP-2663: no params.task
+    assert TASKS_EXTENSION in params["_meta"][CLIENT_CAPABILITIES_META_KEY]["extensions"]
     assert params["_meta"][KEY_META] == "deploy-1"
     assert lines(tmp_path / "calls") == ["task deploy-1"]
     assert len(lines(tmp_path / "effects")) == 1
@@ -71,28 +96,30 @@ async def test_a_lost_task_creation_is_resent_under_its_key_only_through_the_gat
 
 
 async def test_task_polls_are_resent_at_will(tmp_path: Path) -> None:
-    """`tasks/get` and `tasks/result` of a non-idempotent tool's task: their lost answers (one
-    dropped, one with the link cut) are re-sent, on a new session for the cut one: a poll
-    changes nothing, so no gate applies."""
-    faults = Faults(plan={"tasks/get": ["drop"], "tasks/result": ["kill"]})
+    """`tasks/get` of a non-idempotent tool's task: its lost answers (one dropped, one with the
+    link cut) are re-sent, on a new session for the cut one: a poll changes nothing, so no gate
+    applies."""
+    faults = Faults(plan={"tasks/get": ["drop", None, "kill"]})
     async with retrying(tmp_path, faults, policy=RetryPolicy(attempt_timeout=0.3)) as rs:
         created = await rs.create_task("release", {"target": "c"})
         assert isinstance(created, TaskCreated)
-        status = await rs.get_task(created.task.task_id)
+        status = await rs.get_task(created.task_id)
         assert status.status == "completed"
-        result = await rs.task_result(created.task.task_id)
+        result = await rs.task_result(created.task_id)
         assert "deployed c" in str(result.content)
         assert rs.connects == 2
     polls = [tool for tool, _ in faults.requests if tool.startswith("tasks/")]
-    assert polls == ["tasks/get", "tasks/get", "tasks/result", "tasks/result"]
+    assert polls == ["tasks/get"] * 4
     assert len(lines(tmp_path / "effects")) == 1
 
 
 async def test_bad_task_arguments_are_refused_before_sending(tmp_path: Path) -> None:
     faults = Faults()
     async with retrying(tmp_path, faults) as rs:
-        with pytest.raises(ValueError, match="ttl must be a positive"):
-            await rs.create_task("deploy", {"target": "a"}, ttl=0)
+        with pytest.raises(ValueError, match="task_id must be a non-empty"):
+            await rs.cancel_task("")
+        with pytest.raises(TypeError, match="input_responses must be a mapping"):
+            await rs.update_task("t-1", [])  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="task_id must be a non-empty"):
             await rs.get_task("")
         with pytest.raises(ValueError, match="task_id must be a non-empty"):
@@ -116,7 +143,8 @@ async def test_engine_adapters_key_a_task_creation_by_step_identity(
     identity and the call's ordinal in the step's execution, so a re-run of the step (a recovered
     workflow, a retried activity) re-sends the first run's key, which a guard answers with the
     first run's task. Each execution's first call here is a task creation and its second a plain
-    call; both executions send the same two keys."""
+    `call_tool` (on a session declaring the extension the server tasks it too, and
+    `TasksExtension` polls it to its result); both executions send the same two keys."""
     import orchestrator.dbos
     import orchestrator.temporal
 
@@ -146,10 +174,12 @@ async def test_engine_adapters_key_a_task_creation_by_step_identity(
             execute()
             created = await rs.create_task("release", {"target": "eu"})
             assert isinstance(created, TaskCreated)
-            await rs.call_tool("release", {"target": "eu"})
-    first, second, again_first, again_second = [p["_meta"][KEY_META] for _, p in faults.requests]
+            plain = await rs.call_tool("release", {"target": "eu"})
+            assert "deployed eu" in str(plain.content)
+    calls = [p["_meta"][KEY_META] for tool, p in faults.requests if tool == "release"]
+    first, second, again_first, again_second = calls
     assert first != second and (again_first, again_second) == (first, second)
-    assert lines(tmp_path / "calls") == [f"task {first}", f"plain {second}"] * 2
+    assert lines(tmp_path / "calls") == [f"task {first}", f"task {second}"] * 2
 
 
 class _PlainSession:
@@ -186,10 +216,60 @@ async def test_a_poll_is_resent_past_a_reconnect_that_failed(tmp_path: Path) -> 
     def connect() -> Client:
         if faults.kills and refusals:
             raise refusals.pop()
-        return Client(faulty_transport(server, faults))
+        return tasks_client(server, faults)
 
     async with RetryingSession(connect=connect, policy=RetryPolicy(max_attempts=3)) as rs:
         created = await rs.create_task("release", {"target": "d"})
         assert isinstance(created, TaskCreated)
-        assert (await rs.get_task(created.task.task_id)).status == "completed"
+        assert (await rs.get_task(created.task_id)).status == "completed"
     assert refusals == [] and faults.kills == 1
+
+
+def test_the_task_answers_read_the_real_wire_shapes() -> None:
+    """SEP-2663's flat `CreateTaskResult` is a `TaskCreated` (extra fields kept, the guard's
+    marker in `_meta`); a plain result is a `CallToolResult`; `tasks/get`'s outcome is the
+    inlined result, or the inlined error raised, and a task with neither has no outcome."""
+    created = TASK_ANSWER.validate_python(
+        {
+            "resultType": "task",
+            "taskId": "t-1",
+            "status": "working",
+            "createdAt": "2026-07-28T00:00:00Z",
+            "lastUpdatedAt": "2026-07-28T00:00:00Z",
+            "ttlMs": 60_000,
+            "pollIntervalMs": 500,
+            "vendor": 1,
+            "_meta": {"io.github.mcp-once/idempotency": {"status": "replayed"}},
+        }
+    )
+    assert isinstance(created, TaskCreated) and created.task_id == "t-1"
+    assert created.poll_interval_ms == 500 and created.model_extra == {"vendor": 1}
+    plain = TASK_ANSWER.validate_python({"content": [{"type": "text", "text": "x"}]})
+    assert isinstance(plain, CallToolResult)
+    done = TaskState.model_validate(
+        {"taskId": "t-1", "status": "completed", "result": {"content": [], "isError": False}}
+    )
+    assert done.terminal and done.outcome().content == []
+    failed = TaskState.model_validate(
+        {"taskId": "t-1", "status": "failed", "error": {"code": -32603, "message": "boom"}}
+    )
+    with pytest.raises(MCPError) as caught:
+        failed.outcome()
+    assert caught.value.error.code == -32603
+    with pytest.raises(ValueError, match="has no result"):
+        TaskState.model_validate({"taskId": "t-1", "status": "cancelled"}).outcome()
+
+
+async def test_a_task_update_or_cancel_is_sent_once(tmp_path: Path) -> None:
+    """`tasks/update` and `tasks/cancel` change the task: a lost answer is raised as it came
+    after one request, never re-sent (unlike a poll)."""
+    faults = Faults(plan={"tasks/update": ["drop"], "tasks/cancel": ["drop"]})
+    async with retrying(tmp_path, faults, policy=RetryPolicy(attempt_timeout=0.3)) as rs:
+        created = await rs.create_task("deploy", {"target": "x"})
+        assert isinstance(created, TaskCreated)
+        with pytest.raises(MCPError, match="'tasks/update' timed out"):
+            await rs.update_task(created.task_id, {"r-1": {"action": "accept"}})
+        with pytest.raises(MCPError, match="'tasks/cancel' timed out"):
+            await rs.cancel_task(created.task_id)
+    sent = [method for method, _ in faults.requests if method.startswith("tasks/")]
+    assert sent == ["tasks/update", "tasks/cancel"]

@@ -20,7 +20,7 @@ from mcp import Client
 
 from idempotency import open_store
 from mcp_once.proxy import Upstream, build_proxy
-from orchestrator import RetryingSession, Run, SQLiteJournal, TaskCreated
+from orchestrator import RetryingSession, Run, SQLiteJournal, TaskCreated, TasksExtension
 from orchestrator.chaos import in_memory_transport
 
 
@@ -37,16 +37,19 @@ async def main(store_url: str, upstream_url: str, journal: str, out: Path, kill:
         proxy.opened(),
         Run("nightly-deploy", journal=SQLiteJournal(journal)) as run,
         RetryingSession(
-            connect=lambda: Client(in_memory_transport(proxy._mcp_server)), run=run
+            connect=lambda: Client(
+                in_memory_transport(proxy._mcp_server), extensions=[TasksExtension()]
+            ),
+            run=run,
         ) as session,
     ):
-        created = await session.create_task("deploy", {"target": "prod"}, ttl=600_000)
+        created = await session.create_task("deploy", {"target": "prod"})
         assert isinstance(created, TaskCreated)
-        _say(out, f"task {created.task.task_id}")
+        _say(out, f"task {created.task_id}")
         if kill:
             os.kill(os.getpid(), signal.SIGKILL)
-        status = await session.get_task(created.task.task_id)
-        result = await session.task_result(created.task.task_id)
+        status = await session.get_task(created.task_id)
+        result = await session.task_result(created.task_id)
         _say(out, f"done {status.status} {result.content[0].text}")  # type: ignore[union-attr]
 
 

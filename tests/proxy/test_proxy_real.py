@@ -406,42 +406,33 @@ async def test_log_lines_and_questions_reach_the_caller_of_the_first_execution_o
 async def test_a_task_augmented_call_to_an_upstream_without_tasks_is_guarded(
     node_servers: NodeServers, ledger: Path, era: str
 ) -> None:
-    """A call carrying `params.task` to a guarded tool is guarded as any call (rule 23) and goes
-    upstream with its task: this upstream has no tasks and refuses it with its own JSON-RPC
-    error, which is passed on as sent, nothing stored and nothing run (where the proxy used to
-    drop the task and run the call plain). The same key without a task is then guarded as ever.
-    The listing's `io.github.mcp-once/proxy` entry names no unguarded call. (An upstream with
-    tasks: test_proxy_tasks.py.)"""
+    """A call whose caller declares the tasks extension (SEP-2663) to a guarded tool is guarded
+    as any call (rule 23); this upstream (stdio: a 2025-11-25 link) has no tasks, so it runs the
+    call plain and its result is the record's answer: executed once, then replayed. On a
+    2025-era front the caller cannot declare the extension at all (the SDK keeps no per-request
+    capabilities there): the same. The listing's `io.github.mcp-once/proxy` entry names no
+    unguarded call. (An upstream with tasks: test_proxy_tasks.py.)"""
     from fastmcp import Client as FastMCPClient
-    from pydantic import TypeAdapter
+
+    from orchestrator import TasksExtension
 
     store = MemoryKeyStore()
     proxy = build_proxy(Upstream.stdio(*node_servers.ledger(ledger)), store)
-    params = mcp_types.CallToolRequestParams(
-        name="charge",
-        arguments={"amount": 3},
-        task=mcp_types.TaskMetadata(ttl=60_000),
-        _meta=meta_key("task-1"),
-    )
-    answer = TypeAdapter(mcp_types.CallToolResult | mcp_types.CreateTaskResult)
-    async with proxy.opened(), FastMCPClient(proxy, mode=era) as front:
+    extensions = [TasksExtension()]
+    async with proxy.opened(), FastMCPClient(proxy, mode=era, extensions=extensions) as front:
         listed = {t.name: t for t in await front.list_tools()}
         assert (listed["charge"].meta or {})[wire.PROXY_META] == {
             "unguarded": [],
             "neverStored": ["inputRequired"],
         }
         assert wire.PROXY_META not in (listed["balance"].meta or {})  # passed through anyway
-        for _ in range(2):
-            with pytest.raises(MCPError) as refused:
-                request = mcp_types.CallToolRequest(params=params)
-                await front.session.send_request(request, answer)
-            assert "does not support task creation" in refused.value.message
-        assert await store.list_records() == [] and lines(ledger / "calls") == 0
-        plain = [
+        answers = [
             await front.call_tool_mcp("charge", {"amount": 3}, meta=meta_key("task-1"))
             for _ in range(2)
         ]
-        assert [status(r) for r in plain] == ["executed", "replayed"]
+        assert [status(r) for r in answers] == ["executed", "replayed"]
+        assert all(isinstance(r, mcp_types.CallToolResult) for r in answers)
+        assert len(await store.list_records()) == 1
     assert lines(ledger / "effects") == 1
 
 

@@ -1,20 +1,21 @@
 """SEP-2663 tasks on the wire for the tests, with the SDK alone: the flat `CreateTaskResult`
 (`CreateTask`, `new_task`), the production half of a claimed `tools/call` result the SDK lacks
-(`producing_tasks`, as `fastmcp_tasks.wire_production` installs it), and a client that declares
-the tasks extension and reads the task itself (`TasksClient`, `create`)."""
+(`producing_tasks`, the proxy's front's own, as `fastmcp_tasks.wire_production` installs it),
+and a client that declares the tasks extension and reads the task itself (`TasksClient`,
+`create`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
 
-import mcp_types.methods as methods
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp_types import CallToolResult, RequestParamsMeta, Result
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field
+
+from mcp_once.proxy.tasks import producing_tasks as producing_tasks  # re-exported for the tests
 
 TASKS = "io.modelcontextprotocol/tasks"
 TTL_MS = 3_600_000
@@ -31,29 +32,6 @@ class CreateTask(BaseModel):
     last_updated_at: str = Field(serialization_alias="lastUpdatedAt")
     ttl_ms: int | None = Field(serialization_alias="ttlMs")
     poll_interval_ms: int | None = Field(default=None, serialization_alias="pollIntervalMs")
-
-
-@contextmanager
-def producing_tasks() -> Iterator[None]:
-    """While entered, a modern `tools/call` result tagged `resultType: "task"` goes on the wire
-    as produced (what `fastmcp_tasks.wire_production` installs for the real extension)."""
-    original = methods.serialize_server_result
-
-    def serialize(method: str, version: str, data: Mapping[str, Any], **kwargs: Any) -> Any:
-        if (
-            not kwargs
-            and method == "tools/call"
-            and version in MODERN_PROTOCOL_VERSIONS
-            and data.get("resultType") == "task"
-        ):
-            return dict(data)
-        return original(method, version, data, **kwargs)
-
-    methods.serialize_server_result = serialize
-    try:
-        yield
-    finally:
-        methods.serialize_server_result = original
 
 
 def new_task(task_id: str) -> CreateTask:
