@@ -488,8 +488,8 @@ async def run_task_body(
 
 async def stored_task_result(server: FastMCP, tool: Tool, task_id: str) -> CallToolResult | None:
     """The final result of task `task_id`'s body as its record keeps it (`run_task_body`), or
-    None (no guard, not finished, in doubt, expired): what a task backend's `tasks/result` can
-    answer from after a restart, or on another replica sharing the store."""
+    None (no guard, not finished, in doubt, expired): what a task backend's `tasks/get` can
+    inline after a restart, or on another replica sharing the store."""
     middleware = _guarding_middleware(server, tool)
     if middleware is None:
         return None

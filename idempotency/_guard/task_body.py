@@ -7,7 +7,8 @@ body is claimed like a call of its own, keyed by its task id: the task id exists
 (the creation's record hands every re-send the same one), so one task id is one logical body.
 
 - The first run claims the body's record and runs; its final result is stored with the record
-  (what `tasks/result` answers, after a restart or on another replica, `body_result`).
+  (what `tasks/get` inlines once the task ends, after a restart or on another replica:
+  `body_result`).
 - A redelivery of a finished body gets that stored result, marked replayed; the body does not run.
 - A redelivery while the first run still holds its lease waits (bounded) and then replays, or is
   told IN_PROGRESS (-32010).
@@ -96,7 +97,7 @@ async def run_task_body(
 
 async def body_result(guard: Guard, server: str, tool: str, task_id: str) -> CallToolResult | None:
     """The stored final result of task `task_id`'s body, or None while it has none (running,
-    never run, UNKNOWN, expired): what `tasks/result` can answer from on any replica."""
+    never run, UNKNOWN, expired): what `tasks/get` can inline from on any replica."""
     call = _body_call(server, tool, task_id, None)
     name = store_key(guard.scope_of(call), call.tool, body_key(task_id))
     record = await guard.store.get(name)
