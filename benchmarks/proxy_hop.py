@@ -1,6 +1,8 @@
 """Benchmark: the proxy hop beside the call it wraps and the bridges users already run (issue 46).
 
-    uv run python -m benchmarks.proxy_hop [--calls 300] [--rounds 3] [--seconds 3] [--no-peers]
+    uv run python -m benchmarks.proxy_hop [--quick] [--no-peers]
+
+(`bench` runs it as its `proxy_hop` section, its targets in the verdict table.)
 
 One upstream (`benchmarks._hop_upstream`: an SDK server over stdio with a read-only `read`, which
 the proxy passes through, and an effect `write`, which it guards; both answer at once), one
@@ -18,7 +20,7 @@ Latency: p50/p99 of `read` and of a keyed `write` (a fresh key each call: every 
 first execution), the targets interleaved call by call in each round so load on this shared
 machine falls on all alike; each figure also as a ratio to direct over stdio in the same round
 (median over rounds). Throughput: calls/s of keyed `write` at 1, 16 and 64 callers (concurrent
-calls on one session) for `--seconds` each. Start-up: spawn to the first `tools/list` answered,
+calls on one session), a few seconds each. Start-up: spawn to the first `tools/list` answered,
 direct and through `mcp-once proxy` (median of 3). The load average is printed with the figures.
 """
 
@@ -43,6 +45,7 @@ from mcp.client import Client
 
 from ._peers import PEERS, Peers, install_peers
 from ._redis import REPO, RedisServer, free_port
+from ._scale import FULL, QUICK, Scale
 from ._servers import key_meta
 from ._stats import percentile
 
@@ -106,13 +109,18 @@ def _stores(folder: str, redis_url: str, front: str) -> dict[str, str]:
     }
 
 
-def stdio_targets(folder: str, redis_url: str) -> dict[str, Target]:
+def stdio_targets(folder: str, redis_url: str, every: bool) -> dict[str, Target]:
+    """The stdio children by target name (each client starts its own); without `every`, only
+    direct, the SDK floor and mcp-once proxy on memory and SQLite."""
     targets: dict[str, Target] = {
         DIRECT: _child(*UPSTREAM[1:]),
         "SDK floor (raw forward)": _child("-m", "benchmarks.proxy_hop", "--serve", "floor"),
-        "FastMCP create_proxy": _child("-m", "benchmarks.proxy_hop", "--serve", "bare"),
     }
+    if every:
+        targets["FastMCP create_proxy"] = _child("-m", "benchmarks.proxy_hop", "--serve", "bare")
     for store, url in _stores(folder, redis_url, "stdio").items():
+        if store == "Redis" and not every:
+            continue
         targets[f"mcp-once proxy, {store}"] = _child(
             "-m", "mcp_once", "proxy", "--store", url, "--", *UPSTREAM
         )
@@ -168,8 +176,11 @@ async def _call(client: Client, tool: str) -> None:
         raise RuntimeError(f"{tool} failed: {result.content}")
 
 
-async def _latencies(targets: dict[str, Target], calls: int) -> dict[tuple[str, str], list[float]]:
-    """`calls` of each tool per target, interleaved call by call."""
+async def _round(
+    targets: dict[str, Target], calls: int, seconds: float
+) -> tuple[dict[tuple[str, str], list[float]], dict[str, dict[int, float]]]:
+    """`calls` of each tool per target, interleaved call by call; then, when `seconds`, each
+    target's throughput on the same session."""
     async with AsyncExitStack() as stack:
         clients = {
             name: await stack.enter_async_context(Client(t, mode=MODE))
@@ -188,7 +199,8 @@ async def _latencies(targets: dict[str, Target], calls: int) -> dict[tuple[str, 
                 start = time.perf_counter()
                 await _call(clients[name], tool)
                 values.append(time.perf_counter() - start)
-        return found
+        rates = {name: await _throughput(c, seconds) for name, c in clients.items() if seconds}
+        return found, rates
 
 
 async def _caller(client: Client, end: float, counts: list[int], index: int) -> None:
@@ -197,18 +209,16 @@ async def _caller(client: Client, end: float, counts: list[int], index: int) -> 
         counts[index] += 1
 
 
-async def _throughput(target: Target, seconds: float) -> dict[int, float]:
+async def _throughput(client: Client, seconds: float) -> dict[int, float]:
     """Keyed `write` calls/s with 1, 16 and 64 concurrent callers on one session."""
     rates: dict[int, float] = {}
-    async with Client(target, mode=MODE) as client:
-        await client.list_tools()
-        for callers in CALLERS:
-            began = time.perf_counter()
-            counts = [0] * callers
-            async with anyio.create_task_group() as tg:
-                for index in range(callers):
-                    tg.start_soon(_caller, client, began + seconds, counts, index)
-            rates[callers] = sum(counts) / (time.perf_counter() - began)
+    for callers in CALLERS:
+        began = time.perf_counter()
+        counts = [0] * callers
+        async with anyio.create_task_group() as tg:
+            for index in range(callers):
+                tg.start_soon(_caller, client, began + seconds, counts, index)
+        rates[callers] = sum(counts) / (time.perf_counter() - began)
     return rates
 
 
@@ -219,22 +229,26 @@ async def _startup(target: StdioServerParameters) -> float:
         return time.perf_counter() - began
 
 
-def measure(calls: int, rounds: int, seconds: float, peers: bool) -> dict[str, Any]:
-    """Every figure of one run (see the module doc)."""
+def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
+    """Every figure of one run (see the module doc): what `bench` runs."""
+    every = scale.hop_every_target
+    calls, rounds, seconds = scale.hop_calls, scale.hop_rounds, scale.hop_seconds
     load = [round(x, 2) for x in os.getloadavg()]
-    installed = install_peers() if peers else None
+    installed = install_peers() if peers and every else None
     out: dict[str, Any] = {"load_average_at_start": load, "peers": installed is not None}
     with (
         tempfile.TemporaryDirectory() as folder,
         RedisServer() as redis_server,
         ExitStack() as stack,
     ):
-        targets = stdio_targets(folder, redis_server.url)
-        targets.update(http_targets(stack, folder, redis_server.url, installed))
+        targets = stdio_targets(folder, redis_server.url, every)
+        if every:
+            targets.update(http_targets(stack, folder, redis_server.url, installed))
         latencies: dict[tuple[str, str], list[float]] = {}
         ratios: dict[tuple[str, str], list[float]] = {}
-        for _ in range(rounds):
-            this = anyio.run(_latencies, targets, calls)
+        for number in range(rounds):
+            last = number == rounds - 1
+            this, rates = anyio.run(_round, targets, calls, seconds if last else 0.0)
             for (name, tool), values in this.items():
                 latencies.setdefault((name, tool), []).extend(values)
                 base = statistics.median(this[(DIRECT, tool)])
@@ -248,16 +262,15 @@ def measure(calls: int, rounds: int, seconds: float, peers: bool) -> dict[str, A
             for (name, tool), values in latencies.items()
         }
         out["calls_per_second"] = {
-            name: {str(c): round(r, 1) for c, r in anyio.run(_throughput, t, seconds).items()}
-            for name, t in targets.items()
+            name: {str(c): round(r, 1) for c, r in by_callers.items()}
+            for name, by_callers in rates.items()
         }
-    direct = statistics.median(anyio.run(_startup, _child(*UPSTREAM[1:])) for _ in range(3))
-    proxied = statistics.median(
-        anyio.run(
-            _startup, _child("-m", "mcp_once", "proxy", "--store", "memory://", "--", *UPSTREAM)
-        )
-        for _ in range(3)
-    )
+    proxy = _child("-m", "mcp_once", "proxy", "--store", "memory://", "--", *UPSTREAM)
+    times: dict[str, list[float]] = {"direct": [], "mcp-once proxy": []}
+    for _ in range(scale.hop_startups):  # interleaved, as the calls are
+        times["direct"].append(anyio.run(_startup, _child(*UPSTREAM[1:])))
+        times["mcp-once proxy"].append(anyio.run(_startup, proxy))
+    direct, proxied = (statistics.median(values) for values in times.values())
     out["startup_s"] = {"direct": round(direct, 3), "mcp-once proxy": round(proxied, 3)}
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out["targets"] = verdicts(out)
@@ -327,9 +340,7 @@ async def _serve(mode: str, port: int | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--quick", action="store_true", help="bench --quick's length")
     parser.add_argument("--no-peers", action="store_true", help="skip supergateway, mcp-proxy")
     parser.add_argument("--serve", choices=("floor", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -337,8 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve:
         anyio.run(_serve, args.serve, args.port)
         return 0
-    out = measure(args.calls, args.rounds, args.seconds, not args.no_peers)
-    _print(out, args.calls, args.rounds)
+    scale = QUICK if args.quick else FULL
+    out = measure(scale, peers=not args.no_peers)
+    _print(out, scale.hop_calls, scale.hop_rounds)
     return 0 if all(row["met"] for row in out["targets"]) else 1
 
 
