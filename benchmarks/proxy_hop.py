@@ -1,6 +1,6 @@
 """Benchmark: the proxy hop beside the call it wraps and the bridges users already run (issue 46).
 
-    uv run python -m benchmarks.proxy_hop [--quick] [--no-peers]
+    uv run python -m benchmarks.proxy_hop [--quick] [--no-peers] [--out FILE.json]
 
 (`bench` runs it as its `proxy_hop` section, its targets in the verdict table.)
 
@@ -27,6 +27,7 @@ direct and through `mcp-once proxy` (median of 3). The load average is printed w
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import socket
@@ -37,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack, ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -342,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="bench --quick's length")
     parser.add_argument("--no-peers", action="store_true", help="skip supergateway, mcp-proxy")
+    parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--serve", choices=("floor", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -351,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = QUICK if args.quick else FULL
     out = measure(scale, peers=not args.no_peers)
     _print(out, scale.hop_calls, scale.hop_rounds)
+    if args.out is not None:
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
     return 0 if all(row["met"] for row in out["targets"]) else 1
 
 
