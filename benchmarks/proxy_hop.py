@@ -50,6 +50,7 @@ from ._redis import REPO, RedisServer, free_port
 from ._scale import FULL, QUICK, Scale
 from ._servers import key_meta
 from ._stats import percentile
+from .proxy import store_urls
 
 UPSTREAM = [sys.executable, "-m", "benchmarks._hop_upstream"]
 DIRECT = "direct (stdio)"
@@ -103,14 +104,6 @@ def _listening(command: list[str], port: int) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-def _stores(folder: str, redis_url: str, front: str) -> dict[str, str]:
-    return {
-        "memory": "memory://",
-        "SQLite": f"sqlite:///{folder}/hop-{front}.sqlite3",
-        "Redis": f"{redis_url}?prefix=bench-hop-{front}:",
-    }
-
-
 def stdio_targets(folder: str, redis_url: str, every: bool) -> dict[str, Target]:
     """The stdio children by target name (each client starts its own); without `every`, only
     direct, the SDK floor and mcp-once proxy on memory and SQLite."""
@@ -120,7 +113,7 @@ def stdio_targets(folder: str, redis_url: str, every: bool) -> dict[str, Target]
     }
     if every:
         targets["FastMCP create_proxy"] = _child("-m", "benchmarks.proxy_hop", "--serve", "bare")
-    for store, url in _stores(folder, redis_url, "stdio").items():
+    for store, url in store_urls(folder, redis_url, "stdio").items():
         if store == "Redis" and not every:
             continue
         targets[f"mcp-once proxy, {store}"] = _child(
@@ -159,7 +152,7 @@ def http_targets(
         [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "bare", "--port", str(port)],
         port,
     )
-    for store, url in _stores(folder, redis_url, "http").items():
+    for store, url in store_urls(folder, redis_url, "http").items():
         if store == "SQLite":
             continue
         port = free_port()
