@@ -7,6 +7,9 @@ proxy guards it), both answering at once, so what is measured is the hop, not th
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Sequence
+
 from mcp.server.mcpserver import MCPServer
 from mcp_types import ToolAnnotations
 
@@ -25,5 +28,10 @@ def hop_server() -> MCPServer:
     return server
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)
     hop_server().run("stdio")
+
+
+if __name__ == "__main__":
+    main()

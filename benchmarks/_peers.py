@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from . import _redis
+from . import _redis  # its import puts tests/ on sys.path, where npm_install lives
 
 #: Each peer's pinned version.
 PEERS = {"supergateway": "4.0.0", "mcp-proxy": "0.13.0"}
+#: The TypeScript upstream (the tests' ledger server) and the SDK it runs on, as the tests pin it.
+LEDGER_SERVER = _redis.REPO / "tests" / "proxy" / "ledger_server.mjs"
+LEDGER_SDK = "@modelcontextprotocol/sdk@1.32.2"
 
 
 @dataclass(frozen=True)
@@ -39,17 +42,31 @@ def _fail(reason: str) -> NoReturn:
     raise RuntimeError(f"the benchmark's peers could not be installed: {reason}")
 
 
-def install_peers() -> Peers:
-    """Install the pinned peers (once per pin) and say how to start them."""
-    assert _redis.REPO  # its import put tests/ on sys.path, where npm_install lives
+def _npm(prefix: Path, package: str) -> None:
+    """`package` installed into `prefix` as the tests install npm packages."""
     from npm_install import npm_install  # type: ignore[import-not-found]
 
+    npm_install(prefix, [package], _fail)
+
+
+def install_ledger() -> tuple[str, Path]:
+    """node, and the folder the ledger server's SDK is installed in (once per pin)."""
+    node = shutil.which("node")
+    if node is None:
+        _fail("node must be on PATH")
+    prefix = _cache() / "npm-ledger"
+    _npm(prefix, LEDGER_SDK)
+    return node, prefix
+
+
+def install_peers() -> Peers:
+    """Install the pinned peers (once per pin) and say how to start them."""
     node = shutil.which("node")
     uv = shutil.which("uv")
     if node is None or uv is None:
         _fail("node and uv must be on PATH")
     npm = _cache() / "npm"
-    npm_install(npm, [f"supergateway@{PEERS['supergateway']}"], _fail)
+    _npm(npm, f"supergateway@{PEERS['supergateway']}")
     entry = npm / "node_modules" / "supergateway" / "dist" / "index.js"
     venv = _cache() / f"mcp-proxy-{PEERS['mcp-proxy']}"
     binary = venv / "bin" / "mcp-proxy"

@@ -1,11 +1,13 @@
 """Benchmark: the proxy hop beside the call it wraps and the bridges users already run (issue 46).
 
-    uv run python -m benchmarks.proxy_hop [--quick] [--no-peers] [--out FILE.json]
+    uv run python -m benchmarks.proxy_hop [--quick] [--no-peers] [--upstream ledger] [--out FILE]
 
 (`bench` runs it as its `proxy_hop` section, its targets in the verdict table.)
 
 One upstream (`benchmarks._hop_upstream`: an SDK server over stdio with a read-only `read`, which
-the proxy passes through, and an effect `write`, which it guards; both answer at once), one
+the proxy passes through, and an effect `write`, which it guards; both answer at once; or, with
+`--upstream ledger`, the tests' TypeScript ledger server: `balance` read, `charge` written, each
+charge fsynced to its ledger file before it answers), one
 client (the SDK's `mcp.client.Client`), every target a process of its own on 127.0.0.1:
 
 - stdio front: the upstream directly; the SDK floor (`--serve floor`: an SDK low-level server
@@ -45,14 +47,22 @@ import anyio
 from mcp import StdioServerParameters
 from mcp.client import Client
 
-from ._peers import PEERS, Peers, install_peers
+from ._peers import LEDGER_SERVER, PEERS, Peers, install_ledger, install_peers
 from ._redis import REPO, RedisServer, free_port
 from ._scale import FULL, QUICK, Scale
 from ._servers import key_meta
 from ._stats import percentile
 from .proxy import store_urls
 
-UPSTREAM = [sys.executable, "-m", "benchmarks._hop_upstream"]
+#: The upstream every target fronts, as JSON in the environment (so that this benchmark's own
+#: server processes front the same one): its command line and, for each role, the tool and
+#: arguments called. By default the Python upstream; `--upstream ledger` the TypeScript ledger.
+UPSTREAM_VARIABLE = "MCP_ONCE_HOP_UPSTREAM"
+PYTHON_UPSTREAM = {
+    "command": [sys.executable, "-m", "benchmarks._hop_upstream"],
+    "read": ["read", {"text": "x"}],
+    "write": ["write", {"text": "x"}],
+}
 DIRECT = "direct (stdio)"
 CALLERS = (1, 16, 64)
 #: Targets (p50, ratio to direct over stdio) and what each is read from.
@@ -69,12 +79,38 @@ MODE = "legacy"
 Target = str | StdioServerParameters
 
 
+def _spec() -> dict[str, Any]:
+    found = os.environ.get(UPSTREAM_VARIABLE)
+    return PYTHON_UPSTREAM if found is None else dict(json.loads(found))
+
+
+def _upstream() -> list[str]:
+    return list(_spec()["command"])
+
+
+def _use_ledger() -> None:
+    """Front the TypeScript ledger server (tests/proxy/ledger_server.mjs, its SDK installed by
+    `_peers.install_ledger`): `balance` is the read, `charge` the write."""
+    node, prefix = install_ledger()
+    folder = tempfile.mkdtemp(prefix="mcp-once-hop-ledger-")
+    spec = {
+        "command": [node, str(LEDGER_SERVER), str(prefix), folder],
+        "read": ["balance", {}],
+        "write": ["charge", {"amount": 1}],
+    }
+    os.environ[UPSTREAM_VARIABLE] = json.dumps(spec)
+
+
 def _quiet_env() -> dict[str, str]:
     return {**os.environ, "FASTMCP_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
 
 
 def _child(*args: str) -> StdioServerParameters:
     return StdioServerParameters(command=sys.executable, args=list(args), env=_quiet_env())
+
+
+def _child_of(command: list[str]) -> StdioServerParameters:
+    return StdioServerParameters(command=command[0], args=command[1:], env=_quiet_env())
 
 
 def _wait_port(port: int, process: subprocess.Popen[bytes], deadline: float = 60.0) -> None:
@@ -108,7 +144,7 @@ def stdio_targets(folder: str, redis_url: str, every: bool) -> dict[str, Target]
     """The stdio children by target name (each client starts its own); without `every`, only
     direct, the SDK floor and mcp-once proxy on memory and SQLite."""
     targets: dict[str, Target] = {
-        DIRECT: _child(*UPSTREAM[1:]),
+        DIRECT: _child_of(_upstream()),
         "SDK floor (raw forward)": _child("-m", "benchmarks.proxy_hop", "--serve", "floor"),
     }
     if every:
@@ -117,7 +153,7 @@ def stdio_targets(folder: str, redis_url: str, every: bool) -> dict[str, Target]
         if store == "Redis" and not every:
             continue
         targets[f"mcp-once proxy, {store}"] = _child(
-            "-m", "mcp_once", "proxy", "--store", url, "--", *UPSTREAM
+            "-m", "mcp_once", "proxy", "--store", url, "--", *_upstream()
         )
     return targets
 
@@ -135,7 +171,7 @@ def http_targets(
         port = free_port()
         start(
             f"supergateway {PEERS['supergateway']}",
-            [*peers.supergateway, "--stdio", " ".join(UPSTREAM), "--outputTransport",
+            [*peers.supergateway, "--stdio", " ".join(_upstream()), "--outputTransport",
              "streamableHttp", "--stateful", "--port", str(port), "--logLevel", "none"],
             port,
         )  # fmt: skip
@@ -143,7 +179,7 @@ def http_targets(
         start(
             f"mcp-proxy {PEERS['mcp-proxy']}",
             [peers.mcp_proxy, "--host", "127.0.0.1", "--port", str(port), "--pass-environment",
-             "--", *UPSTREAM],
+             "--", *_upstream()],
             port,
         )  # fmt: skip
     port = free_port()
@@ -159,14 +195,15 @@ def http_targets(
         start(
             f"mcp-once proxy --listen, {store}",
             [sys.executable, "-m", "mcp_once", "proxy", "--store", url,
-             "--listen", f"127.0.0.1:{port}", "--", *UPSTREAM],
+             "--listen", f"127.0.0.1:{port}", "--", *_upstream()],
             port,
         )  # fmt: skip
     return targets
 
 
-async def _call(client: Client, tool: str) -> None:
-    result = await client.call_tool(tool, {"text": "x"}, meta=key_meta(secrets.token_hex(8)))
+async def _call(client: Client, role: str) -> None:
+    tool, arguments = _spec()[role]
+    result = await client.call_tool(tool, arguments, meta=key_meta(secrets.token_hex(8)))
     if result.is_error:
         raise RuntimeError(f"{tool} failed: {result.content}")
 
@@ -260,10 +297,10 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
             name: {str(c): round(r, 1) for c, r in by_callers.items()}
             for name, by_callers in rates.items()
         }
-    proxy = _child("-m", "mcp_once", "proxy", "--store", "memory://", "--", *UPSTREAM)
+    proxy = _child("-m", "mcp_once", "proxy", "--store", "memory://", "--", *_upstream())
     times: dict[str, list[float]] = {"direct": [], "mcp-once proxy": []}
     for _ in range(scale.hop_startups):  # interleaved, as the calls are
-        times["direct"].append(anyio.run(_startup, _child(*UPSTREAM[1:])))
+        times["direct"].append(anyio.run(_startup, _child_of(_upstream())))
         times["mcp-once proxy"].append(anyio.run(_startup, proxy))
     direct, proxied = (statistics.median(values) for values in times.values())
     out["startup_s"] = {"direct": round(direct, 3), "mcp-once proxy": round(proxied, 3)}
@@ -314,13 +351,13 @@ async def _serve(mode: str, port: int | None) -> None:
     if mode == "floor":
         from ._hop_floor import serve_floor
 
-        await serve_floor(UPSTREAM)
+        await serve_floor(_upstream())
         return
     from fastmcp import Client as FastMCPClient
     from fastmcp.client.transports import StdioTransport
     from fastmcp.server import create_proxy
 
-    command, *args = UPSTREAM
+    command, *args = _upstream()
     client = FastMCPClient(StdioTransport(command, args, env=_quiet_env(), keep_alive=False))
     async with client:
         proxy = create_proxy(client)
@@ -337,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="bench --quick's length")
     parser.add_argument("--no-peers", action="store_true", help="skip supergateway, mcp-proxy")
+    parser.add_argument(
+        "--upstream", choices=("python", "ledger"), default="python", help="%(default)s"
+    )
     parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--serve", choices=("floor", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -344,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve:
         anyio.run(_serve, args.serve, args.port)
         return 0
+    if args.upstream == "ledger":
+        _use_ledger()
     scale = QUICK if args.quick else FULL
     out = measure(scale, peers=not args.no_peers)
     _print(out, scale.hop_calls, scale.hop_rounds)
