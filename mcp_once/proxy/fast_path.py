@@ -1,8 +1,8 @@
 """The pass-through fast path: a `tools/call` the proxy does not guard, forwarded as it came.
 
 Why it bypasses FastMCP: a call the proxy passes through (a read-only tool, or one the policy
-leaves unguarded) has nothing for the proxy to do but forward it, yet FastMCP's path spent ~3 ms
-of CPU a call on this machine (benchmarks/README.md, "The proxy hop"): a `Context`, the
+leaves unguarded) has nothing for the proxy to do but forward it, yet FastMCP's path cost it
+~40 % of the proxy's CPU per call (benchmarks/README.md, "The proxy hop"): a `Context`, the
 middleware chain, a second tool lookup, a `ProxyTool` run that builds a typed request, a typed
 `CallToolResult` whose structured content the client library validates again against the output
 schema the upstream already held it to, a `ToolResult`, and a `CallToolResult` again for the
@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastmcp.server.dependencies import fastmcp_request_ctx
 from mcp import MCPError
-from mcp_types import CONNECTION_CLOSED, CallToolRequest, CallToolRequestParams
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    CONNECTION_CLOSED,
+    PROTOCOL_VERSION_META_KEY,
+    CallToolRequest,
+    CallToolRequestParams,
+)
 from pydantic import BaseModel, TypeAdapter
 
 from .failures import UpstreamUnreachable
@@ -49,11 +56,7 @@ _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 #: the same ones): the 2026-07-28 era's per-request protocol version, client info and
 #: capabilities.
 _CONNECTION_META = frozenset(
-    {
-        "io.modelcontextprotocol/protocolVersion",
-        "io.modelcontextprotocol/clientInfo",
-        "io.modelcontextprotocol/clientCapabilities",
-    }
+    {PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY}
 )
 
 
