@@ -42,12 +42,13 @@ from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
 
 if TYPE_CHECKING:
+    from fastmcp import FastMCP
     from fastmcp.server.middleware import Middleware
     from fastmcp.tools.base import Tool
     from mcp.server.context import HandlerResult, ServerRequestContext
 
     from .middleware import ProxyGuardMiddleware
-    from .server import OnceProxy
+    from .upstream import UpstreamLink
 
 #: The upstream's result as it came (the session still checks it against the wire schema).
 _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
@@ -79,9 +80,14 @@ async def looked_up(
     return memo[name]
 
 
-def install(server: OnceProxy, guard: ProxyGuardMiddleware, limit: InFlightLimit | None) -> None:
-    """Serve `server`'s pass-through calls on the fast path (its middleware as it is now is the
-    proxy's own: a middleware added later sends every call FastMCP's way)."""
+def install(
+    server: FastMCP[Any],
+    link: UpstreamLink,
+    guard: ProxyGuardMiddleware,
+    limit: InFlightLimit | None,
+) -> None:
+    """Serve `server`'s pass-through calls to `link` on the fast path (its middleware as it is
+    now is the proxy's own: a middleware added later sends every call FastMCP's way)."""
     low = server._mcp_server
     entry = low.get_request_handler("tools/call")
     assert entry is not None, "FastMCP registers tools/call"
@@ -96,26 +102,27 @@ def install(server: OnceProxy, guard: ProxyGuardMiddleware, limit: InFlightLimit
             return await slow(ctx, params)
         token = _lookups.set({})
         try:
-            if not await _served(served, guard, ctx, params):
+            if not await _served(served, link, guard, ctx, params):
                 return await slow(ctx, params)
             if limit is None:
-                return await _forward(served, ctx, params, server_ref)
+                return await _forward(link, ctx, params, server_ref)
             async with limit.admitted():
-                return await _forward(served, ctx, params, server_ref)
+                return await _forward(link, ctx, params, server_ref)
         finally:
             _lookups.reset(token)
 
     low.add_request_handler("tools/call", entry.params_type, handle)
 
 
-def _own(server: OnceProxy, own: Sequence[Middleware]) -> bool:
+def _own(server: FastMCP[Any], own: Sequence[Middleware]) -> bool:
     """Whether `server`'s middleware is still the proxy's own (none added since `install`)."""
     chain = server.middleware
     return len(chain) == len(own) and all(a is b for a, b in zip(chain, own, strict=True))
 
 
 async def _served(
-    server: OnceProxy,
+    server: FastMCP[Any],
+    link: UpstreamLink,
     guard: ProxyGuardMiddleware,
     ctx: ServerRequestContext[Any, Any],
     params: CallToolRequestParams,
@@ -126,8 +133,8 @@ async def _served(
         or params.input_responses is not None
         or params.request_state is not None
         or (ctx.meta is not None and ctx.meta.get("progressToken") is not None)
-        or server.link.upstream.url is not None
-        or not server.link.alive()
+        or link.upstream.url is not None
+        or not link.alive()
     ):
         return False
     tool = await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
@@ -135,13 +142,12 @@ async def _served(
 
 
 async def _forward(
-    server: OnceProxy,
+    link: UpstreamLink,
     ctx: ServerRequestContext[Any, Any],
     params: CallToolRequestParams,
-    server_ref: weakref.ref[OnceProxy],
+    server_ref: weakref.ref[FastMCP[Any]],
 ) -> dict[str, Any]:
     """The call sent upstream as it came; the upstream's result as it came back."""
-    link = server.link
     client = await link.client()
     meta = {k: v for k, v in (ctx.meta or {}).items() if k not in _CONNECTION_META}
     request = CallToolRequest(

@@ -249,7 +249,7 @@ def build_proxy(
         server.add_middleware(limit)
     server.add_middleware(guard)
     server.add_middleware(UpstreamMetadata(provider, server.name))
-    fast_path.install(server, guard, limit)
+    fast_path.install(server, link, guard, limit)
     return server
 
 
