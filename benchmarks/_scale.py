@@ -46,6 +46,15 @@ class Scale:
     #: `--uvloop`. Pinned either way: uvicorn's default (`loop="auto"`) silently switches to
     #: uvloop whenever it is installed, which changes absolute figures without saying so.
     uvloop: bool = False
+    #: The proxy hop (`proxy_hop.py`): calls per tool per round, rounds, seconds per number of
+    #: callers, start-ups timed, and whether every target runs (the peers, installed from npm and
+    #: the package index, the HTTP fronts, FastMCP's bare proxy, Redis) or only direct, the SDK
+    #: floor and mcp-once proxy on memory and SQLite.
+    hop_calls: int = 300
+    hop_rounds: int = 3
+    hop_seconds: float = 3.0
+    hop_startups: int = 3
+    hop_every_target: bool = True
 
 
 FULL = Scale(
@@ -88,6 +97,9 @@ QUICK = Scale(
     journal_rounds=2,
     journal_calls=80,
     journal_warmup=20,
+    hop_calls=80,
+    hop_rounds=1,
+    hop_seconds=0.5,
 )
 
 #: For the test suite: every code path, figures too short to mean anything.
@@ -110,6 +122,11 @@ SMOKE = Scale(
     journal_rounds=1,
     journal_calls=10,
     journal_warmup=3,
+    hop_calls=5,
+    hop_rounds=1,
+    hop_seconds=0.1,
+    hop_startups=1,
+    hop_every_target=False,
 )
 
 

@@ -212,7 +212,8 @@ def _measure(
     return Measured(front, found, ratios, versus_client, trips)
 
 
-def _store_urls(folder: str, redis_url: str, front: str) -> dict[str, str]:
+def store_urls(folder: str, redis_url: str, front: str) -> dict[str, str]:
+    """Each store's URL for the proxies of one front (also `proxy_hop.py`'s)."""
     return {
         "memory": "memory://",
         "SQLite": f"sqlite:///{folder}/proxy-{front}.sqlite3",
@@ -236,7 +237,7 @@ def _http(stack: ExitStack, folder: str, redis_url: str) -> dict[str, Target]:
         BARE_CLIENT: f"http://127.0.0.1:{ports['bare-client']}/mcp",
         BARE: f"http://127.0.0.1:{ports['bare-proxyclient']}/mcp",
     }
-    for store, url in _store_urls(folder, redis_url, "http").items():
+    for store, url in store_urls(folder, redis_url, "http").items():
         port = free_port()
         stack.enter_context(_process(
             [python, "-m", "mcp_once", "proxy", "--store", url,
@@ -259,7 +260,7 @@ def _stdio(folder: str, redis_url: str) -> dict[str, Target]:
         BARE_CLIENT: child("-m", "benchmarks.proxy", "--serve", "bare-client"),
         BARE: child("-m", "benchmarks.proxy", "--serve", "bare-proxyclient"),
     }
-    for store, url in _store_urls(folder, redis_url, "stdio").items():
+    for store, url in store_urls(folder, redis_url, "stdio").items():
         targets[f"mcp-once proxy, {store}"] = child(
             "-m", "mcp_once", "proxy", "--store", url, "--", *_upstream_stdio()
         )

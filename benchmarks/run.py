@@ -55,6 +55,7 @@ SECTIONS = (
     "call_overhead",
     "outage",
     "run_journal",
+    "proxy_hop",
 )
 REPRODUCE = {
     "full": "uv run --group bench python -m benchmarks.run",
@@ -117,6 +118,10 @@ def _section(name: str) -> Callable[..., dict[str, Any]]:
         from . import run_journal
 
         return run_journal.measure
+    if name == "proxy_hop":
+        from . import proxy_hop
+
+        return proxy_hop.measure
     from . import outage
 
     return outage.measure
@@ -278,6 +283,8 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
             None if value is None else value <= 300,
         )
     )
+    # The proxy hop's own rows (issue 46), each beside the SDK floor measured in the same run.
+    rows.extend(out.get("proxy_hop_targets") or [])
     for journal in ("sqlite", "redis"):
         value = out.get(f"journal_bytes_per_entry_{journal}")
         rows.append(
@@ -410,6 +417,9 @@ def _headline(out: dict[str, Any], results: dict[str, Any]) -> None:
     ):
         if key in rj:
             out[key] = rj[key]
+    hop = results.get("proxy_hop", {})
+    if "targets" in hop:
+        out["proxy_hop_targets"] = hop["targets"]
     rm = results.get("record_memory", {})
     if "record_overhead_bytes" in rm:
         out["record_overhead_bytes"] = rm["record_overhead_bytes"]

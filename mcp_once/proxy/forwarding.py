@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from fastmcp.server.context import Context
@@ -45,11 +45,16 @@ class Forwarding:
         self._serving: dict[int, _Stash] = {}
         self._ids = itertools.count()
 
-    @contextmanager
-    def serving(self, ctx: Context) -> Iterator[None]:
+    def serving(self, ctx: Context) -> AbstractContextManager[None]:
         """Register the call of `ctx` as in flight for the block."""
+        return self.serving_request(ctx.request_context, ctx._fastmcp)
+
+    @contextmanager
+    def serving_request(self, request_context: Any, server: Any) -> Iterator[None]:
+        """Register the call of `request_context` (FastMCP's, on the server `server`: a weakref
+        to it) as in flight for the block (the fast path has no `Context`)."""
         number = next(self._ids)
-        self._serving[number] = (ctx.request_context, ctx._fastmcp)
+        self._serving[number] = (request_context, server)
         try:
             yield
         finally:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import AsyncIterator, Hashable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastmcp.server.dependencies import get_access_token
@@ -140,6 +141,13 @@ class InFlightLimit(Middleware):
         context: MiddlewareContext[CallToolRequestParams],
         call_next: CallNext[CallToolRequestParams, ToolResult],
     ) -> ToolResult:
+        async with self.admitted():
+            return await call_next(context)
+
+    @asynccontextmanager
+    async def admitted(self) -> AsyncIterator[None]:
+        """The current principal's call counted in flight for the block, or refused (-32013)
+        past the bound (the pass-through fast path counts its calls here too)."""
         principal = principal_key()
         if self._running[principal] >= self.max_in_flight:
             raise MCPError(
@@ -150,7 +158,7 @@ class InFlightLimit(Middleware):
             )
         self._running[principal] += 1
         try:
-            return await call_next(context)
+            yield
         finally:
             self._running[principal] -= 1
             if not self._running[principal]:

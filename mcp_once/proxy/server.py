@@ -21,6 +21,7 @@ from fastmcp.server.auth import AuthProvider
 from fastmcp.server.http import StarletteWithLifespan
 from fastmcp.server.middleware import CallNext, MiddlewareContext
 from fastmcp.server.providers.proxy import ProxyMetadataMiddleware, ProxyProvider
+from fastmcp.tools.base import Tool
 from starlette.middleware import Middleware
 
 from idempotency import KeyStore
@@ -28,6 +29,7 @@ from mcp_once._limits import DEFAULT_MAX_BODY, DEFAULT_MAX_IN_FLIGHT
 from mcp_once._upstream import Upstream
 from orchestrator import RetryPolicy
 
+from . import fast_path
 from .completions import forward_completions
 from .failures import UpstreamUnreachable
 from .limits import BodyLimit, InFlightLimit
@@ -119,6 +121,10 @@ class OnceProxy(LinkedServer):
         self.unmatched: list[str] = []
         #: Why the stdio upstream could not be started as the proxy opened (`required=False`).
         self.start_failed: UpstreamStartFailed | None = None
+
+    async def get_tool(self, name: str, version: Any = None) -> Tool | None:
+        """FastMCP's lookup, asked once per `tools/call` (`fast_path.looked_up`)."""
+        return await fast_path.looked_up(name, version, super().get_tool)
 
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[OnceProxy]:
@@ -239,11 +245,13 @@ def build_proxy(
     server.add_provider(provider)
     server.add_extension(TaskForwarding(link))
     forward_completions(server, link)
-    if max_in_flight is not None:
+    limit = None if max_in_flight is None else InFlightLimit(max_in_flight)
+    if limit is not None:
         # Outside the guard: a call refused for its caller's load is never claimed.
-        server.add_middleware(InFlightLimit(max_in_flight))
+        server.add_middleware(limit)
     server.add_middleware(guard)
     server.add_middleware(UpstreamMetadata(provider, server.name))
+    fast_path.install(server, link, guard, limit)
     return server
 
 

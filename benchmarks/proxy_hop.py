@@ -1,0 +1,398 @@
+"""Benchmark: the proxy hop beside the call it wraps and the bridges users already run (issue 46).
+
+    uv run python -m benchmarks.proxy_hop [--quick] [--no-peers] [--upstream ledger] [--out FILE]
+
+(`bench` runs it as its `proxy_hop` section, its targets in the verdict table.)
+
+One upstream (`benchmarks._hop_upstream`: an SDK server over stdio with a read-only `read`, which
+the proxy passes through, and an effect `write`, which it guards; both answer at once; or, with
+`--upstream ledger`, the tests' TypeScript ledger server: `balance` read, `charge` written, each
+charge fsynced to its ledger file before it answers), one
+client (the SDK's `mcp.client.Client`), every target a process of its own on 127.0.0.1:
+
+- stdio front: the upstream directly; the SDK floor (`--serve floor`: an SDK low-level server
+  whose handlers forward the raw request to an SDK session on the upstream and do nothing else,
+  the least any Python MCP hop can cost); FastMCP's bare `create_proxy` over one connected client;
+  `mcp-once proxy` on the memory, SQLite and Redis stores.
+- streamable HTTP front, the same stdio upstream behind it: `supergateway` (npm, `--stateful`),
+  `mcp-proxy` (the package index's), FastMCP's bare `create_proxy`, `mcp-once proxy --listen` on
+  memory and Redis. Peers are pinned (`PEERS`) and installed by `_peers.py` into a cache folder.
+
+Latency: p50/p99 of `read` and of a keyed `write` (a fresh key each call: every guarded call a
+first execution), the targets interleaved call by call in each round so load on this shared
+machine falls on all alike; each figure also as a ratio to direct over stdio in the same round
+(median over rounds). Throughput: calls/s of keyed `write` at 1, 16 and 64 callers (concurrent
+calls on one session), a few seconds each. Start-up: spawn to the first `tools/list` answered,
+direct and through `mcp-once proxy` (median of 3). The load average is printed with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack, ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import StdioServerParameters
+from mcp.client import Client
+
+from ._peers import LEDGER_SERVER, PEERS, Peers, install_ledger, install_peers
+from ._redis import REPO, RedisServer, free_port
+from ._scale import FULL, QUICK, Scale
+from ._servers import key_meta
+from ._stats import percentile
+from .proxy import store_urls
+
+#: The upstream every target fronts, as JSON in the environment (so that this benchmark's own
+#: server processes front the same one): its command line and, for each role, the tool and
+#: arguments called. By default the Python upstream; `--upstream ledger` the TypeScript ledger.
+UPSTREAM_VARIABLE = "MCP_ONCE_HOP_UPSTREAM"
+PYTHON_UPSTREAM = {
+    "command": [sys.executable, "-m", "benchmarks._hop_upstream"],
+    "read": ["read", {"text": "x"}],
+    "write": ["write", {"text": "x"}],
+}
+DIRECT = "direct (stdio)"
+CALLERS = (1, 16, 64)
+#: Targets (p50, ratio to direct over stdio) and what each is read from.
+TARGETS = {
+    "stdio pass-through read, memory": ("mcp-once proxy, memory", "read", 1.3),
+    "stdio guarded write, memory": ("mcp-once proxy, memory", "write", 1.6),
+    "stdio guarded write, SQLite": ("mcp-once proxy, SQLite", "write", 2.0),
+}
+STARTUP_BOUND = 1.3
+#: The client speaks the handshake era to every target: the one all the peers speak, and what
+#: desktop clients send today.
+MODE = "legacy"
+
+Target = str | StdioServerParameters
+
+
+def _spec() -> dict[str, Any]:
+    found = os.environ.get(UPSTREAM_VARIABLE)
+    return PYTHON_UPSTREAM if found is None else dict(json.loads(found))
+
+
+def _upstream() -> list[str]:
+    return list(_spec()["command"])
+
+
+def _use_ledger() -> None:
+    """Front the TypeScript ledger server (tests/proxy/ledger_server.mjs, its SDK installed by
+    `_peers.install_ledger`): `balance` is the read, `charge` the write."""
+    node, prefix = install_ledger()
+    folder = tempfile.mkdtemp(prefix="mcp-once-hop-ledger-")
+    spec = {
+        "command": [node, str(LEDGER_SERVER), str(prefix), folder],
+        "read": ["balance", {}],
+        "write": ["charge", {"amount": 1}],
+    }
+    os.environ[UPSTREAM_VARIABLE] = json.dumps(spec)
+
+
+def _quiet_env() -> dict[str, str]:
+    return {**os.environ, "FASTMCP_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
+
+
+def _child(*args: str) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=list(args), env=_quiet_env())
+
+
+def _child_of(command: list[str]) -> StdioServerParameters:
+    return StdioServerParameters(command=command[0], args=command[1:], env=_quiet_env())
+
+
+def _wait_port(port: int, process: subprocess.Popen[bytes], deadline: float = 60.0) -> None:
+    """Until something listens on 127.0.0.1:`port` (or the process exits: it failed)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)  # polling a port: no event to wait on
+    raise RuntimeError(f"{process.args!r} did not listen on {port} within {deadline} s")
+
+
+@contextmanager
+def _listening(command: list[str], port: int) -> Iterator[str]:
+    process = subprocess.Popen(
+        command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=_quiet_env(),
+    )  # fmt: skip
+    try:
+        _wait_port(port, process)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def stdio_targets(folder: str, redis_url: str, every: bool) -> dict[str, Target]:
+    """The stdio children by target name (each client starts its own); without `every`, only
+    direct, the SDK floor and mcp-once proxy on memory and SQLite."""
+    targets: dict[str, Target] = {
+        DIRECT: _child_of(_upstream()),
+        "SDK floor (raw forward)": _child("-m", "benchmarks.proxy_hop", "--serve", "floor"),
+    }
+    if every:
+        targets["FastMCP create_proxy"] = _child("-m", "benchmarks.proxy_hop", "--serve", "bare")
+    for store, url in store_urls(folder, redis_url, "stdio").items():
+        if store == "Redis" and not every:
+            continue
+        targets[f"mcp-once proxy, {store}"] = _child(
+            "-m", "mcp_once", "proxy", "--store", url, "--", *_upstream()
+        )
+    return targets
+
+
+def http_targets(
+    stack: ExitStack, folder: str, redis_url: str, peers: Peers | None
+) -> dict[str, Target]:
+    """The streamable HTTP fronts, each started here, by target name."""
+    targets: dict[str, Target] = {}
+
+    def start(name: str, command: list[str], port: int) -> None:
+        targets[name] = stack.enter_context(_listening(command, port))
+
+    if peers is not None:
+        port = free_port()
+        start(
+            f"supergateway {PEERS['supergateway']}",
+            [*peers.supergateway, "--stdio", " ".join(_upstream()), "--outputTransport",
+             "streamableHttp", "--stateful", "--port", str(port), "--logLevel", "none"],
+            port,
+        )  # fmt: skip
+        port = free_port()
+        start(
+            f"mcp-proxy {PEERS['mcp-proxy']}",
+            [peers.mcp_proxy, "--host", "127.0.0.1", "--port", str(port), "--pass-environment",
+             "--", *_upstream()],
+            port,
+        )  # fmt: skip
+    port = free_port()
+    start(
+        "FastMCP create_proxy (HTTP)",
+        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "bare", "--port", str(port)],
+        port,
+    )
+    for store, url in store_urls(folder, redis_url, "http").items():
+        if store == "SQLite":
+            continue
+        port = free_port()
+        start(
+            f"mcp-once proxy --listen, {store}",
+            [sys.executable, "-m", "mcp_once", "proxy", "--store", url,
+             "--listen", f"127.0.0.1:{port}", "--", *_upstream()],
+            port,
+        )  # fmt: skip
+    return targets
+
+
+async def _call(client: Client, role: str) -> None:
+    tool, arguments = _spec()[role]
+    result = await client.call_tool(tool, arguments, meta=key_meta(secrets.token_hex(8)))
+    if result.is_error:
+        raise RuntimeError(f"{tool} failed: {result.content}")
+
+
+async def _round(
+    targets: dict[str, Target], calls: int, seconds: float
+) -> tuple[dict[tuple[str, str], list[float]], dict[str, dict[int, float]]]:
+    """`calls` of each tool per target, interleaved call by call; then, when `seconds`, each
+    target's throughput on the same session."""
+    async with AsyncExitStack() as stack:
+        clients = {
+            name: await stack.enter_async_context(Client(t, mode=MODE))
+            for name, t in targets.items()
+        }
+        for client in clients.values():
+            await client.list_tools()
+            for _ in range(10):  # warm-up
+                await _call(client, "read")
+                await _call(client, "write")
+        found: dict[tuple[str, str], list[float]] = {
+            (name, tool): [] for name in clients for tool in ("read", "write")
+        }
+        for _ in range(calls):
+            for (name, tool), values in found.items():
+                start = time.perf_counter()
+                await _call(clients[name], tool)
+                values.append(time.perf_counter() - start)
+        rates = {name: await _throughput(c, seconds) for name, c in clients.items() if seconds}
+        return found, rates
+
+
+async def _caller(client: Client, end: float, counts: list[int], index: int) -> None:
+    while time.perf_counter() < end:
+        await _call(client, "write")
+        counts[index] += 1
+
+
+async def _throughput(client: Client, seconds: float) -> dict[int, float]:
+    """Keyed `write` calls/s with 1, 16 and 64 concurrent callers on one session."""
+    rates: dict[int, float] = {}
+    for callers in CALLERS:
+        began = time.perf_counter()
+        counts = [0] * callers
+        async with anyio.create_task_group() as tg:
+            for index in range(callers):
+                tg.start_soon(_caller, client, began + seconds, counts, index)
+        rates[callers] = sum(counts) / (time.perf_counter() - began)
+    return rates
+
+
+async def _startup(target: StdioServerParameters) -> float:
+    began = time.perf_counter()
+    async with Client(target, mode=MODE) as client:
+        await client.list_tools()
+        return time.perf_counter() - began
+
+
+def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
+    """Every figure of one run (see the module doc): what `bench` runs."""
+    every = scale.hop_every_target
+    calls, rounds, seconds = scale.hop_calls, scale.hop_rounds, scale.hop_seconds
+    load = [round(x, 2) for x in os.getloadavg()]
+    installed = install_peers() if peers and every else None
+    out: dict[str, Any] = {"load_average_at_start": load, "peers": installed is not None}
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        RedisServer() as redis_server,
+        ExitStack() as stack,
+    ):
+        targets = stdio_targets(folder, redis_server.url, every)
+        if every:
+            targets.update(http_targets(stack, folder, redis_server.url, installed))
+        latencies: dict[tuple[str, str], list[float]] = {}
+        ratios: dict[tuple[str, str], list[float]] = {}
+        for number in range(rounds):
+            last = number == rounds - 1
+            this, rates = anyio.run(_round, targets, calls, seconds if last else 0.0)
+            for (name, tool), values in this.items():
+                latencies.setdefault((name, tool), []).extend(values)
+                base = statistics.median(this[(DIRECT, tool)])
+                ratios.setdefault((name, tool), []).append(statistics.median(values) / base)
+        out["latency"] = {
+            f"{name} | {tool}": {
+                "p50_ms": round(percentile(values, 50) * 1e3, 3),
+                "p99_ms": round(percentile(values, 99) * 1e3, 3),
+                "ratio_p50": round(statistics.median(ratios[(name, tool)]), 3),
+            }
+            for (name, tool), values in latencies.items()
+        }
+        out["calls_per_second"] = {
+            name: {str(c): round(r, 1) for c, r in by_callers.items()}
+            for name, by_callers in rates.items()
+        }
+    proxy = _child("-m", "mcp_once", "proxy", "--store", "memory://", "--", *_upstream())
+    times: dict[str, list[float]] = {"direct": [], "mcp-once proxy": []}
+    for _ in range(scale.hop_startups):  # interleaved, as the calls are
+        times["direct"].append(anyio.run(_startup, _child_of(_upstream())))
+        times["mcp-once proxy"].append(anyio.run(_startup, proxy))
+    direct, proxied = (statistics.median(values) for values in times.values())
+    out["startup_s"] = {"direct": round(direct, 3), "mcp-once proxy": round(proxied, 3)}
+    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["targets"] = verdicts(out)
+    return out
+
+
+def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each issue 46 target with its measured ratio; the SDK floor beside it."""
+    rows = []
+    latency = out["latency"]
+    for label, (name, tool, bound) in TARGETS.items():
+        value = latency[f"{name} | {tool}"]["ratio_p50"]
+        floor = latency[f"SDK floor (raw forward) | {tool}"]["ratio_p50"]
+        rows.append({
+            "metric": f"{label} / direct, p50", "measured": value, "ceiling": floor,
+            "target": f"<= {bound}x", "met": value <= bound, "reachable": floor <= bound,
+        })  # fmt: skip
+    startup = out["startup_s"]
+    ratio = round(startup["mcp-once proxy"] / startup["direct"], 3)
+    rows.append({"metric": "start-up to first tools/list / direct", "measured": ratio,
+                 "ceiling": None, "target": f"<= {STARTUP_BOUND}x", "met": ratio <= STARTUP_BOUND,
+                 "reachable": None})  # fmt: skip
+    return rows
+
+
+def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
+    print(f"\n{calls} calls per tool x {rounds} rounds, load average {out['load_average_at_start']}"
+          f" at start, {out['load_average_at_end']} at end")  # fmt: skip
+    print(f"{'target | tool':<48} {'p50 ms':>8} {'p99 ms':>8} {'/direct':>8}")
+    for name, row in out["latency"].items():
+        print(f"{name:<48} {row['p50_ms']:8.3f} {row['p99_ms']:8.3f} {row['ratio_p50']:8.3f}")
+    print(f"\n{'keyed write calls/s':<48} " + " ".join(f"{c:>8}" for c in CALLERS))
+    for name, rates in out["calls_per_second"].items():
+        print(f"{name:<48} " + " ".join(f"{rates[str(c)]:8.1f}" for c in CALLERS))
+    startup = out["startup_s"]
+    print(f"\nstart-up to first tools/list: direct {startup['direct']} s,"
+          f" mcp-once proxy {startup['mcp-once proxy']} s")  # fmt: skip
+    for row in out["targets"]:
+        verdict = "met" if row["met"] else "NOT met"
+        floor = "" if row["ceiling"] is None else f" (SDK floor {row['ceiling']})"
+        print(f"target {row['metric']}: {row['measured']} {row['target']}{floor}: {verdict}")
+
+
+async def _serve(mode: str, port: int | None) -> None:
+    """This benchmark's own servers: FastMCP's bare proxy, or the SDK floor."""
+    if mode == "floor":
+        from ._hop_floor import serve_floor
+
+        await serve_floor(_upstream())
+        return
+    from fastmcp import Client as FastMCPClient
+    from fastmcp.client.transports import StdioTransport
+    from fastmcp.server import create_proxy
+
+    command, *args = _upstream()
+    client = FastMCPClient(StdioTransport(command, args, env=_quiet_env(), keep_alive=False))
+    async with client:
+        proxy = create_proxy(client)
+        if port is None:
+            await proxy.run_async(transport="stdio", show_banner=False)
+        else:
+            await proxy.run_async(
+                transport="http", host="127.0.0.1", port=port, show_banner=False,
+                log_level="warning",
+            )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="bench --quick's length")
+    parser.add_argument("--no-peers", action="store_true", help="skip supergateway, mcp-proxy")
+    parser.add_argument(
+        "--upstream", choices=("python", "ledger"), default="python", help="%(default)s"
+    )
+    parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--serve", choices=("floor", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        anyio.run(_serve, args.serve, args.port)
+        return 0
+    if args.upstream == "ledger":
+        _use_ledger()
+    scale = QUICK if args.quick else FULL
+    out = measure(scale, peers=not args.no_peers)
+    _print(out, scale.hop_calls, scale.hop_rounds)
+    if args.out is not None:
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if all(row["met"] for row in out["targets"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

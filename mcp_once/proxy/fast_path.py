@@ -1,0 +1,171 @@
+"""The pass-through fast path: a `tools/call` the proxy does not guard, forwarded as it came.
+
+Why it bypasses FastMCP: a call the proxy passes through (a read-only tool, or one the policy
+leaves unguarded) has nothing for the proxy to do but forward it, yet FastMCP's path cost it
+~40 % of the proxy's CPU per call (benchmarks/README.md, "The proxy hop"): a `Context`, the
+middleware chain, a second tool lookup, a `ProxyTool` run that builds a typed request, a typed
+`CallToolResult` whose structured content the client library validates again against the output
+schema the upstream already held it to, a `ToolResult`, and a `CallToolResult` again for the
+wire. Here the front's SDK handler for `tools/call` is wrapped: such a call goes to the upstream
+session with the caller's arguments and forwardable `_meta`, and the upstream's result goes back
+as a plain dict (the SDK's own wire checks on both sides stay: the front's result sieve, the
+upstream session's result check).
+
+FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
+guarded call, a task-augmented one (`params.task`), an input_required continuation, a call asking
+for progress, an HTTP upstream, a tool FastMCP does not list (unknown, disabled), a link whose
+session must first be (re)opened, and any server a user added middleware of their own to (it must
+see every call). The per-principal in-flight bound (`InFlightLimit`) and the forwarding of the
+upstream's log lines and questions to the caller (`Forwarding`) hold on both paths.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, cast
+
+from fastmcp.server.dependencies import fastmcp_request_ctx
+from mcp import MCPError
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    CONNECTION_CLOSED,
+    PROTOCOL_VERSION_META_KEY,
+    CallToolRequest,
+    CallToolRequestParams,
+)
+from pydantic import BaseModel, TypeAdapter
+
+from .failures import UpstreamUnreachable
+from .limits import InFlightLimit
+
+if TYPE_CHECKING:
+    from fastmcp import FastMCP
+    from fastmcp.server.middleware import Middleware
+    from fastmcp.tools.base import Tool
+    from mcp.server.context import HandlerResult, ServerRequestContext
+
+    from .middleware import ProxyGuardMiddleware
+    from .upstream import UpstreamLink
+
+#: The upstream's result as it came (the session still checks it against the wire schema).
+_RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+
+#: `_meta` keys that describe the front connection, not the upstream one (FastMCP's proxy drops
+#: the same ones): the 2026-07-28 era's per-request protocol version, client info and
+#: capabilities.
+_CONNECTION_META = frozenset(
+    {PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY}
+)
+
+
+#: The tools FastMCP found for the `tools/call` being served, by name: one call asks for its tool
+#: up to four times (here, the proxy's guard choice, the guard's own lookup, FastMCP's run), each
+#: a pass through every provider and visibility transform (~0.3 ms). Set only while the
+#: middleware is the proxy's own, which changes nothing a lookup depends on mid-call.
+_lookups: ContextVar[dict[str, Tool | None] | None] = ContextVar("mcp_once_lookups", default=None)
+
+
+async def looked_up(
+    name: str, version: Any, lookup: Callable[[str, Any], Awaitable[Tool | None]]
+) -> Tool | None:
+    """`lookup(name, version)`, asked once per `tools/call` being served (see `_lookups`)."""
+    memo = _lookups.get()
+    if memo is None or version is not None:
+        return await lookup(name, version)
+    if name not in memo:
+        memo[name] = await lookup(name, None)
+    return memo[name]
+
+
+def install(
+    server: FastMCP[Any],
+    link: UpstreamLink,
+    guard: ProxyGuardMiddleware,
+    limit: InFlightLimit | None,
+) -> None:
+    """Serve `server`'s pass-through calls to `link` on the fast path (its middleware as it is
+    now is the proxy's own: a middleware added later sends every call FastMCP's way)."""
+    low = server._mcp_server
+    entry = low.get_request_handler("tools/call")
+    assert entry is not None, "FastMCP registers tools/call"
+    own: Sequence[Middleware] = tuple(server.middleware)
+    slow = entry.handler
+    server_ref = weakref.ref(server)
+
+    async def handle(ctx: ServerRequestContext[Any, Any], params: BaseModel) -> HandlerResult:
+        assert isinstance(params, CallToolRequestParams)  # the params type FastMCP registered
+        served = server_ref()
+        if served is None or not _own(served, own):
+            return await slow(ctx, params)
+        token = _lookups.set({})
+        try:
+            if not await _served(served, link, guard, ctx, params):
+                return await slow(ctx, params)
+            if limit is None:
+                return await _forward(link, ctx, params, server_ref)
+            async with limit.admitted():
+                return await _forward(link, ctx, params, server_ref)
+        finally:
+            _lookups.reset(token)
+
+    low.add_request_handler("tools/call", entry.params_type, handle)
+
+
+def _own(server: FastMCP[Any], own: Sequence[Middleware]) -> bool:
+    """Whether `server`'s middleware is still the proxy's own (none added since `install`)."""
+    chain = server.middleware
+    return len(chain) == len(own) and all(a is b for a, b in zip(chain, own, strict=True))
+
+
+async def _served(
+    server: FastMCP[Any],
+    link: UpstreamLink,
+    guard: ProxyGuardMiddleware,
+    ctx: ServerRequestContext[Any, Any],
+    params: CallToolRequestParams,
+) -> bool:
+    """Whether the call is one the fast path serves (see the module doc)."""
+    if (
+        params.task is not None
+        or params.input_responses is not None
+        or params.request_state is not None
+        or (ctx.meta is not None and ctx.meta.get("progressToken") is not None)
+        or link.upstream.url is not None
+        or not link.alive()
+    ):
+        return False
+    tool = await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
+    return tool is not None and guard.guard_of(tool) is None
+
+
+async def _forward(
+    link: UpstreamLink,
+    ctx: ServerRequestContext[Any, Any],
+    params: CallToolRequestParams,
+    server_ref: weakref.ref[FastMCP[Any]],
+) -> dict[str, Any]:
+    """The call sent upstream as it came; the upstream's result as it came back."""
+    client = await link.client()
+    meta = {k: v for k, v in (ctx.meta or {}).items() if k not in _CONNECTION_META}
+    request = CallToolRequest(
+        params=CallToolRequestParams(
+            name=params.name, arguments=params.arguments or {}, _meta=cast(Any, meta or None)
+        )
+    )
+    # The upstream's log lines and questions reach this call's caller while it runs.
+    with link.forwarding.serving_request(fastmcp_request_ctx.get(), server_ref):
+        try:
+            result = await client.session.send_request(request, cast(Any, _RAW))
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                # The child died under the call: retryable, and the next call goes to the
+                # session that replaces it (as FastMCP's path answers).
+                raise UpstreamUnreachable() from exc
+            raise
+    # The upstream link speaks the handshake era; a 2026-07-28 front's result names its type
+    # (the front's own wire check sieves it away for a 2025-era caller).
+    result.setdefault("resultType", "complete")
+    return cast(dict[str, Any], result)
