@@ -87,6 +87,7 @@ from ._guard.keyplaces import declares_argument, without_key
 from ._guard.policy import PolicyOptions, make_policy
 from ._guard.task_body import body_result
 from ._guard.task_body import run_task_body as _run_task_body
+from ._integrations.fastmcp.docket import install as fence_docket_bodies
 from ._integrations.fastmcp.body import install_body_watch, watching_body
 from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
 from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
@@ -220,6 +221,7 @@ class IdempotencyMiddleware(Middleware):
         #: The class of the task extension's `CreateTaskResult`, per tool, once seen (`_rendered`).
         self._task_classes: dict[str, type[BaseModel]] = {}
         install_body_watch()
+        fence_docket_bodies()
 
     def guards(self, tool: Tool) -> bool:
         """Whether calls of `tool` run under the guard (and its listing says so)."""
