@@ -3,8 +3,8 @@ task-augmented call under `IdempotencyMiddleware` creates one task, a re-send ge
 (marked replayed), other arguments are -32011, and the re-send's task id resolves through
 `tasks/get` to the one execution's result. Then the body against a Docket redelivery, with
 the worker a process of its own (`tasks_server.py`, over streamable HTTP) SIGKILLed at an exact
-point and a second server process's worker taking the execution over: killed after the body's
-result was stored, the redelivery replays it (one ledger line, the task completed with it);
+point and a second server process's worker taking the execution over: killed after the body
+returned (its result stored), before Docket completed the execution, the redelivery replays it (one ledger line, the task completed with it);
 killed mid-body after its effect, the redelivery finds the body's record UNKNOWN (-32012, the
 task failed, one ledger line) and `mcp-once keys settle` settles it.
 

@@ -6,8 +6,9 @@ runs in this process, on the check's redis-server.
 
 The tool appends to an fsynced ledger (the effect the check counts). `TASKS_CHECK_KILL` makes this
 process SIGKILL itself at an exact point of the first run: `effect` right after the ledger line
-(mid-body: the body's record stays IN_PROGRESS), `completed` right after the body's result is
-stored (before Docket acknowledged the execution). Docket then redelivers it to the next worker.
+(mid-body: the body's record stays IN_PROGRESS), `completed` once the body returned, as Docket
+goes to mark the execution completed (the fence has stored the body's result by then; Docket has
+not acknowledged the execution). Docket then redelivers it to the next worker.
 That first run starts only once `TASKS_CHECK_GO` exists (the check got its task): the creation's
 own answer is never what the kill cuts off.
 """
@@ -41,15 +42,12 @@ def die() -> None:
 
 store = open_store(f"{URL}?prefix=keys:")
 if KILL == "completed":
-    complete = store.complete
+    from docket.execution import Execution
 
-    async def complete_then_die(key: str, token: str, result: bytes, **options: Any) -> bool:
-        done = await complete(key, token, result, **options)
-        if b"deployed " in result:  # the body's record (the creation's holds the task)
-            die()
-        return done
+    async def die_before_completing(self: Execution, *args: Any, **kwargs: Any) -> None:
+        die()
 
-    store.complete = complete_then_die  # type: ignore[method-assign]
+    Execution.mark_as_completed = die_before_completing  # type: ignore[method-assign]
 
 server: FastMCP[Any] = FastMCP("works")
 server.add_middleware(IdempotencyMiddleware(store, lease=LEASE))
