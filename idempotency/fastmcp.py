@@ -87,8 +87,8 @@ from ._guard.keyplaces import declares_argument, without_key
 from ._guard.policy import PolicyOptions, make_policy
 from ._guard.task_body import body_result
 from ._guard.task_body import run_task_body as _run_task_body
-from ._integrations.fastmcp.docket import install as fence_docket_bodies
 from ._integrations.fastmcp.body import install_body_watch, watching_body
+from ._integrations.fastmcp.docket import install as fence_docket_bodies
 from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
 from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
 from ._stores.store import KeyStore
@@ -221,7 +221,7 @@ class IdempotencyMiddleware(Middleware):
         #: The class of the task extension's `CreateTaskResult`, per tool, once seen (`_rendered`).
         self._task_classes: dict[str, type[BaseModel]] = {}
         install_body_watch()
-        fence_docket_bodies()
+        fence_docket_bodies(run_task_body, _has_guard)
 
     def guards(self, tool: Tool) -> bool:
         """Whether calls of `tool` run under the guard (and its listing says so)."""
@@ -443,6 +443,10 @@ def _guarding_middleware(server: FastMCP, tool: Tool) -> IdempotencyMiddleware |
         if isinstance(middleware, IdempotencyMiddleware) and middleware.guards(tool):
             return middleware
     return None
+
+
+def _has_guard(server: FastMCP) -> bool:
+    return any(isinstance(middleware, IdempotencyMiddleware) for middleware in server.middleware)
 
 
 async def run_task_body(

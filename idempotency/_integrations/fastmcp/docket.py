@@ -27,25 +27,30 @@ run its body unfenced.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fastmcp.server.dependencies import get_server
 from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from mcp_types import InputRequiredResult
 
 Fn = Callable[..., Awaitable[Any]]
+#: `idempotency.fastmcp.run_task_body` (passed in: that module installs this one).
+RunBody = Callable[
+    [Any, Tool, str, Any, Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]
+]
 _PATCHED = "__mcp_once_task_body_fence__"
 
 
-def install() -> None:
-    """Fence the bodies `fastmcp_tasks` registers from now on (once per process; a no-op where
-    `fastmcp_tasks` is not imported)."""
+def install(run_body: RunBody, guarded: Callable[[Any], bool]) -> None:
+    """Fence the bodies `fastmcp_tasks` registers from now on with `run_body`, on servers that
+    are `guarded` (once per process; a no-op where `fastmcp_tasks` is not imported)."""
     if "fastmcp_tasks" not in sys.modules:
         return
-    from fastmcp_tasks import components
-
+    components = importlib.import_module("fastmcp_tasks.components")
     original: Callable[[Fn, str], Fn] | None = getattr(components, "reentrant_task_fn", None)
     if original is None:
         raise RuntimeError(
@@ -57,23 +62,19 @@ def install() -> None:
 
     @functools.wraps(original)
     def reentrant_task_fn(fn: Fn, tool_name: str) -> Fn:
-        return original(_fenced(fn), tool_name)
+        return original(_fenced(fn, run_body, guarded), tool_name)
 
     setattr(reentrant_task_fn, _PATCHED, True)
-    components.reentrant_task_fn = reentrant_task_fn  # type: ignore[attr-defined]
+    setattr(components, "reentrant_task_fn", reentrant_task_fn)  # noqa: B010 (a module's name)
 
 
-def _fenced(fn: Fn) -> Fn:
+def _fenced(fn: Fn, run_body: RunBody, guarded: Callable[[Any], bool]) -> Fn:
     """`fn` (a task tool's callable, as Docket calls it) run under `run_task_body`."""
 
     @functools.wraps(fn)
     async def fenced(*args: Any, **kwargs: Any) -> Any:
-        from fastmcp.server.dependencies import get_server
-
-        from idempotency.fastmcp import IdempotencyMiddleware, run_task_body
-
         server = get_server()
-        if not any(isinstance(m, IdempotencyMiddleware) for m in server.middleware):
+        if not guarded(server):
             return await fn(*args, **kwargs)
         tool, task_id = await _running_task(server)
 
@@ -83,12 +84,13 @@ def _fenced(fn: Fn) -> Fn:
                 return InputRequiredToolResult(raw)
             return tool.convert_result(raw)
 
+        arguments: dict[str, Any] | None
         if kwargs or not args:
             names = set(tool.parameters.get("properties", {}))
             arguments = {name: value for name, value in kwargs.items() if name in names}
         else:
             arguments = args[0] if isinstance(args[0], dict) else None
-        return await run_task_body(server, tool, task_id, arguments, body)
+        return await run_body(server, tool, task_id, arguments, body)
 
     fenced.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
     return fenced
@@ -97,14 +99,13 @@ def _fenced(fn: Fn) -> Fn:
 async def _running_task(server: Any) -> tuple[Tool, str]:
     """The tool and MCP task id of the Docket execution running here, as the extension's own
     `tasks/get` resolves them (its task key)."""
-    from docket.dependencies import current_execution
-    from fastmcp_tasks.context import get_task_context
-    from fastmcp_tasks.handlers import _resolve_tool
-
-    task = get_task_context()
+    execution = importlib.import_module("docket.dependencies").current_execution
+    context = importlib.import_module("fastmcp_tasks.context")
+    handlers = importlib.import_module("fastmcp_tasks.handlers")
+    task = context.get_task_context()
     if task is None:
         raise RuntimeError(
             "a task tool's body ran under a guarded server without an MCP task id (not a "
             "fastmcp-tasks Docket execution); refused rather than run unfenced (rule 23)"
         )
-    return await _resolve_tool(server, current_execution.get().key), task.task_id
+    return await handlers._resolve_tool(server, execution.get().key), task.task_id

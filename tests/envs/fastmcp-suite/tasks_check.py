@@ -4,9 +4,10 @@ task-augmented call under `IdempotencyMiddleware` creates one task, a re-send ge
 `tasks/get` to the one execution's result. Then the body against a Docket redelivery, with
 the worker a process of its own (`tasks_server.py`, over streamable HTTP) SIGKILLed at an exact
 point and a second server process's worker taking the execution over: killed after the body
-returned (its result stored), before Docket completed the execution, the redelivery replays it (one ledger line, the task completed with it);
-killed mid-body after its effect, the redelivery finds the body's record UNKNOWN (-32012, the
-task failed, one ledger line) and `mcp-once keys settle` settles it.
+returned (its result stored) before Docket completed the execution, the redelivery replays it
+(one ledger line, the task completed with it); killed mid-body after its effect, the
+redelivery finds the body's record UNKNOWN (-32012, the task failed, one ledger line) and
+`mcp-once keys settle` settles it. Without the fence both redeliveries run the body again.
 
 fastmcp-tasks 4.1.6 is not on PyPI, so this runs in the suite's environment with the sdist's
 `fastmcp_tasks/` on the path (as `run.py` does; `--source` as there, filled by `run.py`):
@@ -138,7 +139,7 @@ def redelivery(url: str, folder: Path, kill: str) -> list[tuple[str, bool, str]]
         "TASKS_CHECK_DOCKET": f"works-{kill}",
         "TASKS_CHECK_LEDGER": str(ledger),
         "TASKS_CHECK_GO": str(folder / f"go-{kill}"),
-        "PYTHONPATH": os.pathsep.join(sys.path[:1] + [os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([*sys.path[:1], os.environ.get("PYTHONPATH", "")]),
     }
     meta = {wire.KEY_META: f"redelivery-{kill}"}
     args = {"env": "prod"}

@@ -61,15 +61,20 @@ server.add_extension(
 )
 
 
+def record(effect: str) -> None:
+    with open(LEDGER, "a", encoding="utf-8") as ledger:
+        ledger.write(effect + "\n")
+        ledger.flush()
+        os.fsync(ledger.fileno())
+
+
 @server.tool(task=True)
 async def deploy(env: str) -> str:
     if KILL:
-        while not os.path.exists(os.environ["TASKS_CHECK_GO"]):
+        go = anyio.Path(os.environ["TASKS_CHECK_GO"])
+        while not await go.exists():  # noqa: ASYNC110 (another process creates it)
             await anyio.sleep(0.02)
-    with open(LEDGER, "a", encoding="utf-8") as ledger:
-        ledger.write(env + "\n")
-        ledger.flush()
-        os.fsync(ledger.fileno())
+    record(env)
     if KILL == "effect":
         die()
     return f"deployed {env}"
