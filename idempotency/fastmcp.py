@@ -20,7 +20,8 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
   a `CreateTaskResult`, which the record keeps as the key's answer, so a re-send of the key gets
   the same task (its `taskId`), marked replayed, and no second task is created. The task's body
   runs later, outside every middleware: a task backend fences it with `run_task_body`
-  (`_guard/task_body.py`), keyed by the task id, so a redelivery never runs it twice.
+  (`_guard/task_body.py`), keyed by the task id, so a redelivery never runs it twice;
+  `fastmcp-tasks`' Docket worker does so by itself (`_integrations/fastmcp/docket.py`).
 - The key, the caller and the principal come from the wire request behind FastMCP's context
   (the middleware message's own `_meta` is rebuilt by FastMCP and lacks them): derived keys are
   bound to the caller, and FastMCP's access token (the SDK's, on the HTTP request) scopes keys

@@ -33,8 +33,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastmcp.server.dependencies import get_server
+from fastmcp.server.dependencies import _current_server
 from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
+from mcp import MCPError
 from mcp_types import InputRequiredResult
 
 Fn = Callable[..., Awaitable[Any]]
@@ -62,24 +63,35 @@ def install(run_body: RunBody, guarded: Callable[[Any], bool]) -> None:
 
     @functools.wraps(original)
     def reentrant_task_fn(fn: Fn, tool_name: str) -> Fn:
-        return original(_fenced(fn, run_body, guarded), tool_name)
+        return original(_fenced(fn, tool_name, run_body, guarded), tool_name)
 
     setattr(reentrant_task_fn, _PATCHED, True)
     setattr(components, "reentrant_task_fn", reentrant_task_fn)  # noqa: B010 (a module's name)
 
 
-def _fenced(fn: Fn, run_body: RunBody, guarded: Callable[[Any], bool]) -> Fn:
-    """`fn` (a task tool's callable, as Docket calls it) run under `run_task_body`."""
+def _fenced(fn: Fn, tool_name: str, run_body: RunBody, guarded: Callable[[Any], bool]) -> Fn:
+    """`fn` (a task tool's callable, as Docket calls it) run under `run_task_body` of the
+    server that runs the worker (the root, whose middleware guarded the creation: one guard per
+    call, the outermost; `get_server()` would name a mounted tool's child), its errors rendered
+    as the extension renders them (`_error_result`) and stored so; its protocol errors raised."""
 
     @functools.wraps(fn)
     async def fenced(*args: Any, **kwargs: Any) -> Any:
-        server = get_server()
-        if not guarded(server):
+        root = _current_server.get()
+        server = root() if root is not None else None
+        if server is None or not guarded(server):
             return await fn(*args, **kwargs)
         tool, task_id = await _running_task(server)
+        loop = importlib.import_module("fastmcp_tasks.input_loop")
 
         async def body() -> ToolResult:
-            raw = await fn(*args, **kwargs)
+            try:
+                raw = await fn(*args, **kwargs)
+            except MCPError:
+                raise
+            except Exception as exc:
+                error: ToolResult = loop._error_result(tool_name, exc)
+                return error
             if isinstance(raw, InputRequiredResult):
                 return InputRequiredToolResult(raw)
             return tool.convert_result(raw)

@@ -78,6 +78,7 @@ async def check(url: str) -> list[tuple[str, bool, str]]:
             refused = getattr(getattr(exc, "error", None), "code", None)
     await store.aclose()
     return [
+        refusal(),
         ("one task for the key", first.task_id == again.task_id, f"{first.task_id[:12]}…"),
         (
             "executed, then replayed",
@@ -93,6 +94,29 @@ async def check(url: str) -> list[tuple[str, bool, str]]:
     ]
 
 
+def refusal() -> tuple[str, bool, str]:
+    """A `fastmcp-tasks` whose bodies the middleware cannot fence is refused when it is built."""
+    from fastmcp_tasks import components
+
+    from idempotency import MemoryKeyStore
+    from idempotency.fastmcp import IdempotencyMiddleware
+
+    installed = components.reentrant_task_fn
+    del components.reentrant_task_fn
+    try:
+        IdempotencyMiddleware(MemoryKeyStore())
+        detail = "built"
+    except RuntimeError as exc:
+        detail = str(exc)
+    finally:
+        components.reentrant_task_fn = installed
+    return (
+        "no reentrant_task_fn: the middleware refuses",
+        "reentrant_task_fn" in detail,
+        detail[:60] + "…",
+    )
+
+
 def serve(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`tasks_server.py` on `port` (its Docket worker inside), once it accepts connections."""
     process = subprocess.Popen(
@@ -104,6 +128,7 @@ def serve(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    """Until `process` listens on `port` (raises if it exits first, or after 30 s)."""
     for _ in range(600):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -122,7 +147,10 @@ def lines(path: Path) -> int:
 def keys(*args: str) -> str:
     """`mcp-once keys ARGS` (this environment's mcp-once, the working tree's)."""
     command = [str(Path(sys.executable).with_name("mcp-once")), "keys", *args]
-    return subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"mcp-once keys {args[0]}: exit {done.returncode}: {done.stderr}")
+    return done.stdout
 
 
 def redelivery(url: str, folder: Path, kill: str) -> list[tuple[str, bool, str]]:
@@ -237,14 +265,7 @@ def main() -> int:
             stdout=subprocess.DEVNULL,
         )
         try:
-            for _ in range(200):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if redis.poll() is not None:
-                        raise RuntimeError("redis-server exited") from None
-                    anyio.run(anyio.sleep, 0.05)
+            wait_for_port(port, redis)
             url = f"redis://127.0.0.1:{port}/0"
             results = anyio.run(check, url)
             for kill in ("completed", "effect"):
