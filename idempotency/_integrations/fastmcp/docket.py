@@ -37,6 +37,7 @@ from fastmcp.server.dependencies import _current_server
 from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from mcp import MCPError
 from mcp_types import InputRequiredResult
+from pydantic_core import to_jsonable_python
 
 Fn = Callable[..., Awaitable[Any]]
 #: `idempotency.fastmcp.run_task_body` (passed in: that module installs this one).
@@ -81,7 +82,7 @@ def _fenced(fn: Fn, tool_name: str, run_body: RunBody, guarded: Callable[[Any], 
         server = root() if root is not None else None
         if server is None or not guarded(server):
             return await fn(*args, **kwargs)
-        tool, task_id = await _running_task(server)
+        tool, task_id = await _running_task(server, fn)
         loop = importlib.import_module("fastmcp_tasks.input_loop")
 
         async def body() -> ToolResult:
@@ -102,15 +103,19 @@ def _fenced(fn: Fn, tool_name: str, run_body: RunBody, guarded: Callable[[Any], 
             arguments = {name: value for name, value in kwargs.items() if name in names}
         else:
             arguments = args[0] if isinstance(args[0], dict) else None
+        # Docket hands the coerced values (models, datetimes): the record keeps their JSON.
+        arguments = to_jsonable_python(arguments)
         return await run_body(server, tool, task_id, arguments, body)
 
     fenced.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
     return fenced
 
 
-async def _running_task(server: Any) -> tuple[Tool, str]:
-    """The tool and MCP task id of the Docket execution running here, as the extension's own
-    `tasks/get` resolves them (its task key)."""
+async def _running_task(server: Any, fn: Fn) -> tuple[Tool, str]:
+    """The tool and MCP task id of the Docket execution running here: the tool as the
+    extension's own `tasks/get` resolves it (its task key), else (a mounted child's server in
+    context, where the key's namespaced name is unknown) the tool of `server` whose callable `fn`
+    is."""
     execution = importlib.import_module("docket.dependencies").current_execution
     context = importlib.import_module("fastmcp_tasks.context")
     handlers = importlib.import_module("fastmcp_tasks.handlers")
@@ -120,4 +125,10 @@ async def _running_task(server: Any) -> tuple[Tool, str]:
             "a task tool's body ran under a guarded server without an MCP task id (not a "
             "fastmcp-tasks Docket execution); refused rather than run unfenced (rule 23)"
         )
-    return await handlers._resolve_tool(server, execution.get().key), task.task_id
+    try:
+        return await handlers._resolve_tool(server, execution.get().key), task.task_id
+    except MCPError:
+        for tool in await server.list_tools(run_middleware=False):
+            if getattr(tool, "fn", None) is fn or getattr(fn, "__self__", None) is tool:
+                return tool, task.task_id
+        raise
