@@ -20,7 +20,8 @@ under the guard, `on_list_tools` tells each caller what holds for it. Its choice
   a `CreateTaskResult`, which the record keeps as the key's answer, so a re-send of the key gets
   the same task (its `taskId`), marked replayed, and no second task is created. The task's body
   runs later, outside every middleware: a task backend fences it with `run_task_body`
-  (`_guard/task_body.py`), keyed by the task id, so a redelivery never runs it twice.
+  (`_guard/task_body.py`), keyed by the task id, so a redelivery never runs it twice;
+  `fastmcp-tasks`' Docket worker does so by itself (`_integrations/fastmcp/docket.py`).
 - The key, the caller and the principal come from the wire request behind FastMCP's context
   (the middleware message's own `_meta` is rebuilt by FastMCP and lacks them): derived keys are
   bound to the caller, and FastMCP's access token (the SDK's, on the HTTP request) scopes keys
@@ -88,6 +89,7 @@ from ._guard.policy import PolicyOptions, make_policy
 from ._guard.task_body import body_result
 from ._guard.task_body import run_task_body as _run_task_body
 from ._integrations.fastmcp.body import install_body_watch, watching_body
+from ._integrations.fastmcp.docket import install as fence_docket_bodies
 from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
 from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
 from ._stores.store import KeyStore
@@ -220,6 +222,7 @@ class IdempotencyMiddleware(Middleware):
         #: The class of the task extension's `CreateTaskResult`, per tool, once seen (`_rendered`).
         self._task_classes: dict[str, type[BaseModel]] = {}
         install_body_watch()
+        fence_docket_bodies(run_task_body, _has_guard)
 
     def guards(self, tool: Tool) -> bool:
         """Whether calls of `tool` run under the guard (and its listing says so)."""
@@ -441,6 +444,10 @@ def _guarding_middleware(server: FastMCP, tool: Tool) -> IdempotencyMiddleware |
         if isinstance(middleware, IdempotencyMiddleware) and middleware.guards(tool):
             return middleware
     return None
+
+
+def _has_guard(server: FastMCP) -> bool:
+    return any(isinstance(middleware, IdempotencyMiddleware) for middleware in server.middleware)
 
 
 async def run_task_body(
