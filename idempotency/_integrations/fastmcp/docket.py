@@ -17,20 +17,25 @@ runs through `run_task_body`, keyed by the MCP task id of the running execution:
 - A server without an `IdempotencyMiddleware` (or one that does not guard the tool) runs the
   callable as before: `run_task_body` falls through.
 
-`IdempotencyMiddleware` installs it when `fastmcp_tasks` is already imported (a module that adds
-a `TasksExtension` has imported it; importing it here would switch on FastMCP's client task
-support in every process). Fails loudly: a `fastmcp-tasks` without `reentrant_task_fn` is refused
-at install, and a guarded server's Docket execution without an MCP task id raises rather than
-run its body unfenced.
+`IdempotencyMiddleware` installs it: at once when `fastmcp_tasks` is already imported, else the
+moment `fastmcp_tasks.components` is imported (an import hook, `_PatchOnImport`), so the order in
+which an application imports the two never leaves a body unfenced; importing `fastmcp_tasks`
+here would switch on FastMCP's client task support in every process. Fails loudly: a
+`fastmcp-tasks` without `reentrant_task_fn` is refused when it is patched, and a guarded
+server's Docket execution without an MCP task id raises rather than run its body unfenced.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
 import inspect
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import Any
 
 from fastmcp.server.dependencies import _current_server
@@ -45,14 +50,47 @@ RunBody = Callable[
     [Any, Tool, str, Any, Callable[[], Awaitable[ToolResult]]], Awaitable[ToolResult]
 ]
 _PATCHED = "__mcp_once_task_body_fence__"
+_COMPONENTS = "fastmcp_tasks.components"
 
 
 def install(run_body: RunBody, guarded: Callable[[Any], bool]) -> None:
     """Fence the bodies `fastmcp_tasks` registers from now on with `run_body`, on servers that
-    are `guarded` (once per process; a no-op where `fastmcp_tasks` is not imported)."""
-    if "fastmcp_tasks" not in sys.modules:
-        return
-    components = importlib.import_module("fastmcp_tasks.components")
+    are `guarded` (once per process): now if `fastmcp_tasks` is imported, else when it is."""
+    if _COMPONENTS in sys.modules or "fastmcp_tasks" in sys.modules:
+        _patch(importlib.import_module(_COMPONENTS), run_body, guarded)
+    elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(lambda module: _patch(module, run_body, guarded)))
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches `fastmcp_tasks.components` right after it is first executed (and before any
+    lifespan can look `reentrant_task_fn` up), then leaves `sys.meta_path`."""
+
+    def __init__(self, patch: Callable[[ModuleType], None]) -> None:
+        self.patch = patch
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if name != _COMPONENTS:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = None if spec is None else spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        execute = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            execute(module)
+            self.patch(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _patch(components: ModuleType, run_body: RunBody, guarded: Callable[[Any], bool]) -> None:
+    """Replace `components.reentrant_task_fn` with one whose callable is fenced (once)."""
     original: Callable[[Fn, str], Fn] | None = getattr(components, "reentrant_task_fn", None)
     if original is None:
         raise RuntimeError(

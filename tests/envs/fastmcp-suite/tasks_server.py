@@ -23,7 +23,6 @@ from typing import Any
 
 import anyio
 from fastmcp import FastMCP
-from fastmcp_tasks import TasksExtension
 
 from idempotency import open_store
 from idempotency.fastmcp import IdempotencyMiddleware
@@ -51,6 +50,10 @@ if KILL == "completed":
 
 server: FastMCP[Any] = FastMCP("works")
 server.add_middleware(IdempotencyMiddleware(store, lease=LEASE))
+# Imported after the middleware is built, on purpose: the body fence must not depend on the order
+# in which an application imports the two (it patches fastmcp_tasks when that is imported).
+from fastmcp_tasks import TasksExtension  # noqa: E402
+
 server.add_extension(
     TasksExtension(
         url=URL,
