@@ -27,8 +27,10 @@ from anyio.abc import TaskGroup
 from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding, ToolBinding
+from mcp.shared.inbound import MCP_NAME_HEADER
 from mcp_types import (
     CLIENT_CAPABILITIES_META_KEY,
+    HEADER_MISMATCH,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -280,19 +282,24 @@ class TasksFixture(Extension):
         task.set("working")
         return task.answers
 
-    def _find(self, params: TaskIdParams) -> Task:
+    def _find(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> Task:
         if not declared(params.meta):
             raise _missing()
+        # SEP-2663 extends SEP-2243's Mcp-Name to the tasks methods (the task id); the SDK checks
+        # it for the core methods only.
+        headers = getattr(ctx.request, "headers", None)
+        if headers is not None and headers.get(MCP_NAME_HEADER) != params.task_id:
+            raise MCPError(HEADER_MISMATCH, f"{MCP_NAME_HEADER} header does not match taskId")
         task = self.tasks.get(params.task_id)
         if task is None:
             raise MCPError(INVALID_PARAMS, f"Task {params.task_id} not found")
         return task
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> Flat:
-        return Flat.model_validate({"resultType": "complete", **self._find(params).wire()})
+        return Flat.model_validate({"resultType": "complete", **self._find(ctx, params).wire()})
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> Ack:
-        task = self._find(params)
+        task = self._find(ctx, params)
         for key, answer in params.input_responses.items():
             if key in task.pending:
                 del task.pending[key]
@@ -304,7 +311,7 @@ class TasksFixture(Extension):
         return Ack()
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> Ack:
-        task = self._find(params)
+        task = self._find(ctx, params)
         if task.status not in TERMINAL:
             task.set("cancelled")
             task.scope.cancel()
