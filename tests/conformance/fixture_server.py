@@ -49,8 +49,10 @@ from typing import Annotated, Any
 
 import anyio
 import uvicorn
+from fixture_tasks import TasksFixture
 from mcp import MCPError
 from mcp.server.context import ServerRequestContext
+from mcp.server.extension import Extension
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.prompts.base import Message, UserMessage
@@ -90,7 +92,8 @@ from mcp_types import (
 from mcp_types.jsonrpc import JSONRPCMessage
 from pydantic import Field
 
-from idempotency import KeyStore, idempotent, install, open_store, wire
+from idempotency import KeyStore, idempotent, idempotent_tasks, install, open_store, wire
+from mcp_once.proxy.tasks import producing_tasks
 
 SERVER_NAME = "mcp-once-conformance-fixture"
 #: The argument-keyed tool (guarded mode), and the argument its key travels in.
@@ -303,10 +306,18 @@ def _add_keyed_tool(server: MCPServer, store: KeyStore | None) -> None:
     server.tool(name=KEYED_TOOL, description=described)(tool)
 
 
-def build_server(store: KeyStore | None = None) -> MCPServer:
-    """The fixture server, unguarded but for the argument-keyed tool, which `store` guards when
-    given (`main` guards the rest with `install`)."""
-    server = MCPServer(SERVER_NAME, version="1.0.0", tools=[_json_schema_tool()])
+def build_server(store: KeyStore | None = None, tasks: TasksFixture | None = None) -> MCPServer:
+    """The fixture server, unguarded but for the argument-keyed tool and the task creation of
+    `tasks` (its tasks extension, `fixture_tasks`), which `store` guards when given (`main`
+    guards the rest with `install`)."""
+    extensions: list[Extension] = []
+    if tasks is not None and store is not None:
+        extensions.append(idempotent_tasks(tasks, store, server_name=SERVER_NAME))
+    elif tasks is not None:
+        extensions.append(tasks)
+    server = MCPServer(
+        SERVER_NAME, version="1.0.0", tools=[_json_schema_tool()], extensions=extensions
+    )
     subscriptions: set[str] = set()
 
     # ----- tools -----
@@ -715,7 +726,12 @@ def _stop_when_stdin_closes(server: uvicorn.Server) -> None:
 
 
 async def serve(
-    server: MCPServer, store: KeyStore | None, port: int, label: str, stdin_eof_stops: bool
+    server: MCPServer,
+    store: KeyStore | None,
+    tasks: TasksFixture,
+    port: int,
+    label: str,
+    stdin_eof_stops: bool,
 ) -> None:
     stamped, total = await guarded_tools(server)
     expected = total if store is not None else 0
@@ -736,8 +752,11 @@ async def serve(
         flush=True,
     )
     try:
-        with sock:
-            await http.serve(sockets=[sock])
+        # The tasks' bodies run in `tasks.running()`; the front produces a `CreateTaskResult`
+        # as the extension returns it (`producing_tasks`).
+        with sock, producing_tasks():
+            async with tasks.running():
+                await http.serve(sockets=[sock])
     finally:
         if store is not None:
             with anyio.CancelScope(shield=True):
@@ -771,9 +790,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with contextlib.ExitStack() as cleanup:
         store: KeyStore | None = None
+        tasks = TasksFixture()
         if args.unguarded:
             label = "unguarded"
-            server = build_server()
+            server = build_server(tasks=tasks)
         else:
             if args.store:
                 url, shown = args.store, args.store
@@ -781,11 +801,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="mcp-once-conf-"))
                 url, shown = str(Path(tmp) / "keys.sqlite3"), "SQLite (temporary)"
             store = open_store(url)
-            server = build_server(store)  # the argument-keyed tool brings its own policy
+            # The argument-keyed tool brings its own policy; task creation is guarded by
+            # `idempotent_tasks` around the tasks extension.
+            server = build_server(store, tasks)
             install(server, store)  # default options: every other tool, keys="derived"
             label = f"guarded by install(), store {shown}"
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled
-            anyio.run(serve, server, store, args.port, label, args.stop_on_stdin_eof)
+            anyio.run(serve, server, store, tasks, args.port, label, args.stop_on_stdin_eof)
     return 0
 
 

@@ -282,24 +282,34 @@ def run_pass(
     suite_args: Sequence[str],
     output_dir: Path,
     timeout: float,
+    scenarios: Sequence[str] = (),
 ) -> PassResult:
+    """One run of the suite (`suite_args`), or, with `scenarios`, one `--scenario` run of each
+    in turn (how the suite runs an extension's scenarios: no suite selects them at a spec
+    version), into `output_dir`."""
     output_dir.mkdir(parents=True)
-    command = [*node_command, "server", "--url", url, *suite_args, "-o", str(output_dir)]
-    log = output_dir / "suite.log"
-    try:
-        completed = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
-        log.write_text(out, encoding="utf-8")
-        raise NotRun(f"the suite did not finish within {timeout:.0f} s (log: {log})") from None
-    log.write_text(completed.stdout + completed.stderr, encoding="utf-8")
-    ran = [m["scenario"] for m in RUNNING.finditer(completed.stdout)]
+    base = [*node_command, "server", "--url", url, *suite_args, "-o", str(output_dir)]
+    runs = [[*base, "--scenario", name] for name in scenarios] or [base]
+    outputs: list[str] = []
+    ran, returncode = list(scenarios), 0
+    for command in runs:
+        try:
+            completed = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+            (output_dir / "suite.log").write_text("".join(outputs) + out, encoding="utf-8")
+            raise NotRun(f"the suite did not finish within {timeout:.0f} s") from None
+        outputs.append(completed.stdout + completed.stderr)
+        returncode = returncode or completed.returncode
+        if not scenarios:
+            ran = [m["scenario"] for m in RUNNING.finditer(completed.stdout)]
+    (output_dir / "suite.log").write_text("".join(outputs), encoding="utf-8")
     results = read_results(output_dir, ran)
     if not results:
-        tail = (completed.stdout + completed.stderr)[-2000:]
-        raise NotRun(f"the suite ran no scenario (exit {completed.returncode}):\n{tail}")
+        tail = "".join(outputs)[-2000:]
+        raise NotRun(f"the suite ran no scenario (exit {returncode}):\n{tail}")
     return results
 
 
@@ -485,6 +495,13 @@ def _modes(value: str) -> tuple[str, ...]:
     return tuple(m for m in MODES if m == BASELINE or m in named)
 
 
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one scenario")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run the MCP conformance server suite against the fixture, unguarded, guarded"
@@ -506,6 +523,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_modes,
         default=MODES,
         help=f"comma-separated, {BASELINE} always included (default: {','.join(MODES)})",
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=_names,
+        default=(),
+        help="comma-separated: run each with --scenario instead of a suite (extension scenarios)",
     )
     parser.add_argument("suite_args", nargs="*", help="e.g. --suite all")
     args = parser.parse_args(argv)
@@ -532,7 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             with server(mode, mode_dir, start_timeout=60) as url:
                 for index in range(1, args.passes + 1):
                     out = mode_dir / f"pass{index}"
-                    result = run_pass(node_command, url, args.suite_args, out, args.timeout)
+                    result = run_pass(
+                        node_command, url, args.suite_args, out, args.timeout, args.scenarios
+                    )
                     runs[mode].append(result)
                     failed = sorted(n for n, s in result.items() if not s.passed)
                     print(

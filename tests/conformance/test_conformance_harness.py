@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fixture_server import KEY_ARGUMENT, KEYED_TOOL, build_server, guarded_tools
+from fixture_tasks import TasksFixture
 from mcp.client import Client
 from mcp_types import TextContent
 from run_conformance import (
@@ -25,6 +26,7 @@ from run_conformance import (
 )
 
 from idempotency import MemoryKeyStore, install, wire
+from mcp_once.proxy.tasks import producing_tasks
 
 pytestmark = pytest.mark.anyio
 
@@ -156,3 +158,24 @@ def test_the_proxy_may_fail_only_the_checks_its_allowances_name() -> None:
 
 def test_every_allowance_names_checks_and_a_reason() -> None:
     assert PROXY_EXCEPTIONS and all(a.checks and a.why for a in PROXY_EXCEPTIONS.values())
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+async def test_a_keyed_task_creation_on_the_fixture_makes_one_task_when_guarded(
+    guarded: bool,
+) -> None:
+    """Guarded mode wraps the fixture's tasks extension with `idempotent_tasks`: a keyed re-send
+    of a task-augmented call gets the first call's task (rule 23); bare, a second task."""
+    from server.task_wire import ClientTask, TasksClient, create  # tests/server's helpers
+
+    store = MemoryKeyStore() if guarded else None
+    tasks = TasksFixture()
+    server = build_server(store, tasks)
+    with producing_tasks():
+        async with tasks.running(), Client(server, extensions=[TasksClient()]) as client:
+            key = {wire.KEY_META: "k-1"}
+            answers = [await create(client, "slow_compute", {"seconds": 0}, key) for _ in "12"]
+    assert all(isinstance(a, ClientTask) for a in answers)
+    ids = [a.task_id for a in answers if isinstance(a, ClientTask)]
+    assert len(tasks.tasks) == (1 if guarded else 2)
+    assert (ids[0] == ids[1]) is guarded
