@@ -21,8 +21,9 @@ runs through `run_task_body`, keyed by the MCP task id of the running execution:
 moment `fastmcp_tasks.components` is imported (an import hook, `_PatchOnImport`), so the order in
 which an application imports the two never leaves a body unfenced; importing `fastmcp_tasks`
 here would switch on FastMCP's client task support in every process. Fails loudly: a
-`fastmcp-tasks` without `reentrant_task_fn` is refused when it is patched, and a guarded
-server's Docket execution without an MCP task id raises rather than run its body unfenced.
+`fastmcp-tasks` without `reentrant_task_fn` is refused when it is patched. A Docket execution
+with no MCP task behind it (an application's own `docket.add` of the tool's function) was never
+an MCP call and has no key or task id to fence by: it runs as it would without the guard.
 """
 
 from __future__ import annotations
@@ -120,7 +121,11 @@ def _fenced(fn: Fn, tool_name: str, run_body: RunBody, guarded: Callable[[Any], 
         server = root() if root is not None else None
         if server is None or not guarded(server):
             return await fn(*args, **kwargs)
-        tool, task_id = await _running_task(server, fn)
+        task = importlib.import_module("fastmcp_tasks.context").get_task_context()
+        if task is None:
+            return await fn(*args, **kwargs)  # not an MCP task: nothing of the guard's
+        tool = await _running_tool(server, fn)
+        task_id: str = task.task_id
         loop = importlib.import_module("fastmcp_tasks.input_loop")
 
         async def body() -> ToolResult:
@@ -149,24 +154,17 @@ def _fenced(fn: Fn, tool_name: str, run_body: RunBody, guarded: Callable[[Any], 
     return fenced
 
 
-async def _running_task(server: Any, fn: Fn) -> tuple[Tool, str]:
-    """The tool and MCP task id of the Docket execution running here: the tool as the
-    extension's own `tasks/get` resolves it (its task key), else (a mounted child's server in
-    context, where the key's namespaced name is unknown) the tool of `server` whose callable `fn`
-    is."""
+async def _running_tool(server: Any, fn: Fn) -> Tool:
+    """The tool of the Docket execution running here: the tool as the extension's own
+    `tasks/get` resolves it (its task key), else (a mounted child's server in context, where the
+    key's namespaced name is unknown) the tool of `server` whose callable `fn` is."""
     execution = importlib.import_module("docket.dependencies").current_execution
-    context = importlib.import_module("fastmcp_tasks.context")
     handlers = importlib.import_module("fastmcp_tasks.handlers")
-    task = context.get_task_context()
-    if task is None:
-        raise RuntimeError(
-            "a task tool's body ran under a guarded server without an MCP task id (not a "
-            "fastmcp-tasks Docket execution); refused rather than run unfenced (rule 23)"
-        )
     try:
-        return await handlers._resolve_tool(server, execution.get().key), task.task_id
+        tool: Tool = await handlers._resolve_tool(server, execution.get().key)
+        return tool
     except MCPError:
         for tool in await server.list_tools(run_middleware=False):
             if getattr(tool, "fn", None) is fn or getattr(fn, "__self__", None) is tool:
-                return tool, task.task_id
+                return tool
         raise
