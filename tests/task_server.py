@@ -37,8 +37,6 @@ from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CLIENT_CAPABILITIES_META_KEY, CallToolResult, RequestParams, ToolAnnotations
 from pydantic import Field
-
-sys.path.insert(0, str(Path(__file__).parent / "server"))  # run as a script, too
 from task_wire import TASKS, CreateTask, new_task, producing_tasks
 
 KEY_META = "io.github.mcp-once/idempotency-key"

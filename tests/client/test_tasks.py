@@ -35,7 +35,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(autouse=True)
 def _producing() -> Iterator[None]:
-    with producing_tasks():  # the server half of a claimed result (tests/server/task_wire.py)
+    with producing_tasks():  # the server half of a claimed result (tests/task_wire.py)
         yield
 
 

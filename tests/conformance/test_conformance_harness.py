@@ -166,7 +166,7 @@ async def test_a_keyed_task_creation_on_the_fixture_makes_one_task_when_guarded(
 ) -> None:
     """Guarded mode wraps the fixture's tasks extension with `idempotent_tasks`: a keyed re-send
     of a task-augmented call gets the first call's task (rule 23); bare, a second task."""
-    from server.task_wire import ClientTask, TasksClient, create  # tests/server's helpers
+    from task_wire import ClientTask, TasksClient, create  # tests/task_wire.py
 
     store = MemoryKeyStore() if guarded else None
     tasks = TasksFixture()
