@@ -6,7 +6,8 @@ distinct set of options gets one `IdempotencyMiddleware` (all on the same store)
 policy or its `readOnlyHint` passes through gets none. A task-augmented call is guarded as any
 call is, the task it created stored and answered as its `CreateTaskResult` (`tasks.py`; each
 guarded tool's listing names what stays unstored in its `io.github.mcp-once/proxy` `_meta`
-entry). Failures of the upstream that the guard released (never sent, the upstream's own
+entry); every task handed out, guarded or passed through, is recorded as its caller's first
+(`task_owners.py`). Failures of the upstream that the guard released (never sent, the upstream's own
 JSON-RPC error) reach the caller as `failures.py` says.
 """
 

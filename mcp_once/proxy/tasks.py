@@ -24,11 +24,18 @@ Tasks are a 2026-07-28 matter: a 2025-era caller's request cannot declare the ex
 SDK keeps no per-request capabilities there, and FastMCP tasks only on the modern protocol), so
 its calls are plain calls; so are a stdio upstream's (one handshake session, no tasks).
 
+A call the proxy does not claim (pass-through, keyless) from a declaring caller goes upstream on
+that session too (`UpstreamLink.pass_task`), so the upstream may task it; nothing is stored.
+
 The task's requests (`tasks/get`, `tasks/update`, `tasks/cancel`) are the upstream's to
-answer: `TaskForwarding` sends them on, on the link's task session (a poll is re-sent at will,
-an update or a cancel once). SEP-2663 has no `tasks/result`: the outcome is inlined in
-`tasks/get`. The proxy's front sends a `CreateTaskResult` as produced (`producing_tasks`: the
-production half of a claimed `tools/call` result the SDK lacks, as `fastmcp_tasks` installs it).
+answer: `TaskForwarding` sends them on, on the link's task session, with the task id in the
+`Mcp-Name` header (a poll is re-sent at will, an update or a cancel once and its answer passed
+on as it came). What a server answers without looking at the task, the front answers itself:
+-32021 to a request that did not declare the extension, -32020 to one whose `Mcp-Name` names
+another task, and "not found" for a task that is not the caller's (`task_owners.py`).
+SEP-2663 has no `tasks/result`: the outcome is inlined in `tasks/get`. The proxy's front sends
+a `CreateTaskResult` as produced (`producing_tasks`: the production half of a claimed
+`tools/call` result the SDK lacks, as `fastmcp_tasks` installs it).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ for it: a question is never stored) and the caller's answers go upstream with th
 under the same upstream key. A call whose request declared the tasks extension goes upstream
 declaring it too, and the task the upstream created is the result the guard stores
 (`tasks.py`). A call the guard does not run (pass-through, or unprotected) is FastMCP's own
-proxy call, untouched (rule 14).
+proxy call, untouched (rule 14), unless its caller declared the tasks extension: then it goes
+on the link's task-declaring session, its answer (a task too) unstored.
 """
 
 from __future__ import annotations

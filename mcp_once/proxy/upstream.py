@@ -51,7 +51,7 @@ from orchestrator import (
 from .failures import UpstreamUnreachable
 from .forwarding import Forwarding
 
-#: An answer read as it came (the session still checks it against the wire schema).
+#: A task request's answer as it came (the session still checks it against the wire schema).
 _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
 if TYPE_CHECKING:
