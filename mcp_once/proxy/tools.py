@@ -97,6 +97,7 @@ class OnceProxyTool(ProxyTool):
             name,
             arguments,
             meta,
+            schema=self.parameters,
             progress=ctx.report_progress,
             input_responses=ctx.input_responses,
             request_state=ctx.request_state,

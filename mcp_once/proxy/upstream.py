@@ -285,6 +285,7 @@ class UpstreamLink:
         arguments: dict[str, Any],
         meta: RequestParamsMeta | None,
         *,
+        schema: dict[str, Any] | None = None,
         progress: ProgressFnT | None = None,
         input_responses: InputResponses | None = None,
         request_state: str | None = None,
@@ -294,8 +295,15 @@ class UpstreamLink:
         forwardable `_meta`, its round), but on the session that declares the extension too,
         so the upstream may task it; its answer as it came (a task is not polled here: it is
         the caller's). Over stdio (no tasks) the caller gets FastMCP's plain call instead
-        (`OnceProxyTool.run`)."""
+        (`OnceProxyTool.run`). `schema`: the tool's input schema, whose `x-mcp-header`
+        arguments the SDK mirrors into `Mcp-Param-*` headers (as FastMCP's proxy seeds them: a
+        2026-07-28 upstream refuses the call without them)."""
+        from mcp.shared.inbound import x_mcp_header_map
+
         client = await self._connected(self._tasks)
+        header_map = x_mcp_header_map(schema or {})
+        if header_map:
+            client.session._x_mcp_header_maps[name] = header_map
         answer = await client._await_with_session_monitoring(
             client.session.call_tool(
                 name,

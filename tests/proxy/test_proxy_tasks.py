@@ -28,6 +28,7 @@ from mcp_types import (
     InputRequiredResult,
 )
 from proxy_kit import KEY, MARKER, announced, http_url, proxy_command
+from redis_server import RedisServer
 
 from idempotency import open_store, wire
 from mcp_once.proxy import ProxyPolicy, Upstream, build_proxy
@@ -358,3 +359,21 @@ async def test_a_task_is_given_only_to_the_principal_that_created_it_on_every_re
                 await alice_two.update_task(task_id, {"r": {"action": "accept"}})
                 assert (await alice_two.cancel_task(task_id)).task_id == task_id
     assert lines(ledger / "tasks") == [task_id]
+
+
+async def test_a_task_request_whose_owner_cannot_be_read_is_retry_later(tmp_path: Path) -> None:
+    """The owner record lives in the store: with the store (a real redis-server) stopped, a
+    `tasks/get` of the caller's own task is -32013 (retry later), not forwarded and not
+    guessed; with the store back, the same request answers."""
+    with RedisServer(appendonly=True) as redis:
+        async with task_upstream(tmp_path) as (upstream, _):
+            proxy = build_proxy(Upstream.http(upstream.url), open_store(redis.url))
+            async with proxy.opened(), RetryingSession(connect=front(proxy)) as rs:
+                created = await rs.create_task("deploy", {"target": "eu"}, idempotency_key="r-1")
+                assert isinstance(created, TaskCreated), created
+                redis.stop()
+                with pytest.raises(MCPError) as caught:
+                    await rs.get_task(created.task_id)
+                assert caught.value.code == wire.STORE_UNAVAILABLE
+                redis.start()
+                assert (await rs.get_task(created.task_id)).status == "completed"
