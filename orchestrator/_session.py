@@ -423,6 +423,7 @@ class RetryingSession:
         assert not isinstance(answer, TaskCreated)  # no task was asked for
         return answer, report
 
+    @overload
     async def create_task(
         self,
         name: str,
@@ -432,7 +433,39 @@ class RetryingSession:
         *,
         meta: RequestParamsMeta | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
-    ) -> TaskCreated | CallToolResult:
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: Literal[False] = False,
+    ) -> TaskCreated | CallToolResult: ...
+
+    @overload
+    async def create_task(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool,
+    ) -> TaskCreated | CallToolResult | InputRequiredResult: ...
+
+    async def create_task(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        read_timeout_seconds: float | None = None,
+        progress_callback: ProgressFnT | None = None,
+        *,
+        meta: RequestParamsMeta | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+        allow_input_required: bool = False,
+    ) -> TaskCreated | CallToolResult | InputRequiredResult:
         """Call a tool as a task (SEP-2663): the server's `TaskCreated` (poll it with
         `get_task`, or wait for its result with `task_result`), or the tool's `CallToolResult`
         when the server ran it as a plain call. The session must declare the tasks extension
@@ -444,7 +477,13 @@ class RetryingSession:
         maybe-executed, re-sent only through the gate and under the same key, so that a guarded
         server (or `mcp-once proxy`) answers the re-send with the task it already created
         (`TaskCreated.meta` marked as a replay, `last_report.replayed`). Raises as `call_tool`
-        does, and TypeError for a session that cannot send tasks (`TaskSession`)."""
+        does, and TypeError for a session that cannot send tasks (`TaskSession`).
+
+        A server may ask for input before it creates the task (SEP-2322 rounds composed with
+        tasks): as for `call_tool`, `allow_input_required=True` returns its
+        `InputRequiredResult`, and `input_responses` / `request_state` send the continuation,
+        under the same key."""
+        round_ = _Round.of(input_responses, request_state, allow_input_required)
         answer, _ = await self._started(
             name,
             arguments,
@@ -452,10 +491,9 @@ class RetryingSession:
             progress_callback,
             meta,
             idempotency_key,
-            None,
+            round_,
             task=True,
         )
-        assert not isinstance(answer, InputRequiredResult)  # never allowed for a task
         return answer
 
     async def get_task(self, task_id: str) -> TaskState:
@@ -947,11 +985,17 @@ class _Call:
         arguments: dict[str, Any] | None,
         timeout: float,
         meta: dict[str, Any],
-    ) -> TaskCreated | CallToolResult:
+    ) -> _Answer:
         """One `tools/call` whose answer may be a task (the session's requests declare the
-        tasks extension; the request itself is a plain call's)."""
+        tasks extension; the request itself is a plain call's, with the call's round if any:
+        then a question may be the answer)."""
+        round_ = self.round
         params = CallToolRequestParams(
-            name=self.name, arguments=arguments, _meta=cast(RequestParamsMeta, meta)
+            name=self.name,
+            arguments=arguments,
+            _meta=cast(RequestParamsMeta, meta),
+            input_responses=None if round_ is None else round_.input_responses,
+            request_state=None if round_ is None else round_.request_state,
         )
         request = CallToolRequest(params=params)
         return await session.send_task_request(

@@ -24,13 +24,20 @@ a replay. A server that runs the call plain (it does not task that tool) answers
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import anyio
 from mcp import MCPError
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
-from mcp_types import CallToolResult, ErrorData, Request, RequestParams, Result
+from mcp_types import (
+    CallToolResult,
+    ErrorData,
+    InputRequiredResult,
+    Request,
+    RequestParams,
+    Result,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, Field, TypeAdapter
 
@@ -99,17 +106,27 @@ class UpdateTaskParams(TaskIdParams):
     input_responses: dict[str, Any]
 
 
+#: The param the 2026-07-28 HTTP transport mirrors into the `Mcp-Name` header of a task's
+#: requests (SEP-2243, extended by SEP-2663 to the tasks methods, whose name-shaped field is the
+#: task id): a server that reads the body checks the two agree, and may refuse a request without
+#: it (-32020). The SDK's client sends the header for a request type that names its param.
+_TASK_NAME_PARAM = "taskId"
+
+
 class GetTask(Request[TaskIdParams, Literal["tasks/get"]]):
+    name_param: ClassVar[str | None] = _TASK_NAME_PARAM
     method: Literal["tasks/get"] = "tasks/get"
     params: TaskIdParams
 
 
 class CancelTask(Request[TaskIdParams, Literal["tasks/cancel"]]):
+    name_param: ClassVar[str | None] = _TASK_NAME_PARAM
     method: Literal["tasks/cancel"] = "tasks/cancel"
     params: TaskIdParams
 
 
 class UpdateTask(Request[UpdateTaskParams, Literal["tasks/update"]]):
+    name_param: ClassVar[str | None] = _TASK_NAME_PARAM
     method: Literal["tasks/update"] = "tasks/update"
     params: UpdateTaskParams
 
@@ -121,9 +138,11 @@ TASK_STATE: TypeAdapter[TaskState] = TypeAdapter(TaskState)
 TASK_UPDATED: TypeAdapter[Result] = TypeAdapter(Result)
 
 #: What a task-augmented `tools/call` may be answered with: the task (tried first: it needs a
-#: `taskId`), or, from a server that ran the call plain, the tool's result.
-TASK_ANSWER: TypeAdapter[TaskCreated | CallToolResult] = TypeAdapter(
-    Annotated[TaskCreated | CallToolResult, Field(union_mode="left_to_right")]
+#: `taskId`), a question asked before the task is created (an input-required round, SEP-2322
+#: composed with SEP-2663; it needs `inputRequests` or `requestState`), or, from a server that
+#: ran the call plain, the tool's result.
+TASK_ANSWER: TypeAdapter[TaskCreated | InputRequiredResult | CallToolResult] = TypeAdapter(
+    Annotated[TaskCreated | InputRequiredResult | CallToolResult, Field(union_mode="left_to_right")]
 )
 
 

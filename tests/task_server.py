@@ -18,6 +18,11 @@ The task's body runs when the task is created (it is done before the `CreateTask
 so a lost `CreateTaskResult` is a task that exists and an effect that happened. Every task is
 remembered by this process only: a test that restarts it asks nothing of the old ones.
 
+Task requests (`tasks/get|update|cancel`) whose `Mcp-Name` header is not their task id (or is
+missing) are refused with -32020, as the 2026-07-28 HTTP transport lets a server refuse them.
+`approve({target})`, called declaring the extension, first asks (an input-required round, key
+"ok") and creates its task only when the continuation carries an accepting answer.
+
 `deploy({target})` has `idempotentHint` (a client may re-send it under its key); `release` is the
 same tool without it, and `release({target, crash: true})` SIGKILLs this process right after its
 effect, before any answer (a task's `CreateTaskResult` lost with the server).
@@ -35,7 +40,17 @@ from typing import Any
 from mcp import MCPError
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import MCPServer
-from mcp_types import CLIENT_CAPABILITIES_META_KEY, CallToolResult, RequestParams, ToolAnnotations
+from mcp.shared.inbound import MCP_NAME_HEADER
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    HEADER_MISMATCH,
+    CallToolResult,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    InputRequiredResult,
+    RequestParams,
+    ToolAnnotations,
+)
 from pydantic import Field
 from task_wire import TASKS, CreateTask, new_task, producing_tasks
 
@@ -55,6 +70,26 @@ def _record(ledger: Path, file: str, line: str) -> None:
         os.close(fd)
 
 
+def routed(ctx: Any, task_id: str) -> None:
+    """Refuse a task request over HTTP whose `Mcp-Name` header is not its task id (SEP-2663
+    extends SEP-2243's routing header to the tasks methods), missing included: -32020."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is not None and headers.get(MCP_NAME_HEADER) != task_id:
+        raise MCPError(HEADER_MISMATCH, f"{MCP_NAME_HEADER} header does not match taskId")
+
+
+_ASK = ElicitRequestFormParams(
+    message="Approve?", requested_schema={"type": "object", "properties": {}}
+)
+
+
+def _approved(responses: dict[str, Any] | None) -> bool:
+    answer = (responses or {}).get("ok")
+    if answer is not None and not isinstance(answer, dict):
+        answer = answer.model_dump(by_alias=True, mode="json")
+    return isinstance(answer, dict) and answer.get("action") == "accept"
+
+
 def declared(meta: dict[str, Any]) -> bool:
     """Whether a request declared the tasks extension in its per-request capabilities."""
     capabilities = meta.get(CLIENT_CAPABILITIES_META_KEY)
@@ -71,15 +106,18 @@ class _Tasks(Extension):
 
     def methods(self) -> list[MethodBinding]:
         async def get(ctx: Any, params: TaskId) -> dict[str, Any]:
+            routed(ctx, params.task_id)
             task, result = self._task(params.task_id)
             inlined = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             return {**self._fields(task), "resultType": "complete", "result": inlined}
 
         async def update(ctx: Any, params: TaskId) -> dict[str, Any]:
+            routed(ctx, params.task_id)
             self._task(params.task_id)
             return {}
 
         async def cancel(ctx: Any, params: TaskId) -> dict[str, Any]:
+            routed(ctx, params.task_id)
             return {**self._fields(self._task(params.task_id)[0]), "resultType": "complete"}
 
         return [
@@ -106,6 +144,10 @@ class _Tasks(Extension):
         _record(self.ledger, "calls", f"{'task' if task else 'plain'} {meta.get(KEY_META)}")
         if not task:
             return await call_next(ctx)
+        if params.name == "approve" and not _approved(params.input_responses):
+            # Asks before it creates the task (SEP-2322 composed with SEP-2663): the task is
+            # created only by the continuation that carries the answer.
+            return InputRequiredResult(input_requests={"ok": ElicitRequest(params=_ASK)})
         out = await call_next(ctx)  # the body, run now: the effect happens before the answer
         created = new_task(uuid.uuid4().hex).model_copy(update={"status": "completed"})
         self.tasks[created.task_id] = (created, CallToolResult.model_validate(out))
@@ -124,6 +166,10 @@ def build(ledger: Path) -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(idempotent_hint=True))
     def deploy(target: str) -> str:
+        return effect(target)
+
+    @server.tool()
+    def approve(target: str) -> str:
         return effect(target)
 
     @server.tool()

@@ -6,7 +6,8 @@ distinct set of options gets one `IdempotencyMiddleware` (all on the same store)
 policy or its `readOnlyHint` passes through gets none. A task-augmented call is guarded as any
 call is, the task it created stored and answered as its `CreateTaskResult` (`tasks.py`; each
 guarded tool's listing names what stays unstored in its `io.github.mcp-once/proxy` `_meta`
-entry). Failures of the upstream that the guard released (never sent, the upstream's own
+entry); every task handed out, guarded or passed through, is recorded as its caller's first
+(`task_owners.py`). Failures of the upstream that the guard released (never sent, the upstream's own
 JSON-RPC error) reach the caller as `failures.py` says.
 """
 
@@ -30,6 +31,7 @@ from mcp_once._upstream.outputs import output_problem
 
 from .failures import EFFECT_FREE, caller_error
 from .policy import ProxyPolicy, ToolPolicy
+from .task_owners import TaskOwners
 from .tasks import declares_tasks, plain_resend
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -84,6 +86,8 @@ class ProxyGuardMiddleware(Middleware):
         self._chosen: dict[tuple[str, bool], IdempotencyMiddleware | None] = {}
         #: How `keys settle` names this proxy's records (`build_proxy` sets `--proxy NAME`).
         self.settle_with = ""
+        #: Who owns each task handed out (`build_proxy` sets it; None: not recorded).
+        self.task_owners: TaskOwners | None = None
         self._plain = self._guard_for(ToolPolicy())  # the default options fail here, at start
         for rule in self.policy.rules:  # and each table's, before any listing (which may wait)
             self._guard_for(self.policy.for_tool(rule.pattern))
@@ -152,18 +156,24 @@ class ProxyGuardMiddleware(Middleware):
         guard = None if tool is None else self.guard_of(tool)
         try:
             if guard is None:
-                return await call_next(context)
-            result = await guard.on_call_tool(context, call_next)
+                result: ToolResult | BaseModel = await call_next(context)
+            else:
+                result = await guard.on_call_tool(context, call_next)
         except Exception as exc:
             error = caller_error(exc)
             if error is None:
                 raise
             raise error from exc
-        assert tool is not None
-        if not isinstance(result, ToolResult):  # the key's answer is a task (rule 23, `tasks.py`)
-            if not declares_tasks(ctx):
+        if not isinstance(result, ToolResult):  # the answer is a task (rule 23, `tasks.py`)
+            if guard is not None and not declares_tasks(ctx):
+                assert tool is not None
                 raise plain_resend(tool.name, result)
+            if self.task_owners is not None:  # handed out to its owner only (`task_owners`)
+                await self.task_owners.record(result)
             return result
+        if guard is None:
+            return result
+        assert tool is not None
         if tool.output_schema is not None and _replayed(result):
             self._check_output(tool.name, tool.output_schema, result)
         return result

@@ -35,6 +35,7 @@ from .failures import UpstreamUnreachable
 from .limits import BodyLimit, InFlightLimit
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
+from .task_owners import TaskOwners
 from .tasks import TaskForwarding
 from .tools import OnceProxyProvider
 from .upstream import UpstreamLink, UpstreamStartFailed
@@ -243,7 +244,8 @@ def build_proxy(
         max_body=max_body,
     )
     server.add_provider(provider)
-    server.add_extension(TaskForwarding(link))
+    guard.task_owners = TaskOwners(store, server.name)
+    server.add_extension(TaskForwarding(link, guard.task_owners))
     forward_completions(server, link)
     limit = None if max_in_flight is None else InFlightLimit(max_in_flight)
     if limit is not None:

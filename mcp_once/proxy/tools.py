@@ -13,7 +13,8 @@ for it: a question is never stored) and the caller's answers go upstream with th
 under the same upstream key. A call whose request declared the tasks extension goes upstream
 declaring it too, and the task the upstream created is the result the guard stores
 (`tasks.py`). A call the guard does not run (pass-through, or unprotected) is FastMCP's own
-proxy call, untouched (rule 14).
+proxy call, untouched (rule 14), unless its caller declared the tasks extension: then it goes
+on the link's task-declaring session, its answer (a task too) unstored.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from typing import Any
 
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import get_context
+from fastmcp.server.providers import proxy as fastmcp_proxy
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
 from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from mcp import MCPError
-from mcp_types import CONNECTION_CLOSED, InputRequiredResult
+from mcp_types import CONNECTION_CLOSED, CallToolResult, InputRequiredResult
 
 from idempotency import Claim, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, TaskCreated, ToolCallError
@@ -77,9 +79,30 @@ class OnceProxyTool(ProxyTool):
         # (`forwarding.py`); a replay never gets here, so it carries the result only.
         with link.forwarding.serving(ctx):
             claim = current_claim()
-            if claim is None:
-                return await super().run(arguments, ctx)
-            return await self._guarded(link, claim, arguments, ctx)
+            if claim is not None:
+                return await self._guarded(link, claim, arguments, ctx)
+            if declares_tasks(ctx) and link.upstream.url is not None:
+                return await self._passed_task(link, arguments, ctx)
+            return await super().run(arguments, ctx)
+
+    async def _passed_task(
+        self, link: UpstreamLink, arguments: dict[str, Any], ctx: Context
+    ) -> ToolResult | TaskCreated:
+        """A call the proxy does not claim, whose caller declared the tasks extension: sent on
+        with the declaration (`UpstreamLink.pass_task`), so the upstream may task it; its task
+        (or result, or question) as it came, nothing stored (rule 14)."""
+        name = self._backend_name or self.name
+        meta = fastmcp_proxy._session_request_meta(fastmcp_proxy._forwardable_request_meta(ctx))
+        result = await link.pass_task(
+            name,
+            arguments,
+            meta,
+            schema=self.parameters,
+            progress=ctx.report_progress,
+            input_responses=ctx.input_responses,
+            request_state=ctx.request_state,
+        )
+        return _tool_result(result)
 
     async def _guarded(
         self, link: UpstreamLink, claim: Claim, arguments: dict[str, Any], ctx: Context
@@ -117,18 +140,26 @@ class OnceProxyTool(ProxyTool):
             refused = f"refused the call with code {exc.code}; passed on, nothing stored"
             _said(logging.INFO, name, claim, None, refused)
             raise UpstreamRefused(exc) from exc
-        if isinstance(result, InputRequiredResult):
-            return InputRequiredToolResult(result)
-        if isinstance(result, TaskCreated):
-            # The record's answer is the task (rule 23): the guard keeps it in its one form
-            # (`idempotency.task_record`) and answers every re-send of the key with it.
-            return result
-        return ToolResult(
-            content=result.content,
-            structured_content=result.structured_content,
-            meta=result.meta,
-            is_error=result.is_error,
-        )
+        # A task is the record's answer (rule 23): the guard keeps it in its one form
+        # (`idempotency.task_record`) and answers every re-send of the key with it.
+        return _tool_result(result)
+
+
+def _tool_result(
+    result: CallToolResult | InputRequiredResult | TaskCreated,
+) -> ToolResult | TaskCreated:
+    """The upstream's answer as the front's tool returns it: a question as FastMCP carries one
+    (its wire handler unwraps it), a task as it came (`tasks.producing_tasks` sends it)."""
+    if isinstance(result, InputRequiredResult):
+        return InputRequiredToolResult(result)
+    if isinstance(result, TaskCreated):
+        return result
+    return ToolResult(
+        content=result.content,
+        structured_content=result.structured_content,
+        meta=result.meta,
+        is_error=result.is_error,
+    )
 
 
 def _said(

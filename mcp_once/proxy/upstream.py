@@ -29,9 +29,11 @@ call in flight (`forwarding.py`).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
+from mcp_types import CallToolResult, InputRequiredResult, Request
+from pydantic import TypeAdapter
 
 from mcp_once._upstream import Upstream
 from mcp_once._upstream.identity import CHAIN_VARIABLE, chain_marking
@@ -40,6 +42,7 @@ from orchestrator import (
     ReconnectFailed,
     RetryingSession,
     RetryPolicy,
+    TaskCreated,
     TasksExtension,
     http_client_factory,
     tool_session,
@@ -48,14 +51,15 @@ from orchestrator import (
 from .failures import UpstreamUnreachable
 from .forwarding import Forwarding
 
+#: A task request's answer as it came (the session still checks it against the wire schema).
+_RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+
 if TYPE_CHECKING:
     import httpx2
     from fastmcp import Client
     from fastmcp.client.transports import ClientTransport
     from mcp.shared.dispatcher import ProgressFnT
-    from mcp_types import CallToolResult, InputRequiredResult, InputResponses
-
-    from orchestrator import TaskCreated
+    from mcp_types import InputResponses, RequestParamsMeta
 
 
 class UpstreamStartFailed(RuntimeError):
@@ -200,9 +204,12 @@ class UpstreamLink:
 
         Raises `UpstreamUnreachable` (a retryable JSON-RPC error, as FastMCP passes it on to
         whoever listed) when no session can be opened: the next listing or call tries again."""
+        return await self._connected(self._era())
+
+    async def _connected(self, era: RetryingSession) -> Client[Any]:
+        """`era`'s connected `fastmcp.Client` (see `client`)."""
         from fastmcp import Client
 
-        era = self._era()
         current = era.session
         live = current is not None and not tool_session(current).closed()
         if not (isinstance(current, Client) and current.is_connected() and live):
@@ -231,7 +238,8 @@ class UpstreamLink:
         With `task` (a caller's request that declared the tasks extension, `tasks.py`) the call
         goes upstream on the session that declares it (over HTTP; over stdio it is a plain
         call), and the upstream's `TaskCreated` is returned (or its `CallToolResult`, if it ran
-        the call as a plain one); no round is carried.
+        the call as a plain one, or its `InputRequiredResult`: an upstream may ask before it
+        creates the task, and the caller's continuation goes with the creation).
 
         On the 2026-07-28 era's session the caller's continuation of an input-required round
         (`input_responses`, `request_state`: None on its first call) goes with the call, and the
@@ -249,7 +257,13 @@ class UpstreamLink:
             try:
                 if task:
                     return await self._tasks.create_task(
-                        name, arguments, progress_callback=progress, idempotency_key=key
+                        name,
+                        arguments,
+                        progress_callback=progress,
+                        idempotency_key=key,
+                        input_responses=input_responses,
+                        request_state=request_state,
+                        allow_input_required=True,
                     )
                 return await era.call_tool(
                     name,
@@ -264,3 +278,64 @@ class UpstreamLink:
                 # Only the proxy's policy may open this gate: the upstream tool runs twice safely.
                 if not resend or exc.reason == "server" or anyio.current_time() >= deadline:
                     raise
+
+    async def pass_task(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        meta: RequestParamsMeta | None,
+        *,
+        schema: dict[str, Any] | None = None,
+        progress: ProgressFnT | None = None,
+        input_responses: InputResponses | None = None,
+        request_state: str | None = None,
+    ) -> CallToolResult | InputRequiredResult | TaskCreated:
+        """A call the proxy does not claim (pass-through, keyless), from a caller whose request
+        declared the tasks extension: sent once, as FastMCP's proxy sends a call (the caller's
+        forwardable `_meta`, its round), but on the session that declares the extension too,
+        so the upstream may task it; its answer as it came (a task is not polled here: it is
+        the caller's). Over stdio (no tasks) the caller gets FastMCP's plain call instead
+        (`OnceProxyTool.run`). `schema`: the tool's input schema, whose `x-mcp-header`
+        arguments the SDK mirrors into `Mcp-Param-*` headers (as FastMCP's proxy seeds them: a
+        2026-07-28 upstream refuses the call without them)."""
+        from mcp.shared.inbound import x_mcp_header_map
+
+        client = await self._connected(self._tasks)
+        header_map = x_mcp_header_map(schema or {})
+        if header_map:
+            client.session._x_mcp_header_maps[name] = header_map
+        answer = await client._await_with_session_monitoring(
+            client.session.call_tool(
+                name,
+                arguments,
+                meta=meta,
+                progress_callback=progress,
+                input_responses=input_responses,
+                request_state=request_state,
+                allow_input_required=True,
+                allow_claimed=True,
+            )
+        )
+        if isinstance(answer, TaskCreated | CallToolResult | InputRequiredResult):
+            return answer
+        raise TypeError(f"the upstream answered {name!r} with a {type(answer).__name__}")
+
+    async def task_request(self, request: Request[Any, Any]) -> dict[str, Any]:
+        """Send a request that changes a task (`tasks/update`, `tasks/cancel`) once, on the
+        session a task is created on; the upstream's answer as it came (SEP-2663 answers both
+        with an empty acknowledgement, a server may add the task's fields). A session that
+        died under it is the retryable -32013 (both are safe to send again: an answer already
+        given, a task already cancelled, is acknowledged again)."""
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        client = await self._connected(self.tasks())
+        try:
+            answer = await client._await_with_session_monitoring(
+                client.session.send_request(request, cast(Any, _RAW))
+            )
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                raise UpstreamUnreachable() from exc
+            raise
+        return dict(answer)

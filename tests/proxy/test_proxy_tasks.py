@@ -18,14 +18,25 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
-from proxy_kit import KEY, MARKER
+from fastmcp import Client as FastMCPClient
+from fastmcp.client.transports import StreamableHttpTransport
+from mcp import Client, MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    ElicitResult,
+    InputRequiredResult,
+)
+from proxy_kit import KEY, MARKER, announced, http_url, proxy_command
+from redis_server import RedisServer
 
 from idempotency import open_store, wire
-from mcp_once.proxy import Upstream, build_proxy
+from mcp_once.proxy import ProxyPolicy, Upstream, build_proxy
 from mcp_once.proxy.middleware import UNGUARDED
+from mcp_once.proxy.policy import ToolRule
 from mcp_once.scenarios import ServerProcess
 from orchestrator import (
+    TASKS_EXTENSION,
     RetryingSession,
     RetryPolicy,
     ServerOutcomeUnknown,
@@ -199,8 +210,6 @@ async def test_a_legacy_era_caller_cannot_ask_for_a_task_and_gets_a_plain_call(
     """Tasks are 2026-07-28 only: a 2025-11-25 caller's requests carry no capabilities (its
     client declares the extension, the SDK drops it), so the proxy sends its call upstream plain,
     on a session that does not declare the extension: the tool's result, stored and replayed."""
-    from fastmcp import Client as FastMCPClient
-
     store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
     async with task_upstream(tmp_path) as (upstream, ledger):
         proxy = build_proxy(Upstream.http(upstream.url), open_store(store_url))
@@ -217,3 +226,154 @@ async def test_a_legacy_era_caller_cannot_ask_for_a_task_and_gets_a_plain_call(
     assert "deployed eu (#1)" in str(answers[1].content)
     [call] = lines(ledger / "calls")
     assert call.startswith("plain mcp-once:") and lines(ledger / "tasks") == []
+
+
+async def test_a_call_the_proxy_does_not_claim_goes_upstream_declaring_the_extension(
+    tmp_path: Path,
+) -> None:
+    """A call to a tool the policy passes through, whose caller declared the tasks extension,
+    goes upstream on the session that declares it too, so the upstream tasks it: the caller
+    gets the upstream's own `CreateTaskResult` (no guard marker), nothing is stored for the
+    call, and the task is the caller's to poll through the proxy (its id recorded as the
+    caller's). The upstream checks `Mcp-Name` on the forwarded `tasks/get`."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    store = open_store(store_url)
+    policy = ProxyPolicy((ToolRule("deploy", guard=False),))
+    async with task_upstream(tmp_path) as (upstream, ledger):
+        proxy = build_proxy(Upstream.http(upstream.url), store, policy=policy)
+        async with proxy.opened(), RetryingSession(connect=front(proxy)) as rs:
+            created = await rs.create_task("deploy", {"target": "eu"}, idempotency_key="pt-1")
+            assert isinstance(created, TaskCreated), created
+            assert MARKER not in (created.meta or {})  # the upstream's answer, as it came
+            assert lines(ledger / "tasks") == [created.task_id]
+            assert (await rs.get_task(created.task_id)).status == "completed"
+            result = await rs.task_result(created.task_id)
+            assert "deployed eu (#1)" in str(result.content)
+    assert lines(ledger / "calls") == ["task pt-1"]  # the caller's own key, passed on
+    assert await store.list_records(tool="deploy") == []
+
+
+async def test_task_requests_need_the_declaration_and_a_matching_round(
+    tmp_path: Path,
+) -> None:
+    """`tasks/get|update|cancel` from a caller that did not declare the extension are answered
+    by the proxy -32021 (as a server answers them), never forwarded; a keyed task creation
+    whose upstream asks first carries the caller's continuation (`inputResponses`,
+    `requestState`) under the same key: the question is never stored (rule 8), the
+    continuation creates the one task."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    async with task_upstream(tmp_path) as (upstream, ledger):
+        proxy = build_proxy(Upstream.http(upstream.url), open_store(store_url))
+        async with (
+            proxy.opened(),
+            RetryingSession(connect=front(proxy)) as rs,
+            RetryingSession(connect=front(proxy, tasks=False)) as plain,
+        ):
+            asked = await rs.create_task(
+                "approve", {"target": "eu"}, idempotency_key="ap-1", allow_input_required=True
+            )
+            assert isinstance(asked, InputRequiredResult), asked
+            assert asked.input_requests is not None and "ok" in asked.input_requests
+            assert lines(ledger / "tasks") == []
+            created = await rs.create_task(
+                "approve",
+                {"target": "eu"},
+                idempotency_key="ap-1",
+                input_responses={"ok": ElicitResult(action="accept", content={})},
+                request_state=asked.request_state,
+                allow_input_required=True,
+            )
+            assert isinstance(created, TaskCreated), created
+            assert (created.meta or {})[MARKER]["status"] == "executed"
+            for refused in (
+                plain.get_task(created.task_id),
+                plain.update_task(created.task_id, {"ok": {"action": "accept"}}),
+                plain.cancel_task(created.task_id),
+            ):
+                with pytest.raises(MCPError) as caught:
+                    await refused
+                assert caught.value.code == MISSING_REQUIRED_CLIENT_CAPABILITY
+                assert caught.value.error.data == {
+                    "requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}
+                }
+    assert lines(ledger / "tasks") == [created.task_id]
+    assert len(lines(ledger / "effects")) == 1
+    assert [c.split()[0] for c in lines(ledger / "calls")] == ["task", "task"]
+
+
+def _caller(url: str, token: str) -> Callable[[], Any]:
+    """A connect factory: a FastMCP client of the proxy at `url` over streamable HTTP, as the
+    principal of `token`, declaring the tasks extension."""
+
+    def connect() -> Any:
+        headers = {"Authorization": f"Bearer {token}"}
+        transport = StreamableHttpTransport(url, headers=headers)
+        return FastMCPClient(transport, extensions=[TasksExtension()])
+
+    return connect
+
+
+async def test_a_task_is_given_only_to_the_principal_that_created_it_on_every_replica(
+    tmp_path: Path,
+) -> None:
+    """Two `mcp-once proxy --listen` replicas on one store, each principal authenticated by
+    its token: alice's task, created through the first, is alice's to poll, update and cancel
+    through the second (the owner record is in the store, not in a process); bob, who knows
+    its id, gets "Task ... not found" for each (as for a task that does not exist), and so
+    does anyone for an id the proxy never handed out; nothing of bob's reaches the upstream
+    (the task is still alice's, uncancelled)."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice alice-token-0123456789abcdef\nbob bob-token-0123456789abcdef\n")
+    tokens.chmod(0o600)
+    alice, bob = "alice-token-0123456789abcdef", "bob-token-0123456789abcdef"
+    async with task_upstream(tmp_path) as (upstream, ledger):
+        args = ["--store", store_url, "--listen", "127.0.0.1:0", "--auth-tokens", str(tokens)]
+        command = proxy_command(*args, "--upstream", upstream.url)
+        with (
+            announced(command, "mcp-once proxy at ") as first,
+            announced(command, "mcp-once proxy at ") as second,
+        ):
+            one, two = http_url(first), http_url(second)
+            async with (
+                RetryingSession(connect=_caller(one, alice)) as alice_one,
+                RetryingSession(connect=_caller(two, alice)) as alice_two,
+                RetryingSession(connect=_caller(two, bob)) as bob_two,
+            ):
+                created = await alice_one.create_task(
+                    "deploy", {"target": "eu"}, idempotency_key="own-1"
+                )
+                assert isinstance(created, TaskCreated), created
+                task_id = created.task_id
+                for attempt in (
+                    bob_two.get_task(task_id),
+                    bob_two.update_task(task_id, {"r": {"action": "accept"}}),
+                    bob_two.cancel_task(task_id),
+                    alice_two.get_task("never-handed-out"),
+                ):
+                    with pytest.raises(MCPError) as caught:
+                        await attempt
+                    assert caught.value.code == INVALID_PARAMS
+                    assert "not found" in caught.value.error.message
+                assert (await alice_two.get_task(task_id)).status == "completed"
+                await alice_two.update_task(task_id, {"r": {"action": "accept"}})
+                assert (await alice_two.cancel_task(task_id)).task_id == task_id
+    assert lines(ledger / "tasks") == [task_id]
+
+
+async def test_a_task_request_whose_owner_cannot_be_read_is_retry_later(tmp_path: Path) -> None:
+    """The owner record lives in the store: with the store (a real redis-server) stopped, a
+    `tasks/get` of the caller's own task is -32013 (retry later), not forwarded and not
+    guessed; with the store back, the same request answers."""
+    with RedisServer(appendonly=True) as redis:
+        async with task_upstream(tmp_path) as (upstream, _):
+            proxy = build_proxy(Upstream.http(upstream.url), open_store(redis.url))
+            async with proxy.opened(), RetryingSession(connect=front(proxy)) as rs:
+                created = await rs.create_task("deploy", {"target": "eu"}, idempotency_key="r-1")
+                assert isinstance(created, TaskCreated), created
+                redis.stop()
+                with pytest.raises(MCPError) as caught:
+                    await rs.get_task(created.task_id)
+                assert caught.value.code == wire.STORE_UNAVAILABLE
+                redis.start()
+                assert (await rs.get_task(created.task_id)).status == "completed"
