@@ -58,11 +58,12 @@ from mcp_types import (
 from idempotency import KeyStore
 from mcp_once._limits import DEFAULT_MAX_BODY, DEFAULT_MAX_IN_FLIGHT
 from mcp_once._upstream import Upstream, UpstreamConfigError, check_names
-from orchestrator import RetryPolicy
+from orchestrator import TASKS_EXTENSION, RetryPolicy
 
 from .completions import complete_upstream
 from .policy import ProxyPolicy
 from .server import _VERSION, LinkedServer, OnceProxy, UpstreamMetadata, build_proxy
+from .task_routes import TaskRoutes, created_on_front, refusal_on_front
 from .upstream import UpstreamStartFailed
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -160,7 +161,12 @@ class _Dispatch(Middleware):
         if found is None or "fastmcp" in (message.meta or {}):
             return await call_next(context)
         mount, name = found
-        return await mount.proxy.call_tool(name, message.arguments)
+        try:
+            result = await mount.proxy.call_tool(name, message.arguments)
+        except MCPError as exc:
+            raise refusal_on_front(exc, mount.prefix) from exc
+        # A task's id as the front hands it out, first answer and replay alike (`task_routes`).
+        return created_on_front(result, mount.prefix)  # type: ignore[return-value]
 
 
 class OnceGateway(LinkedServer):
@@ -183,6 +189,15 @@ class OnceGateway(LinkedServer):
             if own is not None:
                 return mount, own
         return None
+
+    def route_task(self, task_id: str) -> tuple[OnceProxy, str | None, str] | None:
+        """The proxy of the upstream whose task the front's `task_id` is, its prefix, and the
+        upstream's own id of it: routed as a tool name is (`task_routes`)."""
+        found = self.route(task_id)
+        if found is None:
+            return None
+        mount, own = found
+        return mount.proxy, mount.prefix, own
 
     def _route_reference(
         self, ref: CompletionReference
@@ -323,6 +338,12 @@ def build_gateway(
     for mount in gateway._mounts:
         gateway.add_provider(_UpstreamMount(mount.proxy), namespace=mount.prefix or "")
     gateway.add_completion_handler(gateway._complete)
+    # Tasks only where one can be created: an HTTP upstream's (over stdio a call is a plain one).
+    tasking = [p for p in proxies if p.link.upstream.url is not None]
+    if tasking:
+        forwarding = tasking[0]._extensions[TASKS_EXTENSION]
+        params = {b.method: b.params_type for b in forwarding.methods()}
+        gateway.add_extension(TaskRoutes(gateway.route_task, params))
     gateway.add_middleware(_Dispatch(gateway))
     if not prefixed:
         # One upstream: the front is that upstream's, as a single proxy's (its serverInfo and

@@ -1,0 +1,189 @@
+"""Tasks through the gateway (several upstreams on one front, rule 23, SEP-2663): a keyed
+task-augmented call of `<server>_<tool>` creates one task on that upstream, guarded as through a
+single proxy of it, and the front hands the task out as `<server>_<taskId>`, the id its
+`tasks/get`, `tasks/update` and `tasks/cancel` are routed by (`mcp_once/proxy/task_routes.py`):
+on every replica, with nothing stored but the record. The upstreams are real task-capable SDK
+servers over streamable HTTP (tests/task_server.py), each counting calls, effects and tasks in
+its own fsynced ledger; the caller is `RetryingSession` on a real in-memory 2026-07-28 wire
+whose answer is lost (`orchestrator.chaos`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from fastmcp import Client as FastMCPClient
+from mcp import MCPError
+from mcp_types import METHOD_NOT_FOUND
+from proxy_kit import MARKER
+from test_proxy_tasks import front, lines, task_upstream
+
+from idempotency import open_store, wire
+from mcp_once.proxy import Upstream, build_gateway, build_proxy
+from orchestrator import (
+    TASKS_EXTENSION,
+    RetryingSession,
+    RetryPolicy,
+    TaskCreated,
+    ToolCallError,
+)
+from orchestrator.chaos import Chaos, Fault, FaultPlan
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+CHANGING = Path(__file__).parent / "changing_server.py"
+
+
+@asynccontextmanager
+async def two_upstreams(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[list[Upstream], Path, Path]]:
+    """Two task-capable HTTP upstreams, `a` and `b`, and their ledgers."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with (
+        task_upstream(tmp_path / "a") as (a, ledger_a),
+        task_upstream(tmp_path / "b") as (b, ledger_b),
+    ):
+        upstreams = [Upstream.http(a.url, name="a"), Upstream.http(b.url, name="b")]
+        yield upstreams, ledger_a, ledger_b
+
+
+async def test_a_lost_create_task_result_resent_through_the_gateway_gets_the_same_task(
+    tmp_path: Path,
+) -> None:
+    """The caller's first `CreateTaskResult` from `a_deploy` is lost after the gateway stored
+    it; the client re-sends under the same key: one upstream call, one effect, one task, on `a`
+    only, and the re-send's id is `a_<a's task id>`, marked as a replay. The task is polled
+    through the front (routed to `a`, the result inlined). The record holds `a`'s own
+    `CreateTaskResult`: a single proxy of `a` on the same store replays it with `a`'s own id,
+    which that proxy's front polls with."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    async with two_upstreams(tmp_path) as (upstreams, ledger_a, ledger_b):
+        gateway = build_gateway(upstreams, open_store(store_url))
+        chaos = Chaos(FaultPlan(schedule={1: Fault.LOST_ACK}))
+        policy = RetryPolicy(attempt_timeout=2)
+        async with (
+            gateway.opened(),
+            RetryingSession(connect=front(gateway, chaos), policy=policy) as rs,
+        ):
+            created = await rs.create_task("a_deploy", {"target": "prod"})
+            assert isinstance(created, TaskCreated)
+            report = rs.last_report
+            assert report is not None and report.replayed and len(report.attempts) == 2
+            assert (created.meta or {})[MARKER]["status"] == "replayed"
+            [own] = lines(ledger_a / "tasks")
+            assert created.task_id == f"a_{own}"
+            assert (await rs.get_task(created.task_id)).status == "completed"
+            result = await rs.task_result(created.task_id)
+            assert "deployed prod (#1)" in str(result.content)
+            key = (created.meta or {})[MARKER]["key"]
+        single = build_proxy(upstreams[0], open_store(store_url))
+        async with single.opened(), RetryingSession(connect=front(single)) as direct:
+            again = await direct.create_task("deploy", {"target": "prod"}, idempotency_key=key)
+            assert isinstance(again, TaskCreated)
+            assert again.task_id == own and (again.meta or {})[MARKER]["status"] == "replayed"
+            assert (await direct.get_task(own)).status == "completed"
+    [call] = lines(ledger_a / "calls")
+    assert call.startswith("task mcp-once:")  # the record's upstream key, never the caller's
+    assert len(lines(ledger_a / "effects")) == 1 and len(lines(ledger_a / "tasks")) == 1
+    assert lines(ledger_b / "calls") == []
+
+
+async def test_a_second_replica_gets_the_same_task_and_routes_its_requests(
+    tmp_path: Path,
+) -> None:
+    """Two gateways on one store in front of the same two upstreams: the key's task created
+    through the first is the second's answer (same front id, a replay); the key with other
+    arguments is -32011, and so is a re-send that does not declare the extension, naming the
+    task by its front id. `tasks/get`, `tasks/update` and `tasks/cancel` through either replica
+    reach the upstream that created the task (`b`'s task polled through the first replica); an id
+    that names no upstream, or nothing after the prefix, is -32602 from the front, and an id
+    its upstream does not know is that upstream's -32602."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    async with two_upstreams(tmp_path) as (upstreams, ledger_a, ledger_b):
+        first = build_gateway(upstreams, open_store(store_url))
+        second = build_gateway(upstreams, open_store(store_url))
+        async with (
+            first.opened(),
+            second.opened(),
+            RetryingSession(connect=front(first)) as one,
+            RetryingSession(connect=front(second)) as two,
+            RetryingSession(connect=front(second, tasks=False)) as plain,
+        ):
+            created = await one.create_task("a_release", {"target": "eu"}, idempotency_key="r-1")
+            assert isinstance(created, TaskCreated)
+            assert (created.meta or {})[MARKER]["status"] == "executed"
+            assert created.task_id == f"a_{lines(ledger_a / 'tasks')[0]}"
+            again = await two.create_task("a_release", {"target": "eu"}, idempotency_key="r-1")
+            assert isinstance(again, TaskCreated) and again.task_id == created.task_id
+            assert (again.meta or {})[MARKER]["status"] == "replayed"
+            with pytest.raises(ToolCallError) as caught:
+                await two.create_task("a_release", {"target": "us"}, idempotency_key="r-1")
+            assert caught.value.code == wire.KEY_REUSED
+            with pytest.raises(ToolCallError) as refused:
+                await plain.call_tool("a_release", {"target": "eu"}, idempotency_key="r-1")
+            assert refused.value.code == wire.KEY_REUSED
+            assert refused.value.data["taskId"] == created.task_id
+            assert repr(created.task_id) in str(refused.value)
+            # The same client key on `b` is b's own record and task.
+            on_b = await two.create_task("b_release", {"target": "eu"}, idempotency_key="r-1")
+            assert isinstance(on_b, TaskCreated)
+            assert on_b.task_id == f"b_{lines(ledger_b / 'tasks')[0]}"
+            assert (await one.get_task(on_b.task_id)).task_id == on_b.task_id
+            state = await two.get_task(created.task_id)
+            assert state.status == "completed" and state.task_id == created.task_id
+            await two.update_task(created.task_id, {"r-1": {"action": "accept"}})
+            assert (await one.cancel_task(created.task_id)).task_id == created.task_id
+            own_b = on_b.task_id.removeprefix("b_")
+            for unknown in (f"c_{own_b}", "a_", own_b):
+                with pytest.raises(MCPError) as missing:
+                    await one.get_task(unknown)
+                assert missing.value.error.code == wire.INVALID_PARAMS
+                assert missing.value.error.message == f"Task {unknown} not found"
+            with pytest.raises(MCPError) as forgotten:
+                await two.cancel_task(f"b_{created.task_id}")  # `a`'s task is not b's
+            assert forgotten.value.error.code == wire.INVALID_PARAMS
+    assert len(lines(ledger_a / "effects")) == 1 and len(lines(ledger_a / "tasks")) == 1
+    assert len(lines(ledger_b / "effects")) == 1 and len(lines(ledger_b / "tasks")) == 1
+    assert len(lines(ledger_a / "calls")) == 1 and len(lines(ledger_b / "calls")) == 1
+
+
+async def test_the_front_advertises_tasks_only_when_an_upstream_can_task(
+    tmp_path: Path,
+) -> None:
+    """A gateway of one HTTP task upstream (nothing prefixed) advertises the extension and hands
+    out the upstream's own ids, as a single proxy does; a gateway of stdio upstreams only (no
+    task can be created through one: their calls are plain calls) does not, and its front
+    answers `tasks/get` as any server without the extension: Method not found."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    stdio = [
+        Upstream.stdio(sys.executable, str(CHANGING), str(tmp_path / f"{n}.ledger"), name=n)
+        for n in ("c", "d")
+    ]
+    async with task_upstream(tmp_path) as (upstream, ledger):
+        alone = build_gateway([Upstream.http(upstream.url)], open_store(store_url))
+        plain = build_gateway(stdio, open_store(store_url))
+        async with alone.opened(), RetryingSession(connect=front(alone)) as rs:
+            created = await rs.create_task("deploy", {"target": "eu"}, idempotency_key="k")
+            assert isinstance(created, TaskCreated)
+            assert [created.task_id] == lines(ledger / "tasks")
+            assert (await rs.get_task(created.task_id)).status == "completed"
+            async with FastMCPClient(alone) as client:
+                capabilities = client.server_capabilities
+                assert capabilities is not None
+                assert TASKS_EXTENSION in (capabilities.extensions or {})
+        async with (
+            plain.opened(),
+            FastMCPClient(plain) as client,
+            RetryingSession(connect=front(plain)) as rs,
+        ):
+            capabilities = client.server_capabilities
+            assert capabilities is not None
+            assert TASKS_EXTENSION not in (capabilities.extensions or {})
+            with pytest.raises(MCPError) as caught:
+                await rs.get_task("c_1")
+            assert caught.value.error.code == METHOD_NOT_FOUND
