@@ -14,15 +14,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 from fastmcp import Client as FastMCPClient
 from mcp import MCPError
 from mcp_types import METHOD_NOT_FOUND
-from proxy_kit import MARKER
+from proxy_kit import MARKER, NodeServers
 from test_proxy_tasks import front, lines, task_upstream
 
 from idempotency import open_store, wire
-from mcp_once.proxy import Upstream, build_gateway, build_proxy
+from mcp_once.proxy import OnceGateway, Upstream, build_gateway, build_proxy
+from mcp_once.scenarios import ServerProcess
+from mcp_once.scenarios._process import free_port
 from orchestrator import (
     TASKS_EXTENSION,
     RetryingSession,
@@ -152,38 +155,57 @@ async def test_a_second_replica_gets_the_same_task_and_routes_its_requests(
     assert len(lines(ledger_a / "calls")) == 1 and len(lines(ledger_b / "calls")) == 1
 
 
-async def test_the_front_advertises_tasks_only_when_an_upstream_can_task(
-    tmp_path: Path,
+async def advertised(gateway: OnceGateway) -> bool:
+    """Whether the opened gateway's front advertises the tasks extension."""
+    async with FastMCPClient(gateway) as client:
+        capabilities = client.server_capabilities
+        assert capabilities is not None
+        return TASKS_EXTENSION in (capabilities.extensions or {})
+
+
+async def test_the_front_advertises_tasks_only_when_an_upstream_may_task(
+    node_servers: NodeServers, tmp_path: Path
 ) -> None:
-    """A gateway of one HTTP task upstream (nothing prefixed) advertises the extension and hands
-    out the upstream's own ids, as a single proxy does; a gateway of stdio upstreams only (no
-    task can be created through one: their calls are plain calls) does not, and its front
+    """The front serves the tasks extension when an upstream advertised it as the gateway
+    started (one task upstream among others, or alone: then nothing is prefixed and its ids are
+    the upstream's own, as a single proxy hands them out), or when an HTTP upstream could not be
+    reached yet (it may, once back). A gateway of upstreams that do not advertise it (an HTTP
+    server without tasks, a stdio one: its calls are plain calls) does not, and its front
     answers `tasks/get` as any server without the extension: Method not found."""
-    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
-    stdio = [
-        Upstream.stdio(sys.executable, str(CHANGING), str(tmp_path / f"{n}.ledger"), name=n)
-        for n in ("c", "d")
-    ]
-    async with task_upstream(tmp_path) as (upstream, ledger):
-        alone = build_gateway([Upstream.http(upstream.url)], open_store(store_url))
-        plain = build_gateway(stdio, open_store(store_url))
-        async with alone.opened(), RetryingSession(connect=front(alone)) as rs:
-            created = await rs.create_task("deploy", {"target": "eu"}, idempotency_key="k")
-            assert isinstance(created, TaskCreated)
-            assert [created.task_id] == lines(ledger / "tasks")
-            assert (await rs.get_task(created.task_id)).status == "completed"
-            async with FastMCPClient(alone) as client:
-                capabilities = client.server_capabilities
-                assert capabilities is not None
-                assert TASKS_EXTENSION in (capabilities.extensions or {})
-        async with (
-            plain.opened(),
-            FastMCPClient(plain) as client,
-            RetryingSession(connect=front(plain)) as rs,
-        ):
-            capabilities = client.server_capabilities
-            assert capabilities is not None
-            assert TASKS_EXTENSION not in (capabilities.extensions or {})
-            with pytest.raises(MCPError) as caught:
-                await rs.get_task("c_1")
-            assert caught.value.error.code == METHOD_NOT_FOUND
+    store = open_store(f"sqlite:///{tmp_path / 'keys.sqlite3'}")
+    (tmp_path / "plain").mkdir()
+    stdio = Upstream.stdio(sys.executable, str(CHANGING), str(tmp_path / "c.ledger"), name="c")
+    plain_http = ServerProcess(
+        lambda port: node_servers.ledger(tmp_path / "plain", "--port", str(port)),
+        log=tmp_path / "plain.log",
+    )
+    await anyio.to_thread.run_sync(plain_http.start)
+    try:
+        async with task_upstream(tmp_path) as (upstream, ledger):
+            tasking = Upstream.http(upstream.url, name="t")
+            plain = Upstream.http(plain_http.url, name="p")
+            alone = build_gateway([Upstream.http(upstream.url)], store)
+            async with alone.opened(), RetryingSession(connect=front(alone)) as rs:
+                assert await advertised(alone)
+                created = await rs.create_task("deploy", {"target": "eu"}, idempotency_key="k")
+                assert isinstance(created, TaskCreated)
+                assert [created.task_id] == lines(ledger / "tasks")
+                assert (await rs.get_task(created.task_id)).status == "completed"
+            mixed = build_gateway([plain, stdio, tasking], store)
+            async with mixed.opened():
+                assert await advertised(mixed)
+            without = build_gateway([plain, stdio], store)
+            async with (
+                without.opened(),
+                RetryingSession(connect=front(without)) as rs,
+            ):
+                assert not await advertised(without)
+                with pytest.raises(MCPError) as caught:
+                    await rs.get_task("p_1")
+                assert caught.value.error.code == METHOD_NOT_FOUND
+            down = Upstream.http(f"http://127.0.0.1:{free_port()}/mcp", name="down")
+            later = build_gateway([plain, down], store)
+            async with later.opened():
+                assert await advertised(later)
+    finally:
+        plain_http.kill()
