@@ -9,17 +9,18 @@ whose answer is lost (`orchestrator.chaos`)."""
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import pytest
 from fastmcp import Client as FastMCPClient
-from mcp import MCPError
+from mcp import Client, MCPError
 from mcp_types import METHOD_NOT_FOUND
-from proxy_kit import MARKER, NodeServers
+from proxy_kit import MARKER, NodeServers, proxy_command
 from test_proxy_tasks import front, lines, task_upstream
 
 from idempotency import open_store, wire
@@ -31,7 +32,9 @@ from orchestrator import (
     RetryingSession,
     RetryPolicy,
     TaskCreated,
+    TasksExtension,
     ToolCallError,
+    streamable_http_transport,
 )
 from orchestrator.chaos import Chaos, Fault, FaultPlan
 
@@ -209,3 +212,48 @@ async def test_the_front_advertises_tasks_only_when_an_upstream_may_task(
                 assert await advertised(later)
     finally:
         plain_http.kill()
+
+
+async def test_two_gateway_processes_over_http_hand_out_and_route_one_task(
+    tmp_path: Path,
+) -> None:
+    """Two `mcp-once proxy --listen --config FILE` processes on one store (the gateway's
+    replicas as deployed, each its own links), the config naming both task upstreams by URL,
+    callers on streamable HTTP: the task created through the first is the second's replay (the
+    same front id), and the second polls and cancels it, routed to `a`: one task, one effect."""
+    store_url = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
+    async with two_upstreams(tmp_path) as (upstreams, ledger_a, ledger_b):
+        config = tmp_path / "gateway.json"
+        servers = {u.name: {"url": u.url} for u in upstreams}
+        config.write_text(json.dumps({"mcpServers": servers}))
+
+        def replica(port: int) -> list[str]:
+            listen = ["--listen", f"127.0.0.1:{port}", "--store", store_url]
+            state = f"XDG_STATE_HOME={tmp_path / 'state'}"
+            return ["env", state, *proxy_command(*listen, "--config", str(config))]
+
+        replicas = [ServerProcess(replica, log=tmp_path / f"replica-{n}.log") for n in "12"]
+        try:
+            for process in replicas:
+                await anyio.to_thread.run_sync(process.start)
+
+            def over_http(url: str) -> Callable[[], Client]:
+                extensions = [TasksExtension()]
+                return lambda: Client(streamable_http_transport(url), extensions=extensions)
+
+            async with (
+                RetryingSession(connect=over_http(replicas[0].url)) as one,
+                RetryingSession(connect=over_http(replicas[1].url)) as two,
+            ):
+                created = await one.create_task("a_deploy", {"target": "eu"}, idempotency_key="h")
+                again = await two.create_task("a_deploy", {"target": "eu"}, idempotency_key="h")
+                assert isinstance(created, TaskCreated) and isinstance(again, TaskCreated)
+                assert created.task_id == again.task_id == f"a_{lines(ledger_a / 'tasks')[0]}"
+                assert (again.meta or {})[MARKER]["status"] == "replayed"
+                assert (await two.get_task(created.task_id)).status == "completed"
+                assert (await two.cancel_task(created.task_id)).task_id == created.task_id
+        finally:
+            for process in replicas:
+                process.kill()
+    assert len(lines(ledger_a / "effects")) == 1 and len(lines(ledger_a / "tasks")) == 1
+    assert lines(ledger_b / "calls") == []
