@@ -24,14 +24,18 @@ prefix) is an unknown task: -32602 "Task ID not found", as a task server answers
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from fastmcp.server.dependencies import bind_request_context
 from fastmcp.server.extensions import MethodBinding, ServerExtension
 from mcp import MCPError
+from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value, encode_header_value
 from mcp_types import INVALID_PARAMS
 from pydantic import BaseModel
+from starlette.requests import Request
 
 from idempotency import TaskCreated
 from orchestrator import TASK_RESULT_TYPE, TASKS_EXTENSION
@@ -77,6 +81,24 @@ def _unknown(task_id: str) -> MCPError:
     return MCPError(INVALID_PARAMS, f"Task {task_id} not found")
 
 
+def as_sent_upstream(ctx: Any, front: str, own: str) -> Any:
+    """The request context of a task request for the front's id `front`, as the upstream's
+    proxy is to see it: its HTTP request's routing header (`Mcp-Name`, which names the task on
+    the 2026-07-28 HTTP transport) naming the upstream's own id `own`, as its body does, when it
+    named `front`. A header naming another task is left as sent, for the proxy to refuse."""
+    request = getattr(ctx, "request", None)
+    if not isinstance(request, Request) or front == own:
+        return ctx
+    header = request.headers.get(MCP_NAME_HEADER)
+    if header is None or decode_header_value(header) != front:
+        return ctx
+    name = MCP_NAME_HEADER.encode("latin-1")
+    headers = [(k, v) for k, v in request.scope["headers"] if k.lower() != name]
+    headers.append((name, encode_header_value(own).encode("latin-1")))
+    rewritten = Request({**request.scope, "headers": headers}, request.receive)
+    return dataclasses.replace(ctx, request=rewritten)
+
+
 #: A front task id's upstream proxy, its prefix and the upstream's own id (None: no upstream's).
 Router = Callable[[str], "tuple[OnceProxy, str | None, str] | None"]
 
@@ -118,7 +140,9 @@ class TaskRoutes(ServerExtension):
             if binding is None:  # pragma: no cover - every proxy serves the extension
                 raise _unknown(task_id)
             inner = binding.params_type.model_validate({**fields, "taskId": own})
-            answer = await binding.handler(ctx, inner)
+            sent = as_sent_upstream(ctx, task_id, own)
+            with bind_request_context(sent):
+                answer = await binding.handler(sent, inner)
             if isinstance(answer, BaseModel):
                 answer = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
             if isinstance(answer, dict) and answer.get("taskId") == own:
