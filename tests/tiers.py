@@ -66,6 +66,7 @@ SLOW_PLACES = (
     "tests/proxy/test_proxy_gateway.py",  # real upstreams behind one front, one killed, one missing
     "tests/proxy/test_proxy_gateway_fleet.py",  # gateway replicas behind nginx, an upstream killed
     "tests/proxy/test_proxy_tasks.py",  # a task-capable HTTP upstream, an agent SIGKILLed
+    "tests/proxy/test_proxy_gateway_tasks.py",  # two task-capable HTTP upstreams, replicas
     "tests/server/test_reconcile_processes.py",  # payments servers killed mid-charge, restarted
     "tests/cli/test_demo_in_doubt.py",  # demo servers killed after paying, restarted
 )

@@ -27,6 +27,9 @@ Where it departs from FastMCP's, each for the guarantee:
   (`UpstreamStartFailed`, as a single proxy's).
 - `completion/complete` goes to the upstream whose prompt or resource template the reference
   names (FastMCP answers it from the front's own handler only).
+- Tasks (SEP-2663): a task's id on the front is `<server>_<taskId>`, and `tasks/get`,
+  `tasks/update` and `tasks/cancel` go to the upstream it names (`task_routes`); the front
+  serves the extension only if an upstream may task a call (`OnceGateway._offer_tasks`).
 """
 
 from __future__ import annotations
@@ -58,11 +61,13 @@ from mcp_types import (
 from idempotency import KeyStore
 from mcp_once._limits import DEFAULT_MAX_BODY, DEFAULT_MAX_IN_FLIGHT
 from mcp_once._upstream import Upstream, UpstreamConfigError, check_names
-from orchestrator import RetryPolicy
+from orchestrator import TASKS_EXTENSION, RetryPolicy
 
 from .completions import complete_upstream
+from .failures import UpstreamUnreachable
 from .policy import ProxyPolicy
 from .server import _VERSION, LinkedServer, OnceProxy, UpstreamMetadata, build_proxy
+from .task_routes import TaskRoutes, created_on_front, refusal_on_front
 from .upstream import UpstreamStartFailed
 
 logger = logging.getLogger("mcp_once.proxy")
@@ -160,7 +165,12 @@ class _Dispatch(Middleware):
         if found is None or "fastmcp" in (message.meta or {}):
             return await call_next(context)
         mount, name = found
-        return await mount.proxy.call_tool(name, message.arguments)
+        try:
+            result = await mount.proxy.call_tool(name, message.arguments)
+        except MCPError as exc:
+            raise refusal_on_front(exc, mount.prefix) from exc
+        # A task's id as the front hands it out, first answer and replay alike (`task_routes`).
+        return created_on_front(result, mount.prefix)  # type: ignore[return-value]
 
 
 class OnceGateway(LinkedServer):
@@ -183,6 +193,15 @@ class OnceGateway(LinkedServer):
             if own is not None:
                 return mount, own
         return None
+
+    def route_task(self, task_id: str) -> tuple[OnceProxy, str | None, str] | None:
+        """The proxy of the upstream whose task the front's `task_id` is, its prefix, and the
+        upstream's own id of it: routed as a tool name is (`task_routes`)."""
+        found = self.route(task_id)
+        if found is None:
+            return None
+        mount, own = found
+        return mount.proxy, mount.prefix, own
 
     def _route_reference(
         self, ref: CompletionReference
@@ -221,11 +240,26 @@ class OnceGateway(LinkedServer):
                 for proxy in self.proxies.values():
                     starting.start_soon(functools.partial(proxy.start, required=False))
             self._check_started()
+            await self._offer_tasks()
             self._open = True
             try:
                 yield self
             finally:
                 self._open = False
+
+    async def _offer_tasks(self) -> None:
+        """Serve the tasks extension (`task_routes`) if an upstream may task a call: one that
+        advertised it as it started, or an HTTP one not reached yet (it may, once it is back;
+        the front's capabilities are fixed once it serves). A stdio upstream never does (its
+        calls are plain calls, `tasks.py`), nor one that did not advertise it."""
+        if TASKS_EXTENSION in self._extensions:
+            return  # opened before
+        for proxy in self.proxies.values():
+            if await _may_task(proxy):
+                forwarding = proxy._extensions[TASKS_EXTENSION]
+                params = {b.method: b.params_type for b in forwarding.methods()}
+                self.add_extension(TaskRoutes(self.route_task, params))
+                return
 
     def _check_started(self) -> None:
         failed = [p for p in self.proxies.values() if p.start_failed is not None]
@@ -240,6 +274,18 @@ class OnceGateway(LinkedServer):
                 name,
                 name,
             )
+
+
+async def _may_task(proxy: OnceProxy) -> bool:
+    """Whether `proxy`'s upstream may create a task (`OnceGateway._offer_tasks`)."""
+    if proxy.link.upstream.url is None:
+        return False
+    try:
+        client = await proxy.link.client()
+    except UpstreamUnreachable:
+        return True  # not reached: it may, once it is back
+    capabilities = client.server_capabilities
+    return capabilities is not None and TASKS_EXTENSION in (capabilities.extensions or {})
 
 
 def build_gateway(

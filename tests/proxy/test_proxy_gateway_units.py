@@ -4,15 +4,19 @@ The front itself, with real upstreams, is `test_proxy_gateway.py`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from mcp.shared.inbound import decode_header_value
+from starlette.requests import Request
 
 from mcp_once._cli import main, parse_args
 from mcp_once._upstream import check_names
 from mcp_once.proxy import PolicyError, Upstream, UpstreamConfigError, parse_policy
+from mcp_once.proxy.task_routes import as_sent_upstream
 
 POLICY = {
     "tools": {"create_*": {"keys": "required"}, "create_order": {"retention": 60}},
@@ -130,3 +134,40 @@ def test_a_config_entry_serving_its_own_file_stops_at_once(
         main(["proxy", "--store", "memory://", "--config", config])
     assert caught.value.code == 2
     assert "proxy loop: 'all' -> 'all'" in capsys.readouterr().err
+
+
+@dataclasses.dataclass
+class _Sent:
+    """What `as_sent_upstream` reads and replaces of a request context: its HTTP request."""
+
+    request: Request | None
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (b"a_t-1", "t-1"),  # names the front's id: the upstream's proxy sees its own
+        (b"a_t-2", "a_t-2"),  # names another task: left as sent, for the proxy to refuse
+        (None, None),  # none sent: none made up
+    ],
+)
+def test_a_routed_task_request_names_the_upstreams_own_id_in_its_header(
+    header: bytes | None, expected: str | None
+) -> None:
+    """The gateway sends a task request on to the upstream's proxy with the upstream's own id
+    in its body; its `Mcp-Name` header (the task on the 2026-07-28 HTTP transport) is made to
+    agree, when it named the front's id, so the proxy's header check sees one task."""
+    headers = [(b"content-type", b"application/json")]
+    if header is not None:
+        headers.append((b"mcp-name", header))
+    ctx = _Sent(Request({"type": "http", "headers": headers}))
+    sent = as_sent_upstream(ctx, "a_t-1", "t-1")
+    assert sent.request.headers.get("mcp-name") == expected
+    assert sent.request.headers["content-type"] == "application/json"
+    assert as_sent_upstream(_Sent(None), "a_t-1", "t-1") == _Sent(None)  # not over HTTP
+
+
+def test_a_non_ascii_task_id_is_encoded_in_the_header() -> None:
+    ctx = _Sent(Request({"type": "http", "headers": [(b"mcp-name", b"a_t")]}))
+    sent = as_sent_upstream(ctx, "a_t", "tâche")
+    assert decode_header_value(sent.request.headers["mcp-name"]) == "tâche"
