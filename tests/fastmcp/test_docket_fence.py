@@ -68,7 +68,8 @@ class LegacyFinder:
     def find_spec(
         self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        return ModuleSpec(name, LegacyLoader()) if name == COMPONENTS else None
+        legacy = LegacyLoader()  # of the old protocol: not an importlib.abc.Loader
+        return ModuleSpec(name, legacy) if name == COMPONENTS else None  # type: ignore[arg-type]
 
 
 def test_the_hook_patches_components_as_they_are_imported(package: Path) -> None:
