@@ -76,17 +76,22 @@ class _Tasks(Extension):
     ) -> HandlerResult:
         if params.name != "deploy":
             return await call_next(ctx)
-        now = datetime.now(UTC).isoformat()
-        task = TaskCreated(
-            task_id=secrets.token_urlsafe(24),
-            status="working",
-            created_at=now,
-            last_updated_at=now,
-            ttl_ms=TTL_MS,
-            poll_interval_ms=500,
-        )
+        task = _new_task()
         self.created[task.task_id] = task
         return task
+
+
+def _new_task() -> TaskCreated:
+    """A task just created: a fresh id, `working`."""
+    now = datetime.now(UTC).isoformat()
+    return TaskCreated(
+        task_id=secrets.token_urlsafe(24),
+        status="working",
+        created_at=now,
+        last_updated_at=now,
+        ttl_ms=TTL_MS,
+        poll_interval_ms=500,
+    )
 
 
 def _server(store: KeyStore | None) -> tuple[MCPServer[Any], _Tasks]:
@@ -184,16 +189,7 @@ async def _round_trips(call: Call, url: str) -> dict[str, float]:
 
 def _payload() -> bytes:
     """A `CreateTaskResult`'s size on the wire, as the record keeps it."""
-    now = datetime.now(UTC).isoformat()
-    task = TaskCreated(
-        task_id=secrets.token_urlsafe(24),
-        status="working",
-        created_at=now,
-        last_updated_at=now,
-        ttl_ms=TTL_MS,
-        poll_interval_ms=500,
-    )
-    return task.model_dump_json(by_alias=True).encode()
+    return _new_task().model_dump_json(by_alias=True).encode()
 
 
 def _summary(rounds: list[dict[str, list[float]]]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,8 +139,11 @@ def serve(port: int, env: dict[str, str], *, wait: bool = True) -> subprocess.Po
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
-    """Until `process` listens on `port` (raises if it exits first, or after 30 s)."""
-    for _ in range(600):
+    """Until `process` listens on `port` (raises if it exits first, or after 90 s: a server
+    process imports FastMCP and Docket, which took over 30 s with three starting at once on a
+    loaded 2-core machine)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
@@ -320,16 +324,32 @@ def replicas(url: str, folder: Path) -> list[tuple[str, bool, str]]:
                         await anyio.sleep(0.02)  # (nginx, another process, writes the log)
                 return [request.upstreams[-1] for request in requests]
 
+            async def landed(method: str, since: int) -> str:
+                """The upstream of the first `method` request nginx logged after `since`."""
+
+                def of(method: str) -> list[Any]:
+                    return [r for r in nginx.requests()[since:] if f'"{method}"' in r.body]
+
+                with anyio.fail_after(30):
+                    while not (found := of(method)):  # noqa: ASYNC110
+                        await anyio.sleep(0.02)  # (nginx, another process, writes the log)
+                return found[0].upstreams[-1]
+
             async def after(upstream: str, client: Client[Any]) -> None:
                 """Until the last request nginx logged went to `upstream`: round-robin then sends
                 the next one to the other replica (pings, themselves round-robin, in between)."""
-                while (seen := await logged(len(nginx.requests())))[-1] != upstream:
+                for _ in range(len(ports) + 1):
+                    seen = await logged(len(nginx.requests()))
+                    if seen[-1] == upstream:
+                        return
                     await client.ping()
                     await logged(len(seen) + 1)
+                raise RuntimeError(f"nginx did not alternate: {seen}")
 
             async def run() -> tuple[str, str, str, Any, str]:
                 transport = SDKStreamTransport(lambda: chaos.wrap(nginx.url))
                 async with Client(transport) as client:
+                    count = len(nginx.requests())
                     try:
                         with anyio.fail_after(5):
                             await client.session.call_tool(
@@ -338,14 +358,14 @@ def replicas(url: str, folder: Path) -> list[tuple[str, bool, str]]:
                         lost = "answered"
                     except TimeoutError:
                         lost = "lost"
-                    calls = [r for r in nginx.requests() if '"tools/call"' in r.body]
-                    creator = calls[-1].upstreams[-1] if calls else "?"
+                    # The lost call's request, once nginx logged it (the replica answered).
+                    creator = await landed("tools/call", count)
                     await after(creator, client)
                     count = len(nginx.requests())
                     again = await client.session.call_tool(
                         "deploy", args, meta=meta, allow_claimed=True
                     )
-                    resent = (await logged(count + 1))[count]
+                    resent = await landed("tools/call", count)
                     task_id = str(again.task_id)
                     with anyio.fail_after(60):
                         # Polling tasks/get is the protocol's way to wait (SEP-2663).
@@ -354,7 +374,7 @@ def replicas(url: str, folder: Path) -> list[tuple[str, bool, str]]:
                     await after(creator, client)
                     count = len(nginx.requests())
                     got = await _send_get(client.session, task_id)
-                    getter = (await logged(count + 1))[count]
+                    getter = await landed("tasks/get", count)
                     status = ((again.meta or {}).get(wire.IDEMPOTENCY_META) or {}).get("status")
                     return lost, creator, resent, (task_id, status, got), getter
 
