@@ -55,6 +55,9 @@ class Scale:
     hop_seconds: float = 3.0
     hop_startups: int = 3
     hop_every_target: bool = True
+    #: Task creation (`task_creation.py`): rounds, and calls per variant per round.
+    task_rounds: int = 5
+    task_calls: int = 300
 
 
 FULL = Scale(
@@ -100,6 +103,8 @@ QUICK = Scale(
     hop_calls=80,
     hop_rounds=1,
     hop_seconds=0.5,
+    task_rounds=2,
+    task_calls=80,
 )
 
 #: For the test suite: every code path, figures too short to mean anything.
@@ -127,6 +132,8 @@ SMOKE = Scale(
     hop_seconds=0.1,
     hop_startups=1,
     hop_every_target=False,
+    task_rounds=1,
+    task_calls=10,
 )
 
 

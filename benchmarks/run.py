@@ -56,6 +56,7 @@ SECTIONS = (
     "outage",
     "run_journal",
     "proxy_hop",
+    "task_creation",
 )
 REPRODUCE = {
     "full": "uv run --group bench python -m benchmarks.run",
@@ -122,6 +123,10 @@ def _section(name: str) -> Callable[..., dict[str, Any]]:
         from . import proxy_hop
 
         return proxy_hop.measure
+    if name == "task_creation":
+        from . import task_creation
+
+        return task_creation.measure
     from . import outage
 
     return outage.measure
@@ -285,6 +290,8 @@ def _targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     )
     # The proxy hop's own rows (issue 46), each beside the SDK floor measured in the same run.
     rows.extend(out.get("proxy_hop_targets") or [])
+    # Issue 44: a task creation's added cost, beside the plain call's and one store write.
+    rows.extend(out.get("task_creation_targets") or [])
     for journal in ("sqlite", "redis"):
         value = out.get(f"journal_bytes_per_entry_{journal}")
         rows.append(
@@ -420,6 +427,9 @@ def _headline(out: dict[str, Any], results: dict[str, Any]) -> None:
     hop = results.get("proxy_hop", {})
     if "targets" in hop:
         out["proxy_hop_targets"] = hop["targets"]
+    tasks = results.get("task_creation", {})
+    if "targets" in tasks:
+        out["task_creation_targets"] = tasks["targets"]
     rm = results.get("record_memory", {})
     if "record_overhead_bytes" in rm:
         out["record_overhead_bytes"] = rm["record_overhead_bytes"]

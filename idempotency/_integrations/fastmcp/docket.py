@@ -57,7 +57,7 @@ _COMPONENTS = "fastmcp_tasks.components"
 def install(run_body: RunBody, guarded: Callable[[Any], bool]) -> None:
     """Fence the bodies `fastmcp_tasks` registers from now on with `run_body`, on servers that
     are `guarded` (once per process): now if `fastmcp_tasks` is imported, else when it is."""
-    if _COMPONENTS in sys.modules or "fastmcp_tasks" in sys.modules:
+    if "fastmcp_tasks" in sys.modules:  # its components are imported with it, or by this
         _patch(importlib.import_module(_COMPONENTS), run_body, guarded)
     elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport(lambda module: _patch(module, run_body, guarded)))
@@ -65,7 +65,9 @@ def install(run_body: RunBody, guarded: Callable[[Any], bool]) -> None:
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Patches `fastmcp_tasks.components` right after it is first executed (and before any
-    lifespan can look `reentrant_task_fn` up), then leaves `sys.meta_path`."""
+    lifespan can look `reentrant_task_fn` up), then leaves `sys.meta_path`. A loader it cannot
+    hook (no `exec_module`) fails the import: the module would load unpatched, every task body
+    unfenced (rule 23), and nothing would say so."""
 
     def __init__(self, patch: Callable[[ModuleType], None]) -> None:
         self.patch = patch
@@ -76,10 +78,24 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         if name != _COMPONENTS:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        loader = None if spec is None else spec.loader
+        # The spec the other finders give (a path entry, an editable install's finder, ...).
+        spec = next(
+            (
+                found
+                for finder in sys.meta_path
+                if hasattr(finder, "find_spec")
+                and (found := finder.find_spec(name, path, target)) is not None
+            ),
+            None,
+        )
+        if spec is None:
+            return None  # not there: the import fails as it would without the hook
+        loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
-            return spec
+            raise RuntimeError(
+                f"{_COMPONENTS} is loaded by {type(loader).__name__}, which has no exec_module: "
+                "mcp-once cannot fence the task bodies it registers (rule 23)"
+            )
         execute = loader.exec_module
 
         def exec_module(module: ModuleType) -> None:

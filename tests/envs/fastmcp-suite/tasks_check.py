@@ -8,6 +8,12 @@ returned (its result stored) before Docket completed the execution, the redelive
 (one ledger line, the task completed with it); killed mid-body after its effect, the
 redelivery finds the body's record UNKNOWN (-32012, the task failed, one ledger line) and
 `mcp-once keys settle` settles it. Without the fence both redeliveries run the body again.
+Last, two replicas (`tasks_server.py` as frontends) behind a local nginx, round-robin, with the
+bodies in a Docket worker process of their own: a keyed call whose `CreateTaskResult` is lost
+(`orchestrator.chaos`), re-sent so that it provably lands on the other replica (nginx's access
+log and each replica's own log of the requests it answered), gets the same task; one task, one
+line in the fsynced ledger (written by the worker process), and `tasks/get` on the replica that
+did not create the task answers its result.
 
 fastmcp-tasks 4.1.6 is not on PyPI, so this runs in the suite's environment with the sdist's
 `fastmcp_tasks/` on the path (as `run.py` does; `--source` as there, filled by `run.py`):
@@ -28,12 +34,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 KEY = "check-1"
+#: tests/, for the suite's nginx harness (`nginx_server.NginxServer`, the deployed location block).
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -117,19 +126,24 @@ def refusal() -> tuple[str, bool, str]:
     )
 
 
-def serve(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`tasks_server.py` on `port` (its Docket worker inside), once it accepts connections."""
+def serve(port: int, env: dict[str, str], *, wait: bool = True) -> subprocess.Popen[bytes]:
+    """`tasks_server.py` on `port` (its Docket worker inside), once it accepts connections
+    (`wait=False`: at once, for processes started side by side)."""
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("tasks_server.py")), str(port)],
         env={**os.environ, **env},
     )
-    wait_for_port(port, process)
+    if wait:
+        wait_for_port(port, process)
     return process
 
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
-    """Until `process` listens on `port` (raises if it exits first, or after 30 s)."""
-    for _ in range(600):
+    """Until `process` listens on `port` (raises if it exits first, or after 90 s: a server
+    process imports FastMCP and Docket, which took over 30 s with three starting at once on a
+    loaded 2-core machine)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
@@ -245,6 +259,167 @@ def redelivery(url: str, folder: Path, kill: str) -> list[tuple[str, bool, str]]
     ]
 
 
+def worker_process(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`tasks_server.py`'s Docket worker as a process of its own (fastmcp-tasks' worker CLI)."""
+    command = [sys.executable, "-m", "fastmcp_tasks.worker_cli", "worker", "tasks_server.py"]
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            cwd=Path(__file__).parent,
+            stdout=sink,
+            stderr=sink,
+        )
+
+
+def arrivals(path: Path) -> list[dict[str, Any]]:
+    """A replica's own log: one JSON object per request it answered."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def replicas(url: str, folder: Path) -> list[tuple[str, bool, str]]:
+    """Two frontends behind nginx, one worker process: the lost creation re-sent on the other
+    replica gets the same task; `tasks/get` there answers the task's result."""
+    sys.path.insert(0, str(TESTS))
+    from fastmcp import Client
+    from fastmcp_tasks.client import _send_get
+    from nginx_server import NginxServer, nginx_binary
+    from redis import Redis
+
+    from idempotency import wire
+    from orchestrator.chaos import Chaos, Fault, FaultPlan
+    from orchestrator.fastmcp import SDKStreamTransport
+
+    binary = nginx_binary()
+    if binary is None:
+        return [("[replicas] nginx is installed", False, "no nginx on PATH or in /usr/sbin")]
+    ledger = folder / "ledger-replicas"
+    env = {
+        "TASKS_CHECK_REDIS": url,
+        "TASKS_CHECK_DOCKET": "works-replicas",
+        "TASKS_CHECK_LEDGER": str(ledger),
+        "PYTHONPATH": os.pathsep.join([*sys.path[1:2], os.environ.get("PYTHONPATH", "")]),
+    }
+    meta = {wire.KEY_META: "replicas-1"}
+    args = {"env": "prod"}
+    worker = worker_process(env, folder / "worker.log")
+    ports = [free_port(), free_port()]
+    logs = [folder / f"arrivals-{n}" for n in range(2)]
+    frontends: list[subprocess.Popen[bytes]] = []
+    chaos = Chaos(FaultPlan(schedule={1: Fault.LOST_ACK}, tools={"deploy"}), seed=44)
+    try:
+        for port, log in zip(ports, logs, strict=True):
+            frontend = {"TASKS_CHECK_CONCURRENCY": "0", "TASKS_CHECK_ARRIVALS": str(log)}
+            frontends.append(serve(port, {**env, **frontend}, wait=False))
+        for port, process in zip(ports, frontends, strict=True):
+            wait_for_port(port, process)
+        upstreams = [f"127.0.0.1:{port}" for port in ports]
+        with NginxServer(binary, upstreams) as nginx:
+
+            async def logged(count: int) -> list[str]:
+                """The upstream of each request nginx logged, once it has logged `count`."""
+                with anyio.fail_after(30):
+                    while len(requests := nginx.requests()) < count:  # noqa: ASYNC110
+                        await anyio.sleep(0.02)  # (nginx, another process, writes the log)
+                return [request.upstreams[-1] for request in requests]
+
+            async def landed(method: str, since: int) -> str:
+                """The upstream of the first `method` request nginx logged after `since`."""
+
+                def of(method: str) -> list[Any]:
+                    return [r for r in nginx.requests()[since:] if f'"{method}"' in r.body]
+
+                with anyio.fail_after(30):
+                    while not (found := of(method)):  # noqa: ASYNC110
+                        await anyio.sleep(0.02)  # (nginx, another process, writes the log)
+                return found[0].upstreams[-1]
+
+            async def after(upstream: str, client: Client[Any]) -> None:
+                """Until the last request nginx logged went to `upstream`: round-robin then sends
+                the next one to the other replica (pings, themselves round-robin, in between)."""
+                for _ in range(len(ports) + 1):
+                    seen = await logged(len(nginx.requests()))
+                    if seen[-1] == upstream:
+                        return
+                    await client.ping()
+                    await logged(len(seen) + 1)
+                raise RuntimeError(f"nginx did not alternate: {seen}")
+
+            async def run() -> tuple[str, str, str, Any, str]:
+                transport = SDKStreamTransport(lambda: chaos.wrap(nginx.url))
+                async with Client(transport) as client:
+                    count = len(nginx.requests())
+                    try:
+                        with anyio.fail_after(5):
+                            await client.session.call_tool(
+                                "deploy", args, meta=meta, allow_claimed=True
+                            )
+                        lost = "answered"
+                    except TimeoutError:
+                        lost = "lost"
+                    # The lost call's request, once nginx logged it (the replica answered).
+                    creator = await landed("tools/call", count)
+                    await after(creator, client)
+                    count = len(nginx.requests())
+                    again = await client.session.call_tool(
+                        "deploy", args, meta=meta, allow_claimed=True
+                    )
+                    resent = await landed("tools/call", count)
+                    task_id = str(again.task_id)
+                    with anyio.fail_after(60):
+                        # Polling tasks/get is the protocol's way to wait (SEP-2663).
+                        while (await _send_get(client.session, task_id)).status != "completed":  # noqa: ASYNC110
+                            await anyio.sleep(0.05)
+                    await after(creator, client)
+                    count = len(nginx.requests())
+                    got = await _send_get(client.session, task_id)
+                    getter = await landed("tasks/get", count)
+                    status = ((again.meta or {}).get(wire.IDEMPOTENCY_META) or {}).get("status")
+                    return lost, creator, resent, (task_id, status, got), getter
+
+            lost, creator, resender, (task_id, status, got), getter = anyio.run(run)
+    finally:
+        for process in [*frontends, worker]:
+            process.terminate()
+            process.wait()
+    # One Docket execution (a "runs" hash per task) on the shared queue: one task, not two.
+    runs = list(Redis.from_url(url).scan_iter(f"{env['TASKS_CHECK_DOCKET']}:runs:*"))
+    where = {f"127.0.0.1:{port}": n for n, port in enumerate(ports)}
+    own = [[e for e in arrivals(log) if e["method"] == "tools/call"] for log in logs]
+    first, second = where.get(creator), where.get(resender)
+    text = "".join(c.get("text", "") for c in (got.result or {}).get("content", []))
+    effects = ledger.read_text(encoding="utf-8").split() if ledger.exists() else []
+    return [
+        ("[replicas] the first CreateTaskResult lost", lost == "lost", lost),
+        (
+            "[replicas] the re-send reached the other replica (nginx's log)",
+            None not in (first, second) and first != second,
+            f"created on {first}, re-sent to {second}",
+        ),
+        (
+            "[replicas] ... and each replica's own log",
+            first is not None
+            and second is not None
+            and [e["task"] for e in own[first]] == [task_id]
+            and [e["task"] for e in own[second]] == [task_id],
+            f"replica {first}: {own[first] if first is not None else '?'}; "
+            f"replica {second}: {own[second] if second is not None else '?'}",
+        ),
+        ("[replicas] the re-send gets the same task, replayed", status == "replayed", task_id),
+        (
+            "[replicas] one task, one effect (by the worker process)",
+            len(runs) == 1 and effects == ["prod", str(worker.pid)],
+            f"{len(runs)} Docket run(s), ledger {effects}, worker pid {worker.pid}",
+        ),
+        (
+            "[replicas] tasks/get on the other replica answers the result",
+            where.get(getter) == second and got.status == "completed" and text == "deployed prod",
+            f"replica {where.get(getter)}: {got.status}, {text!r}",
+        ),
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, default=Path("/tmp/fastmcp-4.1.6"))
@@ -270,6 +445,7 @@ def main() -> int:
             results = anyio.run(check, url)
             for kill in ("completed", "effect"):
                 results += redelivery(url, Path(folder), kill)
+            results += replicas(url, Path(folder))
         finally:
             redis.terminate()
             redis.wait()
