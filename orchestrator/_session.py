@@ -520,11 +520,12 @@ class RetryingSession:
         params = UpdateTaskParams(task_id=_task_id(task_id), input_responses=dict(input_responses))
         await self._read(UpdateTask(params=params), TASK_UPDATED, attempts=1)
 
-    async def cancel_task(self, task_id: str) -> TaskState:
-        """`tasks/cancel`: the task's status after it. Sent once (a lost answer is raised as it
-        came: poll `get_task` to learn where the task stands)."""
+    async def cancel_task(self, task_id: str) -> None:
+        """`tasks/cancel`: ask the task to stop. SEP-2663 answers with an empty acknowledgement,
+        not the task's status (poll `get_task` for that: a cancellation is cooperative, the task
+        may still complete). Sent once (a lost answer is raised as it came)."""
         request = CancelTask(params=TaskIdParams(task_id=_task_id(task_id)))
-        return await self._read(request, TASK_STATE, attempts=1)
+        await self._read(request, TASK_UPDATED, attempts=1)
 
     async def _read(
         self, request: Request[Any, Any], answer: TypeAdapter[_T], attempts: int | None = None

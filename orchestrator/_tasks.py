@@ -52,7 +52,7 @@ TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 
 class _TaskFields(Result):
-    """The fields every task answer carries (`CreateTaskResult`, `tasks/get`, `tasks/cancel`);
+    """The fields every task answer carries (`CreateTaskResult`, `tasks/get`);
     a field a server adds is kept, so that the proxy stores and forwards the task as it came."""
 
     model_config = ConfigDict(extra="allow")
@@ -75,7 +75,7 @@ class TaskCreated(_TaskFields):
 
 
 class TaskState(_TaskFields):
-    """`tasks/get`'s (and `tasks/cancel`'s) answer: the task's status and, once it is terminal,
+    """`tasks/get`'s answer: the task's status and, once it is terminal,
     its outcome inlined: `result` (the tool's `CallToolResult`, as a mapping) or `error` (a
     JSON-RPC error object); `input_requests` while it waits for `tasks/update`."""
 
@@ -131,10 +131,10 @@ class UpdateTask(Request[UpdateTaskParams, Literal["tasks/update"]]):
     params: UpdateTaskParams
 
 
-#: `tasks/get`'s and `tasks/cancel`'s answer.
+#: `tasks/get`'s answer.
 TASK_STATE: TypeAdapter[TaskState] = TypeAdapter(TaskState)
 
-#: `tasks/update`'s answer (an acknowledgement).
+#: `tasks/update`'s and `tasks/cancel`'s answer (an acknowledgement, SEP-2663).
 TASK_UPDATED: TypeAdapter[Result] = TypeAdapter(Result)
 
 #: What a task-augmented `tools/call` may be answered with: the task (tried first: it needs a
