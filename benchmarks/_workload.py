@@ -54,11 +54,11 @@ def pair_script_source() -> str:
     """claim.lua then complete.lua in ONE script: the server-side work of a claim+complete pair
     at the network cost of one request, for `redis-benchmark` (which cannot chain two commands).
 
-    ARGV: offset, fingerprint, lease_us, takeover, token, retention_us, result, said, audit,
-    index — the claim's first five (then '' for the tool name, as `store.claim` without `tool=`
-    sends, and no re-send), the complete's retention and result, and the trailer every script
-    reads at the end of the script's own ARGV (lib.lua): '' and '' (no history), and the
-    in-doubt index both keep (`INDEX`).
+    ARGV: offset, fingerprint, lease_us, takeover, token, retention_us, result, index, said,
+    audit — the claim's first five (then '' for the tool name, as `store.claim` without `tool=`
+    sends, and no re-send), the complete's retention and result, and the trailer every audited
+    script reads at the end of its own ARGV (lib.lua: index, said, audit, mac): the in-doubt
+    index both keep (`INDEX`), then '', '' and '' (no history).
     """
     prelude = lua.CLAIM.source.split("\n-- claim(KEYS[1]", 1)[0]
     claim_body = lua.CLAIM.source[len(prelude) :]
@@ -70,10 +70,10 @@ def pair_script_source() -> str:
         f"local function claim_step(KEYS, ARGV)\n{claim_body}\nend\n"
         f"local function complete_step(KEYS, ARGV)\n{complete_body}\nend\n"
         "local c = claim_step(KEYS, {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], '', '0', '0',"
-        " ARGV[8], ARGV[9], ARGV[10]})\n"
+        " ARGV[8], ARGV[9], ARGV[10], ''})\n"
         "if c[1] ~= 'claimed' then return c end\n"
         "return complete_step(KEYS,"
-        " {ARGV[1], ARGV[5], ARGV[6], ARGV[7], '0', '0', ARGV[8], ARGV[9], ARGV[10]})\n"
+        " {ARGV[1], ARGV[5], ARGV[6], ARGV[7], '0', '0', ARGV[8], ARGV[9], ARGV[10], ''})\n"
     )
 
 

@@ -182,8 +182,9 @@ def _pair_commands(run: str, n: int) -> tuple[Args, Args]:
     rkey = _workload.PREFIX.encode() + b"{" + key.encode() + b"}"
     token = _workload.new_token()
     retention_us = int(_workload.RETENTION * 1e6)
-    # No history kept (said and audit ''), the in-doubt index as the store names it.
-    trailer = (b"", b"", _workload.INDEX)
+    # The audited scripts' trailer (lib.lua) as a store without histories sends it: the in-doubt
+    # index as the store names it, then said, audit and mac ''.
+    trailer = (_workload.INDEX, b"", b"", b"")
     claim: Args = (
         b"EVALSHA", lua.CLAIM.sha, 1, rkey, 0, pack_fingerprint(fp), int(_workload.LEASE * 1e6),
         0, token, b"", 0, 0, *trailer,  # no tool name, as `store.claim` without `tool=` sends
@@ -367,9 +368,9 @@ def redis_benchmark_command(port: int, sha: str, concurrency: int, requests: int
         "t" * 32,  # tokens are 32 hex characters
         str(int(_workload.RETENTION * 1e6)),
         _workload.result_bytes().decode(),
-        "",  # no history: said and audit '' (the scripts read them at the end of ARGV)
-        "",
-        _workload.INDEX.decode(),
+        _workload.INDEX.decode(),  # the trailer (lib.lua): the in-doubt index, then no history:
+        "",  # said,
+        "",  # audit
     ]
 
 

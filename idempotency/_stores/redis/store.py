@@ -364,6 +364,11 @@ class RedisKeyStore:
         #: Histories are written (format 3); off with history=False or record_format=2.
         self._history = history and record_format == RECORD_FORMAT
         self._audit_stream = audit_stream
+        #: The audited scripts' trailers (`_trailer`) when nothing is said, built once: most
+        #: transitions send one of these.
+        stream = self._prefix_bytes + b"audit" if audit_stream else b"-"
+        self._stream = stream if self._history else b""
+        self._quiet_trailer = (self._index, b"", self._stream, b"")
         #: The key this store MACs and seals histories with; None: plain digests.
         self.audit_key = audit_keys.resolve(audit_key, audit_key_file)
         # wait(): the first re-read after no news, doubling up to the cap (missed messages).
@@ -504,7 +509,7 @@ class RedisKeyStore:
         )
         # Sent again after a lost reply, the claim says so (`resent`): see claim.lua.
         first, again = _resendable(doubted is not None, *args)
-        trailer = self._trailer(rkey, chain.claimed(chain.said()))
+        trailer = self._trailer(rkey, chain.claimed(chain.said()) if self._history else "")
         first, again = (*first, *trailer), (*again, *trailer)
         try:
             if not self._durable:
@@ -548,9 +553,11 @@ class RedisKeyStore:
         doubtful = bool(self._doubts.entries) and self._doubts.holds(rkey, *doubt)
         args, resent = _resendable(doubtful, token, retention_us, result)
         mark = 1 if delivered else 0
-        told = chain.said()
-        verdict = chain.reconciled(told) if told.reconciled else ""
-        said = ",".join(part for part in (verdict, chain.details(u=told.upstream)) if part)
+        said = ""
+        if self._history:
+            told = chain.said()
+            verdict = chain.reconciled(told) if told.reconciled else ""
+            said = ",".join(part for part in (verdict, chain.details(u=told.upstream)) if part)
         trailer = self._trailer(rkey, said)
         args, resent = (*args, mark, *trailer), (*resent, mark, *trailer)
         if not self._durable:
@@ -974,12 +981,11 @@ class RedisKeyStore:
         `history.py`), and the record's history key ('' without an audit key:
         `RecordMac.script_argument`)."""
         if not self._history:
-            return self._index, b"", b"", b""
-        stream = self._prefix_bytes + b"audit" if self._audit_stream else b"-"
+            return self._quiet_trailer
         if self.audit_key is None:
-            return self._index, said.encode(), stream, b""
+            return (self._index, said.encode(), self._stream, b"") if said else self._quiet_trailer
         mac = self.audit_key.record(self._key_of(rkey)).script_argument()
-        return self._index, said.encode(), stream, mac
+        return self._index, said.encode(), self._stream, mac
 
     async def history(self, key: str) -> str | None:
         """The record's history as stored (`history.parse` reads it); None: it has none."""

@@ -77,9 +77,48 @@ local function int(n)
     return string.format('%d', n)
 end
 
+-- Each format's whole layout up to the result, for one struct.unpack (`c0`: as many bytes as the
+-- number before it says) and one struct.pack (`c0`: the whole string): a record is read and
+-- written with one call each instead of one per field, which is most of a script's work.
+local LAYOUT = {
+    [FORMAT] = HEAD .. 'Hc0Bc0',
+    [FORMAT_WITH_TOOL] = HEAD .. 'Hc0Bc0Bc0',
+    [FORMAT_HISTORY] = HEAD .. 'Hc0Bc0Bc0I4c0',
+}
+
+-- The fields of a record that reads whole with its format's LAYOUT, checked as `checked` checks
+-- them (nil, why), or nil (nil reason) when the bytes do not: `checked` then names the flaw.
+local function checked(rec, st, fence, att, cr, up, ls, cp, ex, tlen)
+    if st < IN_PROGRESS or st > RELEASED then
+        return nil, 'unknown state ' .. int(st)
+    end
+    if fence < 1 or att < 1 or cr <= 0 or up <= 0 then
+        return nil, 'fence, attempts or timestamps out of range'
+    end
+    if (st == IN_PROGRESS) ~= (tlen == TOKEN_BYTES) or (st ~= IN_PROGRESS and tlen ~= 0) then
+        return nil, 'token does not match the state'
+    end
+    if (st == UNKNOWN and ex ~= 0) or ((st == COMPLETED or st == RELEASED) and ex == 0) then
+        return nil, 'expiry does not match the state'
+    end
+    if st == IN_PROGRESS then
+        rec.expires = 0 -- kept until it ends, whatever expiry it was stored with
+    end
+    rec.saved_state = st
+    if (st == IN_PROGRESS and ls <= 0) or (st == COMPLETED and cp <= 0) then
+        return nil, 'deadline missing for the state'
+    end
+    if st ~= COMPLETED and #rec.result ~= 0 then
+        return nil, 'result stored in a record that is not completed'
+    end
+    return rec
+end
+
 -- Listings read records without a script: idempotency/_stores/redis/record.py decodes this same
 -- layout in Python, refusing what this refuses with the same words (a test reads both ways).
-local function decode(raw)
+-- The field-by-field reading (`decode_fields`) is only for bytes the one-call reading refuses,
+-- to name what is wrong with them.
+local function decode_fields(raw)
     if #raw < HEAD_BYTES + 3 then
         return nil, 'shorter than a record header'
     end
@@ -130,29 +169,36 @@ local function decode(raw)
         completed = cp, expires = ex, fp = fp, token = token, tool = tool,
         result = string.sub(raw, pos), format = v, hist = hist,
     }
-    if st < IN_PROGRESS or st > RELEASED then
-        return nil, 'unknown state ' .. int(st)
+    return checked(rec, st, fence, att, cr, up, ls, cp, ex, tlen)
+end
+
+local function decode(raw)
+    local layout = LAYOUT[string.byte(raw, 1)]
+    if layout == nil or #raw < HEAD_BYTES + 3 then
+        return decode_fields(raw)
     end
-    if fence < 1 or att < 1 or cr <= 0 or up <= 0 then
-        return nil, 'fence, attempts or timestamps out of range'
+    local ok, v, st, fence, att, cr, up, ls, cp, ex, fp, token, a, b, c = pcall(struct.unpack,
+        layout, raw)
+    if not ok then
+        return decode_fields(raw)
     end
-    if (st == IN_PROGRESS) ~= (tlen == TOKEN_BYTES) or (st ~= IN_PROGRESS and tlen ~= 0) then
-        return nil, 'token does not match the state'
+    -- after the token: format 1 the position; 2 the tool, the position; 3 the tool, the history,
+    -- the position
+    local tool, hist, pos = '', nil, a
+    if v == FORMAT_WITH_TOOL then
+        if #a == 0 then
+            return nil, 'truncated tool name'
+        end
+        tool, pos = a, b
+    elseif v == FORMAT_HISTORY then
+        tool, hist, pos = a, b, c
     end
-    if (st == UNKNOWN and ex ~= 0) or ((st == COMPLETED or st == RELEASED) and ex == 0) then
-        return nil, 'expiry does not match the state'
-    end
-    if st == IN_PROGRESS then
-        rec.expires = 0 -- kept until it ends, whatever expiry it was stored with
-    end
-    rec.saved_state = st
-    if (st == IN_PROGRESS and ls <= 0) or (st == COMPLETED and cp <= 0) then
-        return nil, 'deadline missing for the state'
-    end
-    if st ~= COMPLETED and #rec.result ~= 0 then
-        return nil, 'result stored in a record that is not completed'
-    end
-    return rec
+    local rec = {
+        state = st, fence = fence, attempts = att, created = cr, updated = up, lease = ls,
+        completed = cp, expires = ex, fp = fp, token = token, tool = tool,
+        result = string.sub(raw, pos), format = v, hist = hist,
+    }
+    return checked(rec, st, fence, att, cr, up, ls, cp, ex, #token)
 end
 
 -- The stored record, nil when there is none, or nil plus why it cannot be read as ours.
@@ -169,21 +215,22 @@ end
 
 -- The record's bytes: format 3 when it carries a history (r.hist), else 1 or 2.
 local function encode(r)
-    local format, tool = FORMAT, ''
-    if r.hist ~= nil then
-        format = FORMAT_HISTORY
-        tool = string.char(#r.tool) .. r.tool .. struct.pack('>I4', #r.hist) .. r.hist
-    elseif #r.tool > 0 then
-        format, tool = FORMAT_WITH_TOOL, string.char(#r.tool) .. r.tool
-    end
     local expires = r.expires
     if r.state == IN_PROGRESS then
         expires = NEVER
     end
-    return struct.pack(HEAD, format, r.state, r.fence, r.attempts, r.created, r.updated,
-            r.lease, r.completed, expires)
-        .. struct.pack('>H', #r.fp) .. r.fp .. string.char(#r.token) .. r.token .. tool
-        .. r.result
+    local fp, token, tool, hist = r.fp, r.token, r.tool, r.hist
+    if hist ~= nil then
+        return struct.pack(LAYOUT[FORMAT_HISTORY], FORMAT_HISTORY, r.state, r.fence, r.attempts,
+            r.created, r.updated, r.lease, r.completed, expires, #fp, fp, #token, token, #tool,
+            tool, #hist, hist) .. r.result
+    elseif #tool > 0 then
+        return struct.pack(LAYOUT[FORMAT_WITH_TOOL], FORMAT_WITH_TOOL, r.state, r.fence,
+            r.attempts, r.created, r.updated, r.lease, r.completed, expires, #fp, fp, #token,
+            token, #tool, tool) .. r.result
+    end
+    return struct.pack(LAYOUT[FORMAT], FORMAT, r.state, r.fence, r.attempts, r.created,
+        r.updated, r.lease, r.completed, expires, #fp, fp, #token, token) .. r.result
 end
 
 -- Whether a record in `state` is in doubt, or may turn so: IN_PROGRESS or UNKNOWN.
@@ -447,17 +494,15 @@ local function claimed_last(text)
     if string.byte(text, found + 1) == 94 then -- '^': an anchored line, PREV| first
         found = found + 2 + DIGEST_CHARS
     end
-    local at, code = string.match(text, '^(%d+)|(%a)|', found + 1)
-    if code == 'C' then
-        return tonumber(at)
-    end
-    return nil
+    local at = string.match(text, '^(%d+)|C|', found + 1)
+    return at and tonumber(at)
 end
 
 -- The common case, without splitting the history into lines: an event that is not counted, on a
 -- history short enough that it needs no trimming, chains to the last 16 characters (the last
 -- digest). A completion takes its claim's time from the last line; nil (another last line):
--- use `append_full`. The event lines after it, and the line.
+-- use `append_full`. The event lines after it, then the line (nil when the history had lines
+-- before it: the line is then its last `size` bytes), then `size`.
 local function append_fast(text, r, code, info, now, keyed)
     local at = math.floor(now / 1000)
     local body
@@ -470,8 +515,14 @@ local function append_fast(text, r, code, info, now, keyed)
     else
         body = event_body(at, code, r, info)
     end
-    local line = body .. '|' .. chained(keyed, string.sub(text, -DIGEST_CHARS), body)
-    return #text > 0 and (text .. '\n' .. line) or line, line
+    local digest = chained(keyed, string.sub(text, -DIGEST_CHARS), body)
+    if #text == 0 then
+        local line = body .. '|' .. digest
+        return line, line
+    end
+    -- one string for the history, not the line and then the history: the line is cut from it
+    -- only for the audit stream (`record_event`)
+    return text .. '\n' .. body .. '|' .. digest, nil, #body + #digest + 1
 end
 
 -- Any event, splitting the history into lines: counted ones replace a last line they repeat,
@@ -574,16 +625,21 @@ local function record_event(key, r, code, info, now, counted)
         local at = string.find(text, '\n', 1, true) or #text + 1
         seal, text = string.sub(text, 1, at - 1), string.sub(text, at + 1)
     end
-    local new, line, grew, dropped
+    local new, line, grew, dropped, size
     if not counted and #text < FAST_BYTES then
-        new, line = append_fast(text, r, code, info, now, keyed)
+        new, line, size = append_fast(text, r, code, info, now, keyed)
         grew, dropped = true, 0
     end
-    if not line then -- a completion whose last line is not its claim
+    if not new then -- a completion whose last line is not its claim
         new, line, grew, dropped = append_full(text, r, code, info, now, counted, keyed)
     end
-    r.hist = sealed(keyed, seal, text, new, grew, dropped)
+    if keyed == nil and seal == nil then
+        r.hist = new
+    else
+        r.hist = sealed(keyed, seal, text, new, grew, dropped)
+    end
     if audit ~= '-' then
+        line = line or string.sub(new, -size)
         -- One field (fewer for XADD to encode): the line, then the tool's name after its length
         -- (one byte: at most 255) and the record's key (idempotency._stores.redis.history).
         local tag = string.sub(key, string.find(key, '{', 1, true) + 1, -2)
