@@ -13,13 +13,18 @@ bodies in a Docket worker process of their own: a keyed call whose `CreateTaskRe
 (`orchestrator.chaos`), re-sent so that it provably lands on the other replica (nginx's access
 log and each replica's own log of the requests it answered), gets the same task; one task, one
 line in the fsynced ledger (written by the worker process), and `tasks/get` on the replica that
-did not create the task answers its result.
+did not create the task answers its result. Then the same through `mcp-once proxy --listen`
+(the CLI process) on the redis-server in front of `tasks_server.py` WITHOUT mcp-once (a plain
+upstream, its bodies in a worker process): the lost `CreateTaskResult` re-sent through the proxy
+gets the same task, replayed; one Docket run, one ledger line; `tasks/get` through the proxy
+answers the result (`--proxy-pass-through`: only that check, the proxy passing `deploy`
+through, which must fail it).
 
 fastmcp-tasks 4.1.6 is not on PyPI, so this runs in the suite's environment with the sdist's
 `fastmcp_tasks/` on the path (as `run.py` does; `--source` as there, filled by `run.py`):
 
     cd tests/envs/fastmcp-suite && uv sync --frozen
-    uv run --frozen python tasks_check.py [--source /tmp/fastmcp-4.1.6]
+    uv run --frozen python tasks_check.py [--source /tmp/fastmcp-4.1.6] [--proxy-pass-through]
 
 Exit status 0 when every check holds; each check's outcome is printed.
 """
@@ -420,9 +425,114 @@ def replicas(url: str, folder: Path) -> list[tuple[str, bool, str]]:
     ]
 
 
+def proxied(url: str, folder: Path, *, guard: bool = True) -> list[tuple[str, bool, str]]:
+    """`mcp-once proxy --listen` (the CLI, a process of its own) in front of `tasks_server.py`
+    unguarded (no mcp-once in it, its bodies in a Docket worker process): a keyed creation whose
+    `CreateTaskResult` is lost, re-sent by `RetryingSession` through the proxy, gets the same task
+    (replayed); one Docket run, one ledger line; `tasks/get` through the proxy answers the result.
+    `guard=False` (`--proxy-pass-through`) runs the proxy with a policy that passes `deploy`
+    through, to see these checks fail when the proxy guards nothing."""
+    import fastmcp_tasks
+    from mcp import Client
+    from redis import Redis
+
+    from idempotency import wire
+    from orchestrator import RetryingSession, RetryPolicy, TaskCreated, TasksExtension
+    from orchestrator.chaos import Chaos, Fault, FaultPlan
+
+    ledger = folder / "ledger-proxied"
+    env = {
+        "TASKS_CHECK_REDIS": url,
+        "TASKS_CHECK_DOCKET": "works-proxied",
+        "TASKS_CHECK_LEDGER": str(ledger),
+        "TASKS_CHECK_PLAIN": "1",
+        # The sdist's folder that holds `fastmcp_tasks/` (main() put it on the path).
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(fastmcp_tasks.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    worker = worker_process(env, folder / "worker-proxied.log")
+    port, listen = free_port(), free_port()
+    upstream = serve(port, {**env, "TASKS_CHECK_CONCURRENCY": "0"}, wait=False)
+    command = [
+        str(Path(sys.executable).with_name("mcp-once")),
+        "proxy",
+        "--listen",
+        f"127.0.0.1:{listen}",
+        "--store",
+        f"{url}?prefix=proxy:",
+        "--upstream",
+        f"http://127.0.0.1:{port}/mcp",
+    ]
+    if not guard:
+        policy = folder / "pass-through.toml"
+        policy.write_text('[tools."deploy"]\nguard = false\n', encoding="utf-8")
+        command += ["--policy", str(policy)]
+    processes = [worker, upstream]
+    chaos = Chaos(FaultPlan(schedule={1: Fault.LOST_ACK}, tools={"deploy"}), seed=44)
+    # The pass-through proxy lists `deploy` as a plain tool: the override re-sends it anyway.
+    policy = RetryPolicy(attempt_timeout=5, overrides={} if guard else {"deploy": "idempotent"})
+
+    def connect() -> Client:
+        return Client(chaos.wrap(f"http://127.0.0.1:{listen}/mcp"), extensions=[TasksExtension()])
+
+    async def run() -> tuple[Any, Any, str]:
+        async with RetryingSession(connect=connect, policy=policy) as session:
+            created = await session.create_task("deploy", {"env": "prod"}, idempotency_key="px-1")
+            report = session.last_report
+            assert isinstance(created, TaskCreated), created
+            with anyio.fail_after(60):
+                result = await session.task_result(created.task_id)
+            text = " ".join(getattr(block, "text", "") for block in result.content)
+            return created, report, text
+
+    try:
+        wait_for_port(port, upstream)
+        with (folder / "proxy.log").open("ab") as log:
+            proxy = subprocess.Popen(command, stdout=log, stderr=log)
+        processes.append(proxy)
+        wait_for_port(listen, proxy)
+        created, report, text = anyio.run(run)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait()
+    runs = list(Redis.from_url(url).scan_iter(f"{env['TASKS_CHECK_DOCKET']}:runs:*"))
+    effects = ledger.read_text(encoding="utf-8").split() if ledger.exists() else []
+    status = ((created.meta or {}).get(wire.IDEMPOTENCY_META) or {}).get("status")
+    lost = [record.kind for record in chaos.faults]
+    return [
+        (
+            "[proxy] the first CreateTaskResult lost, re-sent with the key",
+            lost == [Fault.LOST_ACK] and report is not None and len(report.attempts) == 2,
+            f"faults {[str(f) for f in lost]}, {len(report.attempts) if report else '?'} attempts",
+        ),
+        (
+            "[proxy] the re-send gets the same task, replayed",
+            status == "replayed" and report is not None and report.replayed,
+            f"{created.task_id[:12]}…, {status}",
+        ),
+        (
+            "[proxy] one task, one effect (by the worker process)",
+            len(runs) == 1 and effects == ["prod", str(worker.pid)],
+            f"{len(runs)} Docket run(s), ledger {effects}, worker pid {worker.pid}",
+        ),
+        (
+            "[proxy] tasks/get through the proxy answers the result",
+            text == "deployed prod",
+            repr(text),
+        ),
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, default=Path("/tmp/fastmcp-4.1.6"))
+    parser.add_argument(
+        "--proxy-pass-through",
+        action="store_true",
+        help="only the proxy check, with `deploy` passed through: its checks must fail",
+    )
     options = parser.parse_args()
     tasks = options.source / "fastmcp_tasks"
     if not tasks.is_dir():
@@ -442,10 +552,14 @@ def main() -> int:
         try:
             wait_for_port(port, redis)
             url = f"redis://127.0.0.1:{port}/0"
-            results = anyio.run(check, url)
-            for kill in ("completed", "effect"):
-                results += redelivery(url, Path(folder), kill)
-            results += replicas(url, Path(folder))
+            if options.proxy_pass_through:
+                results = proxied(url, Path(folder), guard=False)
+            else:
+                results = anyio.run(check, url)
+                for kill in ("completed", "effect"):
+                    results += redelivery(url, Path(folder), kill)
+                results += replicas(url, Path(folder))
+                results += proxied(url, Path(folder))
         finally:
             redis.terminate()
             redis.wait()

@@ -8,6 +8,8 @@ runs in this process, on the check's redis-server.
 The replicas check runs it as a frontend only (`TASKS_CHECK_CONCURRENCY=0`: its Docket worker
 takes no execution, the worker process above runs the bodies), logging each request it answers
 to `TASKS_CHECK_ARRIVALS` (the replica's own log: which replica a request reached).
+The proxy check runs it with `TASKS_CHECK_PLAIN=1`: without mcp-once (no `IdempotencyMiddleware`,
+`idempotency` not even imported), a user's unguarded task server that `mcp-once proxy` fronts.
 
 The tool appends to an fsynced ledger (the effect the check counts, with the pid that ran it).
 `TASKS_CHECK_KILL` makes this process SIGKILL itself at an exact point of the first run: `effect`
@@ -32,13 +34,11 @@ import anyio
 from fastmcp import FastMCP
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 
-from idempotency import open_store
-from idempotency.fastmcp import IdempotencyMiddleware
-
 URL = os.environ["TASKS_CHECK_REDIS"]
 LEDGER = os.environ["TASKS_CHECK_LEDGER"]
 KILL = os.environ.get("TASKS_CHECK_KILL", "")
 ARRIVALS = os.environ.get("TASKS_CHECK_ARRIVALS", "")
+PLAIN = os.environ.get("TASKS_CHECK_PLAIN") == "1"
 #: Shorter than Docket's redelivery timeout (3 s): a dead run's lease has run out when its
 #: execution is redelivered, so the next run finds the record UNKNOWN rather than held.
 LEASE = 1.0
@@ -48,7 +48,6 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-store = open_store(f"{URL}?prefix=keys:")
 if KILL == "completed":
     from docket.execution import Execution
 
@@ -81,7 +80,11 @@ class Arrivals(Middleware):
 server: FastMCP[Any] = FastMCP("works")
 if ARRIVALS:
     server.add_middleware(Arrivals())
-server.add_middleware(IdempotencyMiddleware(store, lease=LEASE))
+if not PLAIN:
+    from idempotency import open_store
+    from idempotency.fastmcp import IdempotencyMiddleware
+
+    server.add_middleware(IdempotencyMiddleware(open_store(f"{URL}?prefix=keys:"), lease=LEASE))
 # Imported after the middleware is built, on purpose: the body fence must not depend on the order
 # in which an application imports the two (it patches fastmcp_tasks when that is imported).
 from fastmcp_tasks import TasksExtension  # noqa: E402
@@ -95,6 +98,9 @@ server.add_extension(
         concurrency=int(os.environ.get("TASKS_CHECK_CONCURRENCY", "10")),
     )
 )
+
+if PLAIN and any(type(m).__name__ == "IdempotencyMiddleware" for m in server.middleware):
+    raise SystemExit("TASKS_CHECK_PLAIN: this server must not be guarded (MCP_ONCE_GUARD set?)")
 
 
 @server.tool(task=True)
