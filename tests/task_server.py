@@ -4,7 +4,7 @@ with a minimal tasks extension and an effect ledger. A `tools/call` of a tool wh
 declared the extension (the request's `_meta` client capabilities) is answered with a flat
 `CreateTaskResult` (`resultType` "task", `taskId`, `status`, ...), produced on the wire as
 `fastmcp_tasks.wire_production` does (`producing_tasks`); `tasks/get` answers the task's fields
-with its result inlined, `tasks/update` acknowledges, `tasks/cancel` acknowledges (empty, as SEP-2663 says).
+with its result inlined; `tasks/update` and `tasks/cancel` acknowledge (empty, as SEP-2663 says).
 A request that did not declare the extension is run plain.
 
     python tests/task_server.py LEDGER_DIR PORT      streamable HTTP at /mcp on PORT
