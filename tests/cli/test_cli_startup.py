@@ -151,9 +151,10 @@ print(json.dumps({"status": status, "events": events}))
 UPSTREAM = [sys.executable, str(Path(__file__).parents[2] / "benchmarks" / "_hop_upstream.py")]
 
 
-def proxy_events(*argv: str, cwd: Path) -> tuple[object, list[list[Any]]]:
+def proxy_events(*argv: str, cwd: Path) -> tuple[object, list[list[Any]], str]:
     """`mcp-once proxy *argv` with its stdin at its end (it lists the upstream, then stops), in a
-    state folder of its own: its exit status and the order of its spawns and imports."""
+    state folder of its own: its exit status, the order of its spawns and imports, and what it
+    (and its child) wrote to stderr."""
     env = {**os.environ, "XDG_STATE_HOME": str(cwd / "state")}
     done = subprocess.run(
         [sys.executable, "-c", _ORDER, "proxy", *argv],
@@ -165,14 +166,14 @@ def proxy_events(*argv: str, cwd: Path) -> tuple[object, list[list[Any]]]:
         env=env,
     )
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    return report["status"], report["events"]
+    return report["status"], report["events"], done.stderr
 
 
 def test_the_proxy_starts_its_stdio_upstream_before_importing_fastmcp(tmp_path: Path) -> None:
     """Issue 46, item 3: the child starts first and starts up while the proxy imports FastMCP
     (about a second), and the proxy's link adopts it: one child, not a second one started once
     FastMCP is in."""
-    status, events = proxy_events("--store", "memory://", "--", *UPSTREAM, cwd=tmp_path)
+    status, events, _ = proxy_events("--store", "memory://", "--", *UPSTREAM, cwd=tmp_path)
     assert status == 0
     spawns = [index for index, (kind, what) in enumerate(events) if kind == "spawn"]
     assert [events[index][1] for index in spawns] == [UPSTREAM]  # adopted: started once
@@ -191,7 +192,7 @@ def test_a_child_started_early_is_stopped_when_the_proxy_refuses_its_policy(
     pid_file = tmp_path / "child.pid"
     # A child that ignores its stdin (so only a kill stops it), saying who it is first.
     child = ["sh", "-c", f'echo $$ > "{pid_file}"; exec sleep 60']
-    status, events = proxy_events(
+    status, events, _ = proxy_events(
         "--store", "memory://", "--policy", str(policy), "--", *child, cwd=tmp_path
     )
     assert status == EXIT_USAGE
@@ -200,3 +201,17 @@ def test_a_child_started_early_is_stopped_when_the_proxy_refuses_its_policy(
         pid = int(pid_file.read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.slow
+def test_an_early_child_that_exits_before_its_handshake_stops_the_proxy_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Adopted or not, a child that exits before answering is the same bad input as before:
+    exit 2, one line naming the command, the child's own stderr passed through."""
+    child = ["sh", "-c", "echo the upstream says why >&2; exit 3"]
+    status, events, stderr = proxy_events("--store", "memory://", "--", *child, cwd=tmp_path)
+    assert status == EXIT_USAGE
+    assert events[0] == ["spawn", child]  # started early, before FastMCP
+    assert "the upstream says why" in stderr
+    assert "mcp-once: the upstream command 'sh' could not be started" in stderr
