@@ -15,9 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from . import _audit, _bench, _demo, _gateway, _keys, _proxy, _runs, _serve, _wrap
-from ._common import DEFAULT_STORE_URL
-from ._runs import DEFAULT_JOURNAL_URL
+from . import _proxy
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -46,6 +44,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import _audit, _bench, _demo, _gateway, _keys, _runs, _serve, _wrap
+    from ._common import DEFAULT_STORE_URL
+    from ._runs import DEFAULT_JOURNAL_URL
+
     parser = _Parser(
         prog="mcp-once",
         description="Safe retries for MCP tool calls: demo, proxy, operator commands, benchmarks.",
@@ -64,17 +66,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _proxy_parser() -> argparse.ArgumentParser:
+    """The parser of `proxy` and `tools` alone (their help and errors are the same as in the
+    whole one): `mcp-once proxy` starts a stdio upstream's child as soon as it has read its
+    command line, and the other commands' modules are not imported before that (issue 46)."""
+    from . import _gateway
+
+    parser = _Parser(prog="mcp-once")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _gateway.add_parser(commands)
+    return parser
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line as `main` reads it, without running it: what a test checks a command
     written elsewhere against (docker-compose.yml's, a desktop config's)."""
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     # `proxy` and `tools` take the upstream's command line after their options (with or without
     # `--`), untouched by argparse.
     if words and words[0] in _proxy.TAKES_COMMAND:
-        args = _proxy.parse_command(parser, words)
+        args = _proxy.parse_command(_proxy_parser(), words)
         args.extra = []
         return args
+    parser = build_parser()
     # `bench` forwards its own options to benchmarks/run.py, which owns them.
     args, extra = parser.parse_known_args(words)
     if extra and args.command != "bench":

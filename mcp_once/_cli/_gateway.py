@@ -22,6 +22,7 @@ from . import _front, _proxy
 from ._common import EXIT_USAGE, fail, open_or_fail, redacted
 from ._proxies import state_folder
 from ._proxy import (
+    Built,
     _listed,
     _listen,
     _need_fastmcp,
@@ -150,4 +151,4 @@ def run_gateway(args: argparse.Namespace) -> int:
         if len(opened) == 1
         else f"a SQLite file per upstream in {state_folder()}"
     )
-    return serve(server, listen, list(opened.values()), shown, front, auth)
+    return serve(lambda _: Built(server, list(opened.values()), shown, auth), listen, front)

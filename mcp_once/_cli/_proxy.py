@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from mcp_once._upstream import LoopError, Upstream, UpstreamConfigError, check_chain, loop_message
+from mcp_once._upstream.early import EarlyChild, start_early
 
 from . import _front, _upstream_headers
 from ._common import (
@@ -439,66 +440,97 @@ def run_proxy(args: argparse.Namespace) -> int:
     listen = _listen(args.listen) if args.listen else None
     front = _front.check(args, listen)  # at once: an open listener is refused before anything
     upstream = _upstream(args)
-    wrapped = check_loops(upstream)  # at once: before FastMCP is imported (seconds)
-    _need_fastmcp()
-    quiet_below(level)
-    from mcp_once.proxy import PolicyError, build_proxy
+    wrapped = check_loops(upstream)  # at once: before the child starts, or FastMCP is imported
 
-    auth = _front.auth_of(front)
-    warn_wrapped(upstream, wrapped)
-    policy = _policy(args)
-    identity = upstream.identity
-    url = _store_url(args, identity.stem)
-    manifest = _record(upstream, url, default=args.store is None)
-    store = open_or_fail(url)
-    options: dict[str, Any] = {"key_header": "Idempotency-Key"} if listen else {}
-    options["on_listing"] = _listed(manifest, identity.stem)
-    limits: dict[str, Any] = {"max_in_flight": args.max_in_flight, "max_body": args.max_body}
-    try:
-        server = build_proxy(upstream, store, policy=policy, auth=auth, **limits, **options)
-    except (PolicyError, TypeError, ValueError) as exc:
-        fail(f"the policy cannot be applied: {exc}", EXIT_USAGE)
-    return serve(server, listen, [store], redacted(url), front, auth)
+    def build(early: EarlyChild | None) -> Built:
+        _need_fastmcp()
+        quiet_below(level)
+        from mcp_once.proxy import PolicyError, build_proxy
+
+        auth = _front.auth_of(front)
+        warn_wrapped(upstream, wrapped)
+        policy = _policy(args)
+        identity = upstream.identity
+        url = _store_url(args, identity.stem)
+        manifest = _record(upstream, url, default=args.store is None)
+        store = open_or_fail(url)
+        options: dict[str, Any] = {"key_header": "Idempotency-Key"} if listen else {}
+        options["on_listing"] = _listed(manifest, identity.stem)
+        limits: dict[str, Any] = {"max_in_flight": args.max_in_flight, "max_body": args.max_body}
+        try:
+            server = build_proxy(upstream, store, policy=policy, auth=auth, **limits, **options)
+        except (PolicyError, TypeError, ValueError) as exc:
+            fail(f"the policy cannot be applied: {exc}", EXIT_USAGE)
+        server.link.adopt(early)
+        return Built(server, [store], redacted(url), auth)
+
+    return serve(build, listen, front, upstream)
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """What `serve` serves: the server, the stores to close after, the store as shown, and
+    FastMCP's provider of the front's authentication (None: none)."""
+
+    server: OnceProxy | OnceGateway
+    stores: Sequence[KeyStore]
+    shown: str
+    auth: Any
 
 
 def serve(
-    server: OnceProxy | OnceGateway,
+    build: Callable[[EarlyChild | None], Built],
     listen: tuple[str, int] | None,
-    stores: Sequence[KeyStore],
-    shown: str,
     front: _front.Front,
-    auth: Any,
+    upstream: Upstream | None = None,
 ) -> int:
-    """Serve `server` on stdio, or streamable HTTP at `listen` behind `front` (`auth`, FastMCP's
-    provider of it, already given to `server`), until interrupted; then close `stores`. A stdio
-    upstream that cannot be started stops it: exit 2, one line."""
-    from mcp_once.proxy import UpstreamStartFailed
+    """Serve what `build` makes on stdio, or streamable HTTP at `listen` behind `front`, until
+    interrupted; then close its stores. A stdio upstream that cannot be started stops it: exit
+    2, one line.
+
+    `upstream` (a stdio one: else nothing happens early) has its child started first, and
+    `build` (which imports FastMCP: about a second) runs while that child starts; `build` gives
+    the child to its proxy's link, which adopts it for its first session
+    (`mcp_once._upstream.early`). A child nothing adopted (`build` stopped on bad input) is
+    stopped before the exit."""
 
     async def run() -> None:
+        early = None if upstream is None else await start_early(upstream)
+        built: Built | None = None
         try:
-            if listen is None:
-                await server.run_async(transport="stdio", show_banner=False)
-                return
-            host, port = listen
-            await _front.announce(front, auth)
-            async with server.opened():
-                # Host and Origin are checked when the proxy listens on a loopback address (DNS
-                # rebinding: a web page must not reach a local proxy), as MCP's transports say;
-                # FastMCP's default checks nothing.
-                app = server.http_app(host_origin_protection="auto")
-                await serve_on(app, host, port, "mcp-once proxy", shown)
+            built = build(early)
+            await _serving(built, listen, front)
         finally:
             with anyio.CancelScope(shield=True):
-                for store in stores:
+                if early is not None:
+                    await early.aclose()
+                for store in [] if built is None else built.stores:
                     await store.aclose()
 
     # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown.
     with contextlib.suppress(KeyboardInterrupt):
-        try:
-            anyio.run(run)
-        except UpstreamStartFailed as exc:
-            fail(str(exc), EXIT_USAGE)
+        anyio.run(run)
     return EXIT_OK
+
+
+async def _serving(built: Built, listen: tuple[str, int] | None, front: _front.Front) -> None:
+    from mcp_once.proxy import UpstreamStartFailed
+
+    server = built.server
+    try:
+        if listen is None:
+            await server.run_async(transport="stdio", show_banner=False)
+            return
+        host, port = listen
+        await _front.announce(front, built.auth)
+        async with server.opened():
+            # Host and Origin are checked when the proxy listens on a loopback address (DNS
+            # rebinding: a web page must not reach a local proxy), as MCP's transports say;
+            # FastMCP's default checks nothing.
+            app = server.http_app(host_origin_protection="auto")
+            await serve_on(app, host, port, "mcp-once proxy", built.shown)
+    except UpstreamStartFailed as exc:
+        fail(str(exc), EXIT_USAGE)
 
 
 def start_logging(args: argparse.Namespace) -> int:

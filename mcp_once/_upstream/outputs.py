@@ -7,18 +7,14 @@ names, `$ref`s within it). A stored result nobody ran (`mcp-once keys settle`) c
 result: each replay of it then breaks the caller, for as long as the record lives. Checked the
 same way here, so that the proxy answers a replay of it with an error that says what to do
 (`ProxyGuardMiddleware`) and `keys settle` refuses to store it where the proxy's listing is
-known (`_cli/_keys.py`). No FastMCP here: `keys` runs without it.
+known (`_cli/_keys.py`). No FastMCP here: `keys` runs without it. jsonschema (and what it stands on)
+is imported at the first check, not with the proxy: it is not needed to start and list (issue
+46, item 3).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from jsonschema import SchemaError
-from jsonschema.exceptions import best_match
-from jsonschema.validators import validator_for
-from referencing import Registry
-from referencing.exceptions import Unresolvable
 
 #: Compiled validators by schema object (compiling costs far more than validating; the proxy
 #: asks with the listed tool's own schema dict, the same object while the listing is unchanged).
@@ -31,6 +27,9 @@ def _validator(schema: dict[str, Any]) -> Any:
     found = _validators.get(id(schema))
     if found is not None and found[0] is schema:
         return found[1]
+    from jsonschema.validators import validator_for
+    from referencing import Registry
+
     kind = validator_for(schema)
     kind.check_schema(schema)
     if len(_validators) >= _KEPT:
@@ -48,6 +47,10 @@ def output_problem(
     (no schema, an error result, or a match)."""
     if schema is None or is_error:
         return None
+    from jsonschema import SchemaError
+    from jsonschema.exceptions import best_match
+    from referencing.exceptions import Unresolvable
+
     if structured is None:
         return "it has no structuredContent, and the tool lists an output schema"
     try:

@@ -28,7 +28,6 @@ call in flight (`forwarding.py`).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -36,7 +35,7 @@ from mcp_types import CallToolResult, InputRequiredResult, Request
 from pydantic import TypeAdapter
 
 from mcp_once._upstream import Upstream
-from mcp_once._upstream.identity import CHAIN_VARIABLE, chain_marking
+from mcp_once._upstream.early import EarlyChild, child_env
 from orchestrator import (
     OutcomeUnknown,
     ReconnectFailed,
@@ -68,8 +67,9 @@ class UpstreamStartFailed(RuntimeError):
     (An HTTP upstream not reachable yet is no such failure: the proxy serves and tries again.)"""
 
 
-def transport(upstream: Upstream) -> ClientTransport:
-    """A fresh FastMCP transport to `upstream` (a new child for stdio)."""
+def transport(upstream: Upstream, early: EarlyChild | None = None) -> ClientTransport:
+    """A fresh FastMCP transport to `upstream` (a new child for stdio; `early`'s, if it is still
+    waiting: `adopted.py`)."""
     from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 
     if upstream.url is not None:
@@ -80,11 +80,12 @@ def transport(upstream: Upstream) -> ClientTransport:
             upstream.url, headers=dict(upstream.headers), httpx_client_factory=_http_client
         )
     command, *args = upstream.command
-    # The child sees the proxy's environment (a desktop client's config sets it for the proxy),
-    # plus what the config entry names, marked with the chain of upstreams served above it (a
-    # proxy it starts finds itself there: a loop); its stderr is ours (log_file=None).
-    marking = chain_marking(upstream.identity)
-    env = {**os.environ, **upstream.env, CHAIN_VARIABLE: marking}
+    # The child's environment is `child_env`'s; its stderr is ours (log_file=None).
+    env = child_env(upstream)
+    if early is not None and not early.taken:
+        from .adopted import AdoptingTransport
+
+        return AdoptingTransport(early, command, args, env=env, cwd=upstream.cwd, keep_alive=False)
     return StdioTransport(command, args, env=env, cwd=upstream.cwd, keep_alive=False)
 
 
@@ -119,11 +120,18 @@ class UpstreamLink:
         self._tasks = RetryingSession(connect=self._connect_tasks, policy=self.retry)
         #: The calls in flight, to which the upstream's log lines and requests are forwarded.
         self.forwarding = Forwarding()
+        #: A stdio child started before the proxy's imports, for the first session (`adopt`).
+        self._early: EarlyChild | None = None
+
+    def adopt(self, child: EarlyChild | None) -> None:
+        """Open the first stdio session on `child`, already started (`mcp_once._upstream.early`:
+        `mcp-once proxy` starts it before importing FastMCP), instead of starting one."""
+        self._early = child
 
     def _connect(self) -> Client[Any]:
         from fastmcp.server.providers.proxy import ProxyClient
 
-        return ProxyClient(transport(self.upstream), **self._client_options())
+        return ProxyClient(transport(self.upstream, self._early), **self._client_options())
 
     def _connect_modern(self) -> Client[Any]:
         """The 2026-07-28 era's session ("auto": the handshake on an upstream without it, where

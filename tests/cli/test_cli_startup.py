@@ -11,16 +11,19 @@ test process cannot spoil.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_run import private_redis_server
 from redis_server import RedisServer
 
 from benchmarks import _populate
+from mcp_once._cli._common import EXIT_USAGE
 
 #: Loaded only by commands that talk MCP (pydantic and mcp_types: what `mcp` stands on).
 SDK = {"mcp", "mcp_types", "pydantic", "pydantic_core", "fastmcp", "orchestrator", "uvicorn"}
@@ -121,3 +124,94 @@ def test_the_commands_that_talk_mcp_load_it(sqlite_url: str, tmp_path: Path) -> 
     status, modules = imported_by(*argv, cwd=tmp_path)
     assert status == 1  # no such record: nothing settled
     assert {"mcp_types", "pydantic"} <= modules
+
+
+#: Reports the order in which the process started children and imported the heavy packages:
+#: Python's audit events, raised by the interpreter itself (`subprocess.Popen` is how both the
+#: SDK and an early start spawn on POSIX), so the order cannot be staged by the code under test.
+_ORDER = """
+import json, sys
+events = []
+def hook(event, args):
+    if event == "import" and args[0] in ("fastmcp", "mcp", "pydantic"):
+        if ["import", args[0]] not in events:
+            events.append(["import", args[0]])
+    elif event == "subprocess.Popen":
+        events.append(["spawn", [str(word) for word in args[1]]])
+sys.addaudithook(hook)
+from mcp_once._cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exc:
+    status = exc.code
+print(json.dumps({"status": status, "events": events}))
+"""
+
+#: The upstream: an SDK server over stdio (what a Python upstream costs to start).
+UPSTREAM = [sys.executable, str(Path(__file__).parents[2] / "benchmarks" / "_hop_upstream.py")]
+
+
+def proxy_events(*argv: str, cwd: Path) -> tuple[object, list[list[Any]], str]:
+    """`mcp-once proxy *argv` with its stdin at its end (it lists the upstream, then stops), in a
+    state folder of its own: its exit status, the order of its spawns and imports, and what it
+    (and its child) wrote to stderr."""
+    env = {**os.environ, "XDG_STATE_HOME": str(cwd / "state")}
+    done = subprocess.run(
+        [sys.executable, "-c", _ORDER, "proxy", *argv],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
+    )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return report["status"], report["events"], done.stderr
+
+
+def test_the_proxy_starts_its_stdio_upstream_before_importing_fastmcp(tmp_path: Path) -> None:
+    """Issue 46, item 3: the child starts first and starts up while the proxy imports FastMCP
+    (about a second), and the proxy's link adopts it: one child, not a second one started once
+    FastMCP is in."""
+    status, events, _ = proxy_events("--store", "memory://", "--", *UPSTREAM, cwd=tmp_path)
+    assert status == 0
+    spawns = [index for index, (kind, what) in enumerate(events) if kind == "spawn"]
+    assert [events[index][1] for index in spawns] == [UPSTREAM]  # adopted: started once
+    first_heavy = min(index for index, (kind, _) in enumerate(events) if kind == "import")
+    assert spawns[0] < first_heavy, events
+
+
+@pytest.mark.slow
+def test_a_child_started_early_is_stopped_when_the_proxy_refuses_its_policy(
+    tmp_path: Path,
+) -> None:
+    """Bad input found after the early start (a policy that does not parse) still exits 2, and
+    takes the child it started with it: none is left running."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[tools.\n")
+    pid_file = tmp_path / "child.pid"
+    # A child that ignores its stdin (so only a kill stops it), saying who it is first.
+    child = ["sh", "-c", f'echo $$ > "{pid_file}"; exec sleep 60']
+    status, events, _ = proxy_events(
+        "--store", "memory://", "--policy", str(policy), "--", *child, cwd=tmp_path
+    )
+    assert status == EXIT_USAGE
+    assert [what for kind, what in events if kind == "spawn"] == [child]
+    if pid_file.exists():  # else it was stopped before its first line
+        pid = int(pid_file.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.slow
+def test_an_early_child_that_exits_before_its_handshake_stops_the_proxy_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Adopted or not, a child that exits before answering is the same bad input as before:
+    exit 2, one line naming the command, the child's own stderr passed through."""
+    child = ["sh", "-c", "echo the upstream says why >&2; exit 3"]
+    status, events, stderr = proxy_events("--store", "memory://", "--", *child, cwd=tmp_path)
+    assert status == EXIT_USAGE
+    assert events[0] == ["spawn", child]  # started early, before FastMCP
+    assert "the upstream says why" in stderr
+    assert "mcp-once: the upstream command 'sh' could not be started" in stderr

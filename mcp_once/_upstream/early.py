@@ -1,0 +1,93 @@
+"""A stdio upstream's first child, started before the proxy imports FastMCP (issue 46, item 3).
+
+The proxy's start-up used to be its own imports (FastMCP, the MCP SDK, pydantic: about a second)
+followed by the upstream's (a Python server imports the same SDK): one after the other, though
+they are two processes. `mcp-once proxy` now starts the child first, with what this module needs
+only (anyio), then imports and builds the server while the child starts; the upstream link
+adopts the running child for its first session (`mcp_once.proxy.adopted`), so the first
+`tools/list` waits for the slower of the two, not for their sum.
+
+The child is started exactly as the SDK's stdio transport starts one (`mcp.client.stdio`): the
+same command line, environment (`child_env`), working directory and stderr (ours), in a session
+of its own. A command that cannot be started is not reported here: the link starts it again the
+usual way and reports it as it always has (`UpstreamStartFailed`). Windows keeps the SDK's own
+spawn (a Job Object, not a process group): nothing is started early there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import anyio
+from anyio.abc import Process
+
+from .identity import CHAIN_VARIABLE, chain_marking
+from .spec import Upstream
+
+#: How long a child that was never adopted gets to exit once its stdin closes, before the kill.
+_GRACE = 2.0
+
+
+def child_env(upstream: Upstream) -> dict[str, str]:
+    """The environment of `upstream`'s child: the proxy's own (a desktop client's config sets it
+    for the proxy), plus what the config entry names, marked with the chain of upstreams served
+    above it (a proxy it starts finds itself there: a loop)."""
+    marking = chain_marking(upstream.identity)
+    return {**os.environ, **upstream.env, CHAIN_VARIABLE: marking}
+
+
+class EarlyChild:
+    """A started child waiting for the link to adopt it (`take`), once."""
+
+    def __init__(self, argv: Sequence[str], process: Process) -> None:
+        self.argv = list(argv)
+        self._process: Process | None = process
+
+    def take(self, argv: Sequence[str]) -> Process | None:
+        """The running child, if it is the one `argv` would start and was not taken yet; the
+        link's first session reads and writes its pipes from then on, and stops it."""
+        if self._process is None or list(argv) != self.argv:
+            return None
+        process, self._process = self._process, None
+        return process
+
+    @property
+    def taken(self) -> bool:
+        return self._process is None
+
+    async def aclose(self) -> None:
+        """Stop the child if nothing adopted it (the proxy stopped before its first session: bad
+        input found after the start): stdin closed, as the SDK stops one, then killed."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with anyio.CancelScope(shield=True):
+            if process.stdin is not None:
+                await process.stdin.aclose()
+            with anyio.move_on_after(_GRACE):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await process.aclose()
+
+
+async def start_early(upstream: Upstream) -> EarlyChild | None:
+    """`upstream`'s child, started now; None for an HTTP upstream, on Windows, or when the command
+    cannot be started (the link's own start reports that)."""
+    if not upstream.command or sys.platform == "win32":
+        return None
+    argv = list(upstream.command)
+    try:
+        process = await anyio.open_process(
+            argv,
+            env=child_env(upstream),
+            stderr=sys.stderr,
+            cwd=upstream.cwd,
+            start_new_session=True,
+        )
+    except (OSError, ValueError):
+        return None
+    return EarlyChild(argv, process)
