@@ -1,4 +1,4 @@
-"""The pass-through fast path: a `tools/call` the proxy does not guard, forwarded as it came.
+"""The fast path: a `tools/call` to a live stdio upstream, served without FastMCP's dispatch.
 
 Why it bypasses FastMCP: a call the proxy passes through (a read-only tool, or one the policy
 leaves unguarded) has nothing for the proxy to do but forward it, yet FastMCP's path cost it
@@ -11,12 +11,19 @@ session with the caller's arguments and forwardable `_meta`, and the upstream's 
 as a plain dict (the SDK's own wire checks on both sides stay: the front's result sieve, the
 upstream session's result check).
 
+A call the proxy guards is not guarded a second way here: it goes through the proxy's guard
+middleware itself (`ProxyGuardMiddleware.on_call_tool`, hence `IdempotencyMiddleware`'s one
+`Guard.call`) with FastMCP's core tool run below it (`_guarded`), skipping only FastMCP's
+dispatch around the two (its `tools/call` handler, the middleware chain, the extension
+interceptors), which guard nothing for the proxy's own middleware.
+
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
-guarded call, a task-augmented one (`params.task`), an input_required continuation, a call asking
-for progress, an HTTP upstream, a tool FastMCP does not list (unknown, disabled), a link whose
-session must first be (re)opened, and any server a user added middleware of their own to (it must
-see every call). The per-principal in-flight bound (`InFlightLimit`) and the forwarding of the
-upstream's log lines and questions to the caller (`Forwarding`) hold on both paths.
+task-augmented call (`params.task`), an input_required continuation, a call asking for progress
+or naming a FastMCP version, an HTTP upstream, a tool FastMCP does not list (unknown, disabled),
+a link whose session must first be (re)opened, and any server a user added middleware of their
+own to (it must see every call). The per-principal in-flight bound (`InFlightLimit`) and the
+forwarding of the upstream's log lines and questions to the caller (`Forwarding`) hold on both
+paths.
 """
 
 from __future__ import annotations
@@ -94,8 +101,8 @@ def install(
     guard: ProxyGuardMiddleware,
     limit: InFlightLimit | None,
 ) -> None:
-    """Serve `server`'s pass-through calls to `link` on the fast path (its middleware as it is
-    now is the proxy's own: a middleware added later sends every call FastMCP's way)."""
+    """Serve `server`'s calls to `link` on the fast path (its middleware as it is now is the
+    proxy's own: a middleware added later sends every call FastMCP's way)."""
     low = server._mcp_server
     entry = low.get_request_handler("tools/call")
     assert entry is not None, "FastMCP registers tools/call"
