@@ -10,7 +10,7 @@ process (the slow tier: each test starts the upstream as a child)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -46,17 +46,27 @@ async def _proxy(ledger: Path) -> AsyncIterator[tuple[OnceProxy, Client[Any]]]:
         yield proxy, client
 
 
-def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the proxied tools FastMCP runs from now on."""
-    runs: list[str] = []
-    original = OnceProxyTool.run
+def _spy(
+    monkeypatch: pytest.MonkeyPatch,
+    owner: type,
+    method: str,
+    seen: Callable[[Any, dict[str, Any]], Any],
+) -> list[Any]:
+    """`seen(self, keyword arguments)` of each call of `owner.method` from now on."""
+    calls: list[Any] = []
+    original = getattr(owner, method)
 
-    async def run(self: OnceProxyTool, *args: Any, **kwargs: Any) -> Any:
-        runs.append(self.name)
+    async def spied(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(seen(self, kwargs))
         return await original(self, *args, **kwargs)
 
-    monkeypatch.setattr(OnceProxyTool, "run", run)
-    return runs
+    monkeypatch.setattr(owner, method, spied)
+    return calls
+
+
+def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the proxied tools FastMCP runs from now on."""
+    return _spy(monkeypatch, OnceProxyTool, "run", lambda tool, _: tool.name)
 
 
 async def test_a_pass_through_call_goes_upstream_once_without_fastmcp_s_run(
@@ -123,15 +133,7 @@ async def test_a_guarded_call_looks_its_tool_up_once(
 def _dispatches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """For each `FastMCP.call_tool` from now on, whether it ran FastMCP's middleware chain
     (FastMCP's `tools/call` path) or only its core (the fast path's tool run)."""
-    dispatched: list[bool] = []
-    original = FastMCP.call_tool
-
-    async def call_tool(self: FastMCP[Any], *args: Any, **kwargs: Any) -> Any:
-        dispatched.append(kwargs.get("run_middleware", True))
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(FastMCP, "call_tool", call_tool)
-    return dispatched
+    return _spy(monkeypatch, FastMCP, "call_tool", lambda _, kw: kw.get("run_middleware", True))
 
 
 async def test_a_guarded_call_takes_the_fast_path(
