@@ -1,4 +1,4 @@
-"""The pass-through fast path: a `tools/call` the proxy does not guard, forwarded as it came.
+"""The fast path: a `tools/call` to a live stdio upstream, served without FastMCP's dispatch.
 
 Why it bypasses FastMCP: a call the proxy passes through (a read-only tool, or one the policy
 leaves unguarded) has nothing for the proxy to do but forward it, yet FastMCP's path cost it
@@ -11,12 +11,19 @@ session with the caller's arguments and forwardable `_meta`, and the upstream's 
 as a plain dict (the SDK's own wire checks on both sides stay: the front's result sieve, the
 upstream session's result check).
 
+A call the proxy guards is not guarded a second way here: it goes through the proxy's guard
+middleware itself (`ProxyGuardMiddleware.on_call_tool`, hence `IdempotencyMiddleware`'s one
+`Guard.call`) with FastMCP's core tool run below it (`_guarded`), skipping only FastMCP's
+dispatch around the two (its `tools/call` handler, the middleware chain, the extension
+interceptors), which guard nothing for the proxy's own middleware.
+
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
-guarded call, a task-augmented one (`params.task`), an input_required continuation, a call asking
-for progress, an HTTP upstream, a tool FastMCP does not list (unknown, disabled), a link whose
-session must first be (re)opened, and any server a user added middleware of their own to (it must
-see every call). The per-principal in-flight bound (`InFlightLimit`) and the forwarding of the
-upstream's log lines and questions to the caller (`Forwarding`) hold on both paths.
+task-augmented call (`params.task`), an input_required continuation, a call asking for progress
+or naming a FastMCP version, an HTTP upstream, a tool FastMCP does not list (unknown, disabled),
+a link whose session must first be (re)opened, and any server a user added middleware of their
+own to (it must see every call). The per-principal in-flight bound (`InFlightLimit`) and the
+forwarding of the upstream's log lines and questions to the caller (`Forwarding`) hold on both
+paths.
 """
 
 from __future__ import annotations
@@ -26,16 +33,24 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
+from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError
+from fastmcp.server.context import Context
 from fastmcp.server.dependencies import fastmcp_request_ctx
+from fastmcp.server.middleware import MiddlewareContext
+from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from mcp import MCPError
 from mcp_types import (
     CLIENT_CAPABILITIES_META_KEY,
     CLIENT_INFO_META_KEY,
     CONNECTION_CLOSED,
+    INVALID_PARAMS,
     PROTOCOL_VERSION_META_KEY,
     CallToolRequest,
     CallToolRequestParams,
+    CallToolResult,
+    TextContent,
 )
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, TypeAdapter
 
 from .failures import UpstreamUnreachable
@@ -86,8 +101,8 @@ def install(
     guard: ProxyGuardMiddleware,
     limit: InFlightLimit | None,
 ) -> None:
-    """Serve `server`'s pass-through calls to `link` on the fast path (its middleware as it is
-    now is the proxy's own: a middleware added later sends every call FastMCP's way)."""
+    """Serve `server`'s calls to `link` on the fast path (its middleware as it is now is the
+    proxy's own: a middleware added later sends every call FastMCP's way)."""
     low = server._mcp_server
     entry = low.get_request_handler("tools/call")
     assert entry is not None, "FastMCP registers tools/call"
@@ -102,12 +117,14 @@ def install(
             return await slow(ctx, params)
         token = _lookups.set({})
         try:
-            if not await _served(served, link, guard, ctx, params):
+            served_as = await _served(served, link, ctx, params)
+            if served_as is None:
                 return await slow(ctx, params)
+            guarded = guard.guard_of(served_as) is not None
             if limit is None:
-                return await _forward(link, ctx, params, server_ref)
+                return await _serve(served, link, guard, guarded, ctx, params, server_ref)
             async with limit.admitted():
-                return await _forward(link, ctx, params, server_ref)
+                return await _serve(served, link, guard, guarded, ctx, params, server_ref)
         finally:
             _lookups.reset(token)
 
@@ -123,22 +140,93 @@ def _own(server: FastMCP[Any], own: Sequence[Middleware]) -> bool:
 async def _served(
     server: FastMCP[Any],
     link: UpstreamLink,
-    guard: ProxyGuardMiddleware,
     ctx: ServerRequestContext[Any, Any],
     params: CallToolRequestParams,
-) -> bool:
-    """Whether the call is one the fast path serves (see the module doc)."""
+) -> Tool | None:
+    """The tool of a call the fast path serves (see the module doc); None for FastMCP's path."""
+    meta = ctx.meta
     if (
         params.task is not None
         or params.input_responses is not None
         or params.request_state is not None
-        or (ctx.meta is not None and ctx.meta.get("progressToken") is not None)
+        or (meta is not None and (meta.get("progressToken") is not None or "fastmcp" in meta))
         or link.upstream.url is not None
         or not link.alive()
     ):
-        return False
-    tool = await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
-    return tool is not None and guard.guard_of(tool) is None
+        return None
+    return await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
+
+
+async def _serve(
+    server: FastMCP[Any],
+    link: UpstreamLink,
+    guard: ProxyGuardMiddleware,
+    guarded: bool,
+    ctx: ServerRequestContext[Any, Any],
+    params: CallToolRequestParams,
+    server_ref: weakref.ref[FastMCP[Any]],
+) -> HandlerResult:
+    """A guarded call through the guard, a passed-through one forwarded as it came."""
+    if guarded:
+        return await _guarded(server, guard, ctx, params)
+    return await _forward(link, ctx, params, server_ref)
+
+
+async def _guarded(
+    server: FastMCP[Any],
+    guard: ProxyGuardMiddleware,
+    ctx: ServerRequestContext[Any, Any],
+    params: CallToolRequestParams,
+) -> HandlerResult:
+    """The call under the proxy's guard middleware itself (`ProxyGuardMiddleware.on_call_tool`:
+    the one guard, its errors, spans, log lines and records), the tool run by FastMCP's own core
+    (`call_tool(run_middleware=False)`: its span, the guard's body watch, `OnceProxyTool.run`
+    with the record's upstream key and the upstream's log lines and questions forwarded), and
+    the outcome put on the wire as FastMCP's `tools/call` handler puts it. What this skips is
+    FastMCP's dispatch around them: its handler, the middleware chain (the proxy's own: the
+    in-flight bound is held by `install`, the metadata middleware has no call hook) and the
+    extension interceptors (a task-augmented call never comes here)."""
+    arguments = params.arguments or {}
+    message = CallToolRequestParams(name=params.name, arguments=arguments)
+
+    async def run(context: MiddlewareContext[CallToolRequestParams]) -> ToolResult:
+        call = context.message
+        return await server.call_tool(call.name, call.arguments or {}, run_middleware=False)
+
+    async with Context(fastmcp=server) as fastmcp_ctx:
+        context = MiddlewareContext(
+            message=message,
+            fastmcp_context=fastmcp_ctx,
+            source="client",
+            type="request",
+            method="tools/call",
+        )
+        try:
+            result = await guard.on_call_tool(context, run)
+        except (DisabledError, NotFoundError):
+            return _error_result(f"Unknown tool: {params.name!r}")
+        except FastMCPError as exc:  # a tool-visible error is a result (FastMCP's handler)
+            return _error_result(str(exc))
+    if not isinstance(result, ToolResult):  # the key's answer is a task (`tasks.py`)
+        return result
+    if isinstance(result, InputRequiredToolResult):
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"Tool {params.name!r} returned an InputRequiredResult, which only exists at"
+                f" MCP 2026-07-28; this connection negotiated {ctx.protocol_version!r}.",
+            )
+        return result.input_required
+    wire = result.to_mcp_result()
+    if isinstance(wire, CallToolResult):
+        return wire
+    if isinstance(wire, tuple):
+        return CallToolResult(content=wire[0], structured_content=wire[1])
+    return CallToolResult(content=wire)
+
+
+def _error_result(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
 async def _forward(

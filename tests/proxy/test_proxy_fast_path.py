@@ -1,14 +1,16 @@
-"""The pass-through fast path (`mcp_once/proxy/fast_path.py`), held to what FastMCP's path did: a
-call the proxy does not guard reaches the upstream once, as it came, and answers as it answered,
-without FastMCP's tool run; a middleware a user adds afterwards sees every call again (FastMCP's
-path); a guarded call asks FastMCP for its tool once, not once per layer. A stdio Python upstream
-with an effect ledger (`changing_server.py`), the proxy in this process (the slow tier: each
-test starts the upstream as a child)."""
+"""The fast path (`mcp_once/proxy/fast_path.py`), held to what FastMCP's path did: a call the
+proxy does not guard reaches the upstream once, as it came, and answers as it answered, without
+FastMCP's tool run; a guarded call goes through the guard without FastMCP's dispatch and keeps
+the contract on both paths (one effect per key, the replay marker, -32011, -32012 when the
+upstream dies mid-call); a middleware a user adds afterwards sees every call again (FastMCP's
+path); a guarded call asks FastMCP for its tool once, not once per layer. Stdio upstreams with
+an effect ledger (`changing_server.py`, the TypeScript ledger server), the proxy in this
+process (the slow tier: each test starts the upstream as a child)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,11 @@ from typing import Any
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp import MCPError
 from mcp_types import CallToolRequestParams
-from proxy_kit import HERE, MARKER, lines
+from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
 
-from idempotency import MemoryKeyStore
+from idempotency import MemoryKeyStore, wire
 from mcp_once.proxy import OnceProxy, Upstream, build_proxy
 from mcp_once.proxy.tools import OnceProxyTool
 
@@ -43,17 +46,27 @@ async def _proxy(ledger: Path) -> AsyncIterator[tuple[OnceProxy, Client[Any]]]:
         yield proxy, client
 
 
-def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the proxied tools FastMCP runs from now on."""
-    runs: list[str] = []
-    original = OnceProxyTool.run
+def _spy(
+    monkeypatch: pytest.MonkeyPatch,
+    owner: type,
+    method: str,
+    seen: Callable[[Any, dict[str, Any]], Any],
+) -> list[Any]:
+    """`seen(self, keyword arguments)` of each call of `owner.method` from now on."""
+    calls: list[Any] = []
+    original = getattr(owner, method)
 
-    async def run(self: OnceProxyTool, *args: Any, **kwargs: Any) -> Any:
-        runs.append(self.name)
+    async def spied(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(seen(self, kwargs))
         return await original(self, *args, **kwargs)
 
-    monkeypatch.setattr(OnceProxyTool, "run", run)
-    return runs
+    monkeypatch.setattr(owner, method, spied)
+    return calls
+
+
+def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the proxied tools FastMCP runs from now on."""
+    return _spy(monkeypatch, OnceProxyTool, "run", lambda tool, _: tool.name)
 
 
 async def test_a_pass_through_call_goes_upstream_once_without_fastmcp_s_run(
@@ -115,3 +128,72 @@ async def test_a_guarded_call_looks_its_tool_up_once(
         )
         assert (result.meta or {})[MARKER]["status"] == "executed"
         assert looked_up == ["write"]
+
+
+def _dispatches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For each `FastMCP.call_tool` from now on, whether it ran FastMCP's middleware chain
+    (FastMCP's `tools/call` path) or only its core (the fast path's tool run)."""
+    return _spy(monkeypatch, FastMCP, "call_tool", lambda _, kw: kw.get("run_middleware", True))
+
+
+async def test_a_guarded_call_takes_the_fast_path(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyed call of a guarded tool goes through the guard and FastMCP's core only: no
+    FastMCP `tools/call` dispatch, its middleware chain or extension interceptors."""
+    ledger = tmp_path / "effects"
+    upstream = Upstream.stdio(sys.executable, str(HERE / "changing_server.py"), str(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        dispatched = _dispatches(monkeypatch)
+        runs = _count_runs(monkeypatch)
+        result = await client.call_tool("write", {"text": "fast"}, meta=meta_key("f1"))
+        assert (result.meta or {})[MARKER]["status"] == "executed"
+        assert dispatched == [False], "a guarded call took FastMCP's tools/call dispatch"
+        assert runs == ["write"] and lines(ledger) == 1
+        again = await client.call_tool("write", {"text": "fast"}, meta=meta_key("f1"))
+        assert (again.meta or {})[MARKER]["status"] == "replayed"
+        assert dispatched == [False] and lines(ledger) == 1
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_a_guarded_call_keeps_the_contract_on_both_paths(
+    anyio_backend: str,
+    path: str,
+    node_servers: NodeServers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One effect across a re-send, the replay marker, -32011 for the key with other
+    arguments, -32012 when the upstream dies mid-call (and on the re-send of that key): on the
+    fast path, and on FastMCP's (taken once a user adds a middleware of their own)."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    proxy = build_proxy(Upstream.stdio(*node_servers.ledger(ledger)), MemoryKeyStore())
+    if path == "fastmcp":
+        proxy.add_middleware(Middleware())  # a user's own: every call takes FastMCP's path
+    async with proxy.opened(), InProcess(proxy) as client:
+        dispatched = _dispatches(monkeypatch)
+        first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+        again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+        assert (status(first), status(again)) == ("executed", "replayed")
+        assert text(again) == text(first) == "charged 5 (#1)"
+        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+        with pytest.raises(MCPError) as reused:
+            await client.call_tool("charge", {"amount": 6}, meta=meta_key("order-1"))
+        assert reused.value.code == wire.KEY_REUSED and lines(ledger / "calls") == 1
+        for _ in range(2):  # the call, then its re-send: the record is UNKNOWN, never re-run
+            with pytest.raises(MCPError) as lost:
+                await client.call_tool(
+                    "charge", {"amount": 7, "crash": "after"}, meta=meta_key("order-2")
+                )
+            assert lost.value.code == wire.OUTCOME_UNKNOWN
+        assert lines(ledger / "effects") == 2
+        after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
+        assert status(after) == "executed" and lines(ledger / "effects") == 3
+        # The path under test: on FastMCP's, its dispatch (True) for every call, around its core
+        # run (False) where the tool runs; on the fast path, the core run alone for order-1 and
+        # order-2 (after the child died the link must reconnect: FastMCP's path, either way).
+        expected = [False, False] if path == "fast" else [True, False, True, True, True, False]
+        assert dispatched[: len(expected)] == expected, dispatched
