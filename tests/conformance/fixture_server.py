@@ -49,7 +49,7 @@ from typing import Annotated, Any
 
 import anyio
 import uvicorn
-from fixture_tasks import TasksFixture
+from fixture_tasks import TASK_TOOLS, TasksFixture
 from mcp import MCPError
 from mcp.server.context import ServerRequestContext
 from mcp.server.extension import Extension
@@ -312,7 +312,9 @@ def build_server(store: KeyStore | None = None, tasks: TasksFixture | None = Non
     guards the rest with `install`)."""
     extensions: list[Extension] = []
     if tasks is not None and store is not None:
-        extensions.append(idempotent_tasks(tasks, store, server_name=SERVER_NAME))
+        # Only the tools it may task are claimed there; every other call is `install()`'s.
+        guarded = idempotent_tasks(tasks, store, server_name=SERVER_NAME, task_tools=TASK_TOOLS)
+        extensions.append(guarded)
     elif tasks is not None:
         extensions.append(tasks)
     server = MCPServer(

@@ -16,7 +16,7 @@ from fastmcp.tools.base import ToolResult
 from mcp import MCPError
 from mcp.client import Client as LowLevelClient
 from mcp.server import Server
-from mcp_types import CallToolRequestParams, CallToolResult, TextContent
+from mcp_types import CallToolRequestParams, CallToolResult, ListToolsResult, TextContent
 from server_kit import Effects, meta
 from task_kit import InProcessTasks
 from task_wire import TTL_MS, ClientTask, TasksClient, create, new_task, producing_tasks
@@ -27,6 +27,7 @@ from idempotency import (
     OutcomeLost,
     Reconciled,
     RecordState,
+    RedisKeyStore,
     idempotent_call_tool,
     open_store,
     reconcile_unknown,
@@ -222,3 +223,57 @@ async def test_an_operator_reconciles_a_task_body_in_doubt_with_its_tools_reconc
     assert asked == ["deploy#task-body"]
     kept = await stored_task_result(server, tool, "task-8")
     assert kept is not None and "per the system of record" in str(kept.content)
+
+
+@pytest.mark.redis
+async def test_no_entry_point_claims_a_declaring_call_twice(
+    redis_url: str, redis_namespace: str
+) -> None:
+    """Store round trips per first execution from a client that declared the tasks extension
+    (counted on the Redis client's own wire): 2, a task creation or a call run in the
+    foreground, through `IdempotencyMiddleware` (the task extension answers below its one claim)
+    and through the low-level handler (one guard around the handler, whatever it answers)."""
+    store = RedisKeyStore.from_url(redis_url, prefix=f"{redis_namespace}:")
+    effects, tasks = Effects(), InProcessTasks()
+    server: FastMCP[Any] = FastMCP("works")
+    server.add_middleware(IdempotencyMiddleware(store))
+    server.add_extension(tasks)
+
+    @server.tool(task=True)
+    async def deploy(env: str) -> str:
+        return await effects.charge(env, 1, gated=False)
+
+    @server.tool()
+    async def charge(env: str) -> str:
+        return await effects.charge(env, 1, gated=False)
+
+    async def call_tool(ctx: Any, params: CallToolRequestParams) -> Any:
+        if params.name == "deploy":
+            return new_task("t-1")
+        return CallToolResult(content=[TextContent(type="text", text="charged")])
+
+    async def list_tools(ctx: Any, params: Any) -> ListToolsResult:
+        return ListToolsResult(tools=[])  # the client lists tools to check a plain result
+
+    guarded = idempotent_call_tool(store, call_tool, server_name="lo")
+    low = Server("lo", on_call_tool=guarded, on_list_tools=list_tools)
+    trips: list[tuple[str, str, int]] = []
+    try:
+        with producing_tasks():
+            async with (
+                Client(server, extensions=[TasksClient()]) as fast,
+                LowLevelClient(low, extensions=[TasksClient()]) as lowlevel,
+            ):
+                for where, client in (("fastmcp", fast), ("lowlevel", lowlevel)):
+                    await create(client, "charge", ARGS, meta(f"{where}-warm"))  # scripts loaded
+                    for tool in ("deploy", "charge"):
+                        before = store._traffic.writes
+                        answer = await create(client, tool, ARGS, meta(f"{where}-{tool}"))
+                        kind = "task" if isinstance(answer, ClientTask) else "call"
+                        trips.append((where, kind, store._traffic.writes - before))
+    finally:
+        await store.aclose()
+    assert trips == [
+        (where, kind, 2) for where in ("fastmcp", "lowlevel") for kind in ("task", "call")
+    ]
+    assert tasks.created == 1 and effects.count == 2  # the warm-up and the foreground call

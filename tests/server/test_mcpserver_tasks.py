@@ -18,6 +18,7 @@ from task_wire import TASKS, ClientTask, TasksClient, create, new_task, producin
 
 from idempotency import (
     MemoryKeyStore,
+    RedisKeyStore,
     TaskCreated,
     decode_result,
     encode_result,
@@ -93,6 +94,75 @@ async def test_a_keyed_task_creation_on_mcpserver_makes_one_task() -> None:
 
     bodies = [await tasks.run_task_body("deploy", "s-1", ARGS, body) for _ in "12"]
     assert [status(b) for b in bodies] == ["executed", "replayed"] and effects.count == 2
+
+
+async def _served(store: RedisKeyStore, tasks: Any, effects: Effects) -> MCPServer[Any]:
+    server: MCPServer[Any] = MCPServer("shop", extensions=[tasks])
+
+    for name in ("deploy", "charge"):
+
+        async def tool(env: str) -> str:
+            return await effects.charge(env, 1, gated=False)
+
+        tool.__name__ = name
+        server.tool()(idempotent(store)(tool))
+    return server
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(("task_tools", "foreground"), [(None, 4), (["deploy"], 2)])
+async def test_a_declaring_call_the_extension_will_not_task_costs_a_plain_calls_round_trips(
+    redis_url: str, redis_namespace: str, task_tools: list[str] | None, foreground: int
+) -> None:
+    """Store round trips (counted by the Redis client's own wire) per first execution, from a
+    client that declared the tasks extension: a task creation is claimed and completed (2); a
+    call of a tool outside `task_tools` is not claimed by the wrapper, only by the tool's own
+    guard (2, as a plain call; without `task_tools`: claimed, given back, claimed again, 4)."""
+    store = RedisKeyStore.from_url(redis_url, prefix=f"{redis_namespace}:")
+    effects, backend = Effects(), SdkTasks()
+    tasks = idempotent_tasks(backend, store, server_name="shop", task_tools=task_tools)
+    trips: list[tuple[str, int]] = []
+    try:
+        with producing_tasks():
+            server = await _served(store, tasks, effects)
+            async with Client(server, extensions=[TasksClient()]) as client:
+                await create(client, "charge", ARGS, meta("warm"))  # scripts loaded
+                for tool, key in (("deploy", "k-1"), ("charge", "k-2"), ("charge", "k-2")):
+                    before = store._traffic.writes
+                    answer = await create(client, tool, ARGS, meta(key))
+                    trips.append((status(answer), store._traffic.writes - before))
+    finally:
+        await store.aclose()
+    assert trips == [("executed", 2), ("executed", foreground), ("replayed", 1)]
+    assert backend.created == ["s-1"] and effects.count == 2  # warm-up and k-2, once
+
+
+async def test_a_task_answered_for_a_tool_outside_task_tools_is_refused_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The extension tasks `deploy`, declared as never tasked: its creation ran unguarded, so
+    the answer is an error, not the task, and the misdeclaration is logged."""
+    store, effects, backend = MemoryKeyStore(), Effects(), SdkTasks()
+    tasks = idempotent_tasks(backend, store, server_name="shop", task_tools=["charge"])
+    server: MCPServer[Any] = MCPServer("shop", extensions=[tasks])
+
+    @server.tool()
+    async def deploy(env: str) -> str:
+        return await effects.charge(env, 1, gated=False)
+
+    with producing_tasks():
+        async with Client(server, extensions=[TasksClient()]) as client:
+            with pytest.raises(MCPError) as refused:
+                await create(client, "deploy", ARGS, meta("k-1"))
+    assert backend.created == ["s-1"] and effects.count == 0
+    assert "task_tools" in caplog.text and "'deploy'" in caplog.text
+    assert refused.value.error.code != wire.KEY_REUSED
+
+
+@pytest.mark.parametrize("bad", ["deploy", b"deploy", [""], [3], 7])
+def test_task_tools_must_be_a_collection_of_tool_names(bad: Any) -> None:
+    with pytest.raises(TypeError, match="task_tools"):
+        idempotent_tasks(SdkTasks(), MemoryKeyStore(), server_name="shop", task_tools=bad)
 
 
 def test_a_kept_task_reads_back_as_the_task_with_the_marker_in_its_meta() -> None:
