@@ -51,8 +51,8 @@ class _DrainOnClose(httpx2.AsyncByteStream):
 
 
 class DrainingTransport(httpx2.AsyncBaseTransport):
-    """`httpx2.AsyncHTTPTransport` whose SSE responses return their connection to the pool when
-    closed early (see the module)."""
+    """`httpx2.AsyncHTTPTransport` whose SSE answers to a POST return their connection to the
+    pool when closed early (see the module)."""
 
     def __init__(self) -> None:
         self._inner = httpx2.AsyncHTTPTransport()
@@ -60,7 +60,12 @@ class DrainingTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
         kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if kind == "text/event-stream" and isinstance(response.stream, httpx2.AsyncByteStream):
+        post = request.method == "POST"  # a GET's stream is the session's own: not drained
+        if (
+            post
+            and kind == "text/event-stream"
+            and isinstance(response.stream, httpx2.AsyncByteStream)
+        ):
             response.stream = _DrainOnClose(response.stream)
         return response
 
