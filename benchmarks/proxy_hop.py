@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -202,23 +202,38 @@ def http_targets(
              "--", *_upstream()],
             port,
         )  # fmt: skip
+    _http_proxies(start, folder, redis_url, "http", "", [], ["--", *_upstream()])
+    return targets
+
+
+def _http_proxies(
+    start: Callable[[str, list[str], int], None],
+    folder: str,
+    redis_url: str,
+    front: str,
+    label: str,
+    bare: list[str],
+    upstream: list[str],
+) -> None:
+    """Start FastMCP's bare proxy and `mcp-once proxy --listen` (memory, Redis), each with an
+    HTTP front, on the upstream `bare` / `upstream` name (their arguments), names ending `label`."""
     port = free_port()
     start(
-        "FastMCP create_proxy (HTTP)",
-        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "bare", "--port", str(port)],
+        f"FastMCP create_proxy (HTTP){label}",
+        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "bare", "--port", str(port),
+         *bare],
         port,
-    )
-    for store, url in store_urls(folder, redis_url, "http").items():
+    )  # fmt: skip
+    for store, url in store_urls(folder, redis_url, front).items():
         if store == "SQLite":
             continue
         port = free_port()
         start(
-            f"mcp-once proxy --listen, {store}",
+            f"mcp-once proxy --listen, {store}{label}",
             [sys.executable, "-m", "mcp_once", "proxy", "--store", url,
-             "--listen", f"127.0.0.1:{port}", "--", *_upstream()],
+             "--listen", f"127.0.0.1:{port}", *upstream],
             port,
         )  # fmt: skip
-    return targets
 
 
 def http_upstream_targets(stack: ExitStack, folder: str, redis_url: str) -> dict[str, Target]:
@@ -231,23 +246,10 @@ def http_upstream_targets(stack: ExitStack, folder: str, redis_url: str) -> dict
     def start(name: str, command: list[str], port: int) -> None:
         targets[name] = stack.enter_context(_listening(command, port))
 
-    port = free_port()
-    start(
-        HTTP_PEERS[0],
-        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "bare", "--port", str(port),
-         "--upstream-url", upstream],
-        port,
+    _http_proxies(
+        start, folder, redis_url, "http-upstream", " -> HTTP upstream",
+        ["--upstream-url", upstream], ["--upstream", upstream],
     )  # fmt: skip
-    for store, url in store_urls(folder, redis_url, "http-upstream").items():
-        if store == "SQLite":
-            continue
-        port = free_port()
-        start(
-            f"mcp-once proxy --listen, {store} -> HTTP upstream",
-            [sys.executable, "-m", "mcp_once", "proxy", "--store", url,
-             "--listen", f"127.0.0.1:{port}", "--upstream", upstream],
-            port,
-        )  # fmt: skip
     return targets
 
 
