@@ -17,6 +17,9 @@ client (the SDK's `mcp.client.Client`), every target a process of its own on 127
 - streamable HTTP front, the same stdio upstream behind it: `supergateway` (npm, `--stateful`),
   `mcp-proxy` (the package index's), FastMCP's bare `create_proxy`, `mcp-once proxy --listen` on
   memory and Redis. Peers are pinned (`PEERS`) and installed by `_peers.py` into a cache folder.
+- an HTTP upstream (the same upstream served over streamable HTTP by a process of its own): the
+  upstream directly, FastMCP's bare `create_proxy` and `mcp-once proxy --listen` (memory, Redis)
+  in front of it, both with an HTTP front.
 
 Latency: p50/p99 of `read` and of a keyed `write` (a fresh key each call: every guarded call a
 first execution), the targets interleaved call by call in each round so load on this shared
@@ -38,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,17 @@ TARGETS = {
     "stdio guarded write, memory": ("mcp-once proxy, memory", "write", 1.6),
     "stdio guarded write, SQLite": ("mcp-once proxy, SQLite", "write", 2.0),
 }
+#: Targets in front of an HTTP upstream (p50, added ms over that upstream directly).
+HTTP_DIRECT = "direct (HTTP upstream)"
+HTTP_TARGETS = {
+    "--listen on an HTTP upstream, pass-through read, memory": (
+        "mcp-once proxy --listen, memory -> HTTP upstream", "read", 1.5),
+    "--listen on an HTTP upstream, guarded write, Redis": (
+        "mcp-once proxy --listen, Redis -> HTTP upstream", "write", 2.5),
+}  # fmt: skip
+#: The throughput target: this, at 16 callers, at least every HTTP-upstream peer's.
+HTTP_GUARDED = "mcp-once proxy --listen, Redis -> HTTP upstream"
+HTTP_PEERS = ("FastMCP create_proxy (HTTP) -> HTTP upstream",)
 STARTUP_BOUND = 1.3
 #: The client speaks the handshake era to every target: the one all the peers speak, and what
 #: desktop clients send today.
@@ -86,6 +100,12 @@ def _spec() -> dict[str, Any]:
 
 def _upstream() -> list[str]:
     return list(_spec()["command"])
+
+
+def _upstream_on(port: int) -> list[str]:
+    """The upstream's command serving streamable HTTP on 127.0.0.1:`port` (both upstreams take
+    `--port`)."""
+    return [*_upstream(), "--port", str(port)]
 
 
 def _use_ledger() -> None:
@@ -182,22 +202,54 @@ def http_targets(
              "--", *_upstream()],
             port,
         )  # fmt: skip
+    _http_proxies(start, folder, redis_url, "http", "", [], ["--", *_upstream()])
+    return targets
+
+
+def _http_proxies(
+    start: Callable[[str, list[str], int], None],
+    folder: str,
+    redis_url: str,
+    front: str,
+    label: str,
+    bare: list[str],
+    upstream: list[str],
+) -> None:
+    """Start FastMCP's bare proxy and `mcp-once proxy --listen` (memory, Redis), each with an
+    HTTP front, on the upstream `bare` / `upstream` name (their arguments), names ending `label`."""
     port = free_port()
     start(
-        "FastMCP create_proxy (HTTP)",
-        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "bare", "--port", str(port)],
+        f"FastMCP create_proxy (HTTP){label}",
+        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "bare", "--port", str(port),
+         *bare],
         port,
-    )
-    for store, url in store_urls(folder, redis_url, "http").items():
+    )  # fmt: skip
+    for store, url in store_urls(folder, redis_url, front).items():
         if store == "SQLite":
             continue
         port = free_port()
         start(
-            f"mcp-once proxy --listen, {store}",
+            f"mcp-once proxy --listen, {store}{label}",
             [sys.executable, "-m", "mcp_once", "proxy", "--store", url,
-             "--listen", f"127.0.0.1:{port}", "--", *_upstream()],
+             "--listen", f"127.0.0.1:{port}", *upstream],
             port,
         )  # fmt: skip
+
+
+def http_upstream_targets(stack: ExitStack, folder: str, redis_url: str) -> dict[str, Target]:
+    """The upstream served over streamable HTTP, directly and behind the HTTP-fronted proxies
+    (FastMCP's bare one, `mcp-once proxy --listen` on memory and Redis), by target name."""
+    port = free_port()
+    upstream = stack.enter_context(_listening(_upstream_on(port), port))
+    targets: dict[str, Target] = {HTTP_DIRECT: upstream}
+
+    def start(name: str, command: list[str], port: int) -> None:
+        targets[name] = stack.enter_context(_listening(command, port))
+
+    _http_proxies(
+        start, folder, redis_url, "http-upstream", " -> HTTP upstream",
+        ["--upstream-url", upstream], ["--upstream", upstream],
+    )  # fmt: skip
     return targets
 
 
@@ -276,6 +328,7 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
         targets = stdio_targets(folder, redis_server.url, every)
         if every:
             targets.update(http_targets(stack, folder, redis_server.url, installed))
+            targets.update(http_upstream_targets(stack, folder, redis_server.url))
         latencies: dict[tuple[str, str], list[float]] = {}
         ratios: dict[tuple[str, str], list[float]] = {}
         for number in range(rounds):
@@ -320,11 +373,37 @@ def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
             "metric": f"{label} / direct, p50", "measured": value, "ceiling": floor,
             "target": f"<= {bound}x", "met": value <= bound, "reachable": floor <= bound,
         })  # fmt: skip
+    if f"{HTTP_DIRECT} | read" in latency:
+        rows.extend(http_verdicts(out))
     startup = out["startup_s"]
     ratio = round(startup["mcp-once proxy"] / startup["direct"], 3)
     rows.append({"metric": "start-up to first tools/list / direct", "measured": ratio,
                  "ceiling": None, "target": f"<= {STARTUP_BOUND}x", "met": ratio <= STARTUP_BOUND,
                  "reachable": None})  # fmt: skip
+    return rows
+
+
+def http_verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The HTTP-upstream targets: added p50 ms over the upstream directly (interleaved in the
+    same rounds), and guarded throughput at 16 callers against the bare proxy's pass-through."""
+    rows = []
+    latency = out["latency"]
+    for label, (name, tool, bound) in HTTP_TARGETS.items():
+        added = latency[f"{name} | {tool}"]["p50_ms"] - latency[f"{HTTP_DIRECT} | {tool}"]["p50_ms"]
+        value = round(added, 3)
+        rows.append({
+            "metric": f"{label}, p50 ms over direct", "measured": value, "ceiling": None,
+            "target": f"<= +{bound} ms", "met": value <= bound, "reachable": None,
+        })  # fmt: skip
+    rates = out["calls_per_second"]
+    if HTTP_GUARDED in rates:
+        best = max(rates[peer]["16"] for peer in HTTP_PEERS)
+        ratio = round(rates[HTTP_GUARDED]["16"] / best, 3)
+        rows.append({
+            "metric": "--listen on an HTTP upstream, guarded Redis calls/s at 16 / best peer's",
+            "measured": ratio, "ceiling": None, "target": ">= 1.0x", "met": ratio >= 1.0,
+            "reachable": None,
+        })  # fmt: skip
     return rows
 
 
@@ -346,19 +425,25 @@ def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
         print(f"target {row['metric']}: {row['measured']} {row['target']}{floor}: {verdict}")
 
 
-async def _serve(mode: str, port: int | None) -> None:
-    """This benchmark's own servers: FastMCP's bare proxy, or the SDK floor."""
+async def _serve(mode: str, port: int | None, upstream_url: str | None = None) -> None:
+    """This benchmark's own servers: FastMCP's bare proxy (of the stdio upstream, or of
+    `upstream_url`), or the SDK floor."""
     if mode == "floor":
         from ._hop_floor import serve_floor
 
         await serve_floor(_upstream())
         return
     from fastmcp import Client as FastMCPClient
-    from fastmcp.client.transports import StdioTransport
+    from fastmcp.client.transports import ClientTransport, StdioTransport, StreamableHttpTransport
     from fastmcp.server import create_proxy
 
     command, *args = _upstream()
-    client = FastMCPClient(StdioTransport(command, args, env=_quiet_env(), keep_alive=False))
+    transport: ClientTransport = (
+        StdioTransport(command, args, env=_quiet_env(), keep_alive=False)
+        if upstream_url is None
+        else StreamableHttpTransport(upstream_url)
+    )
+    client = FastMCPClient(transport)
     async with client:
         proxy = create_proxy(client)
         if port is None:
@@ -380,9 +465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--serve", choices=("floor", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        anyio.run(_serve, args.serve, args.port)
+        anyio.run(_serve, args.serve, args.port, args.upstream_url)
         return 0
     if args.upstream == "ledger":
         _use_ledger()

@@ -49,6 +49,7 @@ from orchestrator import (
 
 from .failures import UpstreamUnreachable
 from .forwarding import Forwarding
+from .pooled import DrainingTransport
 
 #: A task request's answer as it came (the session still checks it against the wire schema).
 _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
@@ -97,8 +98,9 @@ def _http_client(
     follow_redirects: bool = True,
 ) -> httpx2.AsyncClient:
     """`http_client_factory` in the shape FastMCP's HTTP transport calls a factory (it passes
-    `follow_redirects`, as the SDK's own client sets it)."""
-    client = http_client_factory(headers, timeout, auth)
+    `follow_redirects`, as the SDK's own client sets it), on a transport that keeps an SSE
+    answer's connection for the next call (`pooled.py`)."""
+    client = http_client_factory(headers, timeout, auth, inner=DrainingTransport())
     client.follow_redirects = follow_redirects
     return client
 
