@@ -33,10 +33,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import fastmcp_request_ctx
 from fastmcp.server.middleware import MiddlewareContext
+from fastmcp.server.telemetry import server_span
 from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from mcp import MCPError
 from mcp_types import (
@@ -53,8 +55,12 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, TypeAdapter
 
+from idempotency import current_claim, wire
+from orchestrator import OutcomeUnknown
+
 from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
+from .tools import OnceProxyTool, lost, refused, tool_result, upstream_key
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -120,7 +126,7 @@ def install(
             served_as = await _served(served, link, ctx, params)
             if served_as is None:
                 return await slow(ctx, params)
-            guarded = guard.guard_of(served_as) is not None
+            guarded = served_as if guard.guard_of(served_as) is not None else None
             if limit is None:
                 return await _serve(served, link, guard, guarded, ctx, params, server_ref)
             async with limit.admitted():
@@ -161,20 +167,23 @@ async def _serve(
     server: FastMCP[Any],
     link: UpstreamLink,
     guard: ProxyGuardMiddleware,
-    guarded: bool,
+    guarded: Tool | None,
     ctx: ServerRequestContext[Any, Any],
     params: CallToolRequestParams,
     server_ref: weakref.ref[FastMCP[Any]],
 ) -> HandlerResult:
-    """A guarded call through the guard, a passed-through one forwarded as it came."""
-    if guarded:
-        return await _guarded(server, guard, ctx, params)
+    """A guarded call (of tool `guarded`) through the guard, a passed-through one forwarded as
+    it came."""
+    if guarded is not None:
+        return await _guarded(server, link, guard, guarded, ctx, params)
     return await _forward(link, ctx, params, server_ref)
 
 
 async def _guarded(
     server: FastMCP[Any],
+    link: UpstreamLink,
     guard: ProxyGuardMiddleware,
+    tool: Tool,
     ctx: ServerRequestContext[Any, Any],
     params: CallToolRequestParams,
 ) -> HandlerResult:
@@ -191,7 +200,16 @@ async def _guarded(
 
     async def run(context: MiddlewareContext[CallToolRequestParams]) -> ToolResult:
         call = context.message
+        if raw:
+            assert isinstance(tool, OnceProxyTool) and context.fastmcp_context is not None
+            return await _sent(server, link, tool, call.arguments or {}, context.fastmcp_context)
         return await server.call_tool(call.name, call.arguments or {}, run_middleware=False)
+
+    # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
+    # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
+    raw = (
+        isinstance(tool, OnceProxyTool) and tool.name == params.name and not guard.resend(tool.name)
+    )
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(
@@ -257,3 +275,58 @@ async def _forward(
     # (the front's own wire check sieves it away for a 2025-era caller).
     result.setdefault("resultType", "complete")
     return cast(dict[str, Any], result)
+
+
+async def _sent(
+    server: FastMCP[Any],
+    link: UpstreamLink,
+    tool: OnceProxyTool,
+    arguments: dict[str, Any],
+    ctx: Context,
+) -> ToolResult:
+    """The guarded call's tool run, sent upstream raw: what FastMCP's core run and
+    `OnceProxyTool.run` do for it (FastMCP's span for the tool, which also tells the guard the
+    tool was entered; the record's upstream key in `_meta`; the upstream's log lines and
+    questions forwarded to the caller; the link's failures in the guard's terms, `tools.lost`
+    and `tools.refused`; the link's deadline), without their layers: FastMCP's second lookup
+    and `Context`, the link's retrying session and the client library's typed call, which
+    validates the upstream's structured content against the schema the upstream already held it
+    to. The upstream's result is read once, as the record keeps it (a `CallToolResult`)."""
+    claim = current_claim()
+    assert claim is not None, "the guard runs the tool under its claim"
+    name = tool._backend_name or tool.name
+    key = upstream_key(claim)
+    meta = {wire.KEY_META: key, wire.ATTEMPT_META: 1}  # as the link's session sends a first try
+    request = CallToolRequest(
+        params=CallToolRequestParams(name=name, arguments=arguments, _meta=cast(Any, meta))
+    )
+    retry = link.retry
+    budget = retry.deadline if retry.attempt_timeout is None else retry.attempt_timeout
+    with server_span(
+        f"tools/call {tool.name}", "tools/call", server.name, "tool", tool.name, tool_name=tool.name
+    ) as span:
+        # FastMCP's seam for "the tool is entered" (`idempotency`'s body watch reads it): from
+        # here on a failure may follow an effect.
+        span.set_attributes(tool.get_span_attributes())
+        client = await link.client()
+        with link.forwarding.serving(ctx):
+            try:
+                with anyio.fail_after(min(budget, retry.deadline)):
+                    result = await client.session.send_request(request, cast(Any, _RAW))
+            except TimeoutError as exc:
+                gave_up = OutcomeUnknown(
+                    tool=name, key=key, attempts=1, last_error=exc, reason="deadline"
+                )
+                raise lost(name, claim, gave_up, stdio=True) from exc
+            except MCPError as exc:
+                if exc.code != CONNECTION_CLOSED:
+                    raise refused(name, claim, exc) from exc
+                # The child died under the call: it may have run (the next call goes to the
+                # session that replaces it).
+                gave_up = OutcomeUnknown(
+                    tool=name, key=key, attempts=1, last_error=exc, reason="attempts"
+                )
+                raise lost(name, claim, gave_up, stdio=True) from exc
+    answer = tool_result(CallToolResult.model_validate(result))
+    assert isinstance(answer, ToolResult)  # a plain call over stdio answers with a result
+    return answer

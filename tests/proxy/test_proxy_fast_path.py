@@ -9,6 +9,7 @@ process (the slow tier: each test starts the upstream as a child)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,7 +25,7 @@ from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, sta
 
 from idempotency import MemoryKeyStore, wire
 from mcp_once.proxy import OnceProxy, Upstream, build_proxy
-from mcp_once.proxy.tools import OnceProxyTool
+from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
 
 pytestmark = [
     pytest.mark.anyio,
@@ -150,11 +151,14 @@ async def test_a_guarded_call_takes_the_fast_path(
         runs = _count_runs(monkeypatch)
         result = await client.call_tool("write", {"text": "fast"}, meta=meta_key("f1"))
         assert (result.meta or {})[MARKER]["status"] == "executed"
-        assert dispatched == [False], "a guarded call took FastMCP's tools/call dispatch"
-        assert runs == ["write"] and lines(ledger) == 1
+        assert dispatched == [], "a guarded call took FastMCP's tools/call dispatch or run"
+        assert runs == [], "a guarded call took the link's typed call (`OnceProxyTool.run`)"
+        assert lines(ledger) == 1
+        assert result.structured_content == {"result": "wrote fast"}
         again = await client.call_tool("write", {"text": "fast"}, meta=meta_key("f1"))
         assert (again.meta or {})[MARKER]["status"] == "replayed"
-        assert dispatched == [False] and lines(ledger) == 1
+        assert again.content == result.content
+        assert dispatched == [] and runs == [] and lines(ledger) == 1
 
 
 @pytest.mark.parametrize("path", ["fast", "fastmcp"])
@@ -180,6 +184,9 @@ async def test_a_guarded_call_keeps_the_contract_on_both_paths(
         assert (status(first), status(again)) == ("executed", "replayed")
         assert text(again) == text(first) == "charged 5 (#1)"
         assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+        # The upstream got the record's own key (rule 18), never the caller's.
+        sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
+        assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
         with pytest.raises(MCPError) as reused:
             await client.call_tool("charge", {"amount": 6}, meta=meta_key("order-1"))
         assert reused.value.code == wire.KEY_REUSED and lines(ledger / "calls") == 1
@@ -193,7 +200,8 @@ async def test_a_guarded_call_keeps_the_contract_on_both_paths(
         after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
         assert status(after) == "executed" and lines(ledger / "effects") == 3
         # The path under test: on FastMCP's, its dispatch (True) for every call, around its core
-        # run (False) where the tool runs; on the fast path, the core run alone for order-1 and
-        # order-2 (after the child died the link must reconnect: FastMCP's path, either way).
-        expected = [False, False] if path == "fast" else [True, False, True, True, True, False]
+        # run (False) where the tool runs; on the fast path, neither for order-1 and order-2 (the
+        # call goes upstream raw); after the child died the link must reconnect: FastMCP's path
+        # for order-2's re-send (the guard answers) and order-3, either way.
+        expected = [True, True, False] if path == "fast" else [True, False, True, True, True, False]
         assert dispatched[: len(expected)] == expected, dispatched
