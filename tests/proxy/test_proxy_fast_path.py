@@ -20,11 +20,12 @@ import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import MCPError
-from mcp_types import CallToolRequestParams
+from mcp_types import INVALID_PARAMS, CallToolRequestParams
 from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
 
 from idempotency import MemoryKeyStore, wire
-from mcp_once.proxy import OnceProxy, Upstream, build_proxy
+from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy
+from mcp_once.proxy.policy import ToolRule
 from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
 
 pytestmark = [
@@ -205,3 +206,43 @@ async def test_a_guarded_call_keeps_the_contract_on_both_paths(
         # for order-2's re-send (the guard answers) and order-3, either way.
         expected = [True, True, False] if path == "fast" else [True, False, True, True, True, False]
         assert dispatched[: len(expected)] == expected, dispatched
+
+
+async def test_an_upstream_idempotent_tool_keeps_the_link_s_re_sending_call(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool the policy declares `upstream_idempotent` is re-sent by the link within its
+    deadline: its guarded call keeps the link's own call (`OnceProxyTool.run`), not the raw
+    send; every other guarded tool goes raw."""
+    ledger = tmp_path / "effects"
+    upstream = Upstream.stdio(sys.executable, str(HERE / "changing_server.py"), str(ledger))
+    policy = ProxyPolicy((ToolRule("write", upstream_idempotent=True),))
+    proxy = build_proxy(upstream, MemoryKeyStore(), policy=policy)
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        runs = _count_runs(monkeypatch)
+        result = await client.call_tool("write", {"text": "linked"}, meta=meta_key("i1"))
+        assert (result.meta or {})[MARKER]["status"] == "executed"
+        assert runs == ["write"] and lines(ledger) == 1
+
+
+async def test_an_upstream_refusal_on_the_raw_send_is_passed_on_and_released(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upstream's own JSON-RPC error for a guarded call sent raw reaches the caller as it
+    was sent (code, message, data), nothing stored: the key is released, and its next call
+    runs."""
+    ledger = tmp_path / "effects"
+    upstream = Upstream.stdio(sys.executable, str(HERE / "refusing_server.py"), str(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        runs = _count_runs(monkeypatch)
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool_mcp("pay", {"amount": -1}, meta=meta_key("r1"))
+        error = refused.value
+        assert (error.code, error.message) == (INVALID_PARAMS, "amount must be positive")
+        assert error.data == {"amount": -1} and lines(ledger) == 0
+        after = await client.call_tool("pay", {"amount": 3}, meta=meta_key("r1"))
+        assert (after.meta or {})[MARKER]["status"] == "executed"
+        assert lines(ledger) == 1 and runs == [], "not the raw send"
