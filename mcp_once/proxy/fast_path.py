@@ -13,9 +13,14 @@ upstream session's result check).
 
 A call the proxy guards is not guarded a second way here: it goes through the proxy's guard
 middleware itself (`ProxyGuardMiddleware.on_call_tool`, hence `IdempotencyMiddleware`'s one
-`Guard.call`) with FastMCP's core tool run below it (`_guarded`), skipping only FastMCP's
-dispatch around the two (its `tools/call` handler, the middleware chain, the extension
-interceptors), which guard nothing for the proxy's own middleware.
+`Guard.call`: claim, replay, completion, its errors, spans, log lines and events), skipping
+FastMCP's dispatch around it (its `tools/call` handler, the middleware chain, the extension
+interceptors), which guard nothing for the proxy's own middleware. Below the guard the tool run
+is raw too (`_sent`): the caller's arguments go upstream under the record's upstream key, and
+the upstream's result is read once, as the record keeps it, instead of passing through FastMCP's
+core run, `OnceProxyTool.run`, the link's retrying session and the client library's typed call
+(~30 % of the proxy's CPU per guarded call: benchmarks/README.md). A tool the policy declares
+`upstream_idempotent` keeps the link's own call, which re-sends it within the link's deadline.
 
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
 task-augmented call (`params.task`), an input_required continuation, a call asking for progress
@@ -188,13 +193,13 @@ async def _guarded(
     params: CallToolRequestParams,
 ) -> HandlerResult:
     """The call under the proxy's guard middleware itself (`ProxyGuardMiddleware.on_call_tool`:
-    the one guard, its errors, spans, log lines and records), the tool run by FastMCP's own core
-    (`call_tool(run_middleware=False)`: its span, the guard's body watch, `OnceProxyTool.run`
-    with the record's upstream key and the upstream's log lines and questions forwarded), and
-    the outcome put on the wire as FastMCP's `tools/call` handler puts it. What this skips is
-    FastMCP's dispatch around them: its handler, the middleware chain (the proxy's own: the
-    in-flight bound is held by `install`, the metadata middleware has no call hook) and the
-    extension interceptors (a task-augmented call never comes here)."""
+    the one guard, its errors, spans, log lines and records), the tool run sent upstream raw
+    (`_sent`; an `upstream_idempotent` tool's by FastMCP's own core, `call_tool(run_middleware=
+    False)`, for the link's re-sends), and the outcome put on the wire as FastMCP's `tools/call`
+    handler puts it. What this skips is FastMCP's dispatch around them: its handler, the
+    middleware chain (the proxy's own: the in-flight bound is held by `install`, the metadata
+    middleware has no call hook) and the extension interceptors (a task-augmented call never
+    comes here)."""
     arguments = params.arguments or {}
     message = CallToolRequestParams(name=params.name, arguments=arguments)
 
@@ -207,9 +212,7 @@ async def _guarded(
 
     # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
     # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
-    raw = (
-        isinstance(tool, OnceProxyTool) and tool.name == params.name and not guard.resend(tool.name)
-    )
+    raw = isinstance(tool, OnceProxyTool) and not guard.resend(tool.name)
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(

@@ -48,6 +48,19 @@ async def _proxy(ledger: Path) -> AsyncIterator[tuple[OnceProxy, Client[Any]]]:
         yield proxy, client
 
 
+@asynccontextmanager
+async def _guarding(
+    ledger: Path, server: str = "changing_server.py", policy: ProxyPolicy | None = None
+) -> AsyncIterator[Client[Any]]:
+    """A client of a proxy (memory store, `policy`) in front of the stdio upstream `server`
+    (a script here) with its effect ledger, its tools listed."""
+    upstream = Upstream.stdio(sys.executable, str(HERE / server), str(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore(), policy=policy)
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        yield client
+
+
 def _spy(
     monkeypatch: pytest.MonkeyPatch,
     owner: type,
@@ -144,10 +157,7 @@ async def test_a_guarded_call_takes_the_fast_path(
     """A keyed call of a guarded tool goes through the guard and FastMCP's core only: no
     FastMCP `tools/call` dispatch, its middleware chain or extension interceptors."""
     ledger = tmp_path / "effects"
-    upstream = Upstream.stdio(sys.executable, str(HERE / "changing_server.py"), str(ledger))
-    proxy = build_proxy(upstream, MemoryKeyStore())
-    async with proxy.opened(), Client(proxy) as client:
-        await client.list_tools()
+    async with _guarding(ledger) as client:
         dispatched = _dispatches(monkeypatch)
         runs = _count_runs(monkeypatch)
         result = await client.call_tool("write", {"text": "fast"}, meta=meta_key("f1"))
@@ -215,11 +225,8 @@ async def test_an_upstream_idempotent_tool_keeps_the_link_s_re_sending_call(
     deadline: its guarded call keeps the link's own call (`OnceProxyTool.run`), not the raw
     send; every other guarded tool goes raw."""
     ledger = tmp_path / "effects"
-    upstream = Upstream.stdio(sys.executable, str(HERE / "changing_server.py"), str(ledger))
     policy = ProxyPolicy((ToolRule("write", upstream_idempotent=True),))
-    proxy = build_proxy(upstream, MemoryKeyStore(), policy=policy)
-    async with proxy.opened(), Client(proxy) as client:
-        await client.list_tools()
+    async with _guarding(ledger, policy=policy) as client:
         runs = _count_runs(monkeypatch)
         result = await client.call_tool("write", {"text": "linked"}, meta=meta_key("i1"))
         assert (result.meta or {})[MARKER]["status"] == "executed"
@@ -233,10 +240,7 @@ async def test_an_upstream_refusal_on_the_raw_send_is_passed_on_and_released(
     was sent (code, message, data), nothing stored: the key is released, and its next call
     runs."""
     ledger = tmp_path / "effects"
-    upstream = Upstream.stdio(sys.executable, str(HERE / "refusing_server.py"), str(ledger))
-    proxy = build_proxy(upstream, MemoryKeyStore())
-    async with proxy.opened(), Client(proxy) as client:
-        await client.list_tools()
+    async with _guarding(ledger, "refusing_server.py") as client:
         runs = _count_runs(monkeypatch)
         with pytest.raises(MCPError) as refused:
             await client.call_tool_mcp("pay", {"amount": -1}, meta=meta_key("r1"))
