@@ -21,6 +21,7 @@ from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS, CallToolRequestParams
+from otel_spans import recorder
 from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
 
 from idempotency import MemoryKeyStore, wire
@@ -250,3 +251,27 @@ async def test_an_upstream_refusal_on_the_raw_send_is_passed_on_and_released(
         after = await client.call_tool("pay", {"amount": 3}, meta=meta_key("r1"))
         assert (after.meta or {})[MARKER]["status"] == "executed"
         assert lines(ledger) == 1 and runs == [], "not the raw send"
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_a_guarded_call_sent_raw_keeps_fastmcp_s_tool_span(
+    anyio_backend: str, path: str, tmp_path: Path
+) -> None:
+    """The raw send runs under FastMCP's span for the tool (`tools/call write`, labelled with
+    the tool's attributes, as FastMCP's core run labels it), with the guard's span around it,
+    on the fast path as on FastMCP's."""
+    spans = recorder()
+    upstream = Upstream.stdio(
+        sys.executable, str(HERE / "changing_server.py"), str(tmp_path / "effects")
+    )
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    if path == "fastmcp":
+        proxy.add_middleware(Middleware())
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        spans.clear()
+        await client.call_tool("write", {"text": "traced"}, meta=meta_key("s1"))
+    named = {span.name: span for span in spans.get_finished_spans()}
+    tool_span = named["tools/call write"]
+    assert (tool_span.attributes or {}).get("fastmcp.component.key") == "write", tool_span
+    assert any("idempotency" in name or "guard" in name for name in named), sorted(named)
