@@ -305,13 +305,13 @@ async def _sent(
     )
     retry = link.retry
     budget = retry.deadline if retry.attempt_timeout is None else retry.attempt_timeout
+    client = await link.client()  # before the tool is entered: a failure here ran nothing
     with server_span(
         f"tools/call {tool.name}", "tools/call", server.name, "tool", tool.name, tool_name=tool.name
     ) as span:
         # FastMCP's seam for "the tool is entered" (`idempotency`'s body watch reads it): from
         # here on a failure may follow an effect.
         span.set_attributes(tool.get_span_attributes())
-        client = await link.client()
         with link.forwarding.serving(ctx):
             try:
                 with anyio.fail_after(min(budget, retry.deadline)):
