@@ -13,9 +13,14 @@ upstream session's result check).
 
 A call the proxy guards is not guarded a second way here: it goes through the proxy's guard
 middleware itself (`ProxyGuardMiddleware.on_call_tool`, hence `IdempotencyMiddleware`'s one
-`Guard.call`) with FastMCP's core tool run below it (`_guarded`), skipping only FastMCP's
-dispatch around the two (its `tools/call` handler, the middleware chain, the extension
-interceptors), which guard nothing for the proxy's own middleware.
+`Guard.call`: claim, replay, completion, its errors, spans, log lines and events), skipping
+FastMCP's dispatch around it (its `tools/call` handler, the middleware chain, the extension
+interceptors), which guard nothing for the proxy's own middleware. Below the guard the tool run
+is raw too (`_sent`): the caller's arguments go upstream under the record's upstream key, and
+the upstream's result is read once, as the record keeps it, instead of passing through FastMCP's
+core run, `OnceProxyTool.run`, the link's retrying session and the client library's typed call
+(~30 % of the proxy's CPU per guarded call: benchmarks/README.md). A tool the policy declares
+`upstream_idempotent` keeps the link's own call, which re-sends it within the link's deadline.
 
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
 task-augmented call (`params.task`), an input_required continuation, a call asking for progress
@@ -33,10 +38,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import fastmcp_request_ctx
 from fastmcp.server.middleware import MiddlewareContext
+from fastmcp.server.telemetry import server_span
 from fastmcp.tools.base import InputRequiredToolResult, ToolResult
 from mcp import MCPError
 from mcp_types import (
@@ -53,8 +60,12 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, TypeAdapter
 
+from idempotency import current_claim, wire
+from orchestrator import OutcomeUnknown
+
 from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
+from .tools import OnceProxyTool, lost, refused, tool_result, upstream_key
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -120,7 +131,7 @@ def install(
             served_as = await _served(served, link, ctx, params)
             if served_as is None:
                 return await slow(ctx, params)
-            guarded = guard.guard_of(served_as) is not None
+            guarded = served_as if guard.guard_of(served_as) is not None else None
             if limit is None:
                 return await _serve(served, link, guard, guarded, ctx, params, server_ref)
             async with limit.admitted():
@@ -161,37 +172,47 @@ async def _serve(
     server: FastMCP[Any],
     link: UpstreamLink,
     guard: ProxyGuardMiddleware,
-    guarded: bool,
+    guarded: Tool | None,
     ctx: ServerRequestContext[Any, Any],
     params: CallToolRequestParams,
     server_ref: weakref.ref[FastMCP[Any]],
 ) -> HandlerResult:
-    """A guarded call through the guard, a passed-through one forwarded as it came."""
-    if guarded:
-        return await _guarded(server, guard, ctx, params)
+    """A guarded call (of tool `guarded`) through the guard, a passed-through one forwarded as
+    it came."""
+    if guarded is not None:
+        return await _guarded(server, link, guard, guarded, ctx, params)
     return await _forward(link, ctx, params, server_ref)
 
 
 async def _guarded(
     server: FastMCP[Any],
+    link: UpstreamLink,
     guard: ProxyGuardMiddleware,
+    tool: Tool,
     ctx: ServerRequestContext[Any, Any],
     params: CallToolRequestParams,
 ) -> HandlerResult:
     """The call under the proxy's guard middleware itself (`ProxyGuardMiddleware.on_call_tool`:
-    the one guard, its errors, spans, log lines and records), the tool run by FastMCP's own core
-    (`call_tool(run_middleware=False)`: its span, the guard's body watch, `OnceProxyTool.run`
-    with the record's upstream key and the upstream's log lines and questions forwarded), and
-    the outcome put on the wire as FastMCP's `tools/call` handler puts it. What this skips is
-    FastMCP's dispatch around them: its handler, the middleware chain (the proxy's own: the
-    in-flight bound is held by `install`, the metadata middleware has no call hook) and the
-    extension interceptors (a task-augmented call never comes here)."""
+    the one guard, its errors, spans, log lines and records), the tool run sent upstream raw
+    (`_sent`; an `upstream_idempotent` tool's by FastMCP's own core, `call_tool(run_middleware=
+    False)`, for the link's re-sends), and the outcome put on the wire as FastMCP's `tools/call`
+    handler puts it. What this skips is FastMCP's dispatch around them: its handler, the
+    middleware chain (the proxy's own: the in-flight bound is held by `install`, the metadata
+    middleware has no call hook) and the extension interceptors (a task-augmented call never
+    comes here)."""
     arguments = params.arguments or {}
     message = CallToolRequestParams(name=params.name, arguments=arguments)
 
     async def run(context: MiddlewareContext[CallToolRequestParams]) -> ToolResult:
         call = context.message
+        if raw:
+            assert isinstance(tool, OnceProxyTool) and context.fastmcp_context is not None
+            return await _sent(server, link, tool, call.arguments or {}, context.fastmcp_context)
         return await server.call_tool(call.name, call.arguments or {}, run_middleware=False)
+
+    # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
+    # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
+    raw = isinstance(tool, OnceProxyTool) and not guard.resend(tool.name)
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(
@@ -257,3 +278,58 @@ async def _forward(
     # (the front's own wire check sieves it away for a 2025-era caller).
     result.setdefault("resultType", "complete")
     return cast(dict[str, Any], result)
+
+
+async def _sent(
+    server: FastMCP[Any],
+    link: UpstreamLink,
+    tool: OnceProxyTool,
+    arguments: dict[str, Any],
+    ctx: Context,
+) -> ToolResult:
+    """The guarded call's tool run, sent upstream raw: what FastMCP's core run and
+    `OnceProxyTool.run` do for it (FastMCP's span for the tool, which also tells the guard the
+    tool was entered; the record's upstream key in `_meta`; the upstream's log lines and
+    questions forwarded to the caller; the link's failures in the guard's terms, `tools.lost`
+    and `tools.refused`; the link's deadline), without their layers: FastMCP's second lookup
+    and `Context`, the link's retrying session and the client library's typed call, which
+    validates the upstream's structured content against the schema the upstream already held it
+    to. The upstream's result is read once, as the record keeps it (a `CallToolResult`)."""
+    claim = current_claim()
+    assert claim is not None, "the guard runs the tool under its claim"
+    name = tool._backend_name or tool.name
+    key = upstream_key(claim)
+    meta = {wire.KEY_META: key, wire.ATTEMPT_META: 1}  # as the link's session sends a first try
+    request = CallToolRequest(
+        params=CallToolRequestParams(name=name, arguments=arguments, _meta=cast(Any, meta))
+    )
+    retry = link.retry
+    budget = retry.deadline if retry.attempt_timeout is None else retry.attempt_timeout
+    client = await link.client()  # before the tool is entered: a failure here ran nothing
+    with server_span(
+        f"tools/call {tool.name}", "tools/call", server.name, "tool", tool.name, tool_name=tool.name
+    ) as span:
+        # FastMCP's seam for "the tool is entered" (`idempotency`'s body watch reads it): from
+        # here on a failure may follow an effect.
+        span.set_attributes(tool.get_span_attributes())
+        with link.forwarding.serving(ctx):
+            try:
+                with anyio.fail_after(min(budget, retry.deadline)):
+                    result = await client.session.send_request(request, cast(Any, _RAW))
+            except TimeoutError as exc:
+                gave_up = OutcomeUnknown(
+                    tool=name, key=key, attempts=1, last_error=exc, reason="deadline"
+                )
+                raise lost(name, claim, gave_up, stdio=True) from exc
+            except MCPError as exc:
+                if exc.code != CONNECTION_CLOSED:
+                    raise refused(name, claim, exc) from exc
+                # The child died under the call: it may have run (the next call goes to the
+                # session that replaces it).
+                gave_up = OutcomeUnknown(
+                    tool=name, key=key, attempts=1, last_error=exc, reason="attempts"
+                )
+                raise lost(name, claim, gave_up, stdio=True) from exc
+    answer = tool_result(CallToolResult.model_validate(result))
+    assert isinstance(answer, ToolResult)  # a plain call over stdio answers with a result
+    return answer

@@ -34,7 +34,13 @@ from mcp_types import CONNECTION_CLOSED, CallToolResult, InputRequiredResult
 from idempotency import Claim, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, TaskCreated, ToolCallError
 
-from .failures import UpstreamNotSent, UpstreamRefused, UpstreamUnreachable, upstream_lost
+from .failures import (
+    UpstreamLost,
+    UpstreamNotSent,
+    UpstreamRefused,
+    UpstreamUnreachable,
+    upstream_lost,
+)
 from .tasks import declares_tasks
 from .upstream import UpstreamLink
 
@@ -102,7 +108,7 @@ class OnceProxyTool(ProxyTool):
             input_responses=ctx.input_responses,
             request_state=ctx.request_state,
         )
-        return _tool_result(result)
+        return tool_result(result)
 
     async def _guarded(
         self, link: UpstreamLink, claim: Claim, arguments: dict[str, Any], ctx: Context
@@ -125,27 +131,38 @@ class OnceProxyTool(ProxyTool):
                 task=declares_tasks(ctx),
             )
         except OutcomeUnknown as exc:
-            # Nothing more will come of this call: the record turns UNKNOWN now, not at the
-            # lease's end (an `upstream_idempotent` tool's is left for a takeover). The guard
-            # logs it (one WARNING naming the record and tool).
-            _said(logging.DEBUG, name, claim, exc)
-            raise upstream_lost(exc, stdio=link.upstream.url is None) from exc
+            raise lost(name, claim, exc, stdio=link.upstream.url is None) from exc
         except NotExecuted as exc:
             _said(logging.DEBUG, name, claim, exc)
             unsent = "could not be reached; not run, released, the caller may retry (-32013)"
             _said(logging.WARNING, name, claim, None, unsent)
             raise UpstreamNotSent(str(exc.reason)) from exc
         except ToolCallError as exc:
-            _said(logging.DEBUG, name, claim, exc)
-            refused = f"refused the call with code {exc.code}; passed on, nothing stored"
-            _said(logging.INFO, name, claim, None, refused)
-            raise UpstreamRefused(exc) from exc
+            raise refused(name, claim, exc) from exc
         # A task is the record's answer (rule 23): the guard keeps it in its one form
         # (`idempotency.task_record`) and answers every re-send of the key with it.
-        return _tool_result(result)
+        return tool_result(result)
 
 
-def _tool_result(
+def lost(name: str, claim: Claim, exc: OutcomeUnknown, *, stdio: bool) -> UpstreamLost:
+    """What a guarded call the link gave up on as maybe executed raises (here, and on the fast
+    path's raw send): nothing more will come of it, so the record turns UNKNOWN now, not at the
+    lease's end (an `upstream_idempotent` tool's is left for a takeover). The guard logs it (one
+    WARNING naming the record and tool); the cause goes to DEBUG."""
+    _said(logging.DEBUG, name, claim, exc)
+    return upstream_lost(exc, stdio=stdio)
+
+
+def refused(name: str, claim: Claim, exc: MCPError) -> UpstreamRefused:
+    """What a guarded call the upstream answered with a JSON-RPC error raises (here, and on the
+    fast path's raw send): released, the error passed on as sent, one INFO line."""
+    _said(logging.DEBUG, name, claim, exc)
+    what = f"refused the call with code {exc.code}; passed on, nothing stored"
+    _said(logging.INFO, name, claim, None, what)
+    return UpstreamRefused(exc)
+
+
+def tool_result(
     result: CallToolResult | InputRequiredResult | TaskCreated,
 ) -> ToolResult | TaskCreated:
     """The upstream's answer as the front's tool returns it: a question as FastMCP carries one

@@ -9,6 +9,7 @@ process (the slow tier: each test starts the upstream as a child)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -19,12 +20,14 @@ import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import MCPError
-from mcp_types import CallToolRequestParams
+from mcp_types import INVALID_PARAMS, CallToolRequestParams
+from otel_spans import recorder
 from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
 
 from idempotency import MemoryKeyStore, wire
-from mcp_once.proxy import OnceProxy, Upstream, build_proxy
-from mcp_once.proxy.tools import OnceProxyTool
+from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy
+from mcp_once.proxy.policy import ToolRule
+from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
 
 pytestmark = [
     pytest.mark.anyio,
@@ -44,6 +47,19 @@ async def _proxy(ledger: Path) -> AsyncIterator[tuple[OnceProxy, Client[Any]]]:
         )
         await client.list_tools()
         yield proxy, client
+
+
+@asynccontextmanager
+async def _guarding(
+    ledger: Path, server: str = "changing_server.py", policy: ProxyPolicy | None = None
+) -> AsyncIterator[Client[Any]]:
+    """A client of a proxy (memory store, `policy`) in front of the stdio upstream `server`
+    (a script here) with its effect ledger, its tools listed."""
+    upstream = Upstream.stdio(sys.executable, str(HERE / server), str(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore(), policy=policy)
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        yield client
 
 
 def _spy(
@@ -142,19 +158,19 @@ async def test_a_guarded_call_takes_the_fast_path(
     """A keyed call of a guarded tool goes through the guard and FastMCP's core only: no
     FastMCP `tools/call` dispatch, its middleware chain or extension interceptors."""
     ledger = tmp_path / "effects"
-    upstream = Upstream.stdio(sys.executable, str(HERE / "changing_server.py"), str(ledger))
-    proxy = build_proxy(upstream, MemoryKeyStore())
-    async with proxy.opened(), Client(proxy) as client:
-        await client.list_tools()
+    async with _guarding(ledger) as client:
         dispatched = _dispatches(monkeypatch)
         runs = _count_runs(monkeypatch)
         result = await client.call_tool("write", {"text": "fast"}, meta=meta_key("f1"))
         assert (result.meta or {})[MARKER]["status"] == "executed"
-        assert dispatched == [False], "a guarded call took FastMCP's tools/call dispatch"
-        assert runs == ["write"] and lines(ledger) == 1
+        assert dispatched == [], "a guarded call took FastMCP's tools/call dispatch or run"
+        assert runs == [], "a guarded call took the link's typed call (`OnceProxyTool.run`)"
+        assert lines(ledger) == 1
+        assert result.structured_content == {"result": "wrote fast"}
         again = await client.call_tool("write", {"text": "fast"}, meta=meta_key("f1"))
         assert (again.meta or {})[MARKER]["status"] == "replayed"
-        assert dispatched == [False] and lines(ledger) == 1
+        assert again.content == result.content
+        assert dispatched == [] and runs == [] and lines(ledger) == 1
 
 
 @pytest.mark.parametrize("path", ["fast", "fastmcp"])
@@ -180,6 +196,9 @@ async def test_a_guarded_call_keeps_the_contract_on_both_paths(
         assert (status(first), status(again)) == ("executed", "replayed")
         assert text(again) == text(first) == "charged 5 (#1)"
         assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+        # The upstream got the record's own key (rule 18), never the caller's.
+        sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
+        assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
         with pytest.raises(MCPError) as reused:
             await client.call_tool("charge", {"amount": 6}, meta=meta_key("order-1"))
         assert reused.value.code == wire.KEY_REUSED and lines(ledger / "calls") == 1
@@ -193,7 +212,66 @@ async def test_a_guarded_call_keeps_the_contract_on_both_paths(
         after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
         assert status(after) == "executed" and lines(ledger / "effects") == 3
         # The path under test: on FastMCP's, its dispatch (True) for every call, around its core
-        # run (False) where the tool runs; on the fast path, the core run alone for order-1 and
-        # order-2 (after the child died the link must reconnect: FastMCP's path, either way).
-        expected = [False, False] if path == "fast" else [True, False, True, True, True, False]
+        # run (False) where the tool runs; on the fast path, neither for order-1 and order-2 (the
+        # call goes upstream raw); after the child died the link must reconnect: FastMCP's path
+        # for order-2's re-send (the guard answers) and order-3, either way.
+        expected = [True, True, False] if path == "fast" else [True, False, True, True, True, False]
         assert dispatched[: len(expected)] == expected, dispatched
+
+
+async def test_an_upstream_idempotent_tool_keeps_the_link_s_re_sending_call(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool the policy declares `upstream_idempotent` is re-sent by the link within its
+    deadline: its guarded call keeps the link's own call (`OnceProxyTool.run`), not the raw
+    send; every other guarded tool goes raw."""
+    ledger = tmp_path / "effects"
+    policy = ProxyPolicy((ToolRule("write", upstream_idempotent=True),))
+    async with _guarding(ledger, policy=policy) as client:
+        runs = _count_runs(monkeypatch)
+        result = await client.call_tool("write", {"text": "linked"}, meta=meta_key("i1"))
+        assert (result.meta or {})[MARKER]["status"] == "executed"
+        assert runs == ["write"] and lines(ledger) == 1
+
+
+async def test_an_upstream_refusal_on_the_raw_send_is_passed_on_and_released(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upstream's own JSON-RPC error for a guarded call sent raw reaches the caller as it
+    was sent (code, message, data), nothing stored: the key is released, and its next call
+    runs."""
+    ledger = tmp_path / "effects"
+    async with _guarding(ledger, "refusing_server.py") as client:
+        runs = _count_runs(monkeypatch)
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool_mcp("pay", {"amount": -1}, meta=meta_key("r1"))
+        error = refused.value
+        assert (error.code, error.message) == (INVALID_PARAMS, "amount must be positive")
+        assert error.data == {"amount": -1} and lines(ledger) == 0
+        after = await client.call_tool("pay", {"amount": 3}, meta=meta_key("r1"))
+        assert (after.meta or {})[MARKER]["status"] == "executed"
+        assert lines(ledger) == 1 and runs == [], "not the raw send"
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_a_guarded_call_sent_raw_keeps_fastmcp_s_tool_span(
+    anyio_backend: str, path: str, tmp_path: Path
+) -> None:
+    """The raw send runs under FastMCP's span for the tool (`tools/call write`, labelled with
+    the tool's attributes, as FastMCP's core run labels it), with the guard's span around it,
+    on the fast path as on FastMCP's."""
+    spans = recorder()
+    upstream = Upstream.stdio(
+        sys.executable, str(HERE / "changing_server.py"), str(tmp_path / "effects")
+    )
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    if path == "fastmcp":
+        proxy.add_middleware(Middleware())
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        spans.clear()
+        await client.call_tool("write", {"text": "traced"}, meta=meta_key("s1"))
+    named = {span.name: span for span in spans.get_finished_spans()}
+    tool_span = named["tools/call write"]
+    assert (tool_span.attributes or {}).get("fastmcp.component.key") == "write", tool_span
+    assert any("idempotency" in name or "guard" in name for name in named), sorted(named)
