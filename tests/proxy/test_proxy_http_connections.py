@@ -17,6 +17,7 @@ import anyio
 import pytest
 from anyio.abc import SocketStream
 from fastmcp import Client
+from loopback import serving
 
 from idempotency import open_store
 from mcp_once.proxy import Upstream, build_proxy
@@ -52,11 +53,8 @@ class Relay:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[str]:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, self._serve)
-            yield f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/mcp"
-            tg.cancel_scope.cancel()
+        async with serving(self._serve) as port:
+            yield f"http://127.0.0.1:{port}/mcp"
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])

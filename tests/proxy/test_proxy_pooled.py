@@ -11,6 +11,7 @@ import anyio
 import httpx2
 import pytest
 from anyio.abc import SocketStream
+from loopback import serving
 
 from mcp_once.proxy.pooled import DRAIN_SECONDS, DrainingTransport
 
@@ -60,11 +61,8 @@ class SseServer:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[str]:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, self._serve)
-            yield f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}/mcp"
-            tg.cancel_scope.cancel()
+        async with serving(self._serve) as port:
+            yield f"http://127.0.0.1:{port}/mcp"
 
 
 async def post_and_close_early(client: httpx2.AsyncClient, url: str) -> None:

@@ -8,11 +8,12 @@ new connection at once (Redis looks unreachable) until `accept()`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+from loopback import serving
 
 
 class LossyProxy:
@@ -84,18 +85,3 @@ class LossyProxy:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass
                 forwarding.cancel()
-
-
-@asynccontextmanager
-async def serving(
-    handler: Callable[[anyio.abc.SocketStream], Awaitable[None]],
-) -> AsyncIterator[int]:
-    """A listener on a free loopback port running `handler` for each connection; yields the
-    port, stops serving on exit (also used by the Sentinel tests' stand-in Sentinel)."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, handler)
-        try:
-            yield listener.extra(anyio.abc.SocketAttribute.local_port)
-        finally:
-            tg.cancel_scope.cancel()

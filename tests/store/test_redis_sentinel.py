@@ -26,7 +26,8 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 import redis
-from lossy_proxy import LossyProxy, serving
+from loopback import serving
+from lossy_proxy import LossyProxy
 from redis.asyncio.sentinel import Sentinel
 from redis_sentinel import RedisSentinel
 from redis_server import RedisServer
