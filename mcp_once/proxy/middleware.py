@@ -180,8 +180,10 @@ class ProxyGuardMiddleware(Middleware):
 
     def _check_output(self, name: str, schema: dict[str, Any], result: ToolResult) -> None:
         """A replayed answer the caller's SDK would reject (an operator's settle of another
-        shape, or an upstream whose schema changed since) is refused with what to do, instead
-        of reaching the caller as its SDK's "Invalid structured content"."""
+        shape, an upstream whose schema changed since, or an upstream's own first answer that
+        did not fit the schema it lists: that one was passed on as sent, `fast_path`) is
+        refused with what to do, instead of reaching the caller as its SDK's "Invalid structured
+        content". The record does not say which, so the message names each."""
         found = output_problem(schema, result.structured_content, is_error=result.is_error)
         if found is None:
             return
@@ -195,8 +197,10 @@ class ProxyGuardMiddleware(Middleware):
         raise MCPError(
             wire.CORRUPT_RECORD,
             f"The stored answer for this idempotency key (data.key) of tool {name!r} cannot be"
-            f" given: {found}, so the caller's MCP SDK would reject it. Nothing was run. It was"
-            " most likely settled by an operator in another shape: settle that record again,"
+            f" given: {found}, so the caller's MCP SDK would reject it. Nothing was run. Either"
+            " it is the upstream's own answer, which did not fit the schema the upstream lists"
+            " (it was passed on as sent the first time, and the caller's SDK judged it then),"
+            " or the record was settled by an operator in another shape. Settle it again,"
             f" `mcp-once keys settle{self.settle_with} --tool {name} --client-key KEY --force"
             " --result-json FILE` with a CallToolResult whose structuredContent matches the"
             " schema (or --failed, to let the next call run the tool). Do not retry until then.",
