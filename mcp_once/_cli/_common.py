@@ -22,20 +22,13 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
-from idempotency import (
-    KeyStore,
-    MarkedStore,
-    MemoryKeyStore,
-    SQLiteKeyStore,
-    StoreError,
-    StoreUnavailable,
-    open_store,
-)
+if TYPE_CHECKING:
+    from idempotency import KeyStore
 
 #: The embedded durable default: a SQLite file in the working directory.
 DEFAULT_STORE_URL = "sqlite:///.mcp-once/keys.sqlite3"
@@ -115,9 +108,20 @@ def require_file(what: str, url: str, path: Path, *, made_by: str, also: str = "
         )
 
 
+def open_store(url: str) -> KeyStore:
+    """`idempotency.open_store`, imported when a store is opened, not with this module:
+    `mcp-once proxy` reads its command line with this module and starts its upstream's child
+    before anything opens a store (issue 46)."""
+    from idempotency import open_store as opened
+
+    return opened(url)
+
+
 def open_or_fail(url: str, *, existing: bool = False) -> KeyStore:
     """The store at `url`, or an exit with a sentence saying what is wrong with the URL.
     `existing`: the command only reads, so an SQLite file must exist already."""
+    from idempotency import SQLiteKeyStore, StoreUnavailable
+
     plain_path = "://" not in url and not url.startswith(("memory:", "sqlite:"))
     if plain_path and url.strip() and not url.endswith(SQLITE_SUFFIXES):
         fail(
@@ -153,6 +157,8 @@ PROBE_TIMEOUT = 10.0
 async def store_problem(store: KeyStore, url: str) -> str | None:
     """Why the store cannot be used, or None when it answers. Asked once before a command starts,
     so a wrong URL is one clear sentence, not a hundred STORE_UNAVAILABLE answers later."""
+    from idempotency import StoreError, StoreUnavailable
+
     try:
         with anyio.fail_after(PROBE_TIMEOUT):
             await store.get(PROBE_KEY)
@@ -172,13 +178,15 @@ def server_cell(name: str | None) -> str:
 
 
 #: A command's work on an open store: its exit code.
-Action = Callable[[KeyStore, argparse.Namespace], Awaitable[int]]
+Action = Callable[["KeyStore", argparse.Namespace], Awaitable[int]]
 
 
 async def nothing_here(store: KeyStore, url: str) -> str | None:
     """Why `store` is not worth reading, or None: it holds nothing of mcp-once's (no mark, no
     record, no history), so an empty answer from it would say nothing about the store the
     operator meant. A store that cannot say (one of one's own, not a `MarkedStore`) is read."""
+    from idempotency import MarkedStore, MemoryKeyStore, SQLiteKeyStore
+
     if not isinstance(store, MarkedStore):
         return None
     if await store.mark() is not None or await store.holds_anything():

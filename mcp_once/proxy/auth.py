@@ -16,6 +16,10 @@ FastMCP's own providers (`build_proxy(..., auth=...)` takes any other `AuthProvi
 
 A missing or bad token is answered 401 with `WWW-Authenticate` before the request reaches the
 server: nothing is parsed as MCP, claimed or stored.
+
+FastMCP's verifiers (and the JOSE library under them) are imported when a front is given one,
+not with this package: a stdio proxy, or a front without authentication, never needs them, and
+they are start-up time before the first `tools/list` (issue 46).
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastmcp.server.auth import AuthProvider, RemoteAuthProvider
-from fastmcp.server.auth.providers.jwt import JWTVerifier, StaticTokenVerifier
 from pydantic import AnyHttpUrl, ValidationError
 from starlette.routing import Route
 
 from idempotency import principal_digest
+
+if TYPE_CHECKING:
+    from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
 
 #: The shortest token a token file may hold: a guessable token is no authentication.
 MIN_TOKEN_CHARS = 16
@@ -88,6 +95,8 @@ def read_token_file(path: str | Path) -> dict[str, str]:
 def token_file_auth(path: str | Path) -> StaticTokenVerifier:
     """Bearer tokens from a token file (`read_token_file`): the principal is the line's name
     (its client id and subject)."""
+    from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+
     found = read_token_file(path)
     return StaticTokenVerifier(
         {token: {"client_id": who, "sub": who, "scopes": []} for token, who in found.items()}
@@ -98,6 +107,10 @@ async def token_principals(auth: AuthProvider | None) -> dict[str, str]:
     """A token verifier's principals, each with the digest records' histories name it by
     (`idempotency.principal_digest`), as the verifier itself makes its access tokens; empty for
     any other provider, whose principals are not known in advance."""
+    if auth is None:
+        return {}
+    from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+
     if not isinstance(auth, StaticTokenVerifier):
         return {}
     digests: dict[str, str] = {}
@@ -132,5 +145,7 @@ def jwt_auth(jwks_url: str, *, issuer: str, audience: str, public_url: str) -> R
             AnyHttpUrl(url)
         except ValidationError:
             raise AuthConfigError(f"the {what} must be an http(s) URL, not {url!r}") from None
+    from fastmcp.server.auth.providers.jwt import JWTVerifier
+
     verifier = JWTVerifier(jwks_uri=jwks_url, issuer=issuer, audience=audience)
     return ResourceServer(verifier, [AnyHttpUrl(issuer)], base_url=public_url)

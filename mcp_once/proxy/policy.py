@@ -32,9 +32,7 @@ tool of its upstream is reported with the nearest tool name (`said_unmatched`).
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +144,8 @@ class ProxyPolicy:
     def said_unmatched(self, label: str, names: Iterable[str], of: str = "the upstream") -> str:
         """The report of the table `label` (as `unmatched` names it) matching none of `names`,
         the tools of `of`: with the name nearest its pattern where one is close (`difflib`)."""
+        import difflib  # here, not at start-up: only a policy that matches nothing needs it
+
         patterns = [r.pattern for r in self.rules if r.label == label]
         close = difflib.get_close_matches(patterns[0], list(names), n=1) if patterns else []
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -224,6 +224,8 @@ def _check_options(where: str, options: Mapping[str, Any]) -> None:
 
 def load_policy(path: str | Path) -> ProxyPolicy:
     """The policy file at `path`; `PolicyError` when it cannot be read or applied."""
+    import tomllib  # here, not at start-up: a proxy without --policy never reads TOML
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

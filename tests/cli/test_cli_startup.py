@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 from cli_run import private_redis_server
+from mcp import StdioServerParameters
+from mcp.client import Client
 from redis_server import RedisServer
 
 from benchmarks import _populate
@@ -215,3 +217,75 @@ def test_an_early_child_that_exits_before_its_handshake_stops_the_proxy_naming_i
     assert events[0] == ["spawn", child]  # started early, before FastMCP
     assert "the upstream says why" in stderr
     assert "mcp-once: the upstream command 'sh' could not be started" in stderr
+
+
+#: Writes to the file its first argument names the modules the process had imported when it
+#: started its first child (the audit event, raised by the interpreter) and when it exited: the
+#: proxy's stdout is the MCP channel here, so the report cannot go there.
+_BUDGET = """
+import atexit, json, sys
+report = sys.argv.pop(1)
+at_spawn = []
+def hook(event, args):
+    if event == "subprocess.Popen" and not at_spawn:
+        at_spawn.append(sorted(sys.modules))
+sys.addaudithook(hook)
+def write():
+    with open(report, "w") as f:
+        json.dump({"spawn": at_spawn[0] if at_spawn else None, "exit": sorted(sys.modules)}, f)
+atexit.register(write)
+from mcp_once._cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+#: Imported before a stdio upstream's child is started: none of these (the store, the client
+#: library, the SDK), only what reads the command line.
+NOT_BEFORE_THE_SPAWN = {"idempotency", "orchestrator"} | SDK | NOT_FOR_SQLITE
+#: Never imported by a stdio proxy on a memory store that serves its first listing: the front's
+#: token verifiers (and the JOSE library's JWT/JWE under them), the policy file's reader and its
+#: typo hints, the result-schema check (at the first check), redis-py and the OpenTelemetry SDK,
+#: the other commands' modules and `tools`' report.
+NOT_BEFORE_THE_FIRST_LISTING = {
+    "fastmcp.server.auth.providers.jwt",
+    "joserfc.jwt",
+    "joserfc.jwe",
+    "tomllib",
+    "difflib",
+    "jsonschema",
+    "redis",
+    "opentelemetry.sdk",
+    "mcp_once.proxy.report",
+    "mcp_once._cli._demo",
+    "mcp_once._cli._keys",
+    "mcp_once._cli._audit",
+    "mcp_once._cli._runs",
+    "mcp_once._cli._bench",
+    "mcp_once._cli._wrap",
+}
+
+
+@pytest.mark.anyio
+async def test_the_proxy_imports_only_what_its_first_listing_needs(tmp_path: Path) -> None:
+    """Issue 46, item 3: before the child is started, only the command line is read (the store
+    and the SDK are imported while the child starts); and a stdio proxy that answers a real
+    client's `initialize` and first `tools/list` never imports what that does not need. The
+    modules at exit hold every one imported before the listing, so "not at exit" is "not
+    before the first listing" too."""
+    report = tmp_path / "modules.json"
+    proxy = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", _BUDGET, str(report), "proxy", "--store", "memory://", "--", *UPSTREAM],
+        env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
+        cwd=str(tmp_path),
+    )
+    async with Client(proxy) as client:
+        listed = await client.list_tools()
+    # The client's exit waits for the proxy's: its report is written by then.
+    assert {tool.name for tool in listed.tools} == {"read", "write"}  # served, through the proxy
+    modules = json.loads(report.read_text())
+    at_spawn = {name.split(".")[0] for name in modules["spawn"]}
+    assert at_spawn & NOT_BEFORE_THE_SPAWN == set()
+    assert "mcp_once._upstream.early" in modules["spawn"]  # not vacuous: the early start
+    at_exit = set(modules["exit"])
+    assert {"fastmcp", "idempotency.fastmcp", "mcp_once.proxy.server"} <= at_exit  # it served
+    assert at_exit & NOT_BEFORE_THE_FIRST_LISTING == set()
