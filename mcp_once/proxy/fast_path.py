@@ -60,14 +60,14 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from idempotency import Claim, current_claim, wire
 from orchestrator import OutcomeUnknown
 
 from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
-from .tools import OnceProxyTool, lost, refused, tool_result, upstream_key
+from .tools import OnceProxyTool, lost, refused, tool_result, unreadable, upstream_key
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -331,6 +331,8 @@ async def _sent(
                 tool=name, key=key, attempts=1, last_error=exc, reason="attempts"
             )
             raise lost(name, claim, gave_up, stdio=True) from exc
+        except ValidationError as exc:  # it answered, but not with an MCP result
+            raise unreadable(name, claim, exc, stdio=True) from exc
     answer = tool_result(result)
     assert isinstance(answer, ToolResult)  # a plain call over stdio answers with a result
     return answer

@@ -339,3 +339,26 @@ async def test_a_guarded_call_sent_raw_enters_its_tool_with_or_without_an_otel_s
             assert lost.value.code == wire.OUTCOME_UNKNOWN
     assert lines(ledger / "effects") == 2
     assert opened == (["tools/call charge"] * 2 if sdk else []), opened
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_an_upstream_answering_a_result_that_is_not_mcp_s_leaves_the_record_unknown(
+    anyio_backend: str, path: str, tmp_path: Path
+) -> None:
+    """The upstream had its effect, then answered with a result that is not MCP's: the call and
+    its re-send are OUTCOME_UNKNOWN (-32012), and the effect happened once. (It used to reach
+    the caller as -32602 "Invalid request parameters", the claim released, so the re-send ran
+    the effect again, on both paths.)"""
+    ledger = tmp_path / "effects"
+    upstream = Upstream.stdio(sys.executable, str(HERE / "garbled_server.py"), str(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    if path == "fastmcp":
+        proxy.add_middleware(Middleware())
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        for _ in range(2):
+            with pytest.raises(MCPError) as lost:
+                await client.call_tool_mcp("pay", {"amount": 3}, meta=meta_key("g1"))
+            assert lost.value.code == wire.OUTCOME_UNKNOWN, lost.value
+            assert "not MCP's" in lost.value.message, lost.value
+    assert lines(ledger) == 1
