@@ -40,6 +40,7 @@ import logging
 from fastmcp.exceptions import ToolError
 from mcp import MCPError
 from mcp_types import CONNECTION_CLOSED
+from pydantic import ValidationError
 
 from idempotency import OutcomeLost, wire
 from orchestrator import OutcomeUnknown, TransportFailed
@@ -104,6 +105,10 @@ def upstream_lost(exc: OutcomeUnknown, *, stdio: bool) -> UpstreamLost:
         return UpstreamLost(
             f"the upstream itself reports the outcome of this call as unknown; {_MAYBE}",
             ended=False,
+        )
+    if isinstance(last, ValidationError):  # it answered, unreadably: nothing more will come
+        return UpstreamLost(
+            f"the upstream answered with a result that is not MCP's; {_MAYBE}", ended=True
         )
     closed = isinstance(last, MCPError) and last.code == CONNECTION_CLOSED
     if closed and stdio:

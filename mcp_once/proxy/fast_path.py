@@ -34,7 +34,8 @@ paths.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
@@ -58,14 +59,15 @@ from mcp_types import (
     TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, TypeAdapter
+from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from idempotency import current_claim, wire
+from idempotency import Claim, current_claim, wire
 from orchestrator import OutcomeUnknown
 
 from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
-from .tools import OnceProxyTool, lost, refused, tool_result, upstream_key
+from .tools import OnceProxyTool, lost, refused, tool_result, unreadable, upstream_key
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -205,9 +207,14 @@ async def _guarded(
 
     async def run(context: MiddlewareContext[CallToolRequestParams]) -> ToolResult:
         call = context.message
-        if raw:
+        claim = current_claim()
+        # Raw only under the guard's claim: a call the guard passes through (no key and none
+        # to derive, `keys="optional"`, fail-open with the store down) is FastMCP's own run,
+        # as without the guard.
+        if raw and claim is not None:
             assert isinstance(tool, OnceProxyTool) and context.fastmcp_context is not None
-            return await _sent(server, link, tool, call.arguments or {}, context.fastmcp_context)
+            ctx = context.fastmcp_context
+            return await _sent(server, link, tool, claim, call.arguments or {}, ctx)
         return await server.call_tool(call.name, call.arguments or {}, run_middleware=False)
 
     # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
@@ -284,6 +291,7 @@ async def _sent(
     server: FastMCP[Any],
     link: UpstreamLink,
     tool: OnceProxyTool,
+    claim: Claim,
     arguments: dict[str, Any],
     ctx: Context,
 ) -> ToolResult:
@@ -294,9 +302,8 @@ async def _sent(
     and `tools.refused`; the link's deadline), without their layers: FastMCP's second lookup
     and `Context`, the link's retrying session and the client library's typed call, which
     validates the upstream's structured content against the schema the upstream already held it
-    to. The upstream's result is read once, as the record keeps it (a `CallToolResult`)."""
-    claim = current_claim()
-    assert claim is not None, "the guard runs the tool under its claim"
+    to. The upstream's result is read once, by the session, as the record keeps it (a
+    `CallToolResult`). `claim`: the guard's, under which it runs the tool."""
     name = tool._backend_name or tool.name
     key = upstream_key(claim)
     meta = {wire.KEY_META: key, wire.ATTEMPT_META: 1}  # as the link's session sends a first try
@@ -306,30 +313,48 @@ async def _sent(
     retry = link.retry
     budget = retry.deadline if retry.attempt_timeout is None else retry.attempt_timeout
     client = await link.client()  # before the tool is entered: a failure here ran nothing
+    with _entered(server, tool), link.forwarding.serving(ctx):
+        try:
+            with anyio.fail_after(min(budget, retry.deadline)):
+                result = await client.session.send_request(request, CallToolResult)
+        except TimeoutError as exc:
+            gave_up = OutcomeUnknown(
+                tool=name, key=key, attempts=1, last_error=exc, reason="deadline"
+            )
+            raise lost(name, claim, gave_up, stdio=True) from exc
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                raise refused(name, claim, exc) from exc
+            # The child died under the call: it may have run (the next call goes to the
+            # session that replaces it).
+            gave_up = OutcomeUnknown(
+                tool=name, key=key, attempts=1, last_error=exc, reason="attempts"
+            )
+            raise lost(name, claim, gave_up, stdio=True) from exc
+        except ValidationError as exc:  # it answered, but not with an MCP result
+            raise unreadable(name, claim, exc, stdio=True) from exc
+    answer = tool_result(result)
+    assert isinstance(answer, ToolResult)  # a plain call over stdio answers with a result
+    return answer
+
+
+@contextmanager
+def _entered(server: FastMCP[Any], tool: OnceProxyTool) -> Iterator[None]:
+    """The guarded tool entered, as FastMCP's core run enters it: its tool span, labelled with
+    `tool.get_span_attributes()`, which is also FastMCP's seam for "the tool is entered"
+    (`idempotency`'s body watch reads it: from here on a failure may follow an effect).
+
+    With no OpenTelemetry SDK configured (the API's proxy provider), FastMCP's `server_span`
+    would build the span's attributes and then start, on the API's no-op tracer, the very
+    non-recording span the request already carries (the no-op tracer hands back its parent),
+    so nothing a caller or the upstream can see changes; only the seam is kept then (~20 µs of
+    CPU per call: benchmarks/README.md, issue 46)."""
+    if isinstance(get_tracer_provider(), ProxyTracerProvider):
+        tool.get_span_attributes()
+        yield
+        return
     with server_span(
         f"tools/call {tool.name}", "tools/call", server.name, "tool", tool.name, tool_name=tool.name
     ) as span:
-        # FastMCP's seam for "the tool is entered" (`idempotency`'s body watch reads it): from
-        # here on a failure may follow an effect.
         span.set_attributes(tool.get_span_attributes())
-        with link.forwarding.serving(ctx):
-            try:
-                with anyio.fail_after(min(budget, retry.deadline)):
-                    result = await client.session.send_request(request, cast(Any, _RAW))
-            except TimeoutError as exc:
-                gave_up = OutcomeUnknown(
-                    tool=name, key=key, attempts=1, last_error=exc, reason="deadline"
-                )
-                raise lost(name, claim, gave_up, stdio=True) from exc
-            except MCPError as exc:
-                if exc.code != CONNECTION_CLOSED:
-                    raise refused(name, claim, exc) from exc
-                # The child died under the call: it may have run (the next call goes to the
-                # session that replaces it).
-                gave_up = OutcomeUnknown(
-                    tool=name, key=key, attempts=1, last_error=exc, reason="attempts"
-                )
-                raise lost(name, claim, gave_up, stdio=True) from exc
-    answer = tool_result(CallToolResult.model_validate(result))
-    assert isinstance(answer, ToolResult)  # a plain call over stdio answers with a result
-    return answer
+        yield

@@ -30,6 +30,7 @@ from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
 from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from mcp import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult, InputRequiredResult
+from pydantic import ValidationError
 
 from idempotency import Claim, current_claim
 from orchestrator import NotExecuted, OutcomeUnknown, TaskCreated, ToolCallError
@@ -132,6 +133,8 @@ class OnceProxyTool(ProxyTool):
             )
         except OutcomeUnknown as exc:
             raise lost(name, claim, exc, stdio=link.upstream.url is None) from exc
+        except ValidationError as exc:
+            raise unreadable(name, claim, exc, stdio=link.upstream.url is None) from exc
         except NotExecuted as exc:
             _said(logging.DEBUG, name, claim, exc)
             unsent = "could not be reached; not run, released, the caller may retry (-32013)"
@@ -151,6 +154,18 @@ def lost(name: str, claim: Claim, exc: OutcomeUnknown, *, stdio: bool) -> Upstre
     WARNING naming the record and tool); the cause goes to DEBUG."""
     _said(logging.DEBUG, name, claim, exc)
     return upstream_lost(exc, stdio=stdio)
+
+
+def unreadable(name: str, claim: Claim, exc: ValidationError, *, stdio: bool) -> UpstreamLost:
+    """What a guarded call raises whose upstream answered with a result that is not MCP's (the
+    session's wire check failed; here, and on the fast path's raw send): it may have run, and
+    its answer can be neither passed on nor stored, so the record turns UNKNOWN. Left as it was,
+    FastMCP would take the pydantic error for the caller's invalid arguments and the guard would
+    release the claim: a re-send would run the effect again."""
+    gave_up = OutcomeUnknown(
+        tool=name, key=upstream_key(claim), attempts=1, last_error=exc, reason="attempts"
+    )
+    return lost(name, claim, gave_up, stdio=stdio)
 
 
 def refused(name: str, claim: Claim, exc: MCPError) -> UpstreamRefused:

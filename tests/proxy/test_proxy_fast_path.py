@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,12 @@ from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS, CallToolRequestParams
+from opentelemetry.trace import ProxyTracerProvider
 from otel_spans import recorder
 from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
 
 from idempotency import MemoryKeyStore, wire
-from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy
+from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy, fast_path
 from mcp_once.proxy.policy import ToolRule
 from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
 
@@ -275,3 +276,89 @@ async def test_a_guarded_call_sent_raw_keeps_fastmcp_s_tool_span(
     tool_span = named["tools/call write"]
     assert (tool_span.attributes or {}).get("fastmcp.component.key") == "write", tool_span
     assert any("idempotency" in name or "guard" in name for name in named), sorted(named)
+
+
+async def test_a_keyless_call_the_guard_passes_through_is_run_on_the_fast_path(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `keys="optional"` the guard passes a keyless call of a guarded tool through (no
+    claim): it runs once, as FastMCP's core runs it, unmarked (it used to reach the raw send,
+    which runs only under a claim, and fail as -32603); a keyed call is still guarded raw."""
+    ledger = tmp_path / "effects"
+    upstream = Upstream.stdio(sys.executable, str(HERE / "changing_server.py"), str(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore(), keys="optional")
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        dispatched = _dispatches(monkeypatch)
+        plain = await client.call_tool("write", {"text": "keyless"})
+        assert plain.content[0].text == "wrote keyless"  # type: ignore[union-attr]
+        assert MARKER not in (plain.meta or {}) and lines(ledger) == 1
+        assert dispatched == [False], "not FastMCP's core run below the guard"
+        keyed = await client.call_tool("write", {"text": "keyed"}, meta=meta_key("o1"))
+        assert (keyed.meta or {})[MARKER]["status"] == "executed"
+        assert dispatched == [False] and lines(ledger) == 2
+
+
+@pytest.mark.parametrize("sdk", [True, False], ids=["otel-sdk", "no-sdk"])
+async def test_a_guarded_call_sent_raw_enters_its_tool_with_or_without_an_otel_sdk(
+    anyio_backend: str,
+    sdk: bool,
+    node_servers: NodeServers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without an OpenTelemetry SDK the raw send skips FastMCP's tool span (a no-op there) but
+    keeps its seam, `get_span_attributes`: an upstream that dies mid-call leaves the record
+    OUTCOME_UNKNOWN (-32012), never released to run again. With an SDK, FastMCP's span is
+    opened as before."""
+    if sdk:
+        recorder()
+    else:
+        monkeypatch.setattr(fast_path, "get_tracer_provider", ProxyTracerProvider)
+    opened: list[str] = []
+    span = fast_path.server_span
+
+    @contextmanager
+    def spied(name: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        opened.append(name)
+        with span(name, *args, **kwargs) as inner:
+            yield inner
+
+    monkeypatch.setattr(fast_path, "server_span", spied)
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    proxy = build_proxy(Upstream.stdio(*node_servers.ledger(ledger)), MemoryKeyStore())
+    async with proxy.opened(), InProcess(proxy) as client:
+        first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("e1"))
+        assert status(first) == "executed"
+        for _ in range(2):  # the call, then its re-send: UNKNOWN, never re-run
+            with pytest.raises(MCPError) as lost:
+                await client.call_tool(
+                    "charge", {"amount": 7, "crash": "after"}, meta=meta_key("e2")
+                )
+            assert lost.value.code == wire.OUTCOME_UNKNOWN
+    assert lines(ledger / "effects") == 2
+    assert opened == (["tools/call charge"] * 2 if sdk else []), opened
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_an_upstream_answering_a_result_that_is_not_mcp_s_leaves_the_record_unknown(
+    anyio_backend: str, path: str, tmp_path: Path
+) -> None:
+    """The upstream had its effect, then answered with a result that is not MCP's: the call and
+    its re-send are OUTCOME_UNKNOWN (-32012), and the effect happened once. (It used to reach
+    the caller as -32602 "Invalid request parameters", the claim released, so the re-send ran
+    the effect again, on both paths.)"""
+    ledger = tmp_path / "effects"
+    upstream = Upstream.stdio(sys.executable, str(HERE / "garbled_server.py"), str(ledger))
+    proxy = build_proxy(upstream, MemoryKeyStore())
+    if path == "fastmcp":
+        proxy.add_middleware(Middleware())
+    async with proxy.opened(), Client(proxy) as client:
+        await client.list_tools()
+        for _ in range(2):
+            with pytest.raises(MCPError) as lost:
+                await client.call_tool_mcp("pay", {"amount": 3}, meta=meta_key("g1"))
+            assert lost.value.code == wire.OUTCOME_UNKNOWN, lost.value
+            assert "not MCP's" in lost.value.message, lost.value
+    assert lines(ledger) == 1
