@@ -4,8 +4,9 @@ FastMCP's tool run; a guarded call goes through the guard without FastMCP's disp
 the contract on both paths (one effect per key, the replay marker, -32011, -32012 when the
 upstream dies mid-call); a middleware a user adds afterwards sees every call again (FastMCP's
 path); a guarded call asks FastMCP for its tool once, not once per layer. Stdio upstreams with
-an effect ledger (`changing_server.py`, the TypeScript ledger server), the proxy in this
-process (the slow tier: each test starts the upstream as a child)."""
+an effect ledger (`changing_server.py`, the TypeScript ledger server, that one over streamable
+HTTP too for an HTTP upstream), the proxy in this process (the slow tier: each test starts the
+upstream as a child)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -28,6 +30,7 @@ from idempotency import MemoryKeyStore, wire
 from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy
 from mcp_once.proxy.policy import ToolRule
 from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
+from mcp_once.scenarios import ServerProcess
 
 pytestmark = [
     pytest.mark.anyio,
@@ -275,3 +278,78 @@ async def test_a_guarded_call_sent_raw_keeps_fastmcp_s_tool_span(
     tool_span = named["tools/call write"]
     assert (tool_span.attributes or {}).get("fastmcp.component.key") == "write", tool_span
     assert any("idempotency" in name or "guard" in name for name in named), sorted(named)
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
+    anyio_backend: str,
+    path: str,
+    node_servers: NodeServers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger server over streamable HTTP, a handshake-era caller: a pass-through read goes
+    upstream raw (no `OnceProxyTool.run`, no FastMCP dispatch), a guarded call skips FastMCP's
+    dispatch (its core run only: the link's own call below the guard); one effect across a
+    re-send, the replay marker, the record's key upstream, -32012 when the upstream dies
+    mid-call; while it is down, the read fails and a guarded call is -32013 "unreachable" with
+    nothing run; back on its port, the same key runs once. FastMCP's path (a user's middleware
+    added) holds the same outcomes. On main (no HTTP upstream on the fast path) the fast
+    variant fails: FastMCP dispatched every call."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    upstream = ServerProcess(lambda port: node_servers.ledger(ledger, "--port", str(port)))
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore())
+        if path == "fastmcp":
+            proxy.add_middleware(Middleware())
+        async with proxy.opened(), Client(proxy, mode="legacy") as client:
+            await client.list_tools()
+            runs = _count_runs(monkeypatch)
+            dispatched = _dispatches(monkeypatch)
+            read = await client.call_tool_mcp("balance", {})
+            assert text(read) == "0" and status(read) is None
+            first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+            again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+            assert (status(first), status(again)) == ("executed", "replayed")
+            assert text(again) == text(first) == "charged 5 (#1)"
+            assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+            sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
+            assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
+            # The path under test: on the fast path no FastMCP dispatch (True) at all, the
+            # guarded call's core run (False) once, the read not run by FastMCP; on FastMCP's,
+            # its dispatch around each call's core run, and around the replay.
+            if path == "fast":
+                assert (dispatched, runs) == ([False], ["charge"]), (dispatched, runs)
+            else:
+                assert dispatched == [True, False, True, False, True], dispatched
+                assert runs == ["balance", "charge"], runs
+            for _ in range(2):  # the call, then its re-send: UNKNOWN, never re-run
+                with pytest.raises(MCPError) as lost:
+                    await client.call_tool(
+                        "charge", {"amount": 7, "crash": "after"}, meta=meta_key("order-2")
+                    )
+                assert lost.value.code == wire.OUTCOME_UNKNOWN, lost.value
+            assert lines(ledger / "effects") == 2
+            # Down (it crashed above): the read fails, the write never reaches it.
+            # (The read as it came out of the SDK's HTTP client on the fast path, a JSON-RPC
+            # error; FastMCP's path wraps the same error in an `isError` result.)
+            if path == "fast":
+                with pytest.raises(MCPError):
+                    await client.call_tool_mcp("balance", {})
+            else:
+                assert (await client.call_tool_mcp("balance", {})).is_error
+            with pytest.raises(MCPError) as unsent:
+                await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
+            assert unsent.value.code == wire.STORE_UNAVAILABLE, unsent.value
+            assert unsent.value.data["upstream"] == "unreachable"
+            assert lines(ledger / "calls") == 2
+            await anyio.to_thread.run_sync(upstream.start)
+            after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
+            assert status(after) == "executed" and lines(ledger / "effects") == 3
+            assert text(await client.call_tool_mcp("balance", {})) == "3"
+            if path == "fast":
+                assert True not in dispatched, dispatched
+    finally:
+        upstream.kill()
