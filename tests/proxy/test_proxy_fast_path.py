@@ -176,6 +176,30 @@ async def test_a_guarded_call_takes_the_fast_path(
         assert dispatched == [] and runs == [] and lines(ledger) == 1
 
 
+async def _charged_once_then_lost(client: Any, ledger: Path) -> None:
+    """Through `client` (of a proxy in front of the ledger server at `ledger`): `order-1`
+    charged once across a re-send (the replay marker; the upstream got the record's own key,
+    rule 18, never the caller's; -32011 for the key with other arguments), then `order-2` lost:
+    the upstream dies mid-call, -32012 on the call and on its re-send (UNKNOWN, never re-run)."""
+    first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+    again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+    assert (status(first), status(again)) == ("executed", "replayed")
+    assert text(again) == text(first) == "charged 5 (#1)"
+    assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+    sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
+    assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
+    with pytest.raises(MCPError) as reused:
+        await client.call_tool("charge", {"amount": 6}, meta=meta_key("order-1"))
+    assert reused.value.code == wire.KEY_REUSED and lines(ledger / "calls") == 1
+    for _ in range(2):
+        with pytest.raises(MCPError) as lost:
+            await client.call_tool(
+                "charge", {"amount": 7, "crash": "after"}, meta=meta_key("order-2")
+            )
+        assert lost.value.code == wire.OUTCOME_UNKNOWN, lost.value
+    assert lines(ledger / "effects") == 2
+
+
 @pytest.mark.parametrize("path", ["fast", "fastmcp"])
 async def test_a_guarded_call_keeps_the_contract_on_both_paths(
     anyio_backend: str,
@@ -194,24 +218,7 @@ async def test_a_guarded_call_keeps_the_contract_on_both_paths(
         proxy.add_middleware(Middleware())  # a user's own: every call takes FastMCP's path
     async with proxy.opened(), InProcess(proxy) as client:
         dispatched = _dispatches(monkeypatch)
-        first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
-        again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
-        assert (status(first), status(again)) == ("executed", "replayed")
-        assert text(again) == text(first) == "charged 5 (#1)"
-        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
-        # The upstream got the record's own key (rule 18), never the caller's.
-        sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
-        assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
-        with pytest.raises(MCPError) as reused:
-            await client.call_tool("charge", {"amount": 6}, meta=meta_key("order-1"))
-        assert reused.value.code == wire.KEY_REUSED and lines(ledger / "calls") == 1
-        for _ in range(2):  # the call, then its re-send: the record is UNKNOWN, never re-run
-            with pytest.raises(MCPError) as lost:
-                await client.call_tool(
-                    "charge", {"amount": 7, "crash": "after"}, meta=meta_key("order-2")
-                )
-            assert lost.value.code == wire.OUTCOME_UNKNOWN
-        assert lines(ledger / "effects") == 2
+        await _charged_once_then_lost(client, ledger)
         after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
         assert status(after) == "executed" and lines(ledger / "effects") == 3
         # The path under test: on FastMCP's, its dispatch (True) for every call, around its core
@@ -310,28 +317,15 @@ async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
             dispatched = _dispatches(monkeypatch)
             read = await client.call_tool_mcp("balance", {})
             assert text(read) == "0" and status(read) is None
-            first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
-            again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
-            assert (status(first), status(again)) == ("executed", "replayed")
-            assert text(again) == text(first) == "charged 5 (#1)"
-            assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
-            sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
-            assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
-            # The path under test: on the fast path no FastMCP dispatch (True) at all, the
-            # guarded call's core run (False) once, the read not run by FastMCP; on FastMCP's,
-            # its dispatch around each call's core run, and around the replay.
+            await _charged_once_then_lost(client, ledger)
+            # The path under test: on the fast path no FastMCP dispatch (True) at all, each
+            # guarded call's core run (False), the read not run by FastMCP; on FastMCP's, its
+            # dispatch around each call, and its core run where the tool runs.
             if path == "fast":
-                assert (dispatched, runs) == ([False], ["charge"]), (dispatched, runs)
+                assert dispatched == [False, False] and runs == ["charge"] * 2, (dispatched, runs)
             else:
-                assert dispatched == [True, False, True, False, True], dispatched
-                assert runs == ["balance", "charge"], runs
-            for _ in range(2):  # the call, then its re-send: UNKNOWN, never re-run
-                with pytest.raises(MCPError) as lost:
-                    await client.call_tool(
-                        "charge", {"amount": 7, "crash": "after"}, meta=meta_key("order-2")
-                    )
-                assert lost.value.code == wire.OUTCOME_UNKNOWN, lost.value
-            assert lines(ledger / "effects") == 2
+                assert dispatched == [True, False, True, False, True, True, True, False, True]
+                assert runs == ["balance", "charge", "charge"], runs
             # Down (it crashed above): the read fails, the write never reaches it.
             # (The read as it came out of the SDK's HTTP client on the fast path, a JSON-RPC
             # error; FastMCP's path wraps the same error in an `isError` result.)
