@@ -27,7 +27,7 @@ from otel_spans import recorder
 from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
 
 from idempotency import MemoryKeyStore, wire
-from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy
+from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy, parse_policy
 from mcp_once.proxy.policy import ToolRule
 from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
 from mcp_once.scenarios import ServerProcess
@@ -345,5 +345,34 @@ async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
             assert text(await client.call_tool_mcp("balance", {})) == "3"
             if path == "fast":
                 assert True not in dispatched, dispatched
+    finally:
+        upstream.kill()
+
+
+async def test_an_http_upstream_s_log_line_reaches_the_caller_of_a_raw_pass_through(
+    anyio_backend: str, node_servers: NodeServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call passed through raw to an HTTP upstream (a handshake-era caller) still forwards
+    what the upstream sends while it runs: the ledger server's log line reaches the caller."""
+    logs: list[Any] = []
+
+    async def on_log(message: Any) -> None:
+        data = message.data  # FastMCP relays a line as {"msg": ..., "extra": ...}
+        logs.append(data["msg"] if isinstance(data, dict) else data)
+
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    upstream = ServerProcess(lambda port: node_servers.ledger(ledger, "--port", str(port)))
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        policy = parse_policy({"tools": {"consult": {"guard": False}}})
+        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore(), policy=policy)
+        async with proxy.opened(), Client(proxy, mode="legacy", log_handler=on_log) as client:
+            await client.list_tools()
+            runs = _count_runs(monkeypatch)
+            result = await client.call_tool_mcp("consult", {"ask": "nothing"})
+            assert text(result) == "nothing: nothing asked" and status(result) is None
+            assert runs == [], "not the raw pass-through"
+            assert logs == ["consulting #1"] and lines(ledger / "effects") == 1
     finally:
         upstream.kill()
