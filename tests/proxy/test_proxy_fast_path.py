@@ -24,7 +24,17 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import MCPError
 from mcp_types import INVALID_PARAMS, CallToolRequestParams
 from otel_spans import recorder
-from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
+from proxy_kit import (
+    HERE,
+    MARKER,
+    InProcess,
+    NodeServers,
+    conformance_fixture,
+    lines,
+    meta_key,
+    status,
+    text,
+)
 
 from idempotency import MemoryKeyStore, wire
 from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy, parse_policy
@@ -376,3 +386,26 @@ async def test_an_http_upstream_s_log_line_reaches_the_caller_of_a_raw_pass_thro
             assert logs == ["consulting #1"] and lines(ledger / "effects") == 1
     finally:
         upstream.kill()
+
+
+async def test_an_http_upstream_s_sampling_request_reaches_the_caller_of_a_raw_pass_through(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conformance fixture (a stateful HTTP upstream) asks for sampling while a call passed
+    through raw runs: the request reaches the handshake-era caller and its answer goes back."""
+    prompts: list[str] = []
+
+    async def sample(messages: list[Any], params: Any, context: Any) -> str:
+        prompts.append(str(messages[0].content.text))
+        return "sampled"
+
+    with conformance_fixture() as url:
+        policy = parse_policy({"tools": {"test_sampling": {"guard": False}}})
+        proxy = build_proxy(Upstream.http(url), MemoryKeyStore(), policy=policy)
+        client = Client(proxy, sampling_handler=sample, mode="legacy")
+        async with proxy.opened(), client:
+            await client.list_tools()
+            runs = _count_runs(monkeypatch)
+            result = await client.call_tool_mcp("test_sampling", {"prompt": "p-1"})
+            assert text(result) == "LLM response: sampled" and status(result) is None
+            assert prompts == ["p-1"] and runs == [], (prompts, runs)
