@@ -85,6 +85,8 @@ HTTP_TARGETS = {
 #: The throughput target: this, at 16 callers, at least every HTTP-upstream peer's.
 HTTP_GUARDED = "mcp-once proxy --listen, Redis -> HTTP upstream"
 HTTP_PEERS = ("FastMCP create_proxy (HTTP) -> HTTP upstream",)
+#: The SDK floor in front of the HTTP upstream (`_hop_floor.serve_http_floor`).
+HTTP_FLOOR = "SDK floor (HTTP, raw forward) -> HTTP upstream"
 STARTUP_BOUND = 1.3
 #: The client speaks the handshake era to every target: the one all the peers speak, and what
 #: desktop clients send today.
@@ -237,8 +239,9 @@ def _http_proxies(
 
 
 def http_upstream_targets(stack: ExitStack, folder: str, redis_url: str) -> dict[str, Target]:
-    """The upstream served over streamable HTTP, directly and behind the HTTP-fronted proxies
-    (FastMCP's bare one, `mcp-once proxy --listen` on memory and Redis), by target name."""
+    """The upstream served over streamable HTTP, directly and behind the HTTP-fronted hops (the
+    SDK floor, FastMCP's bare proxy, `mcp-once proxy --listen` on memory and Redis), by target
+    name."""
     port = free_port()
     upstream = stack.enter_context(_listening(_upstream_on(port), port))
     targets: dict[str, Target] = {HTTP_DIRECT: upstream}
@@ -246,6 +249,13 @@ def http_upstream_targets(stack: ExitStack, folder: str, redis_url: str) -> dict
     def start(name: str, command: list[str], port: int) -> None:
         targets[name] = stack.enter_context(_listening(command, port))
 
+    port = free_port()
+    start(
+        HTTP_FLOOR,
+        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "floor", "--port", str(port),
+         "--upstream-url", upstream],
+        port,
+    )  # fmt: skip
     _http_proxies(
         start, folder, redis_url, "http-upstream", " -> HTTP upstream",
         ["--upstream-url", upstream], ["--upstream", upstream],
@@ -385,15 +395,28 @@ def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
 
 def http_verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
     """The HTTP-upstream targets: added p50 ms over the upstream directly (interleaved in the
-    same rounds), and guarded throughput at 16 callers against the bare proxy's pass-through."""
+    same rounds), each judged against the larger of its target and what the SDK floor adds in the
+    same run (issue 46: a target beyond the SDK's own transport takes the floor instead; `bound`
+    says which was used), and guarded throughput at 16 callers against the bare proxy's
+    pass-through."""
     rows = []
     latency = out["latency"]
-    for label, (name, tool, bound) in HTTP_TARGETS.items():
-        added = latency[f"{name} | {tool}"]["p50_ms"] - latency[f"{HTTP_DIRECT} | {tool}"]["p50_ms"]
-        value = round(added, 3)
+
+    def added(name: str, tool: str) -> float:
+        return round(
+            latency[f"{name} | {tool}"]["p50_ms"] - latency[f"{HTTP_DIRECT} | {tool}"]["p50_ms"], 3
+        )
+
+    for label, (name, tool, target) in HTTP_TARGETS.items():
+        value = added(name, tool)
+        floor = added(HTTP_FLOOR, tool) if f"{HTTP_FLOOR} | {tool}" in latency else None
+        bound, which = (
+            (floor, "SDK floor") if floor is not None and floor > target else (target, "target")
+        )
         rows.append({
-            "metric": f"{label}, p50 ms over direct", "measured": value, "ceiling": None,
-            "target": f"<= +{bound} ms", "met": value <= bound, "reachable": None,
+            "metric": f"{label}, p50 ms over direct", "measured": value, "ceiling": floor,
+            "target": f"<= +{bound} ms ({which}; target +{target})", "met": value <= bound,
+            "reachable": None if floor is None else floor <= target,
         })  # fmt: skip
     rates = out["calls_per_second"]
     if HTTP_GUARDED in rates:
@@ -426,12 +449,16 @@ def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
 
 
 async def _serve(mode: str, port: int | None, upstream_url: str | None = None) -> None:
-    """This benchmark's own servers: FastMCP's bare proxy (of the stdio upstream, or of
-    `upstream_url`), or the SDK floor."""
+    """This benchmark's own servers: FastMCP's bare proxy or the SDK floor (of the stdio
+    upstream, or of `upstream_url` with an HTTP front on `port`)."""
     if mode == "floor":
-        from ._hop_floor import serve_floor
+        from ._hop_floor import serve_floor, serve_http_floor
 
-        await serve_floor(_upstream())
+        if upstream_url is None:
+            await serve_floor(_upstream())
+        else:
+            assert port is not None, "the HTTP floor listens on --port"
+            await serve_http_floor(upstream_url, port)
         return
     from fastmcp import Client as FastMCPClient
     from fastmcp.client.transports import ClientTransport, StdioTransport, StreamableHttpTransport

@@ -1,4 +1,4 @@
-"""The fast path: a `tools/call` to a live stdio upstream, served without FastMCP's dispatch.
+"""The fast path: a `tools/call` to a live upstream, served without FastMCP's dispatch.
 
 Why it bypasses FastMCP: a call the proxy passes through (a read-only tool, or one the policy
 leaves unguarded) has nothing for the proxy to do but forward it, yet FastMCP's path cost it
@@ -22,13 +22,26 @@ core run, `OnceProxyTool.run`, the link's retrying session and the client librar
 (~30 % of the proxy's CPU per guarded call: benchmarks/README.md). A tool the policy declares
 `upstream_idempotent` keeps the link's own call, which re-sends it within the link's deadline.
 
+An HTTP upstream is served here too, for a handshake-era caller while that era's session is
+open (`UpstreamLink.raw_ready`): a passed-through call goes raw to the caller's era's session
+(`UpstreamLink.client` reads the era from the bound request, no `Context` needed), under the
+client's watch on its session task (`UpstreamLink.send_raw`: over HTTP a server's failure can
+end that task instead of the request). A guarded call to an HTTP upstream skips FastMCP's
+dispatch but keeps the link's own call below the guard (no `_sent`): only the link's
+`RetryingSession`, through its retry-aware HTTP transport, tells a request that never left (a
+refused connection: released, re-sent on a fresh session) from one that may have run (UNKNOWN),
+and a session the upstream forgot (404 after its restart) from a live one; a raw send sees
+neither and would judge both wrongly.
+
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
 task-augmented call (`params.task`), an input_required continuation, a call asking for progress
-or naming a FastMCP version, an HTTP upstream, a tool FastMCP does not list (unknown, disabled),
-a link whose session must first be (re)opened, and any server a user added middleware of their
-own to (it must see every call). The per-principal in-flight bound (`InFlightLimit`) and the
-forwarding of the upstream's log lines and questions to the caller (`Forwarding`) hold on both
-paths.
+or naming a FastMCP version, a 2026-07-28 caller's call to an HTTP upstream (its input-required
+rounds and `Mcp-Param-*` headers are the SDK's typed `call_tool`'s to send) or one declaring the
+tasks extension (the link's task-declaring session is `OnceProxyTool`'s), a tool FastMCP does
+not list (unknown, disabled), a link whose session must first be (re)opened, and any server a
+user added middleware of their own to (it must see every call). The per-principal in-flight
+bound (`InFlightLimit`) and the forwarding of the upstream's log lines and questions to the
+caller (`Forwarding`) hold on both paths.
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ import anyio
 from fastmcp.exceptions import DisabledError, FastMCPError, NotFoundError
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import fastmcp_request_ctx
+from fastmcp.server.extensions import read_client_extension_settings as declared
 from fastmcp.server.middleware import MiddlewareContext
 from fastmcp.server.telemetry import server_span
 from fastmcp.tools.base import InputRequiredToolResult, ToolResult
@@ -63,7 +77,7 @@ from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from idempotency import Claim, current_claim, wire
-from orchestrator import OutcomeUnknown
+from orchestrator import TASKS_EXTENSION, OutcomeUnknown
 
 from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
@@ -163,8 +177,8 @@ async def _served(
         or params.input_responses is not None
         or params.request_state is not None
         or (meta is not None and (meta.get("progressToken") is not None or "fastmcp" in meta))
-        or link.upstream.url is not None
-        or not link.alive()
+        or not link.raw_ready(ctx.protocol_version)
+        or (link.upstream.url is not None and declared(ctx, TASKS_EXTENSION) is not None)
     ):
         return None
     return await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
@@ -219,7 +233,10 @@ async def _guarded(
 
     # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
     # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
+    # So does a call to an HTTP upstream: only the link's session tells a request that never
+    # left (refused: released, re-sent) from one that may have run (the module doc).
     raw = isinstance(tool, OnceProxyTool) and not guard.resend(tool.name)
+    raw = raw and link.upstream.url is None
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(
@@ -274,7 +291,7 @@ async def _forward(
     # The upstream's log lines and questions reach this call's caller while it runs.
     with link.forwarding.serving_request(fastmcp_request_ctx.get(), server_ref):
         try:
-            result = await client.session.send_request(request, cast(Any, _RAW))
+            result = await link.send_raw(client, request)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 # The child died under the call: retryable, and the next call goes to the
@@ -284,7 +301,7 @@ async def _forward(
     # The upstream link speaks the handshake era; a 2026-07-28 front's result names its type
     # (the front's own wire check sieves it away for a 2025-era caller).
     result.setdefault("resultType", "complete")
-    return cast(dict[str, Any], result)
+    return result
 
 
 async def _sent(

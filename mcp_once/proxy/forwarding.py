@@ -26,6 +26,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from fastmcp.server.context import Context
+from fastmcp.server.dependencies import fastmcp_request_ctx, get_context
 from fastmcp.server.providers import proxy as fastmcp_proxy
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR
@@ -100,7 +101,14 @@ class Forwarding:
                     return None
                 raise MCPError(INTERNAL_ERROR, f"mcp-once proxy: {why}")
             # FastMCP's own restore (what its proxy tools' stash feeds): the handler then
-            # resolves `get_context()` to this call's request, on the caller's session.
+            # resolves `get_context()` to this call's request, on the caller's session. A
+            # message read in the call's own task context (an HTTP upstream's answer stream,
+            # opened by the fast path's raw send) has the request bound but no `Context`, which
+            # the restore would keep: unbound first, the restore binds both.
+            try:
+                get_context()
+            except RuntimeError:
+                fastmcp_request_ctx.set(None)
             fastmcp_proxy._restore_request_context([target])
             return await handler(*args, **kwargs)
 

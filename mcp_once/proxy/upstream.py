@@ -183,19 +183,29 @@ class UpstreamLink:
         sampling/elicitation/roots requests it relays), else the 2026-07-28 one (it answers
         input-required rounds; "auto" falls back to the handshake on an older upstream). Without
         a request (the start-up listing, `mcp-once tools`) the modern one. Over stdio always the
-        handshake one: one child, whose state every caller shares."""
-        from fastmcp.server.dependencies import get_context
-        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+        handshake one: one child, whose state every caller shares. The request is FastMCP's bound
+        request context, there with or without a FastMCP `Context` (the fast path enters none)."""
+        from fastmcp.server.dependencies import fastmcp_request_ctx
 
         if self.upstream.url is None:
             return self._session
-        try:
-            rc = get_context().request_context
-        except RuntimeError:
-            return self._modern
-        if rc is None or rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        rc = fastmcp_request_ctx.get()
+        if rc is None or _modern(rc.protocol_version):
             return self._modern
         return self._session
+
+    def raw_ready(self, protocol_version: str | None) -> bool:
+        """Whether a call from a caller speaking `protocol_version` can be sent raw now (the
+        fast path, `fast_path.py`): over stdio, while the sessions opened so far are alive; over
+        HTTP, for a handshake-era caller whose era's session is open and its session task
+        running (a 2026-07-28 caller's call carries what only the SDK's typed `call_tool` sends:
+        its input-required rounds and `Mcp-Param-*` headers)."""
+        if self.upstream.url is None:
+            return self.alive()
+        if _modern(protocol_version):
+            return False
+        current = self._session.session
+        return current is not None and not tool_session(current).closed()
 
     def tasks(self) -> RetryingSession:
         """The session a task is created and polled on: the one declaring the extension (over
@@ -341,11 +351,25 @@ class UpstreamLink:
 
         client = await self._connected(self.tasks())
         try:
-            answer = await client._await_with_session_monitoring(
-                client.session.send_request(request, cast(Any, _RAW))
-            )
+            return await self.send_raw(client, request)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 raise UpstreamUnreachable() from exc
             raise
-        return dict(answer)
+
+    async def send_raw(self, client: Client[Any], request: Request[Any, Any]) -> dict[str, Any]:
+        """`request` sent once on `client` (one of this link's), its answer as it came (the
+        session still checks it against the wire schema). Over HTTP under the client's watch on
+        its session task, as FastMCP's client sends every call: there a server's failure can end
+        that task instead of the request, which would otherwise wait for an answer that never
+        comes. Over stdio the pipes' end fails the request itself (-32000)."""
+        sending = client.session.send_request(request, cast(Any, _RAW))
+        if self.upstream.url is None:
+            return cast(dict[str, Any], await sending)
+        return cast(dict[str, Any], await client._await_with_session_monitoring(sending))
+
+
+def _modern(protocol_version: str | None) -> bool:
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    return protocol_version in MODERN_PROTOCOL_VERSIONS

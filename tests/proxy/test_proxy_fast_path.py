@@ -4,8 +4,9 @@ FastMCP's tool run; a guarded call goes through the guard without FastMCP's disp
 the contract on both paths (one effect per key, the replay marker, -32011, -32012 when the
 upstream dies mid-call); a middleware a user adds afterwards sees every call again (FastMCP's
 path); a guarded call asks FastMCP for its tool once, not once per layer. Stdio upstreams with
-an effect ledger (`changing_server.py`, the TypeScript ledger server), the proxy in this
-process (the slow tier: each test starts the upstream as a child)."""
+an effect ledger (`changing_server.py`, the TypeScript ledger server, that one over streamable
+HTTP too for an HTTP upstream), the proxy in this process (the slow tier: each test starts the
+upstream as a child)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -23,12 +25,30 @@ from mcp import MCPError
 from mcp_types import INVALID_PARAMS, CallToolRequestParams
 from opentelemetry.trace import ProxyTracerProvider
 from otel_spans import recorder
-from proxy_kit import HERE, MARKER, InProcess, NodeServers, lines, meta_key, status, text
+from proxy_kit import (
+    HERE,
+    MARKER,
+    InProcess,
+    NodeServers,
+    conformance_fixture,
+    lines,
+    meta_key,
+    status,
+    text,
+)
 
 from idempotency import MemoryKeyStore, wire
-from mcp_once.proxy import OnceProxy, ProxyPolicy, Upstream, build_proxy, fast_path
+from mcp_once.proxy import (
+    OnceProxy,
+    ProxyPolicy,
+    Upstream,
+    build_proxy,
+    fast_path,
+    parse_policy,
+)
 from mcp_once.proxy.policy import ToolRule
 from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
+from mcp_once.scenarios import ServerProcess
 
 pytestmark = [
     pytest.mark.anyio,
@@ -174,6 +194,30 @@ async def test_a_guarded_call_takes_the_fast_path(
         assert dispatched == [] and runs == [] and lines(ledger) == 1
 
 
+async def _charged_once_then_lost(client: Any, ledger: Path) -> None:
+    """Through `client` (of a proxy in front of the ledger server at `ledger`): `order-1`
+    charged once across a re-send (the replay marker; the upstream got the record's own key,
+    rule 18, never the caller's; -32011 for the key with other arguments), then `order-2` lost:
+    the upstream dies mid-call, -32012 on the call and on its re-send (UNKNOWN, never re-run)."""
+    first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+    again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
+    assert (status(first), status(again)) == ("executed", "replayed")
+    assert text(again) == text(first) == "charged 5 (#1)"
+    assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
+    sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
+    assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
+    with pytest.raises(MCPError) as reused:
+        await client.call_tool("charge", {"amount": 6}, meta=meta_key("order-1"))
+    assert reused.value.code == wire.KEY_REUSED and lines(ledger / "calls") == 1
+    for _ in range(2):
+        with pytest.raises(MCPError) as lost:
+            await client.call_tool(
+                "charge", {"amount": 7, "crash": "after"}, meta=meta_key("order-2")
+            )
+        assert lost.value.code == wire.OUTCOME_UNKNOWN, lost.value
+    assert lines(ledger / "effects") == 2
+
+
 @pytest.mark.parametrize("path", ["fast", "fastmcp"])
 async def test_a_guarded_call_keeps_the_contract_on_both_paths(
     anyio_backend: str,
@@ -192,24 +236,7 @@ async def test_a_guarded_call_keeps_the_contract_on_both_paths(
         proxy.add_middleware(Middleware())  # a user's own: every call takes FastMCP's path
     async with proxy.opened(), InProcess(proxy) as client:
         dispatched = _dispatches(monkeypatch)
-        first = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
-        again = await client.call_tool("charge", {"amount": 5}, meta=meta_key("order-1"))
-        assert (status(first), status(again)) == ("executed", "replayed")
-        assert text(again) == text(first) == "charged 5 (#1)"
-        assert lines(ledger / "calls") == 1 and lines(ledger / "effects") == 1
-        # The upstream got the record's own key (rule 18), never the caller's.
-        sent = json.loads((ledger / "calls").read_text().splitlines()[0])["key"]
-        assert sent.startswith(UPSTREAM_KEY_PREFIX) and "order-1" not in sent
-        with pytest.raises(MCPError) as reused:
-            await client.call_tool("charge", {"amount": 6}, meta=meta_key("order-1"))
-        assert reused.value.code == wire.KEY_REUSED and lines(ledger / "calls") == 1
-        for _ in range(2):  # the call, then its re-send: the record is UNKNOWN, never re-run
-            with pytest.raises(MCPError) as lost:
-                await client.call_tool(
-                    "charge", {"amount": 7, "crash": "after"}, meta=meta_key("order-2")
-                )
-            assert lost.value.code == wire.OUTCOME_UNKNOWN
-        assert lines(ledger / "effects") == 2
+        await _charged_once_then_lost(client, ledger)
         after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
         assert status(after) == "executed" and lines(ledger / "effects") == 3
         # The path under test: on FastMCP's, its dispatch (True) for every call, around its core
@@ -276,6 +303,120 @@ async def test_a_guarded_call_sent_raw_keeps_fastmcp_s_tool_span(
     tool_span = named["tools/call write"]
     assert (tool_span.attributes or {}).get("fastmcp.component.key") == "write", tool_span
     assert any("idempotency" in name or "guard" in name for name in named), sorted(named)
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
+    anyio_backend: str,
+    path: str,
+    node_servers: NodeServers,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ledger server over streamable HTTP, a handshake-era caller: a pass-through read goes
+    upstream raw (no `OnceProxyTool.run`, no FastMCP dispatch), a guarded call skips FastMCP's
+    dispatch (its core run only: the link's own call below the guard); one effect across a
+    re-send, the replay marker, the record's key upstream, -32012 when the upstream dies
+    mid-call; while it is down, the read fails and a guarded call is -32013 "unreachable" with
+    nothing run; back on its port, the same key runs once. FastMCP's path (a user's middleware
+    added) holds the same outcomes. On main (no HTTP upstream on the fast path) the fast
+    variant fails: FastMCP dispatched every call."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    upstream = ServerProcess(lambda port: node_servers.ledger(ledger, "--port", str(port)))
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore())
+        if path == "fastmcp":
+            proxy.add_middleware(Middleware())
+        async with proxy.opened(), Client(proxy, mode="legacy") as client:
+            await client.list_tools()
+            runs = _count_runs(monkeypatch)
+            dispatched = _dispatches(monkeypatch)
+            read = await client.call_tool_mcp("balance", {})
+            assert text(read) == "0" and status(read) is None
+            await _charged_once_then_lost(client, ledger)
+            # The path under test: on the fast path no FastMCP dispatch (True) at all, each
+            # guarded call's core run (False), the read not run by FastMCP; on FastMCP's, its
+            # dispatch around each call, and its core run where the tool runs.
+            if path == "fast":
+                assert dispatched == [False, False] and runs == ["charge"] * 2, (dispatched, runs)
+            else:
+                assert dispatched == [True, False, True, False, True, True, True, False, True]
+                assert runs == ["balance", "charge", "charge"], runs
+            # Down (it crashed above): the read fails, the write never reaches it.
+            # (The read as it came out of the SDK's HTTP client on the fast path, a JSON-RPC
+            # error; FastMCP's path wraps the same error in an `isError` result.)
+            if path == "fast":
+                with pytest.raises(MCPError):
+                    await client.call_tool_mcp("balance", {})
+            else:
+                assert (await client.call_tool_mcp("balance", {})).is_error
+            with pytest.raises(MCPError) as unsent:
+                await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
+            assert unsent.value.code == wire.STORE_UNAVAILABLE, unsent.value
+            assert unsent.value.data["upstream"] == "unreachable"
+            assert lines(ledger / "calls") == 2
+            await anyio.to_thread.run_sync(upstream.start)
+            after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
+            assert status(after) == "executed" and lines(ledger / "effects") == 3
+            assert text(await client.call_tool_mcp("balance", {})) == "3"
+            if path == "fast":
+                assert True not in dispatched, dispatched
+    finally:
+        upstream.kill()
+
+
+async def test_an_http_upstream_s_log_line_reaches_the_caller_of_a_raw_pass_through(
+    anyio_backend: str, node_servers: NodeServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call passed through raw to an HTTP upstream (a handshake-era caller) still forwards
+    what the upstream sends while it runs: the ledger server's log line reaches the caller."""
+    logs: list[Any] = []
+
+    async def on_log(message: Any) -> None:
+        data = message.data  # FastMCP relays a line as {"msg": ..., "extra": ...}
+        logs.append(data["msg"] if isinstance(data, dict) else data)
+
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    upstream = ServerProcess(lambda port: node_servers.ledger(ledger, "--port", str(port)))
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        policy = parse_policy({"tools": {"consult": {"guard": False}}})
+        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore(), policy=policy)
+        async with proxy.opened(), Client(proxy, mode="legacy", log_handler=on_log) as client:
+            await client.list_tools()
+            runs = _count_runs(monkeypatch)
+            result = await client.call_tool_mcp("consult", {"ask": "nothing"})
+            assert text(result) == "nothing: nothing asked" and status(result) is None
+            assert runs == [], "not the raw pass-through"
+            assert logs == ["consulting #1"] and lines(ledger / "effects") == 1
+    finally:
+        upstream.kill()
+
+
+async def test_an_http_upstream_s_sampling_request_reaches_the_caller_of_a_raw_pass_through(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conformance fixture (a stateful HTTP upstream) asks for sampling while a call passed
+    through raw runs: the request reaches the handshake-era caller and its answer goes back."""
+    prompts: list[str] = []
+
+    async def sample(messages: list[Any], params: Any, context: Any) -> str:
+        prompts.append(str(messages[0].content.text))
+        return "sampled"
+
+    with conformance_fixture() as url:
+        policy = parse_policy({"tools": {"test_sampling": {"guard": False}}})
+        proxy = build_proxy(Upstream.http(url), MemoryKeyStore(), policy=policy)
+        client = Client(proxy, sampling_handler=sample, mode="legacy")
+        async with proxy.opened(), client:
+            await client.list_tools()
+            runs = _count_runs(monkeypatch)
+            result = await client.call_tool_mcp("test_sampling", {"prompt": "p-1"})
+            assert text(result) == "LLM response: sampled" and status(result) is None
+            assert prompts == ["p-1"] and runs == [], (prompts, runs)
 
 
 async def test_a_keyless_call_the_guard_passes_through_is_run_on_the_fast_path(
