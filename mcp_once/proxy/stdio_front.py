@@ -67,7 +67,7 @@ logger = logging.getLogger("mcp_once.proxy")
 #: The most one read takes (a message longer than this is joined across reads).
 _READ_SIZE = 1 << 16
 #: The most one write gives: what a writable pipe takes without blocking.
-_WRITE_SIZE = select.PIPE_BUF
+_WRITE_SIZE: int = getattr(select, "PIPE_BUF", 512)  # POSIX's least; not on Windows
 #: What a stdout closed under a write raises (a pipe's reader gone; a socket's peer gone).
 _GONE = (BrokenPipeError, ConnectionResetError)
 

@@ -1,6 +1,7 @@
 """The proxy's stdio front (`mcp_once.proxy.stdio_front`) as a real process on real pipes, on
 asyncio and trio (`stdio_front_echo.py`: each message echoed, each bad line answered): framing
-(several messages in one read, one message across reads, a UTF-8 character split between them),
+(several messages in one read, one message across reads, a UTF-8 character split between them,
+a message longer than a read and a write),
 a bad line answered and the session going on, stray output of a handler and of its child kept
 off the wire, EOF ending the process, a client gone from stdout ending it cleanly, no worker
 thread, and the pipes' shared O_NONBLOCK flag never touched (the test holds the same open file
@@ -112,6 +113,13 @@ def test_framing_bad_lines_stray_output_and_eof(backend: str, tmp_path: Path) ->
         it.send(fourth[cut:])
         assert it.answer() == message(4, "café au lait")
 
+        # Longer than one read takes and than one write gives: read in parts, written in parts.
+        big = message(6, "ü" * 200_000)
+        data = line(big)
+        while data:
+            data = data[os.write(it.to_it, data) :]
+        assert it.answer() == big
+
         it.send(b"this is not json\n")
         invalid = it.answer()
         assert invalid["method"] == "test/invalid"
@@ -129,8 +137,8 @@ def test_framing_bad_lines_stray_output_and_eof(backend: str, tmp_path: Path) ->
             rest += chunk
         assert bytes(it.pending) + rest == b"", "stray output reached the wire"
         stray = it.stderr.read_text()
-        assert stray.count("stray print") == stray.count("stray fd write") == 5
-        assert stray.count("stray child") == 5  # one of each per message
+        assert stray.count("stray print") == stray.count("stray fd write") == 6
+        assert stray.count("stray child") == 6  # one of each per message
         assert "Traceback" not in stray
 
 
