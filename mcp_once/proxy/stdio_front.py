@@ -29,6 +29,10 @@ splits at a bare "\\r", which a JSON-RPC message never holds outside a string); 
 closes under a write (the client is gone) ends the session cleanly (the rest of the answers are
 dropped, stdin is no longer read) where the SDK's writer raised.
 
+The SDK's claim and its context streams are private names of the SDK (`mcp.server.stdio`,
+`mcp.shared._context_streams`): shared rather than written again, so that the claim's registry
+and restore stay the SDK's; the SDK is pinned, and `tests/proxy/test_stdio_front.py` runs them.
+
 Fallback: the SDK's `stdio_server` serves where this cannot: on Windows (no readiness for
 files), where fd 0 or fd 1 is not a pipe, a socket or a terminal (a regular file or the null
 device, which the event loop's selector refuses to watch), and where `sys.stdin` / `sys.stdout`
