@@ -59,6 +59,7 @@ SLOW_PLACES = (
     "tests/proxy/test_proxy_fleet.py",  # proxy replicas behind nginx, replica and upstream killed
     "tests/proxy/test_proxy_http_upstream.py",  # an HTTP upstream killed and started again
     "tests/proxy/test_proxy_start.py",  # a proxy started before its upstream, then it
+    "tests/proxy/test_stdio_front.py",  # the stdio front as a process, on both backends
     "tests/proxy/test_proxy_npm.py",  # the npm reference servers behind the proxy, lost answers
     "tests/proxy/test_proxy_intents.py",  # a guarded upstream behind the proxy, SIGKILLed
     "tests/proxy/test_proxy_desktop.py",  # real servers behind proxies started as a desktop app

@@ -35,6 +35,7 @@ from .failures import UpstreamUnreachable
 from .limits import BodyLimit, InFlightLimit
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
+from .stdio_front import stdio_front
 from .task_owners import TaskOwners
 from .tasks import TaskForwarding
 from .tools import OnceProxyProvider
@@ -80,6 +81,30 @@ class LinkedServer(FastMCP[Any]):
             return
         async with self.opened():
             await super().run_async(*args, **kwargs)
+
+    async def run_stdio_async(
+        self, show_banner: bool = True, log_level: str | None = None, stateless: bool = False
+    ) -> None:
+        """FastMCP's stdio run on the proxy's own stdio transport (`stdio_front`: no worker
+        thread per line read or message written), everything else as FastMCP's `run_stdio_async`
+        does it (its banner, log level, transport name and lifespan). FastMCP takes no transport
+        for stdio, so its low-level server is run here on the front's streams."""
+        from fastmcp.server.context import reset_transport, set_transport
+        from fastmcp.utilities.logging import temporary_log_level
+
+        if show_banner:
+            from fastmcp.utilities.cli import log_server_banner
+
+            log_server_banner(server=self)
+        token = set_transport("stdio")
+        try:
+            with temporary_log_level(log_level):
+                async with self._lifespan_manager(), stdio_front() as (read_stream, write_stream):
+                    logger.debug("serving %r on stdio%s", self.name, " (stateless)" * stateless)
+                    low = self._mcp_server
+                    await low.run(read_stream, write_stream, low.create_initialization_options())
+        finally:
+            reset_transport(token)
 
 
 @asynccontextmanager
