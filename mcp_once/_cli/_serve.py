@@ -59,14 +59,21 @@ def _listen(host: str, port: int) -> socket.socket:
 
 async def serve_on(app: Any, host: str, port: int, what: str, store: str) -> None:
     """Serve the ASGI `app` over HTTP until interrupted, announcing on stderr where, once the
-    socket listens (so a script or test reads the port, 0 picking a free one, without polling)."""
+    socket listens (so a script or test reads the port, 0 picking a free one, without polling).
+
+    uvicorn parses HTTP with httptools (C; a dependency for this), not its pure-Python fallback
+    h11, which was ~7 % of a listening proxy's CPU per call; its access log is off (at the
+    "warning" level it never printed a line, but each response still built the log call).
+    Nothing on the wire changes: benchmarks/README.md, issue 46, "The --listen front"."""
     import uvicorn  # a dependency of mcp itself; imported here to keep other commands light
 
     sock = _listen(host, port)
     bound, number = sock.getsockname()[:2]
     shown = f"[{bound}]" if ":" in bound else bound
     print(f"{what} at http://{shown}:{number}/mcp (store: {store})", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", http="httptools", access_log=False
+    )
     with sock:
         await uvicorn.Server(config).serve(sockets=[sock])
 
