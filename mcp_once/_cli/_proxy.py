@@ -496,21 +496,28 @@ def serve(
     stopped and stores closed, and the process then exits without the interpreter's teardown
     (`_stopping`)."""
 
+    opened: list[KeyStore] = []
+
+    async def close_stores() -> None:
+        """Close the stores `build` opened, each once (also `_stopping`'s, on a run that a
+        signal did not end)."""
+        while opened:
+            await opened.pop().aclose()
+
     async def run() -> None:
         early = None if upstream is None else await start_early(upstream)
-        built: Built | None = None
         try:
             built = build(early)
+            opened.extend(built.stores)
             await _serving(built, listen, front)
         finally:
             with anyio.CancelScope(shield=True):
                 if early is not None:
                     await early.aclose()
-                for store in [] if built is None else built.stores:
-                    await store.aclose()
+                await close_stores()
 
     if listen is None:  # stdio: stopped on EOF, SIGTERM or SIGINT, then exits at once
-        anyio.run(_stopping.until_stopped, run)
+        anyio.run(_stopping.until_stopped, run, close_stores)
         _stopping.served = True
         return EXIT_OK
     # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown.

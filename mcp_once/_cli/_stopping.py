@@ -15,9 +15,8 @@ itself, and one that does not was left behind for good.
 - `until_stopped`: SIGTERM and SIGINT stop the run as a cancellation (each child's process group
   SIGTERMed at once, `early.stop_children`), so the same clean stop runs; if the run has not
   ended `SIGNAL_GRACE` s later (the SDK's stdio front reads stdin in a worker thread, which no
-  cancellation interrupts, until a line or EOF comes), the children are SIGKILLed and the
-  process exits without closing its stores (SQLite and Redis lose nothing committed; what was in
-  flight is left to its lease, as after a crash).
+  cancellation interrupts, until a line or EOF comes), the children are SIGKILLed, the stores
+  closed from here (within `CLOSE_GRACE`), and the process exits.
 """
 
 from __future__ import annotations
@@ -36,9 +35,11 @@ import anyio
 
 from mcp_once._upstream.early import stop_children
 
-#: Seconds from a stop signal to the exit when the run does not end by itself: under the 2 s a
-#: desktop client waits between its SIGTERM and its SIGKILL.
-SIGNAL_GRACE = 1.5
+#: Seconds from a stop signal to the fallback when the run does not end by itself (with
+#: `CLOSE_GRACE`: under the 2 s a desktop client waits between its SIGTERM and its SIGKILL).
+SIGNAL_GRACE = 1.0
+#: The longest the stores of a run that did not end get to close before the exit.
+CLOSE_GRACE = 0.5
 #: The longest `exit_now` waits for a non-daemon thread still running.
 THREAD_GRACE = 1.0
 
@@ -62,11 +63,27 @@ def exit_now(status: int, *, join: bool = True) -> None:
     os._exit(status)
 
 
-async def until_stopped(run: Callable[[], Awaitable[None]]) -> None:
-    """`run()`, stopped as described above by SIGTERM or SIGINT (on POSIX; elsewhere just run)."""
+async def until_stopped(
+    run: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]
+) -> None:
+    """`run()`, stopped as described above by SIGTERM or SIGINT (on POSIX; elsewhere just run);
+    `close()` closes its stores where the run does not end in time."""
     if sys.platform == "win32":  # pragma: no cover - no signal receivers on Windows
         await run()
         return
+    try:
+        await _watched(run, close)
+    except BaseExceptionGroup as group:
+        # What the run raised (SystemExit from `fail`, an error), as it would without the watch.
+        if len(group.exceptions) == 1:
+            error = group.exceptions[0]
+            raise error from error.__cause__
+        raise
+
+
+async def _watched(
+    run: Callable[[], Awaitable[None]], close: Callable[[], Awaitable[None]]
+) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as watching:
             running = anyio.CancelScope()
@@ -77,6 +94,8 @@ async def until_stopped(run: Callable[[], Awaitable[None]]) -> None:
                     running.cancel()
                     await anyio.sleep(SIGNAL_GRACE)
                     stop_children(signal.SIGKILL)
+                    with anyio.move_on_after(CLOSE_GRACE, shield=True):
+                        await close()
                     exit_now(0, join=False)
 
             watching.start_soon(watch)
