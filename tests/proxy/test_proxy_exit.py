@@ -23,6 +23,7 @@ from typing import IO, Any
 import pytest
 from mcp import StdioServerParameters
 from mcp.client import Client
+from proxy_kit import initialize_request
 
 SERVER = Path(__file__).with_name("exit_server.py")
 #: The longest any wait here lasts before the test fails (a proxy that does not exit at all).
@@ -85,19 +86,7 @@ def serving(tmp_path: Path, *upstream_flags: str) -> Iterator[tuple[subprocess.P
     )
     assert process.stdin is not None and process.stdout is not None
     try:
-        _send(
-            process.stdin,
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "exit-test", "version": "1"},
-                },
-            },
-        )
+        _send(process.stdin, initialize_request("exit-test"))
         assert json.loads(process.stdout.readline())["id"] == 1
         _send(process.stdin, {"jsonrpc": "2.0", "method": "notifications/initialized"})
         _send(process.stdin, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
