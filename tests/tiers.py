@@ -63,6 +63,7 @@ SLOW_PLACES = (
     "tests/proxy/test_proxy_npm.py",  # the npm reference servers behind the proxy, lost answers
     "tests/proxy/test_proxy_intents.py",  # a guarded upstream behind the proxy, SIGKILLed
     "tests/proxy/test_proxy_desktop.py",  # real servers behind proxies started as a desktop app
+    "tests/proxy/test_proxy_exit.py",  # the proxy stopped by EOF and signals, its child by pid
     "tests/proxy/test_proxy_wrap.py",  # desktop configs wrapped, each entry started as its client
     "tests/proxy/test_proxy_gateway.py",  # real upstreams behind one front, one killed, one missing
     "tests/proxy/test_proxy_gateway_fleet.py",  # gateway replicas behind nginx, an upstream killed

@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from . import _proxy
+from . import _proxy, _stopping
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -114,7 +114,8 @@ def entry() -> None:
 
     A reader that stops early (`| head`) is normal use, not an error: as the Python docs advise
     (signal module, "Note on SIGPIPE"), the rest of the output goes to /dev/null, so that the
-    interpreter's own flush at exit cannot fail again, and the exit is quiet."""
+    interpreter's own flush at exit cannot fail again, and the exit is quiet. After a proxy's
+    stdio run, the exit skips the interpreter's teardown (`_stopping.exit_now`)."""
     try:
         try:
             status = main()
@@ -124,4 +125,6 @@ def entry() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(EXIT_BROKEN_PIPE)
+    if _stopping.served:  # a proxy's stdio run ended, all closed: skip the teardown
+        _stopping.exit_now(status)
     sys.exit(status)

@@ -36,7 +36,7 @@ import anyio
 from mcp_once._upstream import LoopError, Upstream, UpstreamConfigError, check_chain, loop_message
 from mcp_once._upstream.early import EarlyChild, start_early
 
-from . import _front, _upstream_headers
+from . import _front, _stopping, _upstream_headers
 from ._common import (
     EXIT_OK,
     EXIT_UNREACHABLE,
@@ -492,21 +492,34 @@ def serve(
     `build` (which imports FastMCP: about a second) runs while that child starts; `build` gives
     the child to its proxy's link, which adopts it for its first session
     (`mcp_once._upstream.early`). A child nothing adopted (`build` stopped on bad input) is
-    stopped before the exit."""
+    stopped before the exit. A stdio front stops on stdin EOF, SIGTERM or SIGINT, its children
+    stopped and stores closed, and the process then exits without the interpreter's teardown
+    (`_stopping`)."""
+
+    opened: list[KeyStore] = []
+
+    async def close_stores() -> None:
+        """Close the stores `build` opened, each once (also `_stopping`'s, on a run that a
+        signal did not end)."""
+        while opened:
+            await opened.pop().aclose()
 
     async def run() -> None:
         early = None if upstream is None else await start_early(upstream)
-        built: Built | None = None
         try:
             built = build(early)
+            opened.extend(built.stores)
             await _serving(built, listen, front)
         finally:
             with anyio.CancelScope(shield=True):
                 if early is not None:
                     await early.aclose()
-                for store in [] if built is None else built.stores:
-                    await store.aclose()
+                await close_stores()
 
+    if listen is None:  # stdio: stopped on EOF, SIGTERM or SIGINT, then exits at once
+        anyio.run(_stopping.until_stopped, run, close_stores)
+        _stopping.served = True
+        return EXIT_OK
     # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown.
     with contextlib.suppress(KeyboardInterrupt):
         anyio.run(run)

@@ -16,9 +16,12 @@ spawn (a Job Object, not a process group): nothing is started early there.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 import anyio
 from anyio.abc import Process
@@ -28,6 +31,41 @@ from .spec import Upstream
 
 #: How long a child that was never adopted gets to exit once its stdin closes, before the kill.
 _GRACE = 2.0
+
+
+class _Child(Protocol):
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+
+
+_C = TypeVar("_C", bound=_Child)
+
+#: Every stdio child this process started for its upstreams (here, and through the SDK's spawn:
+#: `mcp_once.proxy.adopted`), those not known to have exited: what `stop_children` signals.
+_children: list[_Child] = []
+
+
+def started(process: _C) -> _C:
+    """Note `process`, a child just started, for `stop_children`; `process`."""
+    _children[:] = [p for p in _children if p.returncode is None]
+    _children.append(process)
+    return process
+
+
+def stop_children(signum: int = signal.SIGTERM) -> None:
+    """Send `signum` to the process group of every child started that has not exited (each runs
+    in a session of its own, as the SDK starts it: a launcher such as `npx` or `uv run` and the
+    server under it). Why: the proxy asked to stop by a signal stops its upstreams at once,
+    instead of the SDK's stdin-then-2-s-then-SIGTERM sequence, which a desktop client's own 2 s
+    before its SIGKILL of the proxy cuts short, leaving a child that ignores EOF behind."""
+    if sys.platform == "win32":  # pragma: no cover - the SDK's Job Object stops them there
+        return
+    for process in _children:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signum)
 
 
 def child_env(upstream: Upstream) -> dict[str, str]:
@@ -90,4 +128,4 @@ async def start_early(upstream: Upstream) -> EarlyChild | None:
         )
     except (OSError, ValueError):
         return None
-    return EarlyChild(argv, process)
+    return EarlyChild(argv, started(process))

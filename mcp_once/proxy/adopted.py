@@ -7,7 +7,9 @@ killed) and everything above them stay exactly as for a child it starts. The SDK
 a process started elsewhere, so its spawn function (`_create_platform_compatible_process`, looked
 up by `stdio_client` at each call) is wrapped once, here: while an `AdoptingTransport` connects
 (a context variable, seen by the connect task FastMCP creates) it returns the waiting child for
-that same command line; everywhere else, and for every later child, it spawns as it always did.
+that same command line; everywhere else, and for every later child, it spawns as it always did,
+noting the child (`early.started`) so that a proxy stopped by a signal stops it
+(`early.stop_children`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, TextIO
 import mcp.client.stdio as sdk_stdio
 from fastmcp.client.transports import StdioTransport
 
-from mcp_once._upstream.early import EarlyChild
+from mcp_once._upstream.early import EarlyChild, started
 
 _waiting: ContextVar[EarlyChild | None] = ContextVar("mcp_once_early_child", default=None)
 _sdk_spawn = sdk_stdio._create_platform_compatible_process
@@ -37,7 +39,7 @@ async def _spawn_or_adopt(
     process = None if child is None else child.take([command, *args])
     if process is not None:
         return process
-    return await _sdk_spawn(command=command, args=args, env=env, errlog=errlog, cwd=cwd)
+    return started(await _sdk_spawn(command=command, args=args, env=env, errlog=errlog, cwd=cwd))
 
 
 sdk_stdio._create_platform_compatible_process = _spawn_or_adopt

@@ -80,12 +80,13 @@ def transport(upstream: Upstream, early: EarlyChild | None = None) -> ClientTran
         return StreamableHttpTransport(
             upstream.url, headers=dict(upstream.headers), httpx_client_factory=_http_client
         )
+    # Every stdio child starts through `adopted`'s spawn, which notes it (`early.started`).
+    from .adopted import AdoptingTransport
+
     command, *args = upstream.command
     # The child's environment is `child_env`'s; its stderr is ours (log_file=None).
     env = child_env(upstream)
     if early is not None and not early.taken:
-        from .adopted import AdoptingTransport
-
         return AdoptingTransport(early, command, args, env=env, cwd=upstream.cwd, keep_alive=False)
     return StdioTransport(command, args, env=env, cwd=upstream.cwd, keep_alive=False)
 

@@ -23,6 +23,20 @@ MARKER = "io.github.mcp-once/idempotency"
 KEY = "io.github.mcp-once/idempotency-key"
 
 
+def initialize_request(client: str = "t") -> dict[str, Any]:
+    """A 2025-era `initialize` request (id 1) as raw JSON-RPC, for a test that speaks the wire."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": client, "version": "1"},
+        },
+    }
+
+
 @dataclass(frozen=True)
 class NodeServers:
     node: str

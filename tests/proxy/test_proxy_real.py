@@ -37,6 +37,7 @@ from proxy_kit import (
     conformance_fixture,
     desktop_configs,
     http_url,
+    initialize_request,
     lines,
     meta_key,
     node_port_url,
@@ -592,16 +593,7 @@ async def test_a_guarded_calls_logs_and_sampling_reach_its_first_caller_only() -
 async def test_listen_on_loopback_refuses_a_foreign_host() -> None:
     """DNS rebinding: a `--listen` proxy on a loopback address answers a request naming another
     Host 421, and serves one naming its own."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
+    body = initialize_request()
 
     def post(url: str, host: str | None) -> int:
         headers = {"Accept": "application/json, text/event-stream"}
