@@ -33,7 +33,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,10 +224,32 @@ def counted(gw: Gateway) -> dict[str, dict[str, Counter[Any]]]:
     }
 
 
-async def stage(repo: Path, fate: Fate) -> None:
-    """A change of the call's own staged, for its commit to commit."""
+def _staging(repo: Path, fate: Fate) -> list[list[str]]:
+    """The commands that leave the index holding the call's own change and nothing else: a
+    call that ended without its result may have left its change staged (it never ran), and
+    `git_commit` commits the whole index, so the next call would commit it under its own
+    message and the first, asked again, would find nothing staged (a result with no effect)."""
     (repo / f"{fate.label}.txt").write_text(f"{fate.key}\n")
-    await anyio.run_process(["git", "add", f"{fate.label}.txt"], cwd=repo)
+    return [["git", "reset", "-q"], ["git", "add", f"{fate.label}.txt"]]
+
+
+async def stage(repo: Path, fate: Fate) -> None:
+    """A change of the call's own staged, alone, for its commit to commit."""
+    for command in _staging(repo, fate):
+        await anyio.run_process(command, cwd=repo)
+
+
+def asked_again(repo: Path) -> Callable[[Fate], tuple[str, dict[str, Any]]]:
+    """`ask_again`'s call: a git call's change staged alone again before it is asked again (a
+    no-op for the index where the call had run: its change is committed)."""
+
+    def call(fate: Fate) -> tuple[str, dict[str, Any]]:
+        if fate.upstream == "repo":
+            for command in _staging(repo, fate):
+                subprocess.run(command, cwd=repo, check=True)
+        return fate.tool, fate.arguments(repo)
+
+    return call
 
 
 async def call(session: RetryingSession, fate: Fate, repo: Path) -> None:
@@ -346,7 +368,7 @@ async def test_a_gateway_of_three_servers_behind_nginx_with_chaos_and_a_child_ki
         ran = time.monotonic()
         await run_calls(gw, fates, chaos, kill=True)
         workload = time.monotonic() - ran
-        await ask_again(gw.nginx.url, fates, lambda f: (f.tool, f.arguments(gw.repo)))
+        await ask_again(gw.nginx.url, fates, asked_again(gw.repo))
         served = Counter(
             request.upstreams[-1]
             for request in gw.nginx.requests()
