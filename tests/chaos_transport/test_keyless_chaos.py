@@ -170,19 +170,8 @@ class SignallingStore(MemoryKeyStore):
         self.claims: Counter[str] = Counter()
         self._twice: dict[str, anyio.Event] = {}
 
-    async def claim(
-        self,
-        key: str,
-        fingerprint: str,
-        *,
-        lease: float,
-        takeover: bool,
-        tool: str | None = None,
-        resend_only: bool = False,
-    ) -> ClaimOutcome:
-        outcome = await super().claim(
-            key, fingerprint, lease=lease, takeover=takeover, tool=tool, resend_only=resend_only
-        )
+    async def claim(self, key: str, *args: Any, **kwargs: Any) -> ClaimOutcome:
+        outcome: ClaimOutcome = await super().claim(key, *args, **kwargs)
         self.claims[key] += 1
         if self.claims[key] >= 2 and key in self._twice:
             self._twice.pop(key).set()
@@ -619,8 +608,19 @@ class HeldCopies:
         await self.inner.aclose()
 
 
-def twin_plan() -> Chaos:
-    return Chaos(FaultPlan(schedule={1: Fault.DUPLICATE}, tools={"pay"}), seed=SEED)
+async def pay_a_twinned_call(connect: Connect, mode: str, *, then: anyio.Event) -> None:
+    """One `pay` whose first send the link dispatches twice, executed and answered; `then` is
+    set once the caller has the answer, and the copy's answer is awaited (swallowed)."""
+    chaos = Chaos(FaultPlan(schedule={1: Fault.DUPLICATE}, tools={"pay"}), seed=SEED)
+    resender = Resender(chaos, connect, mode, timeout=BOUND)
+    with anyio.fail_after(BOUND):
+        try:
+            answer = await resender.pay("order-x")
+        finally:
+            then.set()
+            await resender.run([])
+    assert answer is not None and status(answer) == "executed"
+    assert resender.tally.timeouts == 0
 
 
 @BACKENDS
@@ -636,21 +636,8 @@ async def test_a_twin_received_while_its_original_ran_replays(era: str) -> None:
     the seeded runs under load: the copy's handler scheduled after N's answer)."""
     door = TwinAtTheDoor()
     shop = Shop(guarded=True, middleware=[door])
-    server = shop.server()
-
-    def connect(chaos: Chaos, mode: str) -> Client:
-        return Client(chaos.wrap(server), mode=mode)
-
-    resender = Resender(twin_plan(), connect, MODE[era], timeout=BOUND)
-    with anyio.fail_after(BOUND):
-        try:
-            answer = await resender.pay("order-x")
-        finally:
-            door.open.set()
-            await resender.run([])
-    assert answer is not None and status(answer) == "executed"
+    await pay_a_twinned_call(memory_connect(shop), MODE[era], then=door.open)
     assert shop.effects["order-x"] == 1, shop.effects
-    assert resender.tally.timeouts == 0
 
 
 @BACKENDS
@@ -674,14 +661,7 @@ async def test_a_twin_received_after_its_original_was_answered_runs_again(era: s
     def connect(chaos: Chaos, mode: str) -> Client:
         return Client(chaos.wrap(copies_held(server, release)), mode=mode)
 
-    resender = Resender(twin_plan(), connect, MODE[era], timeout=BOUND)
-    with anyio.fail_after(BOUND):
-        try:
-            answer = await resender.pay("order-x")
-        finally:
-            release.set()
-            await resender.run([])
-    assert answer is not None and status(answer) == "executed"
+    await pay_a_twinned_call(connect, MODE[era], then=release)
     assert shop.effects["order-x"] == 1, shop.effects
 
 
