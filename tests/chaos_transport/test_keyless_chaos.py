@@ -551,17 +551,26 @@ async def test_a_twinned_resend_after_a_lost_answer_runs_again(era: str) -> None
     `Guard._run` runs the tool a second time; its answer is swallowed, the client keeps the
     replay. A twin of a call that *runs* is merged (it finds the claim IN_PROGRESS, BUSY ->
     waits -> replays); a replay is never in flight, so to the guard its twin is a deliberate
-    repeat on that connection. The seeded runs dispatch first sends only twice
-    (`BreakFirstSends`)."""
+    repeat on that connection. The copy is held on the wire until the replay reached the
+    client (`copies_held`): one the server had already read when the replay was handed out is
+    merged (the guard judges arrival, `answers.handed_first`). The seeded runs dispatch first
+    sends only twice (`BreakFirstSends`)."""
     shop = Shop(guarded=True)
     chaos = Chaos(
         FaultPlan(schedule={1: Fault.LOST_ACK, 2: Fault.DUPLICATE}, tools={"pay"}), seed=SEED
     )
-    resender = Resender(chaos, memory_connect(shop), MODE[era])
+    release = anyio.Event()
+    server = shop.server()
+
+    def connect(chaos: Chaos, mode: str) -> Client:
+        return Client(chaos.wrap(copies_held(server, release)), mode=mode)
+
+    resender = Resender(chaos, connect, MODE[era])
     with anyio.fail_after(BOUND):
         try:
             answer = await resender.pay("order-x")
         finally:
+            release.set()
             await resender.run([])
     assert answer is not None and status(answer) == "replayed"
     assert shop.effects["order-x"] == 1, shop.effects
