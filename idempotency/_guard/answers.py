@@ -15,6 +15,13 @@ So a derived claim first waits for a mark still being written for its record (`s
 within one process the re-send always sees the mark. A re-send that lands on another replica is
 answered by the store, once the mark is there (the residual window, named in the docs).
 
+"In flight" is judged when a request arrives, not when the guard gets to it: a request the
+server had already read off a connection when an answer first reached that caller was sent
+before the caller could see it, so it is no deliberate repeat of that answer, even if its claim
+runs only after it (a client that dispatches twice, its copy's handler scheduled late). Each
+such first hand-out notes the requests then in flight on its connection (`handed_first`), and
+their claims replay (`received_before`).
+
 Bounded: the newest `KEPT` answers are remembered, each a few hundred bytes; an answer whose
 cancel never comes is forgotten as newer ones arrive.
 """
@@ -28,7 +35,7 @@ from typing import Any
 import anyio
 
 from .._stores.store import KeyStore
-from .caller import connection_of
+from .caller import connection_of, in_flight_with
 from .telemetry import logger, record_name
 
 #: How many answers handed out, and how many early cancels, are remembered.
@@ -40,6 +47,9 @@ _sent: OrderedDict[tuple[str, object], tuple[KeyStore, str, int]] = OrderedDict(
 #: being dispatched (the SDK registers it in flight only once its task runs), so the guard did
 #: not see the cancel while it ran; it asks `gave_up` before it stores and hands out the answer.
 _early: OrderedDict[tuple[str, object], None] = OrderedDict()
+#: (connection, request id) -> records whose answer first reached that connection's caller
+#: while the request was already received: it claims them as a re-send (`received_before`).
+_before: OrderedDict[tuple[str, object], frozenset[str]] = OrderedDict()
 #: record -> set once its late mark is written (or failed): a claim of it waits for that.
 marking: dict[str, anyio.Event] = {}
 
@@ -77,6 +87,29 @@ def sent(request: Any, store: KeyStore, record: str, fence: int) -> None:
     known = _id(request)
     if known is not None:
         _remember(_sent, known, (store, record, fence))
+
+
+def handed_first(request: Any, record: str) -> None:
+    """`record`'s answer goes to `request`'s caller, which had none it kept (an execution's,
+    or a replay of one its caller gave up on): note the other requests already received on the
+    connection, sent before that caller could see it."""
+    connection = connection_of(request)
+    if connection is None:
+        return
+    for request_id in in_flight_with(request):
+        if not isinstance(request_id, bool):
+            key = (connection, request_id)
+            _remember(_before, key, _before.get(key, frozenset()) | {record})
+
+
+def received_before(request: Any, record: str) -> bool:
+    """Whether `request` had been received when an answer of `record` first reached its
+    caller (`handed_first`): it was sent before that answer could be seen, so it is a re-send
+    (or a twin), never a deliberate repeat (rule 15)."""
+    if not _before:
+        return False
+    known = _id(request)
+    return known is not None and record in _before.get(known, ())
 
 
 def answered(request: Any, record: str) -> bool:

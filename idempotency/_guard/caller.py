@@ -20,7 +20,8 @@ up on the earlier answer. `cancel_requested` reads the caller's `notifications/c
 `disconnected` an HTTP client that left; `connection_of` names what request ids are unique in.
 
 The SDK keeps the connection, and the request's dispatch context, on private attributes of its
-per-request session (`ServerSession._connection`, `_request_outbound`); those reads live here.
+per-request session (`ServerSession._connection`, `_request_outbound`), and the requests it
+has read off a connection in its dispatcher (`_in_flight`); those reads live here.
 """
 
 from __future__ import annotations
@@ -139,6 +140,32 @@ def cancel_requested(request: ServerRequestContext[Any, Any] | None) -> bool:
     event = getattr(dispatch, "cancel_requested", None)
     is_set = getattr(event, "is_set", None)
     return bool(is_set()) if callable(is_set) else False
+
+
+def in_flight_with(request: ServerRequestContext[Any, Any] | None) -> tuple[object, ...]:
+    """The JSON-RPC ids of the other requests the SDK has received on `request`'s connection
+    and not yet answered: each was sent before its caller could see anything this request is
+    answered with now (rule 15: none of them reacts to that answer).
+
+    The SDK keeps them in its dispatcher's table of requests in flight, entered as each request
+    is read off the connection, before its handler runs (`JSONRPCDispatcher._in_flight`,
+    reached from the request's dispatch context, which a 2026-07-28 duplex connection wraps);
+    the one read of it lives here. A transport
+    without one (a single-exchange HTTP request, another SDK build) reads as none."""
+    if request is None:
+        return ()
+    dispatch = getattr(request.session, "_request_outbound", None)
+    # A 2026-07-28 duplex connection wraps the dispatcher's context (`_inner`).
+    dispatch = getattr(dispatch, "_inner", dispatch)
+    table = getattr(getattr(dispatch, "_dispatcher", None), "_in_flight", None)
+    if not isinstance(table, Mapping) or len(table) < 2:
+        return ()
+    return tuple(
+        found
+        for entry in tuple(table.values())
+        if (other := getattr(entry, "dctx", None)) is not dispatch
+        and (found := getattr(other, "request_id", None)) is not None
+    )
 
 
 async def disconnected(request: ServerRequestContext[Any, Any] | None) -> bool:

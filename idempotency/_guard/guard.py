@@ -199,6 +199,9 @@ class _Ticket:
     derived: bool = False
     #: The request, for a derived key: where a give-up shows (`caller.cancel_requested`).
     request: ServerRequestContext[Any, Any] | None = None
+    #: Its last claim asked for a re-send only (`KeyStore.claim(resend_only=True)`): a replay
+    #: it got hands the caller an answer it had not kept (`answers.handed_first`).
+    as_resend: bool = False
     trace: Trace = NO_TRACE
     #: The call's arguments and its entry point's conversion of a return value: what a
     #: reconciler is told, and how its `happened` value is stored (`reconcile.py`).
@@ -514,7 +517,7 @@ class Guard:
                 replay = self._replayed(t, outcome.result, outcome.completed_at, outcome.attempts)
                 if t.derived and outcome.fence is not None:
                     # Handed to this re-send by the claim: marked delivered unless it goes too.
-                    await self._answered(t, outcome.fence, delivered=True)
+                    await self._answered(t, outcome.fence, delivered=True, first=t.as_resend)
                 return replay
             if status is ClaimStatus.MISMATCH:
                 if t.legacy_fingerprint is not None:
@@ -571,7 +574,7 @@ class Guard:
                 # delivered one for a repeat. One its caller gave up on is claimed again: the
                 # claim replays it and hands it over (delivered from then on).
                 replay = self._replayed(t, found.result, found.completed_at, found.attempts)
-                await self._answered(t, found.fence, delivered=True)
+                await self._answered(t, found.fence, delivered=True, first=False)
                 return replay
             started = loop_time()
 
@@ -635,14 +638,19 @@ class Guard:
     def _claim(self, t: _Ticket, takeover: bool) -> Awaitable[ClaimOutcome]:
         """The store's claim of the ticket's record (naming the tool where the store can)."""
         if t.derived:  # only where the store keeps the delivery mark (`_knows_resends`)
+            # The same request delivered twice, or one received before the record's answer
+            # first reached its caller, replays whatever the delivery (answers.py).
+            t.as_resend = not (
+                answers.answered(t.request, t.store_key)
+                or answers.received_before(t.request, t.store_key)
+            )
             return self.store.claim(
                 t.store_key,
                 t.fingerprint,
                 lease=self.policy.lease,
                 takeover=takeover,
                 tool=t.tool,
-                # The same request delivered twice replays whatever the delivery (answers.py).
-                resend_only=not answers.answered(t.request, t.store_key),
+                resend_only=t.as_resend,
             )
         if self._names_tools:
             return self.store.claim(
@@ -815,7 +823,7 @@ class Guard:
             return await self._after_stale(t)
         trace.outcome(Outcome.EXECUTED)
         if stored and t.derived:
-            await self._answered(t, fence, delivered=delivered)
+            await self._answered(t, fence, delivered=delivered, first=True)
         return stamped(
             result,
             key=t.key,
@@ -872,11 +880,13 @@ class Guard:
             or await disconnected(t.request)
         )
 
-    async def _answered(self, t: _Ticket, fence: int, *, delivered: bool) -> None:
+    async def _answered(self, t: _Ticket, fence: int, *, delivered: bool, first: bool) -> None:
         """The derived key's answer is on its way to the caller: if the caller gave up on it
         after it was stored as `delivered` (it cancelled, or the request's scope was cancelled
         before the answer could be written), the record is marked not delivered (`abandon`,
-        fenced on `fence`) so that the re-send replays it. A cancellation goes on after that."""
+        fenced on `fence`) so that the re-send replays it. A cancellation goes on after that.
+        `first`: the caller had no answer of the record it kept (an execution, or a replay to a
+        re-send), so the requests it already sent are no repeats of this one."""
         if not delivered:
             return
         if cancel_requested(t.request):
@@ -892,6 +902,8 @@ class Guard:
             await self._abandon(t, fence)
             return
         # Handed out: a cancel that comes after it still reaches the record (answers.py).
+        if first:
+            answers.handed_first(t.request, t.store_key)
         answers.sent(t.request, self.store, t.store_key, fence)
 
     async def _abandon(self, t: _Ticket, fence: int) -> None:

@@ -10,16 +10,20 @@ them past the timeout and breaks streams. The server is an `MCPServer` guarded b
 is counted in a ledger outside the answers. Each run is repeated with the same seed and plan
 against the same server without the guard, where the same faults show duplicate effects.
 
-Three combinations still take effect twice under the guard; each is pinned down by a strict
+Four combinations still take effect twice under the guard; each is pinned down by a strict
 xfail below, with its message order and guard path:
 - a re-send that is itself dispatched twice, after a lost answer (a replay consumes the
   undelivered mark at once, so its twin is taken for a deliberate repeat);
+- a call dispatched twice whose copy reaches the server only after the first was answered (a
+  copy read while the first ran is merged, however late its claim: its own test);
 - a broken stream whose answer the server wrote before the client tore the connection down
   (the server saw the answer delivered, and a re-send on a new connection is a repeat);
 - a lost answer over 2026-07-28 streamable HTTP (no give-up ever reaches the server).
 The seeded runs therefore double-dispatch and break the streams of first sends only
-(`BreakFirstSends`), give the tool time enough for a broken stream's teardown to reach the
-server while it runs, and run 2026 HTTP without lost answers.
+(`BreakFirstSends`), answer a twinned call only once both copies have claimed its record and
+never time it out (so no load can move a copy past the answer, nor make a twin's swallowed
+answer stand for a lost one: `Shop`, `hold_the_clock`), give the tool time enough for a broken
+stream's teardown to reach the server while it runs, and run 2026 HTTP without lost answers.
 """
 
 from __future__ import annotations
@@ -46,11 +50,21 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
-from mcp.server.mcpserver import MCPServer
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, ToolAnnotations
+from mcp.server.context import CallNext, ServerRequestContext
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared import _request_clock
+from mcp.shared.message import SessionMessage
+from mcp_types import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    CallToolResult,
+    JSONRPCRequest,
+    ToolAnnotations,
+)
 
-from idempotency import MemoryKeyStore, install, wire
+from idempotency import ClaimOutcome, MemoryKeyStore, current_claim, install, wire
 from orchestrator.chaos import Chaos, Fault, FaultPlan
+from orchestrator.chaos._memory import in_memory_transport
 
 pytestmark = [pytest.mark.chaos, pytest.mark.anyio]
 
@@ -74,29 +88,61 @@ SEED = 33
 
 
 class Shop:
-    """`pay(order)` and its effect ledger, counted outside the answers."""
+    """`pay(order)` and its effect ledger, counted outside the answers.
 
-    def __init__(self, *, guarded: bool, auth: bool = False, work: float = WORK) -> None:
+    Under the guard, in a chaos run (`chaos`), a request the link dispatches twice does not
+    answer before both copies have claimed its record: the second then finds the first in
+    flight, as rule 15 merges it, however late the server gets to it (the seeded runs stay out
+    of the window `test_a_twin_received_after_its_original_was_answered_runs_again` shows)."""
+
+    def __init__(
+        self,
+        *,
+        guarded: bool,
+        auth: bool = False,
+        work: float = WORK,
+        middleware: list[Any] | None = None,
+    ) -> None:
         self.guarded = guarded
         self.auth = auth
         self.work = work
+        self.middleware = middleware
         self.effects: Counter[str] = Counter()
         self.first: dict[str, str] = {}
         self.executions = 0
         #: Set (from the server's thread, where it runs) once a result is stored.
         self.stored = threading.Event()
+        self.store: SignallingStore | None = None
+        self.chaos: Chaos | None = None
+
+    def twinned(self, request_id: object) -> bool:
+        """Whether the chaos link dispatches this request twice (its copy carries a string id;
+        the client numbers its own requests)."""
+        assert self.chaos is not None
+        return isinstance(request_id, str) or any(
+            fault.kind is Fault.DUPLICATE and fault.request_id == request_id
+            for fault in self.chaos.faults
+        )
 
     def server(self) -> MCPServer:
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"middleware": self.middleware}
         if self.auth:
-            kwargs = {
+            kwargs |= {
                 "auth": AuthSettings(issuer_url="http://127.0.0.1", resource_server_url=None),
                 "token_verifier": Tokens(),
             }
         server = MCPServer("keyless-shop", **kwargs)
 
         @server.tool()
-        async def pay(order: str) -> str:
+        async def pay(order: str, ctx: Context) -> str:
+            if (
+                self.store is not None
+                and self.chaos is not None
+                and self.twinned(ctx.request_context.request_id)
+            ):
+                claim = current_claim()
+                assert claim is not None
+                await self.store.claimed_twice(claim.record)
             await anyio.sleep(self.work)
             self.executions += 1
             self.effects[order] += 1
@@ -109,16 +155,32 @@ class Shop:
             return "pong"
 
         if self.guarded:
-            install(server, SignallingStore(self.stored))
+            self.store = SignallingStore(self.stored)
+            install(server, self.store)
         return server
 
 
 class SignallingStore(MemoryKeyStore):
-    """A memory store that says when a result is stored (a test's synchronisation, no sleep)."""
+    """A memory store that says when a result is stored, and when a record was claimed twice
+    (a test's synchronisation, no sleep)."""
 
     def __init__(self, stored: threading.Event) -> None:
         super().__init__()
         self._stored = stored
+        self.claims: Counter[str] = Counter()
+        self._twice: dict[str, anyio.Event] = {}
+
+    async def claim(self, key: str, *args: Any, **kwargs: Any) -> ClaimOutcome:
+        outcome: ClaimOutcome = await super().claim(key, *args, **kwargs)
+        self.claims[key] += 1
+        if self.claims[key] >= 2 and key in self._twice:
+            self._twice.pop(key).set()
+        return outcome
+
+    async def claimed_twice(self, key: str) -> None:
+        """Return once `key` has been claimed twice (in the loop the server runs in)."""
+        if self.claims[key] < 2:
+            await self._twice.setdefault(key, anyio.Event()).wait()
 
     async def complete(self, *args: Any, **kwargs: Any) -> bool:
         done = bool(await super().complete(*args, **kwargs))
@@ -286,6 +348,7 @@ class Run:
 
     def figures(self) -> str:
         counts = {kind.value: n for kind, n in self.chaos.fault_counts().items() if n}
+        twice = {order: n for order, n in self.shop.effects.items() if n > 1}
         faults = {record.index: record.kind.value for record in self.chaos.faults}
         walk = " ".join(
             f"{order.removeprefix('order-')}#{index}:{faults.get(index, '-')}>{got}"
@@ -296,14 +359,14 @@ class Run:
             f" connections={self.chaos.connections} faults={counts}"
             f" timeouts={self.tally.timeouts} reconnects={self.tally.reconnects}"
             f" answered={len(self.tally.answers)} unanswered={len(self.tally.unanswered)}"
-            f" effects={self.effects} duplicates={self.duplicates} | {walk}"
+            f" effects={self.effects} duplicates={self.duplicates} {twice=} | {walk}"
         )
 
 
 async def run_chaos(
     shop: Shop, connect: Connect, plan: FaultPlan, mode: str, timeout: float = TIMEOUT
 ) -> Run:
-    chaos = Chaos(plan, seed=SEED)
+    chaos = shop.chaos = Chaos(plan, seed=SEED)
     orders = [f"order-{n}" for n in range(ORDERS)]
     with anyio.fail_after(BOUND):
         tally = await Resender(chaos, connect, mode, timeout).run(orders)
@@ -336,13 +399,30 @@ def assert_contrast(run: Run, bare: Run) -> None:
 FIRST_SENDS_ONLY = frozenset({Fault.DUPLICATE, Fault.CLOSE_AFTER_WRITE})
 
 
+def hold_the_clock() -> None:
+    """Stop the timeout of the request being written, for good.
+
+    A twinned send that times out (a loaded machine can stretch a clean call past `TIMEOUT`)
+    sends a cancel the guard does not take as a give-up: the twin on the same connection was
+    handed the answer (`received_elsewhere`), which a client that dispatches twice receives,
+    but the link swallows it. Its re-send then runs again, a window rule 15 accepts (a twin's
+    answer handed out is an answer delivered) and the seeded runs stay out of: the link
+    decides a request's fault as the client writes it, in the writer's context, where the SDK
+    keeps that request's clock (a private ContextVar of `mcp.shared._request_clock`; the
+    clock is off during the write, and one more pause keeps it off)."""
+    clock = _request_clock._clock.get()
+    assert clock is not None, "the SDK keeps no request clock where the link decides faults"
+    clock.pause()
+
+
 @dataclass(frozen=True)
 class BreakFirstSends(FaultPlan):
     """A plan whose DUPLICATE and CLOSE_AFTER_WRITE draws pass clean on re-sends: a twinned
     re-send, and a re-send whose stream breaks after its replay was handed out, are the cases
     rule 15 does not merge, shown on their own by the xfails below. The re-sender says which
     send is a re-send (`resending`) before it writes it; every draw stays where it was, and a
-    re-send can still lose its answer, be delayed or be dropped."""
+    re-send can still lose its answer, be delayed or be dropped. A twinned send's timeout is
+    stopped (`hold_the_clock`)."""
 
     resending: list[bool] = field(default_factory=lambda: [False], compare=False)
 
@@ -350,7 +430,11 @@ class BreakFirstSends(FaultPlan):
 
     def choose(self, index: int, draw: float) -> Fault | None:
         kind = super().choose(index, draw)
-        return None if kind in FIRST_SENDS_ONLY and self.resending[0] else kind
+        if kind in FIRST_SENDS_ONLY and self.resending[0]:
+            return None
+        if kind is Fault.DUPLICATE:
+            hold_the_clock()  # a twinned send is never given up on
+        return kind
 
 
 def past(timeout: float) -> dict[str, float]:
@@ -467,19 +551,126 @@ async def test_a_twinned_resend_after_a_lost_answer_runs_again(era: str) -> None
     `Guard._run` runs the tool a second time; its answer is swallowed, the client keeps the
     replay. A twin of a call that *runs* is merged (it finds the claim IN_PROGRESS, BUSY ->
     waits -> replays); a replay is never in flight, so to the guard its twin is a deliberate
-    repeat on that connection. The seeded runs dispatch first sends only twice
-    (`BreakFirstSends`)."""
+    repeat on that connection. The copy is held on the wire until the replay reached the
+    client (`copies_held`): one the server had already read when the replay was handed out is
+    merged (the guard judges arrival, `answers.handed_first`). The seeded runs dispatch first
+    sends only twice (`BreakFirstSends`)."""
     shop = Shop(guarded=True)
     chaos = Chaos(
         FaultPlan(schedule={1: Fault.LOST_ACK, 2: Fault.DUPLICATE}, tools={"pay"}), seed=SEED
     )
-    resender = Resender(chaos, memory_connect(shop), MODE[era])
+    release = anyio.Event()
+    server = shop.server()
+
+    def connect(chaos: Chaos, mode: str) -> Client:
+        return Client(chaos.wrap(copies_held(server, release)), mode=mode)
+
+    resender = Resender(chaos, connect, MODE[era])
     with anyio.fail_after(BOUND):
         try:
             answer = await resender.pay("order-x")
         finally:
+            release.set()
             await resender.run([])
     assert answer is not None and status(answer) == "replayed"
+    assert shop.effects["order-x"] == 1, shop.effects
+
+
+class TwinAtTheDoor:
+    """Server middleware for one twinned `pay`: the original goes on only once the link's copy
+    (a string id) has reached the server, and the copy only once `open` is set, so the copy is
+    received while the original runs and claims after its answer was handed out."""
+
+    def __init__(self) -> None:
+        self.arrived = anyio.Event()
+        self.open = anyio.Event()
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
+        if ctx.method == "tools/call" and (ctx.params or {}).get("name") == "pay":
+            if isinstance(ctx.request_id, str):
+                self.arrived.set()
+                await self.open.wait()
+            else:
+                await self.arrived.wait()
+        return await call_next(ctx)
+
+
+@asynccontextmanager
+async def copies_held(server: MCPServer, release: anyio.Event) -> AsyncIterator[Any]:
+    """A memory wire to `server` on which the link's copy of a request (a string id) is written
+    only once `release` is set."""
+    async with in_memory_transport(server) as (read, write):
+        yield read, HeldCopies(write, release)
+
+
+@dataclass
+class HeldCopies:
+    inner: Any
+    release: anyio.Event
+
+    async def send(self, item: SessionMessage) -> None:
+        if isinstance(item.message, JSONRPCRequest) and isinstance(item.message.id, str):
+            await self.release.wait()
+        await self.inner.send(item)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def pay_a_twinned_call(connect: Connect, mode: str, *, then: anyio.Event) -> None:
+    """One `pay` whose first send the link dispatches twice, executed and answered; `then` is
+    set once the caller has the answer, and the copy's answer is awaited (swallowed)."""
+    chaos = Chaos(FaultPlan(schedule={1: Fault.DUPLICATE}, tools={"pay"}), seed=SEED)
+    resender = Resender(chaos, connect, mode, timeout=BOUND)
+    with anyio.fail_after(BOUND):
+        try:
+            answer = await resender.pay("order-x")
+        finally:
+            then.set()
+            await resender.run([])
+    assert answer is not None and status(answer) == "executed"
+    assert resender.tally.timeouts == 0
+
+
+@BACKENDS
+@ERAS
+async def test_a_twin_received_while_its_original_ran_replays(era: str) -> None:
+    """A twin the server had received while its original ran is merged, however late its
+    claim: it was sent before the answer could be seen (rule 15's "in flight" is judged when a
+    request arrives). Message order (forced by `TwinAtTheDoor`): tools/call N arrives and
+    waits; its copy arrives (the SDK enters it in flight) and waits; N runs, is stored
+    delivered and handed out (`answers.handed_first` notes the copy); the client has its
+    answer; then the copy claims a COMPLETED + delivered record and replays. Before the guard
+    judged arrival, the copy was taken for a deliberate repeat and paid a second time (seen in
+    the seeded runs under load: the copy's handler scheduled after N's answer)."""
+    door = TwinAtTheDoor()
+    shop = Shop(guarded=True, middleware=[door])
+    await pay_a_twinned_call(memory_connect(shop), MODE[era], then=door.open)
+    assert shop.effects["order-x"] == 1, shop.effects
+
+
+@BACKENDS
+@ERAS
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="rule 15 residual: a twin the server receives only after its original's answer was"
+    " handed out cannot be told from a deliberate repeat, so it runs",
+)
+async def test_a_twin_received_after_its_original_was_answered_runs_again(era: str) -> None:
+    """A client's request dispatched twice, whose copy reaches the server only after the
+    original's answer was handed out (and here read by the client). To the server that is an
+    identical call after a delivered answer: intent (rule 15), it runs. The seeded runs stay
+    out of it: `pay` answers a twinned request only once both copies have claimed its record
+    (`Shop`), so the copy always finds the original in flight."""
+    release = anyio.Event()
+    shop = Shop(guarded=True)
+    server = shop.server()
+
+    def connect(chaos: Chaos, mode: str) -> Client:
+        return Client(chaos.wrap(copies_held(server, release)), mode=mode)
+
+    await pay_a_twinned_call(connect, MODE[era], then=release)
     assert shop.effects["order-x"] == 1, shop.effects
 
 
