@@ -61,10 +61,11 @@ async def serve_on(app: Any, host: str, port: int, what: str, store: str) -> Non
     """Serve the ASGI `app` over HTTP until interrupted, announcing on stderr where, once the
     socket listens (so a script or test reads the port, 0 picking a free one, without polling).
 
-    uvicorn parses HTTP with httptools (C; a dependency for this), not its pure-Python fallback
-    h11, which was ~7 % of a listening proxy's CPU per call; its access log is off (at the
-    "warning" level it never printed a line, but each response still built the log call).
-    Nothing on the wire changes: benchmarks/README.md, issue 46, "The --listen front"."""
+    uvicorn parses HTTP with h11, not httptools (C, ~7 % less CPU per call): httptools answers
+    400 to a request whose header value holds a tab, which HTTP allows, where h11 lets the guard
+    answer it (a key that is not printable ASCII is -32602, with its reason). Its access log is
+    off (at the "warning" level it never printed a line, but each response still built the log
+    call): benchmarks/README.md, issue 46, "The --listen front"."""
     import uvicorn  # a dependency of mcp itself; imported here to keep other commands light
 
     sock = _listen(host, port)
@@ -72,7 +73,7 @@ async def serve_on(app: Any, host: str, port: int, what: str, store: str) -> Non
     shown = f"[{bound}]" if ":" in bound else bound
     print(f"{what} at http://{shown}:{number}/mcp (store: {store})", file=sys.stderr, flush=True)
     config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", http="httptools", access_log=False
+        app, log_level="warning", lifespan="on", http="h11", access_log=False
     )
     with sock:
         await uvicorn.Server(config).serve(sockets=[sock])
