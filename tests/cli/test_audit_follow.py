@@ -65,11 +65,22 @@ class Follower:
     def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
         self._capsys = capsys
         self.printed: list[Entry] = []
+        #: What the follower raised, if it did: shown by `until` (a task group would turn it
+        #: into the test's cancellation and hide it).
+        self.raised: BaseException | None = None
+
+    async def run(self, store: KeyStore, args: Any) -> None:
+        try:
+            await _audit._audit(store, args)
+        except Exception as exc:
+            self.raised = exc
 
     async def until(self, wanted: Callable[[Entry], bool], what: str) -> None:
         """Until the follower (another task, on its own schedule) has printed `wanted`."""
         with anyio.move_on_after(30):
             while True:
+                if self.raised is not None:
+                    raise AssertionError(f"the follower raised before {what}") from self.raised
                 out = self._capsys.readouterr().out
                 self.printed.extend(json.loads(line) for line in out.splitlines())
                 if any(wanted(entry) for entry in self.printed):
@@ -96,7 +107,7 @@ async def follower(
     following = Follower(capsys)
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(_audit._audit, store, args)
+            group.start_soon(following.run, store, args)
             yield following
             group.cancel_scope.cancel()
     finally:

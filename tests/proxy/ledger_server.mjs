@@ -137,10 +137,21 @@ function build() {
 
 if (flag === '--port') {
   // Stateless: one server and transport per request, as the SDK's stateless example does.
+  // A request whose client dies while sending it (a proxy replica SIGKILLed mid-request) rejects
+  // the body's read with "aborted": answered (to nobody) and logged, never an unhandled rejection,
+  // which would end this process as no server in production ends on a client's death.
   const listener = http.createServer(async (req, res) => {
-    const chunks = [];
-    for await (const chunk of req) chunks.push(chunk);
-    const body = chunks.length ? JSON.parse(Buffer.concat(chunks).toString()) : undefined;
+    let body;
+    try {
+      const chunks = [];
+      for await (const chunk of req) chunks.push(chunk);
+      body = chunks.length ? JSON.parse(Buffer.concat(chunks).toString()) : undefined;
+    } catch (err) {
+      process.stderr.write(`request body not read: ${err.message}\n`);
+      if (!res.headersSent) res.writeHead(400);
+      res.end();
+      return;
+    }
     const server = build();
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
     res.on('close', () => {

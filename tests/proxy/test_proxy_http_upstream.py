@@ -120,3 +120,36 @@ async def test_a_guarded_rounds_continuation_to_a_downed_upstream_is_released_th
     finally:
         upstream.kill()
         await store.aclose()
+
+
+async def test_the_ledger_upstream_outlives_a_client_that_dies_mid_request(
+    node_servers: NodeServers, tmp_path: Path
+) -> None:
+    """What the fleet test (`test_proxy_fleet.py`) relies on when it SIGKILLs a replica: the
+    HTTP ledger server stays up when a client's connection closes halfway through a request's
+    body (node rejects the body's read with "aborted"; unhandled, it ended the process, and the
+    restarted replica found its upstream gone)."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    log = tmp_path / "upstream.log"
+    upstream = ServerProcess(lambda port: node_servers.ledger(ledger, "--port", str(port)), log=log)
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        head = (
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            'Accept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n{"json'
+        )
+        async with await anyio.connect_tcp("127.0.0.1", upstream.port) as half:
+            await half.send(head.encode())
+        assert upstream.proc is not None
+        with anyio.fail_after(30):
+            while "request body not read: aborted" not in log.read_text():
+                assert upstream.proc.poll() is None, f"the upstream died: {log.read_text()}"
+                await anyio.sleep(0.01)  # the server's own log line is the only signal
+        proxy = build_proxy(Upstream.http(upstream.url), open_store("memory://"))
+        async with proxy.opened(), InProcess(proxy) as client:
+            result = await client.call_tool("charge", {"amount": 1}, meta=meta_key("after"))
+            assert status(result) == "executed" and text(result) == "charged 1 (#1)"
+        assert upstream.proc.poll() is None
+    finally:
+        upstream.kill()
