@@ -575,7 +575,7 @@ class SQLiteKeyStore:
             # already rewrite its header.
             _ensure_schema(conn, where)
             # WAL: readers never block the writer, and commits append instead of rewriting.
-            conn.execute("PRAGMA journal_mode = WAL")
+            _to_wal(conn, self._busy_timeout)
             # FULL (the default): every acknowledged transition is on disk before we answer.
             # With NORMAL (opt-in) a power loss may roll back the last commits, forgetting a
             # claim or a completion whose effect already happened: the next retry would run
@@ -706,8 +706,38 @@ def _missing_indexes(conn: sqlite3.Connection) -> list[str]:
     return [index for index in _ADDED_INDEXES if index not in present]
 
 
+def _to_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Switch the file to WAL (a no-op once it is). The switch needs the file to itself, and
+    SQLite answers "locked" at once, without its busy handler, when another connection holds a
+    lock that could deadlock with it (a second process creating the schema of the same new
+    file): so the switch is tried again until `busy_timeout` has passed, as a lock wait would."""
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)  # the writer thread's lock wait, as SQLite's busy handler sleeps
+
+
 def _schema_state(conn: sqlite3.Connection, where: str) -> str:
-    """'ours' or 'empty'; anything else is refused with a reason an operator can act on."""
+    """'ours' or 'empty'; anything else is refused with a reason an operator can act on.
+
+    Its three reads are one snapshot (a read transaction, unless the caller's is open): read one
+    by one, another process creating the schema of the same new file in between would make it
+    look like someone else's database (no application id yet, but tables)."""
+    if conn.in_transaction:
+        return _judge_schema(conn, where)
+    conn.execute("BEGIN")
+    try:
+        return _judge_schema(conn, where)
+    finally:
+        conn.execute("COMMIT")
+
+
+def _judge_schema(conn: sqlite3.Connection, where: str) -> str:
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if application_id == APPLICATION_ID:

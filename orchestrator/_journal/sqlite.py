@@ -355,7 +355,7 @@ class SQLiteJournal:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             _ensure_schema(conn, where)
-            conn.execute("PRAGMA journal_mode = WAL")
+            _wal(conn, time.monotonic() + self._busy_timeout)
             # FULL: a commit is fsynced before it returns. With NORMAL a power loss may roll
             # back the last intents, and their calls, already sent, would be sent again.
             conn.execute("PRAGMA synchronous = FULL")
@@ -365,6 +365,21 @@ class SQLiteJournal:
                 raise JournalUnavailable(f"cannot use {where} as the journal: {exc}") from exc
             raise
         return conn
+
+
+def _wal(conn: sqlite3.Connection, until: float) -> None:
+    """The journal in WAL mode (a no-op once it is). SQLite answers the switch "locked" at once,
+    past its busy handler, while another connection holds a lock that could deadlock with it
+    (agents creating one new journal together): tried again until `until`, a lock wait's end."""
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= until:
+                raise
+            time.sleep(0.005)  # on the journal's own thread, as SQLite's busy handler sleeps
+        else:
+            return
 
 
 def _ensure_schema(conn: sqlite3.Connection, where: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from journal_kinds import entry
+from opened_together import failures_opening_together
 
 from orchestrator._journal import JournalUnavailable, SQLiteJournal
 
@@ -169,3 +170,13 @@ async def test_bytes_per_entry(tmp_path: Path, record_property: object) -> None:
         f" {full - empty} bytes); {durable * 1e6:.0f} µs per fsynced write"
     )
     assert per_entry <= 300
+
+
+def test_a_new_journal_opened_by_several_at_once_opens_for_each() -> None:
+    """Several agents starting together on a new journal file: each opens it (the switch to WAL
+    answered "locked" at once, past the busy timeout, while another created the schema)."""
+
+    def open_one(path: Path) -> None:
+        SQLiteJournal(path)._open().close()
+
+    assert failures_opening_together(open_one) == []

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 from fake_clock import EPOCH, FakeClock
+from opened_together import failures_opening_together
 
 from benchmarks import _populate
 from idempotency import (
@@ -83,6 +84,17 @@ async def test_the_file_is_marked_as_ours_in_wal_mode(db: Path) -> None:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert _mode(db) == 0o600  # results may be private: owner only
+
+
+def test_a_new_file_opened_by_several_at_once_opens_for_each() -> None:
+    """Several processes starting together on a new store file: each opens it. (Read one by one,
+    the schema's id, version and table count could straddle another's creation and call the
+    file someone else's database; the switch to WAL answered "locked" at once.)"""
+
+    def open_one(path: Path) -> None:
+        SQLiteKeyStore(path)._open().close()
+
+    assert failures_opening_together(open_one) == []
 
 
 async def _refused(path: Path, *phrases: str) -> None:
