@@ -24,6 +24,9 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
   timeout), naming the URL with credentials redacted; the last error in a `NotExecuted` or
   `OutcomeUnknown` when that is why the call ended.
 - `SessionUnavailable`: `SessionSlot.acquire` has no live session and no way to make one.
+- `session_gone(error)`: a request sent on a session directly (outside `call_tool`) was refused
+  because the server no longer knows that session (nothing ran); `RetryingSession.discard` then
+  has the next call open a new one.
 - Keys from where the call runs (a durable engine's step, so a re-run resends the first run's
   keys): `KeySource` (`RetryingSession(..., key_source=)`: a `KeyRequest` in, a key or None out),
   `key_step(*identity)` (numbers a step's calls: `KeyRequest.ordinal`), `step_key_from` (a step
@@ -40,6 +43,7 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
 import logging
 
 from ._budget import RetryBudget
+from ._classify import session_gone
 from ._gate import GATED
 from ._hooks import GiveUpHook, RetryEvent, RetryHook
 from ._http import (
@@ -150,6 +154,7 @@ __all__ = [
     "mint_key",
     "open_journal",
     "run_key",
+    "session_gone",
     "step_key_from",
     "step_keys",
     "streamable_http_transport",

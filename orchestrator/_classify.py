@@ -107,6 +107,17 @@ def _classify_mcp(error: MCPError, probe: AttemptProbe | None, closed: bool) -> 
     return Failure("permanent", error, code, status)
 
 
+def session_gone(error: BaseException) -> bool:
+    """Whether `error` says the server no longer knows the session the request went on (it
+    restarted, or expired it): refused before it was dispatched, so nothing ran, and the request
+    may go again on a new session. For requests sent outside `RetryingSession.call_tool` (a
+    proxy's raw forward), which classifies its own attempts."""
+    if not isinstance(error, MCPError):
+        return False
+    failure = _classify_mcp(error, None, False)
+    return failure.kind == "never_sent" and failure.session_dead
+
+
 def classify(error: Exception, probe: AttemptProbe | None, *, session_closed: bool) -> Failure:
     """Classify the exception one attempt raised.
 

@@ -282,6 +282,19 @@ class RetryingSession:
         await self._catalog.refresh(session)
         return self._catalog.tools()
 
+    async def live_session(self) -> SessionLike:
+        """The session calls go to now, replacing a dead (or discarded) one first: one
+        reconnection shared by every caller waiting. Raises `ReconnectFailed` when none can be
+        opened."""
+        session, _ = await self._slot.acquire()
+        return session
+
+    def discard(self, session: SessionLike) -> None:
+        """`session` failed a request sent on it directly, outside `call_tool` (say, with
+        `session_gone`): if calls still go to it, the next one opens a new session first."""
+        if self._slot.current() is session:
+            self._slot.mark_dead(self._slot.generation)
+
     def invalidate_tools(self) -> None:
         """The server's tools changed: list them again before the gate next reads them."""
         self._catalog.invalidate()

@@ -281,7 +281,6 @@ async def _forward(
     server_ref: weakref.ref[FastMCP[Any]],
 ) -> dict[str, Any]:
     """The call sent upstream as it came; the upstream's result as it came back."""
-    client = await link.client()
     meta = {k: v for k, v in (ctx.meta or {}).items() if k not in _CONNECTION_META}
     request = CallToolRequest(
         params=CallToolRequestParams(
@@ -291,7 +290,7 @@ async def _forward(
     # The upstream's log lines and questions reach this call's caller while it runs.
     with link.forwarding.serving_request(fastmcp_request_ctx.get(), server_ref):
         try:
-            result = await link.send_raw(client, request)
+            result = await link.forward(request)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 # The child died under the call: retryable, and the next call goes to the

@@ -19,6 +19,7 @@ on the link's task-declaring session, its answer (a task too) unstored.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -90,7 +91,8 @@ class OnceProxyTool(ProxyTool):
                 return await self._guarded(link, claim, arguments, ctx)
             if declares_tasks(ctx) and link.upstream.url is not None:
                 return await self._passed_task(link, arguments, ctx)
-            return await super().run(arguments, ctx)
+            # FastMCP's own run, once more if the upstream forgot the link's session.
+            return await link.once_more_if_gone(functools.partial(super().run, arguments, ctx))
 
     async def _passed_task(
         self, link: UpstreamLink, arguments: dict[str, Any], ctx: Context

@@ -28,7 +28,8 @@ call in flight (`forwarding.py`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 from mcp_types import CallToolResult, InputRequiredResult, Request
@@ -44,12 +45,15 @@ from orchestrator import (
     TaskCreated,
     TasksExtension,
     http_client_factory,
+    session_gone,
     tool_session,
 )
 
 from .failures import UpstreamUnreachable
 from .forwarding import Forwarding
 from .pooled import DrainingTransport
+
+T = TypeVar("T")
 
 #: A task request's answer as it came (the session still checks it against the wire schema).
 _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
@@ -231,14 +235,10 @@ class UpstreamLink:
         """`era`'s connected `fastmcp.Client` (see `client`)."""
         from fastmcp import Client
 
-        current = era.session
-        live = current is not None and not tool_session(current).closed()
-        if not (isinstance(current, Client) and current.is_connected() and live):
-            try:
-                await era.refresh_tools()  # acquires: replaces a dead session first
-            except ReconnectFailed as exc:
-                raise UpstreamUnreachable() from exc
-            current = era.session
+        try:
+            current = await era.live_session()
+        except ReconnectFailed as exc:
+            raise UpstreamUnreachable() from exc
         assert isinstance(current, Client)
         return current
 
@@ -357,6 +357,35 @@ class UpstreamLink:
             if exc.code == CONNECTION_CLOSED:
                 raise UpstreamUnreachable() from exc
             raise
+
+    async def forward(self, request: Request[Any, Any]) -> dict[str, Any]:
+        """`request` sent once on the session of the caller's era, its answer as it came
+        (`send_raw`), or once more on a new session if the upstream no longer knows that one
+        (`once_more_if_gone`)."""
+
+        async def send() -> dict[str, Any]:
+            return await self.send_raw(await self.client(), request)
+
+        return await self.once_more_if_gone(send)
+
+    async def once_more_if_gone(self, send: Callable[[], Awaitable[T]]) -> T:
+        """`send()`, a request sent on the current session of the caller's era outside its
+        retrying call (a raw forward, FastMCP's own run of a pass-through); if the upstream no
+        longer knows that session (it restarted: HTTP 404, refused before it was dispatched, so
+        nothing ran), sent once more on a new one. Only the retrying call replaces a session the
+        upstream forgot: without this every call outside it would fail "Session not found"
+        until a guarded call opened a new session."""
+        from mcp import MCPError
+
+        era = self._era()
+        before = era.session
+        try:
+            return await send()
+        except MCPError as exc:
+            if before is None or not session_gone(exc):
+                raise
+        era.discard(before)
+        return await send()
 
     async def send_raw(self, client: Client[Any], request: Request[Any, Any]) -> dict[str, Any]:
         """`request` sent once on `client` (one of this link's), its answer as it came (the

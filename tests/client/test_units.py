@@ -10,7 +10,7 @@ from mcp import MCPError
 from mcp_types import Tool, ToolAnnotations
 
 from idempotency import wire
-from orchestrator import mint_key
+from orchestrator import mint_key, session_gone
 from orchestrator._classify import classify
 from orchestrator._gate import retry_gate
 from orchestrator._http import AttemptProbe, parse_retry_after
@@ -132,6 +132,23 @@ def test_classify(
 ) -> None:
     failure = classify(error, probe, session_closed=closed)
     assert (failure.kind, failure.session_dead) == (kind, dead)
+
+
+@pytest.mark.parametrize(
+    ("error", "gone"),
+    [
+        (MCPError(-32600, "Session terminated"), True),  # the SDK client's own, on a 404
+        (MCPError(-32600, "Session not found"), True),  # a Python SDK server's body
+        (MCPError(-32001, "Session not found"), True),  # a TypeScript SDK server's body
+        (MCPError(-32600, "Invalid request"), False),
+        (MCPError(-32000, "Connection closed"), False),  # may have run: not a refusal
+        (MCPError(-32603, "Server returned an error response"), False),
+        (RuntimeError("Session not found"), False),
+    ],
+)
+def test_session_gone_is_a_refusal_before_dispatch(error: Exception, gone: bool) -> None:
+    """What a proxy's raw forward may send again on a new session (nothing ran)."""
+    assert session_gone(error) is gone
 
 
 def test_classify_reads_hints() -> None:

@@ -367,6 +367,35 @@ async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
         upstream.kill()
 
 
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+async def test_a_pass_through_after_a_stateful_http_upstream_restarts_is_answered(
+    anyio_backend: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK server that keeps sessions (`benchmarks._hop_upstream`), SIGKILLed and started
+    again on its port: it no longer knows the link's session and refuses the next request on it
+    with HTTP 404, before running anything. A handshake-era caller's pass-through read then gets
+    its answer, on a new session, and so does every read after it (on main each got "Session
+    not found" until a guarded call replaced the session)."""
+    upstream = ServerProcess(
+        lambda port: [sys.executable, "-m", "benchmarks._hop_upstream", "--port", str(port)]
+    )
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore())
+        if path == "fastmcp":
+            proxy.add_middleware(Middleware())
+        async with proxy.opened(), Client(proxy, mode="legacy") as client:
+            assert text(await client.call_tool_mcp("read", {"text": "before"})) == "before"
+            runs = _count_runs(monkeypatch)
+            await anyio.to_thread.run_sync(upstream.restart)
+            for n in range(3):
+                read = await client.call_tool_mcp("read", {"text": f"after {n}"})
+                assert not read.is_error and text(read) == f"after {n}", read
+            assert runs == ([] if path == "fast" else ["read"] * 3), runs
+    finally:
+        upstream.kill()
+
+
 async def test_an_http_upstream_s_log_line_reaches_the_caller_of_a_raw_pass_through(
     anyio_backend: str, node_servers: NodeServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
