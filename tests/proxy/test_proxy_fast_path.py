@@ -83,6 +83,24 @@ async def _guarding(
         yield client
 
 
+@asynccontextmanager
+async def _legacy_caller_of(
+    command: Callable[[int], list[str]], path: str
+) -> AsyncIterator[tuple[ServerProcess, Client[Any]]]:
+    """A handshake-era client of a proxy (memory store) in front of the HTTP upstream that
+    `command(port)` starts, the calls on the fast path or, with a middleware added, FastMCP's."""
+    upstream = ServerProcess(command)
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore())
+        if path == "fastmcp":
+            proxy.add_middleware(Middleware())
+        async with proxy.opened(), Client(proxy, mode="legacy") as client:
+            yield upstream, client
+    finally:
+        upstream.kill()
+
+
 def _spy(
     monkeypatch: pytest.MonkeyPatch,
     owner: type,
@@ -323,48 +341,44 @@ async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
     variant fails: FastMCP dispatched every call."""
     ledger = tmp_path / "ledger"
     ledger.mkdir()
-    upstream = ServerProcess(lambda port: node_servers.ledger(ledger, "--port", str(port)))
-    await anyio.to_thread.run_sync(upstream.start)
-    try:
-        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore())
-        if path == "fastmcp":
-            proxy.add_middleware(Middleware())
-        async with proxy.opened(), Client(proxy, mode="legacy") as client:
-            await client.list_tools()
-            runs = _count_runs(monkeypatch)
-            dispatched = _dispatches(monkeypatch)
-            read = await client.call_tool_mcp("balance", {})
-            assert text(read) == "0" and status(read) is None
-            await _charged_once_then_lost(client, ledger)
-            # The path under test: on the fast path no FastMCP dispatch (True) at all, each
-            # guarded call's core run (False), the read not run by FastMCP; on FastMCP's, its
-            # dispatch around each call, and its core run where the tool runs.
-            if path == "fast":
-                assert dispatched == [False, False] and runs == ["charge"] * 2, (dispatched, runs)
-            else:
-                assert dispatched == [True, False, True, False, True, True, True, False, True]
-                assert runs == ["balance", "charge", "charge"], runs
-            # Down (it crashed above): the read fails, the write never reaches it.
-            # (The read as it came out of the SDK's HTTP client on the fast path, a JSON-RPC
-            # error; FastMCP's path wraps the same error in an `isError` result.)
-            if path == "fast":
-                with pytest.raises(MCPError):
-                    await client.call_tool_mcp("balance", {})
-            else:
-                assert (await client.call_tool_mcp("balance", {})).is_error
-            with pytest.raises(MCPError) as unsent:
-                await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
-            assert unsent.value.code == wire.STORE_UNAVAILABLE, unsent.value
-            assert unsent.value.data["upstream"] == "unreachable"
-            assert lines(ledger / "calls") == 2
-            await anyio.to_thread.run_sync(upstream.start)
-            after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
-            assert status(after) == "executed" and lines(ledger / "effects") == 3
-            assert text(await client.call_tool_mcp("balance", {})) == "3"
-            if path == "fast":
-                assert True not in dispatched, dispatched
-    finally:
-        upstream.kill()
+
+    def command(port: int) -> list[str]:
+        return node_servers.ledger(ledger, "--port", str(port))
+
+    async with _legacy_caller_of(command, path) as (upstream, client):
+        await client.list_tools()
+        runs = _count_runs(monkeypatch)
+        dispatched = _dispatches(monkeypatch)
+        read = await client.call_tool_mcp("balance", {})
+        assert text(read) == "0" and status(read) is None
+        await _charged_once_then_lost(client, ledger)
+        # The path under test: on the fast path no FastMCP dispatch (True) at all, each
+        # guarded call's core run (False), the read not run by FastMCP; on FastMCP's, its
+        # dispatch around each call, and its core run where the tool runs.
+        if path == "fast":
+            assert dispatched == [False, False] and runs == ["charge"] * 2, (dispatched, runs)
+        else:
+            assert dispatched == [True, False, True, False, True, True, True, False, True]
+            assert runs == ["balance", "charge", "charge"], runs
+        # Down (it crashed above): the read fails, the write never reaches it.
+        # (The read as it came out of the SDK's HTTP client on the fast path, a JSON-RPC
+        # error; FastMCP's path wraps the same error in an `isError` result.)
+        if path == "fast":
+            with pytest.raises(MCPError):
+                await client.call_tool_mcp("balance", {})
+        else:
+            assert (await client.call_tool_mcp("balance", {})).is_error
+        with pytest.raises(MCPError) as unsent:
+            await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
+        assert unsent.value.code == wire.STORE_UNAVAILABLE, unsent.value
+        assert unsent.value.data["upstream"] == "unreachable"
+        assert lines(ledger / "calls") == 2
+        await anyio.to_thread.run_sync(upstream.start)
+        after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
+        assert status(after) == "executed" and lines(ledger / "effects") == 3
+        assert text(await client.call_tool_mcp("balance", {})) == "3"
+        if path == "fast":
+            assert True not in dispatched, dispatched
 
 
 @pytest.mark.parametrize("path", ["fast", "fastmcp"])
@@ -376,24 +390,18 @@ async def test_a_pass_through_after_a_stateful_http_upstream_restarts_is_answere
     with HTTP 404, before running anything. A handshake-era caller's pass-through read then gets
     its answer, on a new session, and so does every read after it (on main each got "Session
     not found" until a guarded call replaced the session)."""
-    upstream = ServerProcess(
-        lambda port: [sys.executable, "-m", "benchmarks._hop_upstream", "--port", str(port)]
-    )
-    await anyio.to_thread.run_sync(upstream.start)
-    try:
-        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore())
-        if path == "fastmcp":
-            proxy.add_middleware(Middleware())
-        async with proxy.opened(), Client(proxy, mode="legacy") as client:
-            assert text(await client.call_tool_mcp("read", {"text": "before"})) == "before"
-            runs = _count_runs(monkeypatch)
-            await anyio.to_thread.run_sync(upstream.restart)
-            for n in range(3):
-                read = await client.call_tool_mcp("read", {"text": f"after {n}"})
-                assert not read.is_error and text(read) == f"after {n}", read
-            assert runs == ([] if path == "fast" else ["read"] * 3), runs
-    finally:
-        upstream.kill()
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "benchmarks._hop_upstream", "--port", str(port)]
+
+    async with _legacy_caller_of(command, path) as (upstream, client):
+        assert text(await client.call_tool_mcp("read", {"text": "before"})) == "before"
+        runs = _count_runs(monkeypatch)
+        await anyio.to_thread.run_sync(upstream.restart)
+        for n in range(3):
+            read = await client.call_tool_mcp("read", {"text": f"after {n}"})
+            assert not read.is_error and text(read) == f"after {n}", read
+        assert runs == ([] if path == "fast" else ["read"] * 3), runs
 
 
 async def test_an_http_upstream_s_log_line_reaches_the_caller_of_a_raw_pass_through(
