@@ -19,6 +19,7 @@ The task's body is fenced separately (`task_body.py`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,8 @@ def task_payload(value: object) -> dict[str, Any] | None:
     """The wire form of `value` when it is a `CreateTaskResult` (a model or a mapping whose
     `resultType` is "task" and which names its `taskId`); None for anything else."""
     if isinstance(value, BaseModel):
+        if not _may_be_a_task(value):
+            return None
         dumped = value.model_dump(by_alias=True, mode="json", exclude_none=True)
     elif isinstance(value, Mapping):
         dumped = dict(value)
@@ -43,6 +46,56 @@ def task_payload(value: object) -> dict[str, Any] | None:
     if dumped.get("resultType") != TASK_RESULT_TYPE or not isinstance(dumped.get("taskId"), str):
         return None
     return dumped
+
+
+#: What a model class's wire dump says of `resultType`, by class (`_result_type_of`).
+_NEVER = ""
+_DUMP = None
+
+
+@functools.cache
+def _result_type_of(cls: type[BaseModel]) -> str | None:
+    """Where `cls`'s wire dump (`by_alias`, as `task_payload` dumps) takes its `resultType`:
+    `_NEVER` when no instance's dump can hold one, the attribute when exactly one plain field
+    is dumped under that name, `_DUMP` when only a dump can tell (a serializer of the model's
+    own, a root model, a computed field or extra fields that may name it, a serializer on that
+    field)."""
+    decorators = cls.__pydantic_decorators__
+    if (
+        cls.__pydantic_root_model__  # its dump is its root's: a mapping names any key
+        or cls.model_dump is not BaseModel.model_dump
+        or decorators.model_serializers
+        or cls.model_config.get("extra") == "allow"
+    ):
+        return _DUMP
+    if any(
+        (info.alias or name) == "resultType" for name, info in cls.model_computed_fields.items()
+    ):
+        return _DUMP
+    named = [
+        name
+        for name, info in cls.model_fields.items()
+        if (info.serialization_alias or name) == "resultType"
+    ]
+    if not named:
+        return _NEVER
+    serialized = {field for d in decorators.field_serializers.values() for field in d.info.fields}
+    if len(named) > 1 or named[0] in serialized or "*" in serialized:
+        return _DUMP
+    return named[0]
+
+
+def _may_be_a_task(value: BaseModel) -> bool:
+    """Whether `value`'s dump may name a task, told without dumping it where its class allows:
+    every guarded call's result passes here, and a dump walks all of it (its structured content
+    included) only to find no `resultType` (a FastMCP `ToolResult`) or "complete"."""
+    where = _result_type_of(type(value))
+    if where is _DUMP:
+        return True
+    if where == _NEVER:
+        return False
+    found = getattr(value, where)
+    return not (found is None or (isinstance(found, str) and found != TASK_RESULT_TYPE))
 
 
 def as_record(payload: Mapping[str, Any]) -> CallToolResult:

@@ -71,11 +71,23 @@ def observe(
 
 def keep(conn: sqlite3.Connection, seen: list[Seen], audit_key: AuditKey | None = None) -> None:
     """The events of a batch's transitions, written in its transaction (three statements for
-    the batch, whatever its size); MACed and sealed with `audit_key`, if any."""
-    texts = _load(conn, list(dict.fromkeys(item[0] for item in seen)))
+    the batch, whatever its size); MACed and sealed with `audit_key`, if any.
+
+    A key whose first transition in the batch finds no live record (a first claim: every
+    guarded call's first execution) starts a new history (`chain.starts_anew`), so its stored
+    one is not read (two statements then, for a batch of such keys); it is read after all if a
+    later transition of the batch finds a live record with nothing noted yet."""
+    first: dict[str, tuple[Record | None, float]] = {}
+    for item in seen:
+        first.setdefault(item[0], (item[1], item[5]))
+    unread = {key for key, (before, now) in first.items() if chain.starts_anew(before, now)}
+    texts = _load(conn, [key for key in first if key not in unread])
     rows: dict[str, tuple[str, str | None, str, float | None]] = {}
     audit: list[tuple[float, str, str | None, str]] = []
     for key, before, after, answer, said, now in seen:
+        if key in unread and key not in texts and not chain.starts_anew(before, now):
+            texts.update(_load(conn, [key]))
+            unread.discard(key)
         mac = record_mac(audit_key, key)
         text, added = chain.note(texts.get(key, ""), before, after, answer, now, said, mac)
         if not added:

@@ -84,6 +84,9 @@ class ProxyGuardMiddleware(Middleware):
         #: once per tool, not on every listing and call (dropped whole if an upstream keeps
         #: listing new names, so it stays small).
         self._chosen: dict[tuple[str, bool], IdempotencyMiddleware | None] = {}
+        #: Whether each tool's maybe-executed call may be re-sent (`resend`), by name: asked on
+        #: every guarded call, and the policy is fixed (bounded as `_chosen` is).
+        self._resends: dict[str, bool] = {}
         #: How `keys settle` names this proxy's records (`build_proxy` sets `--proxy NAME`).
         self.settle_with = ""
         #: Who owns each task handed out (`build_proxy` sets it; None: not recorded).
@@ -113,7 +116,12 @@ class ProxyGuardMiddleware(Middleware):
 
     def resend(self, name: str) -> bool:
         """Whether the policy lets the proxy re-send a maybe-executed call of `name`."""
-        return self.policy.for_tool(name).upstream_idempotent
+        found = self._resends.get(name)
+        if found is None:
+            if len(self._resends) >= _CHOSEN_MAX:
+                self._resends.clear()
+            found = self._resends[name] = self.policy.for_tool(name).upstream_idempotent
+        return found
 
     def guard_of(self, tool: Tool) -> IdempotencyMiddleware | None:
         """The guard of `tool`'s calls; None when they pass through."""

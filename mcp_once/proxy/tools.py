@@ -183,12 +183,18 @@ def tool_result(
     result: CallToolResult | InputRequiredResult | TaskCreated,
 ) -> ToolResult | TaskCreated:
     """The upstream's answer as the front's tool returns it: a question as FastMCP carries one
-    (its wire handler unwraps it), a task as it came (`tasks.producing_tasks` sends it)."""
+    (its wire handler unwraps it), a task as it came (`tasks.producing_tasks` sends it).
+
+    A result is carried as it came, without `ToolResult`'s constructor: the session already
+    validated it, and the constructor's conversions (a tool author's return values into content
+    blocks, its structured content through pydantic's JSON dump) would copy what is JSON
+    already, a walk of the whole structured content per call (~50 µs for 6 KB;
+    benchmarks/README.md, issue 46)."""
     if isinstance(result, InputRequiredResult):
         return InputRequiredToolResult(result)
     if isinstance(result, TaskCreated):
         return result
-    return ToolResult(
+    return ToolResult.model_construct(
         content=result.content,
         structured_content=result.structured_content,
         meta=result.meta,

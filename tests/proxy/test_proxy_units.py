@@ -304,3 +304,35 @@ def test_the_default_store_is_the_upstreams_own_file_in_the_state_folder(
     assert not (tmp_path / ".mcp-once").exists()
     monkeypatch.setenv("MCP_ONCE_STORE", "memory://")
     assert _store_url(build_parser().parse_args(["proxy"]), identity.stem) == "memory://"
+
+
+@pytest.mark.parametrize(
+    "structured", [None, {"n": 7, "items": [{"id": 1.5, "tags": ["a"]}, None], "s": "é"}]
+)
+def test_an_upstream_result_is_carried_as_the_tool_result_constructor_would_make_it(
+    structured: dict[str, Any] | None,
+) -> None:
+    """`tools.tool_result` skips `ToolResult`'s constructor (its conversions copy what the
+    session already validated as JSON): the fields, and so the wire form FastMCP and the guard
+    make of it, stay what the constructor gives."""
+    from fastmcp.tools.base import ToolResult
+    from mcp_types import CallToolResult, TextContent
+
+    from mcp_once.proxy.tools import tool_result
+
+    result = CallToolResult(
+        content=[TextContent(type="text", text="x")],
+        structured_content=structured,
+        is_error=structured is None,
+        _meta={"upstream": {"k": 1}},  # type: ignore[call-arg]
+    )
+    ours = tool_result(result)
+    theirs = ToolResult(
+        content=result.content,
+        structured_content=result.structured_content,
+        meta=result.meta,
+        is_error=result.is_error,
+    )
+    assert isinstance(ours, ToolResult)
+    assert ours.model_dump() == theirs.model_dump()
+    assert ours.to_mcp_result() == theirs.to_mcp_result()

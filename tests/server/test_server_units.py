@@ -188,3 +188,83 @@ def test_a_derived_key_holds_the_meta_a_tool_may_read_and_not_what_a_resend_chan
     assert derived({"user_id": "ann"}) != plain
     assert derived({"user_id": "ann"}) != derived({"user_id": "bob"})
     assert derived({"user_id": "ann", "progressToken": 1}) == derived({"user_id": "ann"})
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        CallToolResult(content=[TextContent(type="text", text="7")]),
+        CallToolResult(
+            content=[TextContent(type="text", text='{"n": 7}')],
+            structured_content={"n": 7, "items": [{"id": 1.5, "tags": ["a"]}, None]},
+            is_error=True,
+            _meta={"io.github.mcp-once/idempotency": {"status": "replayed"}, "other": 1},  # type: ignore[call-arg]
+        ),
+    ],
+)
+def test_the_guards_answer_reaches_fastmcp_as_from_mcp_result_carries_it(
+    answer: CallToolResult,
+) -> None:
+    """`to_fastmcp` skips `ToolResult`'s constructor (a walk of the structured content per call)
+    but must carry what `ToolResult.from_mcp_result` carries: the same fields, and the answer
+    itself as the wire form (FastMCP's private `_raw_mcp_result`: renamed by a FastMCP release,
+    this fails instead of replays losing their exact form)."""
+    from fastmcp.tools.base import ToolResult
+
+    from idempotency._integrations.fastmcp.results import to_fastmcp
+
+    ours, theirs = to_fastmcp(answer), ToolResult.from_mcp_result(answer)
+    assert ours.to_mcp_result() is answer
+    assert theirs.to_mcp_result() is answer
+    assert ours.model_dump() == theirs.model_dump()
+    assert type(ours) is type(theirs)
+
+
+def test_a_result_is_told_from_a_task_without_dumping_it_only_where_its_class_allows() -> None:
+    """`tasks.task_payload` skips the dump (a walk of the whole result, structured content
+    included, on every guarded call) only for a model whose class says its dump cannot name a
+    task; it finds every task the dump finds."""
+    from typing import Any
+
+    from fastmcp.tools.base import ToolResult
+    from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+    from idempotency import TaskCreated
+    from idempotency._guard import tasks
+
+    def by_dump(value: BaseModel) -> dict[str, Any] | None:
+        dumped = value.model_dump(by_alias=True, mode="json", exclude_none=True)
+        is_task = dumped.get("resultType") == "task" and isinstance(dumped.get("taskId"), str)
+        return dumped if is_task else None
+
+    class Extra(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+    class Serialized(BaseModel):
+        kind: str = "complete"
+
+        @model_serializer
+        def _wire(self) -> dict[str, Any]:
+            return {"resultType": "task", "taskId": "t2"}
+
+    class Aliased(BaseModel):
+        kind: str = Field(alias="resultType")
+        task_id: str = Field(alias="taskId")
+
+    task = {"resultType": "task", "taskId": "t1", "status": "working"}
+    text = [TextContent(type="text", text="x")]
+    values: list[BaseModel] = [
+        ToolResult(content=text, structured_content={"resultType": "task", "taskId": "t"}),
+        CallToolResult(content=text),
+        CallToolResult.model_validate({"content": [], "resultType": "task", "taskId": "t"}),
+        TaskCreated(task),
+        Extra.model_validate(task),
+        Serialized(),
+        Aliased.model_validate(task),
+        Aliased.model_validate({**task, "resultType": "complete"}),
+    ]
+    found = [tasks.task_payload(value) for value in values]
+    assert found == [by_dump(value) for value in values]
+    assert [payload is not None for payload in found] == [0, 0, 0, 1, 1, 1, 1, 0]
+    assert tasks._result_type_of(ToolResult) == tasks._NEVER  # the common case: no dump
+    assert tasks._result_type_of(CallToolResult) == "result_type"

@@ -28,6 +28,7 @@ from idempotency import (
     verify_history,
 )
 from idempotency._stores import history as chain
+from idempotency._stores.store import ClaimOutcome, ClaimStatus, Record
 
 pytestmark = pytest.mark.anyio
 
@@ -512,3 +513,43 @@ async def test_a_record_claimed_anew_over_a_long_history_starts_anew(backend: Ba
     text = await audited(backend).history("k")
     assert [e.kind for e in parse_history(text)] == ["claimed"]
     assert verify_history(text) is None
+
+
+def test_sqlite_reads_a_stored_history_only_for_a_transition_that_continues_it() -> None:
+    """A batch's first claim of a key with no live record starts a new history: the stored one
+    is not read (one statement less per first execution). A later transition of the same batch
+    that finds a live record with nothing noted yet (here a settle that created it without an
+    event, then its completion) still continues the stored history, as before."""
+    from idempotency._stores import _sqlite_history
+    from idempotency._stores.store import RecordState
+
+    def record(state: RecordState, expires_at: float | None = None) -> Record:
+        return Record(
+            "k", state, "fp", 1, 1, "t", 10.0, 10.0, None, None, expires_at, None, tool=TOOL
+        )
+
+    conn = sqlite3.connect(":memory:")
+    _sqlite_history.create(conn)
+    old = chain.append("", "C", 1, 1, "", 5.0)
+    conn.execute("INSERT INTO history VALUES ('k', ?, ?, NULL)", (TOOL, old))
+    reads: list[str] = []
+    conn.set_trace_callback(lambda sql: reads.append(sql) if "IN (" in sql else None)
+
+    in_progress, done = record(RecordState.IN_PROGRESS), record(RecordState.COMPLETED, 99.0)
+    claimed = ClaimOutcome(ClaimStatus.CLAIMED, token="t", fence=1, attempts=1)
+    _sqlite_history.keep(conn, [("k", None, in_progress, claimed, chain.Said(), 20.0)])
+    assert reads == []  # a first claim: nothing read
+    (fresh,) = conn.execute("SELECT lines FROM history WHERE key = 'k'").fetchone()
+    assert [event.kind for event in parse_history(fresh)] == ["claimed"]
+
+    conn.execute("UPDATE history SET lines = ?", (old,))
+    reads.clear()
+    seen: list[_sqlite_history.Seen] = [
+        ("k", None, in_progress, True, chain.Said(), 20.0),  # no event: nothing noted
+        ("k", in_progress, done, True, chain.Said(), 21.0),
+    ]
+    _sqlite_history.keep(conn, seen)
+    assert len(reads) == 1
+    (continued,) = conn.execute("SELECT lines FROM history WHERE key = 'k'").fetchone()
+    assert [event.kind for event in parse_history(continued)] == ["claimed", "completed"]
+    assert continued.startswith(old)

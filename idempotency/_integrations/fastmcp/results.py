@@ -61,10 +61,24 @@ def to_guard(result: object) -> GuardResult:
 
 
 def to_fastmcp(answer: GuardResult) -> ToolResult:
-    """The guard's answer as a `ToolResult` that reaches the wire exactly as given."""
+    """The guard's answer as a `ToolResult` that reaches the wire exactly as given.
+
+    What `ToolResult.from_mcp_result` makes, without its constructor's conversions (a tool's
+    return values into content blocks, the structured content through pydantic's JSON dump): a
+    stored or first answer is a `CallToolResult` already, its structured content JSON, so they
+    would only copy it, a walk of the whole structured content on every call (~50 µs for 6 KB;
+    benchmarks/README.md, issue 46). The wire form is kept where `from_mcp_result` keeps it
+    (`tests/server/test_server_units.py` holds the two the same)."""
     if isinstance(answer, InputRequiredResult):
         return InputRequiredToolResult(answer)
-    return ToolResult.from_mcp_result(answer)
+    wrapped = ToolResult.model_construct(
+        content=answer.content,
+        structured_content=answer.structured_content,
+        meta=answer.meta,
+        is_error=answer.is_error,
+    )
+    wrapped._raw_mcp_result = answer
+    return wrapped
 
 
 def error_result(tool: str, exc: Exception) -> CallToolResult:
