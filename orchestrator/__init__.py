@@ -24,6 +24,9 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
   timeout), naming the URL with credentials redacted; the last error in a `NotExecuted` or
   `OutcomeUnknown` when that is why the call ended.
 - `SessionUnavailable`: `SessionSlot.acquire` has no live session and no way to make one.
+- `attempt_once(send, tool=, key=)`: one attempt of a keyed `tools/call` the caller sends by its
+  own means (raw, its answer read once), its failure judged as `RetryingSession` judges an
+  attempt's (`NotExecuted`, `OutcomeUnknown`, `ToolCallError`), with no retry (a proxy's fast path).
 - Keys from where the call runs (a durable engine's step, so a re-run resends the first run's
   keys): `KeySource` (`RetryingSession(..., key_source=)`: a `KeyRequest` in, a key or None out),
   `key_step(*identity)` (numbers a step's calls: `KeyRequest.ordinal`), `step_key_from` (a step
@@ -70,6 +73,7 @@ from ._key import (
     step_key_from,
     step_keys,
 )
+from ._once import attempt_once
 from ._outcome import (
     InvalidParams,
     KeyReused,
@@ -144,6 +148,7 @@ __all__ = [
     "ToolSession",
     "TransportFailed",
     "Turn",
+    "attempt_once",
     "derive_key",
     "http_client_factory",
     "key_step",

@@ -74,14 +74,21 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter
 
 from idempotency import Claim, current_claim, wire
-from orchestrator import TASKS_EXTENSION, OutcomeUnknown
+from orchestrator import TASKS_EXTENSION, NotExecuted, OutcomeUnknown, attempt_once, tool_session
 
 from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
-from .tools import OnceProxyTool, lost, refused, tool_result, unreadable, upstream_key
+from .tools import (
+    OnceProxyTool,
+    in_guard_terms,
+    lost,
+    refused,
+    tool_result,
+    upstream_key,
+)
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -233,10 +240,7 @@ async def _guarded(
 
     # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
     # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
-    # So does a call to an HTTP upstream: only the link's session tells a request that never
-    # left (refused: released, re-sent) from one that may have run (the module doc).
     raw = isinstance(tool, OnceProxyTool) and not guard.resend(tool.name)
-    raw = raw and link.upstream.url is None
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(
@@ -315,8 +319,8 @@ async def _sent(
     """The guarded call's tool run, sent upstream raw: what FastMCP's core run and
     `OnceProxyTool.run` do for it (FastMCP's span for the tool, which also tells the guard the
     tool was entered; the record's upstream key in `_meta`; the upstream's log lines and
-    questions forwarded to the caller; the link's failures in the guard's terms, `tools.lost`
-    and `tools.refused`; the link's deadline), without their layers: FastMCP's second lookup
+    questions forwarded to the caller; the link's failures in the guard's terms,
+    `tools.in_guard_terms`; the link's deadline), without their layers: FastMCP's second lookup
     and `Context`, the link's retrying session and the client library's typed call, which
     validates the upstream's structured content against the schema the upstream already held it
     to. The upstream's result is read once, by the session, as the record keeps it (a
@@ -330,29 +334,57 @@ async def _sent(
     retry = link.retry
     budget = retry.deadline if retry.attempt_timeout is None else retry.attempt_timeout
     client = await link.client()  # before the tool is entered: a failure here ran nothing
-    with _entered(server, tool), link.forwarding.serving(ctx):
-        try:
-            with anyio.fail_after(min(budget, retry.deadline)):
-                result = await client.session.send_request(request, CallToolResult)
-        except TimeoutError as exc:
-            gave_up = OutcomeUnknown(
-                tool=name, key=key, attempts=1, last_error=exc, reason="deadline"
-            )
-            raise lost(name, claim, gave_up, stdio=True) from exc
-        except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
-                raise refused(name, claim, exc) from exc
-            # The child died under the call: it may have run (the next call goes to the
-            # session that replaces it).
-            gave_up = OutcomeUnknown(
-                tool=name, key=key, attempts=1, last_error=exc, reason="attempts"
-            )
-            raise lost(name, claim, gave_up, stdio=True) from exc
-        except ValidationError as exc:  # it answered, but not with an MCP result
-            raise unreadable(name, claim, exc, stdio=True) from exc
+    stdio = link.upstream.url is None
+
+    async def send() -> CallToolResult:
+        with anyio.fail_after(min(budget, retry.deadline)):
+            return await link.sent(client, request, CallToolResult)
+
+    with (
+        _entered(server, tool),
+        link.forwarding.serving(ctx),
+        in_guard_terms(name, claim, stdio=stdio),
+    ):
+        if stdio:
+            result = await _over_stdio(send, name, claim)
+        else:
+            try:
+                # Judged as the link's session judges an attempt: over HTTP its retry-aware
+                # transport notes whether the request left (`orchestrator.attempt_once`).
+                result = await attempt_once(
+                    send, tool=name, key=key, closed=lambda: tool_session(client).closed()
+                )
+            except NotExecuted:
+                # Nothing ran (the connection refused, the upstream forgot the session, its
+                # store down): the link's own call takes over, which re-sends within its
+                # deadline, on a fresh session where the old one is gone.
+                again = await link.call(name, arguments, key, resend=False)
+                assert isinstance(again, CallToolResult)  # a plain handshake-era call
+                result = again
     answer = tool_result(result)
-    assert isinstance(answer, ToolResult)  # a plain call over stdio answers with a result
+    assert isinstance(answer, ToolResult)  # a plain call answers with a result
     return answer
+
+
+async def _over_stdio(
+    send: Callable[[], Awaitable[CallToolResult]], name: str, claim: Claim
+) -> CallToolResult:
+    """`send()`'s result over stdio, where a failure is one of two: the child's pipes closed
+    under the call, or the deadline passed (both: it may have run), else the upstream's
+    JSON-RPC refusal."""
+    key = upstream_key(claim)
+    try:
+        return await send()
+    except TimeoutError as exc:
+        gave_up = OutcomeUnknown(tool=name, key=key, attempts=1, last_error=exc, reason="deadline")
+        raise lost(name, claim, gave_up, stdio=True) from exc
+    except MCPError as exc:
+        if exc.code != CONNECTION_CLOSED:
+            raise refused(name, claim, exc) from exc
+        # The child died under the call: it may have run (the next call goes to the
+        # session that replaces it).
+        gave_up = OutcomeUnknown(tool=name, key=key, attempts=1, last_error=exc, reason="attempts")
+        raise lost(name, claim, gave_up, stdio=True) from exc
 
 
 @contextmanager

@@ -28,11 +28,11 @@ call in flight (`forwarding.py`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 from mcp_types import CallToolResult, InputRequiredResult, Request
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from mcp_once._upstream import Upstream
 from mcp_once._upstream.early import EarlyChild, child_env
@@ -50,6 +50,8 @@ from orchestrator import (
 from .failures import UpstreamUnreachable
 from .forwarding import Forwarding
 from .pooled import DrainingTransport
+
+R = TypeVar("R", bound=BaseModel)
 
 #: A task request's answer as it came (the session still checks it against the wire schema).
 _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
@@ -360,14 +362,19 @@ class UpstreamLink:
 
     async def send_raw(self, client: Client[Any], request: Request[Any, Any]) -> dict[str, Any]:
         """`request` sent once on `client` (one of this link's), its answer as it came (the
-        session still checks it against the wire schema). Over HTTP under the client's watch on
-        its session task, as FastMCP's client sends every call: there a server's failure can end
-        that task instead of the request, which would otherwise wait for an answer that never
-        comes. Over stdio the pipes' end fails the request itself (-32000)."""
-        sending = client.session.send_request(request, cast(Any, _RAW))
+        session still checks it against the wire schema: `sent`)."""
+        return cast(dict[str, Any], await self.sent(client, request, cast(Any, _RAW)))
+
+    async def sent(self, client: Client[Any], request: Request[Any, Any], answer: type[R]) -> R:
+        """`request` sent once on `client` (one of this link's), its answer read as `answer` by
+        the session. Over HTTP under the client's watch on its session task, as FastMCP's client
+        sends every call: there a server's failure can end that task instead of the request,
+        which would otherwise wait for an answer that never comes. Over stdio the pipes' end
+        fails the request itself (-32000)."""
+        sending = client.session.send_request(request, answer)
         if self.upstream.url is None:
-            return cast(dict[str, Any], await sending)
-        return cast(dict[str, Any], await client._await_with_session_monitoring(sending))
+            return await sending
+        return await client._await_with_session_monitoring(sending)
 
 
 def _modern(protocol_version: str | None) -> bool:

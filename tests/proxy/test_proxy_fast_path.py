@@ -48,6 +48,7 @@ from mcp_once.proxy import (
 )
 from mcp_once.proxy.policy import ToolRule
 from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
+from mcp_once.proxy.upstream import UpstreamLink
 from mcp_once.scenarios import ServerProcess
 
 pytestmark = [
@@ -333,14 +334,18 @@ async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
             await client.list_tools()
             runs = _count_runs(monkeypatch)
             dispatched = _dispatches(monkeypatch)
+            linked = _spy(monkeypatch, UpstreamLink, "call", lambda _, kw: kw["resend"])
             read = await client.call_tool_mcp("balance", {})
             assert text(read) == "0" and status(read) is None
             await _charged_once_then_lost(client, ledger)
+            # On the fast path each guarded call went raw (no link call); on FastMCP's, each
+            # one the guard ran went through the link's retrying call.
+            assert linked == ([] if path == "fast" else [False, False]), linked
             # The path under test: on the fast path no FastMCP dispatch (True) at all, each
             # guarded call's core run (False), the read not run by FastMCP; on FastMCP's, its
             # dispatch around each call, and its core run where the tool runs.
             if path == "fast":
-                assert dispatched == [False, False] and runs == ["charge"] * 2, (dispatched, runs)
+                assert dispatched == [] and runs == [], (dispatched, runs)
             else:
                 assert dispatched == [True, False, True, False, True, True, True, False, True]
                 assert runs == ["balance", "charge", "charge"], runs
@@ -357,12 +362,45 @@ async def test_an_http_upstream_s_calls_keep_the_contract_on_both_paths(
             assert unsent.value.code == wire.STORE_UNAVAILABLE, unsent.value
             assert unsent.value.data["upstream"] == "unreachable"
             assert lines(ledger / "calls") == 2
+            # Refused before it left: on the fast path the raw send knew (the retry-aware
+            # transport), and the link's own call took over to re-send within its deadline.
+            assert linked == [False] * (1 if path == "fast" else 3), linked
             await anyio.to_thread.run_sync(upstream.start)
             after = await client.call_tool("charge", {"amount": 8}, meta=meta_key("order-3"))
             assert status(after) == "executed" and lines(ledger / "effects") == 3
             assert text(await client.call_tool_mcp("balance", {})) == "3"
             if path == "fast":
                 assert True not in dispatched, dispatched
+    finally:
+        upstream.kill()
+
+
+async def test_a_guarded_raw_send_to_a_restarted_http_upstream_is_re_sent_on_a_new_session(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stateful HTTP upstream (FastMCP's) restarted between two guarded calls forgets the
+    link's session: the raw send is refused with its 404 before it runs, so the link's own call
+    takes over and re-sends the same key on a new session, and the call runs once (executed,
+    one effect); the next call goes raw on the new session."""
+    ledger = tmp_path / "effects"
+    script = str(HERE / "changing_server.py")
+    upstream = ServerProcess(lambda port: [sys.executable, script, str(ledger), str(port)])
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        proxy = build_proxy(Upstream.http(upstream.url), MemoryKeyStore())
+        async with proxy.opened(), Client(proxy, mode="legacy") as client:
+            await client.list_tools()
+            linked = _spy(monkeypatch, UpstreamLink, "call", lambda _, kw: kw["resend"])
+            first = await client.call_tool("write", {"text": "a"}, meta=meta_key("r1"))
+            assert (first.meta or {})[MARKER]["status"] == "executed" and linked == []
+            await anyio.to_thread.run_sync(upstream.kill)
+            await anyio.to_thread.run_sync(upstream.start)
+            second = await client.call_tool("write", {"text": "b"}, meta=meta_key("r2"))
+            assert (second.meta or {})[MARKER]["status"] == "executed"
+            assert linked == [False] and lines(ledger) == 2, linked
+            third = await client.call_tool("write", {"text": "c"}, meta=meta_key("r3"))
+            assert (third.meta or {})[MARKER]["status"] == "executed"
+            assert linked == [False] and lines(ledger) == 3, linked
     finally:
         upstream.kill()
 
