@@ -1,8 +1,9 @@
 """A stdio upstream whose tool list changes on demand, with an effect ledger:
 `python changing_server.py LEDGER [PORT]` (with PORT, FastMCP's stateful streamable HTTP on
-127.0.0.1:PORT/mcp: a restart forgets its sessions). `write` appends its text to LEDGER (fsynced before it
-answers, so what is counted is what happened); `turn_read_only` lists `write` again, now with
-`readOnlyHint: true` (a listing whose content differs, as after the upstream's `list_changed`)."""
+127.0.0.1:PORT/mcp: a restart forgets its sessions). `write` appends its text to LEDGER
+(fsynced before it answers, so what is counted is what happened); `turn_read_only` lists
+`write` again, now with `readOnlyHint: true` (a listing whose content differs, as after the
+upstream's `list_changed`)."""
 
 from __future__ import annotations
 
