@@ -25,13 +25,14 @@ core run, `OnceProxyTool.run`, the link's retrying session and the client librar
 An HTTP upstream is served here too, for a handshake-era caller while that era's session is
 open (`UpstreamLink.raw_ready`): a passed-through call goes raw to the caller's era's session
 (`UpstreamLink.client` reads the era from the bound request, no `Context` needed), under the
-client's watch on its session task (`UpstreamLink.send_raw`: over HTTP a server's failure can
-end that task instead of the request). A guarded call to an HTTP upstream skips FastMCP's
-dispatch but keeps the link's own call below the guard (no `_sent`): only the link's
-`RetryingSession`, through its retry-aware HTTP transport, tells a request that never left (a
-refused connection: released, re-sent on a fresh session) from one that may have run (UNKNOWN),
-and a session the upstream forgot (404 after its restart) from a live one; a raw send sees
-neither and would judge both wrongly.
+client's watch on its session task (`UpstreamLink.send_raw`: over HTTP a server's failure can end
+that task instead of the request). A guarded call goes raw too (`_sent`), its one attempt judged
+by the client library's own classifier (`orchestrator.attempt_once`): the link's retry-aware HTTP
+transport notes whether the request left, so a failure is "may have run" (UNKNOWN) or "not run"
+(refused, a 404 for a session the upstream forgot, its store down), and the call that did not
+run is handed to the link's own `RetryingSession` call, which re-sends it within its deadline on a
+fresh session (or gives up: released, -32013). The retrying call was ~30 % of the guarded call's
+handler CPU over HTTP (benchmarks/README.md, "Guarded calls to an HTTP upstream sent raw").
 
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
 task-augmented call (`params.task`), an input_required continuation, a call asking for progress
