@@ -78,20 +78,21 @@ async def test_a_session_the_server_forgot_is_not_executed(
 
 
 @both_backends
-async def test_a_bare_503_may_hide_an_execution(http: HttpServer, recorder: Recorder) -> None:
-    http.faults.plan = [(503, {})]
+@pytest.mark.parametrize(
+    ("status", "raised"),
+    [(503, OutcomeUnknown), (401, ToolCallError)],
+    ids=["bare-503-may-hide-an-execution", "401-is-permanent"],
+)
+async def test_an_http_status_without_a_body(
+    http: HttpServer, recorder: Recorder, status: int, raised: type[Exception]
+) -> None:
+    http.faults.plan = [(status, {})]
     async with Client(streamable_http_transport(http.url)) as client:
-        with pytest.raises(OutcomeUnknown) as caught:
+        with pytest.raises(raised) as caught:
             await attempt_once(_raw(client, "plain"), tool="plain", key=KEY)
-    assert caught.value.reason == "attempts" and caught.value.attempts == 1
-    assert http.faults.tool_posts == 1  # one attempt: no retry
-
-
-@both_backends
-async def test_a_401_is_permanent_with_its_status(http: HttpServer, recorder: Recorder) -> None:
-    http.faults.plan = [(401, {})]
-    async with Client(streamable_http_transport(http.url)) as client:
-        with pytest.raises(ToolCallError) as caught:
-            await attempt_once(_raw(client, "plain"), tool="plain", key=KEY)
-    assert caught.value.http_status == 401 and caught.value.key == KEY
-    assert http.faults.tool_posts == 1 and recorder.executions() == 0
+    error = caught.value
+    if isinstance(error, OutcomeUnknown):
+        assert error.reason == "attempts" and error.attempts == 1
+    else:
+        assert isinstance(error, ToolCallError) and error.http_status == status
+    assert http.faults.tool_posts == 1 and recorder.executions() == 0  # one POST: no retry
