@@ -48,7 +48,7 @@ caller (`Forwarding`) hold on both paths.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
@@ -184,12 +184,19 @@ async def _served(
         params.task is not None
         or params.input_responses is not None
         or params.request_state is not None
-        or (meta is not None and (meta.get("progressToken") is not None or "fastmcp" in meta))
+        or (meta is not None and (_progress(meta) or "fastmcp" in meta))
         or not link.raw_ready(ctx.protocol_version)
         or (link.upstream.url is not None and declared(ctx, TASKS_EXTENSION) is not None)
     ):
         return None
     return await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
+
+
+def _progress(meta: Mapping[str, Any]) -> bool:
+    """Whether the request asks for progress: the SDK's parsed `_meta` spells its token
+    `progress_token` (the wire's `progressToken`). The raw sends carry no progress back (a
+    guarded one's caller would get none), so such a call is FastMCP's, which relays it."""
+    return meta.get("progress_token") is not None or meta.get("progressToken") is not None
 
 
 async def _serve(
