@@ -96,6 +96,7 @@ if TYPE_CHECKING:
     from fastmcp.server.middleware import Middleware
     from fastmcp.tools.base import Tool
     from mcp.server.context import HandlerResult, ServerRequestContext
+    from mcp.shared.dispatcher import ProgressFnT
 
     from .middleware import ProxyGuardMiddleware
     from .upstream import UpstreamLink
@@ -184,7 +185,7 @@ async def _served(
         params.task is not None
         or params.input_responses is not None
         or params.request_state is not None
-        or (meta is not None and (_progress(meta) or "fastmcp" in meta))
+        or (meta is not None and (meta.get("progressToken") is not None or "fastmcp" in meta))
         or not link.raw_ready(ctx.protocol_version)
         or (link.upstream.url is not None and declared(ctx, TASKS_EXTENSION) is not None)
     ):
@@ -192,11 +193,12 @@ async def _served(
     return await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
 
 
-def _progress(meta: Mapping[str, Any]) -> bool:
-    """Whether the request asks for progress: the SDK's parsed `_meta` spells its token
-    `progress_token` (the wire's `progressToken`). The raw sends carry no progress back (a
-    guarded one's caller would get none), so such a call is FastMCP's, which relays it."""
-    return meta.get("progress_token") is not None or meta.get("progressToken") is not None
+def _progress(meta: Mapping[str, Any] | None) -> bool:
+    """Whether the request asks for progress (the SDK's parsed `_meta` spells its token
+    `progress_token`; the wire's `progressToken`)."""
+    return meta is not None and (
+        meta.get("progress_token") is not None or meta.get("progressToken") is not None
+    )
 
 
 async def _serve(
@@ -243,12 +245,16 @@ async def _guarded(
         if raw and claim is not None:
             assert isinstance(tool, OnceProxyTool) and context.fastmcp_context is not None
             ctx = context.fastmcp_context
-            return await _sent(server, link, tool, claim, call.arguments or {}, ctx)
+            progress = ctx.report_progress if asked else None
+            return await _sent(server, link, tool, claim, call.arguments or {}, ctx, progress)
         return await server.call_tool(call.name, call.arguments or {}, run_middleware=False)
 
     # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
     # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
     raw = isinstance(tool, OnceProxyTool) and not guard.resend(tool.name)
+    # The caller's progress token: the raw send relays the upstream's progress to it, as the
+    # link's call does (FastMCP's client asks on every call).
+    asked = _progress(ctx.meta)
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(
@@ -323,6 +329,7 @@ async def _sent(
     claim: Claim,
     arguments: dict[str, Any],
     ctx: Context,
+    progress: ProgressFnT | None = None,
 ) -> ToolResult:
     """The guarded call's tool run, sent upstream raw: what FastMCP's core run and
     `OnceProxyTool.run` do for it (FastMCP's span for the tool, which also tells the guard the
@@ -332,7 +339,8 @@ async def _sent(
     and `Context`, the link's retrying session and the client library's typed call, which
     validates the upstream's structured content against the schema the upstream already held it
     to. The upstream's result is read once, by the session, as the record keeps it (a
-    `CallToolResult`). `claim`: the guard's, under which it runs the tool."""
+    `CallToolResult`). `claim`: the guard's, under which it runs the tool; `progress`: where
+    the upstream's progress goes (the caller's `report_progress`, when it asked for it)."""
     name = tool._backend_name or tool.name
     key = upstream_key(claim)
     meta = {wire.KEY_META: key, wire.ATTEMPT_META: 1}  # as the link's session sends a first try
@@ -346,7 +354,7 @@ async def _sent(
 
     async def send() -> CallToolResult:
         with anyio.fail_after(min(budget, retry.deadline)):
-            return await link.sent(client, request, CallToolResult)
+            return await link.sent(client, request, CallToolResult, progress)
 
     with (
         _entered(server, tool),
@@ -366,7 +374,7 @@ async def _sent(
                 # Nothing ran (the connection refused, the upstream forgot the session, its
                 # store down): the link's own call takes over, which re-sends within its
                 # deadline, on a fresh session where the old one is gone.
-                again = await link.call(name, arguments, key, resend=False)
+                again = await link.call(name, arguments, key, resend=False, progress=progress)
                 assert isinstance(again, CallToolResult)  # a plain handshake-era call
                 result = again
     answer = tool_result(result)

@@ -365,13 +365,20 @@ class UpstreamLink:
         session still checks it against the wire schema: `sent`)."""
         return cast(dict[str, Any], await self.sent(client, request, cast(Any, _RAW)))
 
-    async def sent(self, client: Client[Any], request: Request[Any, Any], answer: type[R]) -> R:
+    async def sent(
+        self,
+        client: Client[Any],
+        request: Request[Any, Any],
+        answer: type[R],
+        progress: ProgressFnT | None = None,
+    ) -> R:
         """`request` sent once on `client` (one of this link's), its answer read as `answer` by
         the session. Over HTTP under the client's watch on its session task, as FastMCP's client
         sends every call: there a server's failure can end that task instead of the request,
         which would otherwise wait for an answer that never comes. Over stdio the pipes' end
-        fails the request itself (-32000)."""
-        sending = client.session.send_request(request, answer)
+        fails the request itself (-32000). `progress` gets the upstream's progress
+        notifications for it (the session then sends a progress token of its own)."""
+        sending = client.session.send_request(request, answer, progress_callback=progress)
         if self.upstream.url is None:
             return await sending
         return await client._await_with_session_monitoring(sending)

@@ -483,21 +483,22 @@ server.run(transport="stdio", show_banner=False)
             "stdio",
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="found here, not fixed: over a stdio upstream the call reaches"
-                " `OnceProxyTool.run` with its progress callback (FastMCP's path), yet no"
-                " progress reaches the caller; the same on main, where the raw send took it",
+                reason="found here, not fixed: over a stdio upstream no progress reaches the"
+                " caller, by the raw send or by FastMCP's path (a user's middleware added):"
+                " the same on main",
             ),
         ),
     ],
 )
 async def test_a_guarded_call_asking_for_progress_gets_the_upstream_s_progress(
-    anyio_backend: str, upstream_kind: str
+    anyio_backend: str, upstream_kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A keyed call of a guarded tool whose caller asks for progress (its token in `_meta`, which
-    the SDK parses as `progress_token`) gets the upstream's progress notifications: it takes
-    FastMCP's path, which relays them (the raw sends carry none back), over an HTTP upstream
-    and a stdio one. The raw send took such a call over HTTP and the caller got no progress
-    (the conformance suite's tools-call-with-progress through `mcp-once proxy`)."""
+    the SDK parses as `progress_token`) gets the upstream's progress notifications through the
+    raw send, over an HTTP upstream and a stdio one, without FastMCP's dispatch or run (its
+    client asks for progress on every call). Before, the raw send relayed none: the conformance
+    suite's tools-call-with-progress failed through `mcp-once proxy` once guarded HTTP calls
+    went raw."""
     seen: list[float] = []
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
@@ -511,11 +512,14 @@ async def test_a_guarded_call_asking_for_progress_gets_the_upstream_s_progress(
         proxy = build_proxy(upstream, MemoryKeyStore())
         async with proxy.opened(), Client(proxy, mode="legacy") as client:
             await client.list_tools()
+            dispatched = _dispatches(monkeypatch)
+            runs = _count_runs(monkeypatch)
             result = await client.call_tool(
                 "test_tool_with_progress", {}, meta=meta_key("p1"), progress_handler=progress
             )
     assert (result.meta or {})[MARKER]["status"] == "executed"
     assert seen == [0, 50, 100], seen
+    assert dispatched == [] and runs == [], (dispatched, runs)
 
 
 async def test_a_keyless_call_the_guard_passes_through_is_run_on_the_fast_path(
