@@ -27,6 +27,9 @@ loop, an invariant checker; the `mcp-once` command's scenario engine uses these)
 - `session_gone(error)`: a request sent on a session directly (outside `call_tool`) was refused
   because the server no longer knows that session (nothing ran); `RetryingSession.discard` then
   has the next call open a new one.
+- `attempt_once(send, tool=, key=)`: one attempt of a keyed `tools/call` the caller sends by its
+  own means (raw, its answer read once), its failure judged as `RetryingSession` judges an
+  attempt's (`NotExecuted`, `OutcomeUnknown`, `ToolCallError`), with no retry (a proxy's fast path).
 - Keys from where the call runs (a durable engine's step, so a re-run resends the first run's
   keys): `KeySource` (`RetryingSession(..., key_source=)`: a `KeyRequest` in, a key or None out),
   `key_step(*identity)` (numbers a step's calls: `KeyRequest.ordinal`), `step_key_from` (a step
@@ -74,6 +77,7 @@ from ._key import (
     step_key_from,
     step_keys,
 )
+from ._once import attempt_once
 from ._outcome import (
     InvalidParams,
     KeyReused,
@@ -148,6 +152,7 @@ __all__ = [
     "ToolSession",
     "TransportFailed",
     "Turn",
+    "attempt_once",
     "derive_key",
     "http_client_factory",
     "key_step",

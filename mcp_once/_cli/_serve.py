@@ -72,9 +72,7 @@ async def serve_on(app: Any, host: str, port: int, what: str, store: str) -> Non
     bound, number = sock.getsockname()[:2]
     shown = f"[{bound}]" if ":" in bound else bound
     print(f"{what} at http://{shown}:{number}/mcp (store: {store})", file=sys.stderr, flush=True)
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", http="h11", access_log=False
-    )
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", http="h11", access_log=False)
     with sock:
         await uvicorn.Server(config).serve(sockets=[sock])
 

@@ -25,13 +25,14 @@ core run, `OnceProxyTool.run`, the link's retrying session and the client librar
 An HTTP upstream is served here too, for a handshake-era caller while that era's session is
 open (`UpstreamLink.raw_ready`): a passed-through call goes raw to the caller's era's session
 (`UpstreamLink.client` reads the era from the bound request, no `Context` needed), under the
-client's watch on its session task (`UpstreamLink.send_raw`: over HTTP a server's failure can
-end that task instead of the request). A guarded call to an HTTP upstream skips FastMCP's
-dispatch but keeps the link's own call below the guard (no `_sent`): only the link's
-`RetryingSession`, through its retry-aware HTTP transport, tells a request that never left (a
-refused connection: released, re-sent on a fresh session) from one that may have run (UNKNOWN),
-and a session the upstream forgot (404 after its restart) from a live one; a raw send sees
-neither and would judge both wrongly.
+client's watch on its session task (`UpstreamLink.send_raw`: over HTTP a server's failure can end
+that task instead of the request). A guarded call goes raw too (`_sent`), its one attempt judged
+by the client library's own classifier (`orchestrator.attempt_once`): the link's retry-aware HTTP
+transport notes whether the request left, so a failure is "may have run" (UNKNOWN) or "not run"
+(refused, a 404 for a session the upstream forgot, its store down), and the call that did not
+run is handed to the link's own `RetryingSession` call, which re-sends it within its deadline on a
+fresh session (or gives up: released, -32013). The retrying call was ~30 % of the guarded call's
+handler CPU over HTTP (benchmarks/README.md, "Guarded calls to an HTTP upstream sent raw").
 
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
 task-augmented call (`params.task`), an input_required continuation, a call asking for progress
@@ -47,7 +48,7 @@ caller (`Forwarding`) hold on both paths.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
@@ -74,20 +75,28 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter
 
 from idempotency import Claim, current_claim, wire
-from orchestrator import TASKS_EXTENSION, OutcomeUnknown
+from orchestrator import TASKS_EXTENSION, NotExecuted, OutcomeUnknown, attempt_once, tool_session
 
 from .failures import UpstreamUnreachable
 from .limits import InFlightLimit
-from .tools import OnceProxyTool, lost, refused, tool_result, unreadable, upstream_key
+from .tools import (
+    OnceProxyTool,
+    in_guard_terms,
+    lost,
+    refused,
+    tool_result,
+    upstream_key,
+)
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
     from fastmcp.server.middleware import Middleware
     from fastmcp.tools.base import Tool
     from mcp.server.context import HandlerResult, ServerRequestContext
+    from mcp.shared.dispatcher import ProgressFnT
 
     from .middleware import ProxyGuardMiddleware
     from .upstream import UpstreamLink
@@ -184,6 +193,14 @@ async def _served(
     return await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
 
 
+def _progress(meta: Mapping[str, Any] | None) -> bool:
+    """Whether the request asks for progress (the SDK's parsed `_meta` spells its token
+    `progress_token`; the wire's `progressToken`)."""
+    return meta is not None and (
+        meta.get("progress_token") is not None or meta.get("progressToken") is not None
+    )
+
+
 async def _serve(
     server: FastMCP[Any],
     link: UpstreamLink,
@@ -228,15 +245,16 @@ async def _guarded(
         if raw and claim is not None:
             assert isinstance(tool, OnceProxyTool) and context.fastmcp_context is not None
             ctx = context.fastmcp_context
-            return await _sent(server, link, tool, claim, call.arguments or {}, ctx)
+            progress = ctx.report_progress if asked else None
+            return await _sent(server, link, tool, claim, call.arguments or {}, ctx, progress)
         return await server.call_tool(call.name, call.arguments or {}, run_middleware=False)
 
     # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
     # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
-    # So does a call to an HTTP upstream: only the link's session tells a request that never
-    # left (refused: released, re-sent) from one that may have run (the module doc).
     raw = isinstance(tool, OnceProxyTool) and not guard.resend(tool.name)
-    raw = raw and link.upstream.url is None
+    # The caller's progress token: the raw send relays the upstream's progress to it, as the
+    # link's call does (FastMCP's client asks on every call).
+    asked = _progress(ctx.meta)
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(
@@ -310,16 +328,18 @@ async def _sent(
     claim: Claim,
     arguments: dict[str, Any],
     ctx: Context,
+    progress: ProgressFnT | None = None,
 ) -> ToolResult:
     """The guarded call's tool run, sent upstream raw: what FastMCP's core run and
     `OnceProxyTool.run` do for it (FastMCP's span for the tool, which also tells the guard the
     tool was entered; the record's upstream key in `_meta`; the upstream's log lines and
-    questions forwarded to the caller; the link's failures in the guard's terms, `tools.lost`
-    and `tools.refused`; the link's deadline), without their layers: FastMCP's second lookup
+    questions forwarded to the caller; the link's failures in the guard's terms,
+    `tools.in_guard_terms`; the link's deadline), without their layers: FastMCP's second lookup
     and `Context`, the link's retrying session and the client library's typed call, which
     validates the upstream's structured content against the schema the upstream already held it
     to. The upstream's result is read once, by the session, as the record keeps it (a
-    `CallToolResult`). `claim`: the guard's, under which it runs the tool."""
+    `CallToolResult`). `claim`: the guard's, under which it runs the tool; `progress`: where
+    the upstream's progress goes (the caller's `report_progress`, when it asked for it)."""
     name = tool._backend_name or tool.name
     key = upstream_key(claim)
     meta = {wire.KEY_META: key, wire.ATTEMPT_META: 1}  # as the link's session sends a first try
@@ -329,29 +349,57 @@ async def _sent(
     retry = link.retry
     budget = retry.deadline if retry.attempt_timeout is None else retry.attempt_timeout
     client = await link.client()  # before the tool is entered: a failure here ran nothing
-    with _entered(server, tool), link.forwarding.serving(ctx):
-        try:
-            with anyio.fail_after(min(budget, retry.deadline)):
-                result = await client.session.send_request(request, CallToolResult)
-        except TimeoutError as exc:
-            gave_up = OutcomeUnknown(
-                tool=name, key=key, attempts=1, last_error=exc, reason="deadline"
-            )
-            raise lost(name, claim, gave_up, stdio=True) from exc
-        except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
-                raise refused(name, claim, exc) from exc
-            # The child died under the call: it may have run (the next call goes to the
-            # session that replaces it).
-            gave_up = OutcomeUnknown(
-                tool=name, key=key, attempts=1, last_error=exc, reason="attempts"
-            )
-            raise lost(name, claim, gave_up, stdio=True) from exc
-        except ValidationError as exc:  # it answered, but not with an MCP result
-            raise unreadable(name, claim, exc, stdio=True) from exc
+    stdio = link.upstream.url is None
+
+    async def send() -> CallToolResult:
+        with anyio.fail_after(min(budget, retry.deadline)):
+            return await link.sent(client, request, CallToolResult, progress)
+
+    with (
+        _entered(server, tool),
+        link.forwarding.serving(ctx),
+        in_guard_terms(name, claim, stdio=stdio),
+    ):
+        if stdio:
+            result = await _over_stdio(send, name, claim)
+        else:
+            try:
+                # Judged as the link's session judges an attempt: over HTTP its retry-aware
+                # transport notes whether the request left (`orchestrator.attempt_once`).
+                result = await attempt_once(
+                    send, tool=name, key=key, closed=lambda: tool_session(client).closed()
+                )
+            except NotExecuted:
+                # Nothing ran (the connection refused, the upstream forgot the session, its
+                # store down): the link's own call takes over, which re-sends within its
+                # deadline, on a fresh session where the old one is gone.
+                again = await link.call(name, arguments, key, resend=False, progress=progress)
+                assert isinstance(again, CallToolResult)  # a plain handshake-era call
+                result = again
     answer = tool_result(result)
-    assert isinstance(answer, ToolResult)  # a plain call over stdio answers with a result
+    assert isinstance(answer, ToolResult)  # a plain call answers with a result
     return answer
+
+
+async def _over_stdio(
+    send: Callable[[], Awaitable[CallToolResult]], name: str, claim: Claim
+) -> CallToolResult:
+    """`send()`'s result over stdio, where a failure is one of two: the child's pipes closed
+    under the call, or the deadline passed (both: it may have run), else the upstream's
+    JSON-RPC refusal."""
+    key = upstream_key(claim)
+    try:
+        return await send()
+    except TimeoutError as exc:
+        gave_up = OutcomeUnknown(tool=name, key=key, attempts=1, last_error=exc, reason="deadline")
+        raise lost(name, claim, gave_up, stdio=True) from exc
+    except MCPError as exc:
+        if exc.code != CONNECTION_CLOSED:
+            raise refused(name, claim, exc) from exc
+        # The child died under the call: it may have run (the next call goes to the
+        # session that replaces it).
+        gave_up = OutcomeUnknown(tool=name, key=key, attempts=1, last_error=exc, reason="attempts")
+        raise lost(name, claim, gave_up, stdio=True) from exc
 
 
 @contextmanager

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from fastmcp.server.context import Context
@@ -120,7 +121,7 @@ class OnceProxyTool(ProxyTool):
         name = self._backend_name or self.name
         # The upstream's progress reaches the caller of the first execution (a replay has none).
         progress = ctx.report_progress
-        try:
+        with in_guard_terms(name, claim, stdio=link.upstream.url is None):
             # A 2026-07-28 caller's round is its own to answer: the upstream's question goes back
             # to it (the guard releases the claim, rule 8), its answers come back with the key.
             result = await link.call(
@@ -133,20 +134,29 @@ class OnceProxyTool(ProxyTool):
                 request_state=ctx.request_state,
                 task=declares_tasks(ctx),
             )
-        except OutcomeUnknown as exc:
-            raise lost(name, claim, exc, stdio=link.upstream.url is None) from exc
-        except ValidationError as exc:
-            raise unreadable(name, claim, exc, stdio=link.upstream.url is None) from exc
-        except NotExecuted as exc:
-            _said(logging.DEBUG, name, claim, exc)
-            unsent = "could not be reached; not run, released, the caller may retry (-32013)"
-            _said(logging.WARNING, name, claim, None, unsent)
-            raise UpstreamNotSent(str(exc.reason)) from exc
-        except ToolCallError as exc:
-            raise refused(name, claim, exc) from exc
         # A task is the record's answer (rule 23): the guard keeps it in its one form
         # (`idempotency.task_record`) and answers every re-send of the key with it.
         return tool_result(result)
+
+
+@contextmanager
+def in_guard_terms(name: str, claim: Claim, *, stdio: bool) -> Iterator[None]:
+    """The link's failures of a guarded call (`UpstreamLink.call`, or one raw attempt judged by
+    `orchestrator.attempt_once`: the fast path's) raised in the guard's terms: `lost` (may have
+    run: UNKNOWN), `unreadable`, `UpstreamNotSent` (not run: released, -32013), `refused`."""
+    try:
+        yield
+    except OutcomeUnknown as exc:
+        raise lost(name, claim, exc, stdio=stdio) from exc
+    except ValidationError as exc:
+        raise unreadable(name, claim, exc, stdio=stdio) from exc
+    except NotExecuted as exc:
+        _said(logging.DEBUG, name, claim, exc)
+        unsent = "could not be reached; not run, released, the caller may retry (-32013)"
+        _said(logging.WARNING, name, claim, None, unsent)
+        raise UpstreamNotSent(str(exc.reason)) from exc
+    except ToolCallError as exc:
+        raise refused(name, claim, exc) from exc
 
 
 def lost(name: str, claim: Claim, exc: OutcomeUnknown, *, stdio: bool) -> UpstreamLost:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 from mcp_types import CallToolResult, InputRequiredResult, Request
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from mcp_once._upstream import Upstream
 from mcp_once._upstream.early import EarlyChild, child_env
@@ -54,6 +54,7 @@ from .forwarding import Forwarding
 from .pooled import DrainingTransport
 
 T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
 
 #: A task request's answer as it came (the session still checks it against the wire schema).
 _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
@@ -389,14 +390,26 @@ class UpstreamLink:
 
     async def send_raw(self, client: Client[Any], request: Request[Any, Any]) -> dict[str, Any]:
         """`request` sent once on `client` (one of this link's), its answer as it came (the
-        session still checks it against the wire schema). Over HTTP under the client's watch on
-        its session task, as FastMCP's client sends every call: there a server's failure can end
-        that task instead of the request, which would otherwise wait for an answer that never
-        comes. Over stdio the pipes' end fails the request itself (-32000)."""
-        sending = client.session.send_request(request, cast(Any, _RAW))
+        session still checks it against the wire schema: `sent`)."""
+        return cast(dict[str, Any], await self.sent(client, request, cast(Any, _RAW)))
+
+    async def sent(
+        self,
+        client: Client[Any],
+        request: Request[Any, Any],
+        answer: type[R],
+        progress: ProgressFnT | None = None,
+    ) -> R:
+        """`request` sent once on `client` (one of this link's), its answer read as `answer` by
+        the session. Over HTTP under the client's watch on its session task, as FastMCP's client
+        sends every call: there a server's failure can end that task instead of the request,
+        which would otherwise wait for an answer that never comes. Over stdio the pipes' end
+        fails the request itself (-32000). `progress` gets the upstream's progress
+        notifications for it (the session then sends a progress token of its own)."""
+        sending = client.session.send_request(request, answer, progress_callback=progress)
         if self.upstream.url is None:
-            return cast(dict[str, Any], await sending)
-        return cast(dict[str, Any], await client._await_with_session_monitoring(sending))
+            return await sending
+        return await client._await_with_session_monitoring(sending)
 
 
 def _modern(protocol_version: str | None) -> bool:

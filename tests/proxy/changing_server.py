@@ -1,7 +1,9 @@
 """A stdio upstream whose tool list changes on demand, with an effect ledger:
-`python changing_server.py LEDGER`. `write` appends its text to LEDGER (fsynced before it
-answers, so what is counted is what happened); `turn_read_only` lists `write` again, now with
-`readOnlyHint: true` (a listing whose content differs, as after the upstream's `list_changed`)."""
+`python changing_server.py LEDGER [PORT]` (with PORT, FastMCP's stateful streamable HTTP on
+127.0.0.1:PORT/mcp: a restart forgets its sessions). `write` appends its text to LEDGER
+(fsynced before it answers, so what is counted is what happened); `turn_read_only` lists
+`write` again, now with `readOnlyHint: true` (a listing whose content differs, as after the
+upstream's `list_changed`)."""
 
 from __future__ import annotations
 
@@ -38,4 +40,7 @@ def turn_read_only() -> str:
 
 
 if __name__ == "__main__":
-    server.run(transport="stdio", show_banner=False)
+    if len(sys.argv) > 2:
+        server.run(transport="http", host="127.0.0.1", port=int(sys.argv[2]), show_banner=False)
+    else:
+        server.run(transport="stdio", show_banner=False)

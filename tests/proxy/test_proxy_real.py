@@ -83,11 +83,14 @@ async def ledger_proxy(
         yield proxy, client
 
 
-async def _lost_answer_then_replay(target: StdioServerParameters | str, ledger: Path) -> None:
+async def _lost_answer_then_replay(
+    target: StdioServerParameters | str, ledger: Path, mode: str = "auto"
+) -> None:
     """The first answer is lost on the caller's link; the caller's retry re-sends the same key;
-    the upstream got one `tools/call`, the caller gets the replay. A read passes through."""
+    the upstream got one `tools/call`, the caller gets the replay. A read passes through.
+    `mode`: the caller's protocol era (`mcp.client.Client`'s)."""
     chaos = Chaos(FaultPlan(schedule={1: Fault.LOST_ACK}, tools={"charge"}), seed=1)
-    async with Client(chaos.wrap(target)) as client:
+    async with Client(chaos.wrap(target), mode=mode) as client:
         retrying = RetryingSession(client, policy=RetryPolicy(attempt_timeout=ATTEMPT))
         result = await retrying.call_tool("charge", {"amount": 5}, idempotency_key="order-1")
         assert not result.is_error and text(result) == "charged 5 (#1)"
@@ -112,16 +115,20 @@ async def test_stdio_front_stdio_upstream_lost_answer(
     await _lost_answer_then_replay(_stdio(command), ledger)
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_http_front_http_upstream_lost_answer(
-    node_servers: NodeServers, ledger: Path, tmp_path: Path
+    node_servers: NodeServers, ledger: Path, tmp_path: Path, mode: str
 ) -> None:
+    """Over HTTP both ways, in each protocol era: a handshake-era caller's guarded call takes
+    the fast path's raw send to the upstream (`fast_path._sent`), a 2026-07-28 one's FastMCP's
+    path and the link's own call."""
     with announced(node_servers.ledger(ledger, "--port", "0"), "PORT ", stream="stdout") as port:
         store = f"sqlite:///{tmp_path / 'keys.sqlite3'}"
         command = proxy_command(
             "--store", store, "--listen", "127.0.0.1:0", "--upstream", node_port_url(port)
         )
         with announced(command, "mcp-once proxy at ") as announcement:
-            await _lost_answer_then_replay(http_url(announcement), ledger)
+            await _lost_answer_then_replay(http_url(announcement), ledger, mode)
 
 
 async def test_is_error_result_is_stored_and_replayed(
