@@ -376,12 +376,15 @@ def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
     """Each issue 46 target with its measured ratio; the SDK floor beside it."""
     rows = []
     latency = out["latency"]
-    for label, (name, tool, bound) in TARGETS.items():
+    for label, (name, tool, target) in TARGETS.items():
         value = latency[f"{name} | {tool}"]["ratio_p50"]
         floor = latency[f"SDK floor (raw forward) | {tool}"]["ratio_p50"]
+        # As the HTTP rows: a target beyond the SDK's own transport takes the floor instead.
+        bound, which = (floor, "SDK floor") if floor > target else (target, "target")
         rows.append({
             "metric": f"{label} / direct, p50", "measured": value, "ceiling": floor,
-            "target": f"<= {bound}x", "met": value <= bound, "reachable": floor <= bound,
+            "target": f"<= {bound}x ({which}; target {target}x)", "met": value <= bound,
+            "reachable": floor <= target,
         })  # fmt: skip
     if f"{HTTP_DIRECT} | read" in latency:
         rows.extend(http_verdicts(out))
