@@ -510,13 +510,19 @@ async def test_the_give_up_is_kept_by_every_store(store: KeyStore, setting: str)
 
 
 class _NotesCancels(Relayed):
-    """The client's write stream: notes when a `notifications/cancelled` has been written."""
+    """The client's write stream: a `notifications/cancelled` waits until the call's answer has
+    reached the client (held by `_HoldsAnswers`), so that it is written after the answer
+    however slow the tool (a read timeout fires on its own clock: on a loaded machine it can
+    fire before the tool has answered, and the cancel would then reach a running call, another
+    test's case), and notes when it has been written."""
 
     def __init__(self, inner: Any, link: AnswersAfterCancel) -> None:
         self._inner = inner
         self._link = link
 
     async def send(self, item: SessionMessage, /) -> None:
+        if is_cancel(item) and self._link.armed:
+            await self._link.answer_held.wait()
         await self._inner.send(item)
         if is_cancel(item):
             self._link.cancel_written.set()
@@ -541,6 +547,7 @@ class _HoldsAnswers(Relayed):
             and isinstance(item.message, JSONRPCResponse)
         ):
             self._link.held += 1
+            self._link.answer_held.set()
             await self._link.cancel_written.wait()
         return item
 
@@ -556,15 +563,17 @@ class _HoldsAnswers(Relayed):
 
 class AnswersAfterCancel:
     """A client transport relaying `inner` that, once `armed`, holds each response it receives
-    until the session has written a `notifications/cancelled`: the client's read timeout then
-    fires while the server's answer is already written, and its cancel reaches the server after
-    the answer, as when an acknowledgement is lost in flight. The held answer then reaches a
-    session that no longer waits for it (it drops it)."""
+    until the session has written a `notifications/cancelled`, and holds that cancel until the
+    response has arrived: the client's read timeout fires while the server's answer is written,
+    and its cancel reaches the server after the answer, as when an acknowledgement is lost in
+    flight, however long the tool takes (the read timeout's length decides nothing). The held
+    answer then reaches a session that no longer waits for it (it drops it)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.armed = False
         self.held = 0
+        self.answer_held = anyio.Event()
         self.cancel_written = anyio.Event()
 
     async def __aenter__(self) -> Any:
