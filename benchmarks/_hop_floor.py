@@ -5,8 +5,9 @@ transports and one more process in the path), the floor the proxy's targets are 
 
 Two fronts: stdio in front of the stdio upstream (`serve_floor`), and streamable HTTP (the SDK's
 own `streamable_http_app` under uvicorn, as `--listen` serves) in front of the upstream served
-over streamable HTTP (`serve_http_floor`), whose one client session speaks the handshake era as
-the benchmark's client does (the SDK's own HTTP client, python-sdk#2712 and all)."""
+over streamable HTTP or over stdio (`serve_http_floor`), whose one client session speaks the
+handshake era as the benchmark's client does (the SDK's own HTTP client, python-sdk#2712 and
+all)."""
 
 from __future__ import annotations
 
@@ -54,10 +55,18 @@ async def serve_floor(upstream: list[str]) -> None:
             await server.run(read, write, server.create_initialization_options())
 
 
-async def serve_http_floor(upstream_url: str, port: int) -> None:
+async def serve_http_floor(upstream: str | list[str], port: int) -> None:
+    """The SDK's own streamable HTTP front on `port`, forwarding to `upstream`: a URL (the
+    upstream served over HTTP) or a command line (the stdio upstream, as supergateway and
+    mcp-proxy front it)."""
     import uvicorn
 
-    async with Client(upstream_url, mode="legacy") as client:
+    target: str | StdioServerParameters = (
+        upstream
+        if isinstance(upstream, str)
+        else StdioServerParameters(command=upstream[0], args=upstream[1:])
+    )
+    async with Client(target, mode="legacy") as client:
         app = _forwarding(client.session).streamable_http_app()
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
         await uvicorn.Server(config).serve()

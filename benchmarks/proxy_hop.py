@@ -87,6 +87,16 @@ HTTP_GUARDED = "mcp-once proxy --listen, Redis -> HTTP upstream"
 HTTP_PEERS = ("FastMCP create_proxy (HTTP) -> HTTP upstream",)
 #: The SDK floor in front of the HTTP upstream (`_hop_floor.serve_http_floor`).
 HTTP_FLOOR = "SDK floor (HTTP, raw forward) -> HTTP upstream"
+#: The same throughput target with an HTTP front on the stdio upstream, where the peers are the
+#: stdio-to-HTTP bridges (each present only when the peers were installed), and the SDK's own
+#: HTTP front on that upstream.
+LISTEN_GUARDED = "mcp-once proxy --listen, Redis"
+LISTEN_PEERS = (
+    f"supergateway {PEERS['supergateway']}",
+    f"mcp-proxy {PEERS['mcp-proxy']}",
+    "FastMCP create_proxy (HTTP)",
+)
+LISTEN_FLOOR = "SDK floor (HTTP, raw forward)"
 STARTUP_BOUND = 1.3
 #: The client speaks the handshake era to every target: the one all the peers speak, and what
 #: desktop clients send today.
@@ -204,6 +214,12 @@ def http_targets(
              "--", *_upstream()],
             port,
         )  # fmt: skip
+    port = free_port()
+    start(
+        LISTEN_FLOOR,
+        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "floor", "--port", str(port)],
+        port,
+    )  # fmt: skip
     _http_proxies(start, folder, redis_url, "http", "", [], ["--", *_upstream()])
     return targets
 
@@ -422,15 +438,45 @@ def http_verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
             "reachable": None if floor is None else floor <= target,
         })  # fmt: skip
     rates = out["calls_per_second"]
-    if HTTP_GUARDED in rates:
-        best = max(rates[peer]["16"] for peer in HTTP_PEERS)
-        ratio = round(rates[HTTP_GUARDED]["16"] / best, 3)
-        rows.append({
-            "metric": "--listen on an HTTP upstream, guarded Redis calls/s at 16 / best peer's",
-            "measured": ratio, "ceiling": None, "target": ">= 1.0x", "met": ratio >= 1.0,
-            "reachable": None,
-        })  # fmt: skip
+    for where, guarded, peers, floor in (
+        ("an HTTP upstream", HTTP_GUARDED, HTTP_PEERS, HTTP_FLOOR),
+        ("a stdio upstream", LISTEN_GUARDED, LISTEN_PEERS, LISTEN_FLOOR),
+    ):
+        row = throughput_verdict(rates, where, guarded, peers, floor)
+        if row is not None:
+            rows.append(row)
     return rows
+
+
+def throughput_verdict(
+    rates: dict[str, dict[str, float]],
+    where: str,
+    guarded: str,
+    peers: Sequence[str],
+    floor: str,
+) -> dict[str, Any] | None:
+    """`guarded`'s calls/s at 16 callers over the best of `peers`' (those measured), judged
+    against 1.0x or, where the SDK's own HTTP front (`floor`) is itself slower than that peer
+    (the target beyond the SDK's transport, as issue 46 allows), against the floor's rate; None
+    when this run measured neither side."""
+    present = [rates[peer]["16"] for peer in peers if peer in rates]
+    if guarded not in rates or not present:
+        return None
+    best = max(present)
+    measured = rates[guarded]["16"]
+    ceiling = rates[floor]["16"] if floor in rates else None
+    bound, which = (
+        (ceiling, "SDK floor") if ceiling is not None and ceiling < best else (best, "best peer")
+    )
+    ratio = round(measured / best, 3)
+    return {
+        "metric": f"--listen on {where}, guarded Redis calls/s at 16 / best peer's",
+        "measured": ratio,
+        "ceiling": None if ceiling is None else round(ceiling / best, 3),
+        "target": f">= {round(bound / best, 3)}x ({which}: {bound:.0f} calls/s)",
+        "met": measured >= bound,
+        "reachable": None if ceiling is None else ceiling >= best,
+    }
 
 
 def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
@@ -452,16 +498,15 @@ def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
 
 
 async def _serve(mode: str, port: int | None, upstream_url: str | None = None) -> None:
-    """This benchmark's own servers: FastMCP's bare proxy or the SDK floor (of the stdio
-    upstream, or of `upstream_url` with an HTTP front on `port`)."""
+    """This benchmark's own servers: FastMCP's bare proxy or the SDK floor (with an HTTP front on
+    `port`, else stdio; in front of `upstream_url`, else the stdio upstream)."""
     if mode == "floor":
         from ._hop_floor import serve_floor, serve_http_floor
 
-        if upstream_url is None:
+        if port is None:
             await serve_floor(_upstream())
-        else:
-            assert port is not None, "the HTTP floor listens on --port"
-            await serve_http_floor(upstream_url, port)
+        else:  # an HTTP front, on the HTTP upstream or (no URL) the stdio one
+            await serve_http_floor(upstream_url or _upstream(), port)
         return
     from fastmcp import Client as FastMCPClient
     from fastmcp.client.transports import ClientTransport, StdioTransport, StreamableHttpTransport

@@ -292,3 +292,58 @@ def test_the_proxy_hop_takes_the_sdk_floor_where_a_target_is_beyond_it() -> None
     assert (memory["met"], memory["target"]) == (False, "<= 1.6x (target; target 1.6x)")
     assert by_metric(rows, "guarded write, SQLite")["met"] is True
     assert by_metric(rows, "start-up")["met"] is True
+
+
+def test_the_listen_throughput_target_takes_the_sdk_floor_where_the_best_peer_is_beyond_it() -> (
+    None
+):
+    """Issue 46's throughput target (guarded `--listen` on Redis at 16 callers at least every
+    peer's pass-through), over the stdio upstream and the HTTP one: judged against the best peer
+    measured, or against the SDK's own HTTP front where that is slower than the best peer (a
+    Node bridge), and saying which; no row where the run measured no peer."""
+    from benchmarks import proxy_hop
+
+    def at(rate: float) -> dict[str, float]:
+        return {"1": rate, "16": rate, "64": rate}
+
+    rates = {
+        proxy_hop.LISTEN_GUARDED: at(200.0),
+        proxy_hop.LISTEN_PEERS[0]: at(280.0),  # supergateway, beyond the SDK's HTTP front
+        proxy_hop.LISTEN_PEERS[2]: at(180.0),
+        proxy_hop.LISTEN_FLOOR: at(220.0),
+        proxy_hop.HTTP_GUARDED: at(150.0),
+        proxy_hop.HTTP_PEERS[0]: at(170.0),
+        proxy_hop.HTTP_FLOOR: at(210.0),  # faster than the peer: the peer's rate stays the bound
+    }
+    listen = proxy_hop.throughput_verdict(
+        rates, "a stdio upstream", proxy_hop.LISTEN_GUARDED, proxy_hop.LISTEN_PEERS,
+        proxy_hop.LISTEN_FLOOR,
+    )  # fmt: skip
+    assert listen is not None
+    assert (listen["met"], listen["reachable"], listen["target"]) == (
+        False,
+        False,
+        ">= 0.786x (SDK floor: 220 calls/s)",
+    )
+    rates[proxy_hop.LISTEN_GUARDED] = at(221.0)
+    assert proxy_hop.throughput_verdict(
+        rates, "a stdio upstream", proxy_hop.LISTEN_GUARDED, proxy_hop.LISTEN_PEERS,
+        proxy_hop.LISTEN_FLOOR,
+    ) == {**listen, "measured": 0.789, "met": True}  # fmt: skip
+    http = proxy_hop.throughput_verdict(
+        rates, "an HTTP upstream", proxy_hop.HTTP_GUARDED, proxy_hop.HTTP_PEERS,
+        proxy_hop.HTTP_FLOOR,
+    )  # fmt: skip
+    assert http is not None
+    assert (http["met"], http["reachable"], http["target"]) == (
+        False,
+        True,
+        ">= 1.0x (best peer: 170 calls/s)",
+    )
+    del rates[proxy_hop.HTTP_PEERS[0]]
+    assert (
+        proxy_hop.throughput_verdict(
+            rates, "", proxy_hop.HTTP_GUARDED, proxy_hop.HTTP_PEERS, proxy_hop.HTTP_FLOOR
+        )
+        is None
+    )
