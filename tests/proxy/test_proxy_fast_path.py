@@ -512,51 +512,89 @@ server.run(transport="stdio", show_banner=False)
 """
 
 
-@pytest.mark.parametrize(
-    "upstream_kind",
-    [
-        "http",
-        pytest.param(
-            "stdio",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="found here, not fixed: over a stdio upstream no progress reaches the"
-                " caller, by the raw send or by FastMCP's path (a user's middleware added):"
-                " the same on main",
-            ),
-        ),
-    ],
-)
-async def test_a_guarded_call_asking_for_progress_gets_the_upstream_s_progress(
-    anyio_backend: str, upstream_kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A keyed call of a guarded tool whose caller asks for progress (its token in `_meta`, which
-    the SDK parses as `progress_token`) gets the upstream's progress notifications through the
-    raw send, over an HTTP upstream and a stdio one, without FastMCP's dispatch or run (its
-    client asks for progress on every call). Before, the raw send relayed none: the conformance
-    suite's tools-call-with-progress failed through `mcp-once proxy` once guarded HTTP calls
-    went raw."""
+@contextmanager
+def _progressing(kind: str) -> Iterator[Upstream]:
+    """An upstream whose `test_tool_with_progress` reports 0, 50, 100: the conformance fixture
+    over HTTP, or the same tool as a stdio server of its own."""
+    if kind == "stdio":
+        yield Upstream.stdio(sys.executable, "-c", _PROGRESSING)
+        return
+    with conformance_fixture() as url:
+        yield Upstream.http(url)
+
+
+async def _progress_seen(
+    upstream: Upstream, path: str, monkeypatch: pytest.MonkeyPatch, *, guarded: bool
+) -> tuple[Any, list[float], list[bool], list[str]]:
+    """A call of `test_tool_with_progress` through a proxy (guarded and keyed, or passed
+    through: the policy leaves it unguarded) whose caller asks for progress, on the fast path
+    or, with a user's middleware added, FastMCP's: its result, the progress its caller got,
+    FastMCP's dispatches (`_dispatches`) and the proxied tool's runs (`_count_runs`)."""
     seen: list[float] = []
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
         seen.append(value)
 
-    with conformance_fixture() as url:
-        if upstream_kind == "http":
-            upstream = Upstream.http(url)
-        else:  # the fixture's tool, as a stdio server of its own
-            upstream = Upstream.stdio(sys.executable, "-c", _PROGRESSING)
-        proxy = build_proxy(upstream, MemoryKeyStore())
-        async with proxy.opened(), Client(proxy, mode="legacy") as client:
-            await client.list_tools()
-            dispatched = _dispatches(monkeypatch)
-            runs = _count_runs(monkeypatch)
-            result = await client.call_tool(
-                "test_tool_with_progress", {}, meta=meta_key("p1"), progress_handler=progress
-            )
+    rules = {} if guarded else {"tools": {"test_tool_with_progress": {"guard": False}}}
+    proxy = build_proxy(upstream, MemoryKeyStore(), policy=parse_policy(rules))
+    if path == "fastmcp":
+        proxy.add_middleware(Middleware())
+    async with proxy.opened(), Client(proxy, mode="legacy") as client:
+        await client.list_tools()
+        dispatched = _dispatches(monkeypatch)
+        runs = _count_runs(monkeypatch)
+        meta = meta_key("p1") if guarded else None
+        result = await client.call_tool(
+            "test_tool_with_progress", {}, meta=meta, progress_handler=progress
+        )
+    return result, seen, dispatched, runs
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+@pytest.mark.parametrize("upstream_kind", ["http", "stdio"])
+async def test_a_guarded_call_asking_for_progress_gets_the_upstream_s_progress(
+    anyio_backend: str, upstream_kind: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyed call of a guarded tool whose caller asks for progress (its token in `_meta`, which
+    the SDK parses as `progress_token`) gets the upstream's progress notifications, over an HTTP
+    upstream and a stdio one: on the fast path by the raw send, without FastMCP's dispatch or run
+    (its client asks for progress on every call), and on FastMCP's path by the link's call.
+    Before, the raw send relayed none (the conformance suite's tools-call-with-progress failed
+    through `mcp-once proxy` once guarded HTTP calls went raw), and over a stdio upstream neither
+    path did: the relay looked the caller's request up when the notification came, in the stdio
+    reader's task, where none is bound (`forwarding.progress_relay`)."""
+    with _progressing(upstream_kind) as upstream:
+        result, seen, dispatched, runs = await _progress_seen(
+            upstream, path, monkeypatch, guarded=True
+        )
     assert (result.meta or {})[MARKER]["status"] == "executed"
     assert seen == [0, 50, 100], seen
-    assert dispatched == [] and runs == [], (dispatched, runs)
+    if path == "fast":
+        assert dispatched == [] and runs == [], (dispatched, runs)
+    else:
+        assert dispatched[:1] == [True] and runs == ["test_tool_with_progress"], (dispatched, runs)
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+@pytest.mark.parametrize("upstream_kind", ["http", "stdio"])
+async def test_a_passed_through_call_asking_for_progress_gets_the_upstream_s_progress(
+    anyio_backend: str, upstream_kind: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call the proxy passes through (the policy leaves the tool unguarded) whose caller asks
+    for progress gets the upstream's progress, over an HTTP upstream and a stdio one, on the fast
+    path (without FastMCP's run) as on FastMCP's. Before, the fast path sent the caller's own
+    token upstream, which named no request of the proxy's upstream session (or another call's,
+    whose id it happened to match): every notification was dropped there."""
+    with _progressing(upstream_kind) as upstream:
+        result, seen, dispatched, runs = await _progress_seen(
+            upstream, path, monkeypatch, guarded=False
+        )
+    assert MARKER not in (result.meta or {})  # passed through: nothing stored, no marker
+    assert seen == [0, 50, 100], seen
+    if path == "fast":
+        assert dispatched == [] and runs == [], (dispatched, runs)
+    else:
+        assert dispatched[:1] == [True] and runs == ["test_tool_with_progress"], (dispatched, runs)
 
 
 async def test_a_keyless_call_the_guard_passes_through_is_run_on_the_fast_path(
