@@ -274,6 +274,7 @@ class UpstreamLink:
         era = self._era()
         rounds = era is self._modern
         task = task and self.upstream.url is not None
+        progress = progress or _unasked
         deadline = anyio.current_time() + self.retry.deadline
         while True:
             try:
@@ -418,6 +419,13 @@ class UpstreamLink:
         if self.upstream.url is None:
             return await sending
         return await client._await_with_session_monitoring(sending)
+
+
+async def _unasked(progress: float, total: float | None, message: str | None) -> None:
+    """Where the progress of a call whose caller asked for none goes: nowhere. `call` never
+    sends None: FastMCP's client replaces it by its own handler, on the link's `ProxyClient`
+    one that relays to the request FastMCP's own proxy run last stashed on the shared client,
+    another caller's, long answered (so the upstream is asked for progress all the same)."""
 
 
 def _modern(protocol_version: str | None) -> bool:
