@@ -35,20 +35,21 @@ fresh session (or gives up: released, -32013). The retrying call was ~30 % of th
 handler CPU over HTTP (benchmarks/README.md, "Guarded calls to an HTTP upstream sent raw").
 
 FastMCP's path stays for everything this one does not serve (`_served` says what it serves): a
-task-augmented call (`params.task`), an input_required continuation, a call asking for progress
-or naming a FastMCP version, a 2026-07-28 caller's call to an HTTP upstream (its input-required
+task-augmented call (`params.task`), an input_required continuation, a call naming a FastMCP
+version, a 2026-07-28 caller's call to an HTTP upstream (its input-required
 rounds and `Mcp-Param-*` headers are the SDK's typed `call_tool`'s to send) or one declaring the
 tasks extension (the link's task-declaring session is `OnceProxyTool`'s), a tool FastMCP does
 not list (unknown, disabled), a link whose session must first be (re)opened, and any server a
 user added middleware of their own to (it must see every call). The per-principal in-flight
-bound (`InFlightLimit`) and the forwarding of the upstream's log lines and questions to the
-caller (`Forwarding`) hold on both paths.
+bound (`InFlightLimit`) and the forwarding of the upstream's log lines, questions and progress
+to the caller (`forwarding.py`: a call asking for progress gets the upstream's on either path,
+over stdio as over HTTP) hold on both paths.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
@@ -81,6 +82,7 @@ from idempotency import Claim, current_claim, wire
 from orchestrator import TASKS_EXTENSION, NotExecuted, OutcomeUnknown, attempt_once, tool_session
 
 from .failures import UpstreamUnreachable
+from .forwarding import progress_relay
 from .limits import InFlightLimit
 from .tools import (
     OnceProxyTool,
@@ -104,11 +106,17 @@ if TYPE_CHECKING:
 #: The upstream's result as it came (the session still checks it against the wire schema).
 _RAW: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 
-#: `_meta` keys that describe the front connection, not the upstream one (FastMCP's proxy drops
-#: the same ones): the 2026-07-28 era's per-request protocol version, client info and
-#: capabilities.
-_CONNECTION_META = frozenset(
-    {PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY}
+#: `_meta` keys a passed-through call does not take upstream: those that describe the front
+#: connection, not the upstream one (FastMCP's proxy drops the same ones: the 2026-07-28 era's
+#: per-request protocol version, client info and capabilities), and the caller's progress token
+#: (the SDK's parsed spelling), which the link's session replaces by its own (`_forward`).
+_NOT_FORWARDED = frozenset(
+    {
+        PROTOCOL_VERSION_META_KEY,
+        CLIENT_INFO_META_KEY,
+        CLIENT_CAPABILITIES_META_KEY,
+        "progress_token",
+    }
 )
 
 
@@ -185,20 +193,12 @@ async def _served(
         params.task is not None
         or params.input_responses is not None
         or params.request_state is not None
-        or (meta is not None and (meta.get("progressToken") is not None or "fastmcp" in meta))
+        or (meta is not None and "fastmcp" in meta)
         or not link.raw_ready(ctx.protocol_version)
         or (link.upstream.url is not None and declared(ctx, TASKS_EXTENSION) is not None)
     ):
         return None
     return await server.get_tool(params.name)  # FastMCP's own lookup: visibility, auth, cache
-
-
-def _progress(meta: Mapping[str, Any] | None) -> bool:
-    """Whether the request asks for progress (the SDK's parsed `_meta` spells its token
-    `progress_token`; the wire's `progressToken`)."""
-    return meta is not None and (
-        meta.get("progress_token") is not None or meta.get("progressToken") is not None
-    )
 
 
 async def _serve(
@@ -245,16 +245,15 @@ async def _guarded(
         if raw and claim is not None:
             assert isinstance(tool, OnceProxyTool) and context.fastmcp_context is not None
             ctx = context.fastmcp_context
-            progress = ctx.report_progress if asked else None
             return await _sent(server, link, tool, claim, call.arguments or {}, ctx, progress)
         return await server.call_tool(call.name, call.arguments or {}, run_middleware=False)
 
     # An `upstream_idempotent` tool's call is re-sent by the link within its deadline: the
     # link's own call (`OnceProxyTool.run`) keeps that; every other goes raw (`_sent`).
     raw = isinstance(tool, OnceProxyTool) and not guard.resend(tool.name)
-    # The caller's progress token: the raw send relays the upstream's progress to it, as the
-    # link's call does (FastMCP's client asks on every call).
-    asked = _progress(ctx.meta)
+    # The upstream's progress reaches the caller, if it asked (FastMCP's client asks on every
+    # call), as on the link's call.
+    progress = progress_relay(fastmcp_request_ctx.get())
 
     async with Context(fastmcp=server) as fastmcp_ctx:
         context = MiddlewareContext(
@@ -298,17 +297,22 @@ async def _forward(
     params: CallToolRequestParams,
     server_ref: weakref.ref[FastMCP[Any]],
 ) -> dict[str, Any]:
-    """The call sent upstream as it came; the upstream's result as it came back."""
-    meta = {k: v for k, v in (ctx.meta or {}).items() if k not in _CONNECTION_META}
+    """The call sent upstream as it came; the upstream's result as it came back. Its progress
+    token is the link session's own, whose notifications reach the caller under the caller's
+    (`progress_relay`): the caller's token named no request of the proxy's upstream session, so
+    the upstream's progress was dropped there, or handed to another call whose request id it
+    matched."""
+    meta = {k: v for k, v in (ctx.meta or {}).items() if k not in _NOT_FORWARDED}
     request = CallToolRequest(
         params=CallToolRequestParams(
             name=params.name, arguments=params.arguments or {}, _meta=cast(Any, meta or None)
         )
     )
-    # The upstream's log lines and questions reach this call's caller while it runs.
-    with link.forwarding.serving_request(fastmcp_request_ctx.get(), server_ref):
+    # The upstream's log lines, questions and progress reach this call's caller while it runs.
+    request_context = fastmcp_request_ctx.get()
+    with link.forwarding.serving_request(request_context, server_ref):
         try:
-            result = await link.forward(request)
+            result = await link.forward(request, progress_relay(request_context))
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 # The child died under the call: retryable, and the next call goes to the
@@ -339,7 +343,7 @@ async def _sent(
     validates the upstream's structured content against the schema the upstream already held it
     to. The upstream's result is read once, by the session, as the record keeps it (a
     `CallToolResult`). `claim`: the guard's, under which it runs the tool; `progress`: where
-    the upstream's progress goes (the caller's `report_progress`, when it asked for it)."""
+    the upstream's progress goes (`progress_relay`'s, when the caller asked for it)."""
     name = tool._backend_name or tool.name
     key = upstream_key(claim)
     meta = {wire.KEY_META: key, wire.ATTEMPT_META: 1}  # as the link's session sends a first try

@@ -13,8 +13,16 @@ message the upstream sends goes to the caller of the one call in flight, through
 forwarding handlers. A stdio upstream (and a 2025-era HTTP one outside a request's stream) does
 not say which request a log line or a request belongs to; with several calls in flight, or none,
 it cannot be told, so it is not forwarded at all (a log line is dropped, a request refused to the
-upstream) rather than sent to a caller it may not belong to. Progress is routed by its token and
-is not concerned. A replay never reaches the upstream, so it carries the result only.
+upstream) rather than sent to a caller it may not belong to. A replay never reaches the upstream,
+so it carries the result only.
+
+Progress is routed by its token, not by the call in flight: the link's session asks the upstream
+with a token of its own and hands each `notifications/progress` to the callback of the request it
+names, which `progress_relay` binds to the caller's request when the call is sent. Bound then,
+not looked up when the notification comes: the SDK runs that callback in the context of the task
+that read the notification, which over HTTP is the call's own (its answer stream) but over stdio
+is the pipe reader's, where no caller's request is bound, so FastMCP's `Context.report_progress`
+found no token there and dropped every notification (issue 46).
 """
 
 from __future__ import annotations
@@ -23,13 +31,17 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastmcp.server.context import Context
 from fastmcp.server.dependencies import fastmcp_request_ctx, get_context
 from fastmcp.server.providers import proxy as fastmcp_proxy
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR
+
+if TYPE_CHECKING:
+    from fastmcp.server.dependencies import FastMCPRequestContext
+    from mcp.shared.dispatcher import ProgressFnT
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -113,3 +125,26 @@ class Forwarding:
             return await handler(*args, **kwargs)
 
         return relay
+
+
+def progress_relay(request: FastMCPRequestContext | None) -> ProgressFnT | None:
+    """Where the upstream's progress for a call of `request` goes: to its caller, under the
+    caller's own token, as FastMCP's `Context.report_progress` sends it (related to the caller's
+    request, so over HTTP it takes that request's stream). None when the caller did not ask
+    (no token): the upstream is then not asked either."""
+    meta = None if request is None else request._srctx.meta
+    token = None if meta is None else meta.get("progress_token")
+    if request is None or token is None:
+        return None
+    session, request_id = request.session, request.request_id
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        await session.send_progress_notification(
+            progress_token=token,
+            progress=progress,
+            total=total,
+            message=message,
+            related_request_id=request_id,
+        )
+
+    return relay

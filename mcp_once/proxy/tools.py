@@ -44,6 +44,7 @@ from .failures import (
     UpstreamUnreachable,
     upstream_lost,
 )
+from .forwarding import progress_relay
 from .tasks import declares_tasks
 from .upstream import UpstreamLink
 
@@ -108,7 +109,7 @@ class OnceProxyTool(ProxyTool):
             arguments,
             meta,
             schema=self.parameters,
-            progress=ctx.report_progress,
+            progress=progress_relay(ctx.request_context),
             input_responses=ctx.input_responses,
             request_state=ctx.request_state,
         )
@@ -120,7 +121,7 @@ class OnceProxyTool(ProxyTool):
         """The call sent upstream under the record's own key, its failures in the guard's terms."""
         name = self._backend_name or self.name
         # The upstream's progress reaches the caller of the first execution (a replay has none).
-        progress = ctx.report_progress
+        progress = progress_relay(ctx.request_context)
         with in_guard_terms(name, claim, stdio=link.upstream.url is None):
             # A 2026-07-28 caller's round is its own to answer: the upstream's question goes back
             # to it (the guard releases the claim, rule 8), its answers come back with the key.

@@ -274,6 +274,7 @@ class UpstreamLink:
         era = self._era()
         rounds = era is self._modern
         task = task and self.upstream.url is not None
+        progress = progress or _unasked
         deadline = anyio.current_time() + self.retry.deadline
         while True:
             try:
@@ -359,13 +360,15 @@ class UpstreamLink:
                 raise UpstreamUnreachable() from exc
             raise
 
-    async def forward(self, request: Request[Any, Any]) -> dict[str, Any]:
+    async def forward(
+        self, request: Request[Any, Any], progress: ProgressFnT | None = None
+    ) -> dict[str, Any]:
         """`request` sent once on the session of the caller's era, its answer as it came
-        (`send_raw`), or once more on a new session if the upstream no longer knows that one
-        (`once_more_if_gone`)."""
+        (`send_raw`; its progress to `progress`), or once more on a new session if the upstream
+        no longer knows that one (`once_more_if_gone`)."""
 
         async def send() -> dict[str, Any]:
-            return await self.send_raw(await self.client(), request)
+            return await self.send_raw(await self.client(), request, progress)
 
         return await self.once_more_if_gone(send)
 
@@ -388,10 +391,16 @@ class UpstreamLink:
         era.discard(before)
         return await send()
 
-    async def send_raw(self, client: Client[Any], request: Request[Any, Any]) -> dict[str, Any]:
+    async def send_raw(
+        self,
+        client: Client[Any],
+        request: Request[Any, Any],
+        progress: ProgressFnT | None = None,
+    ) -> dict[str, Any]:
         """`request` sent once on `client` (one of this link's), its answer as it came (the
         session still checks it against the wire schema: `sent`)."""
-        return cast(dict[str, Any], await self.sent(client, request, cast(Any, _RAW)))
+        answer = await self.sent(client, request, cast(Any, _RAW), progress)
+        return cast(dict[str, Any], answer)
 
     async def sent(
         self,
@@ -410,6 +419,13 @@ class UpstreamLink:
         if self.upstream.url is None:
             return await sending
         return await client._await_with_session_monitoring(sending)
+
+
+async def _unasked(progress: float, total: float | None, message: str | None) -> None:
+    """Where the progress of a call whose caller asked for none goes: nowhere. `call` never
+    sends None: FastMCP's client replaces it by its own handler, on the link's `ProxyClient`
+    one that relays to the request FastMCP's own proxy run last stashed on the shared client,
+    another caller's, long answered (so the upstream is asked for progress all the same)."""
 
 
 def _modern(protocol_version: str | None) -> bool:

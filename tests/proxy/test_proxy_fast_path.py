@@ -15,13 +15,14 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import MCPError
+from mcp.server.session import ServerSession
 from mcp_types import INVALID_PARAMS, CallToolRequestParams
 from opentelemetry.trace import ProxyTracerProvider
 from otel_spans import recorder
@@ -505,58 +506,148 @@ server = FastMCP("progressing")
 async def test_tool_with_progress(ctx: Context) -> str:
     for step in (0, 50, 100):
         await ctx.report_progress(step, 100)
-    return "done"
+    asked = "progressToken" in (ctx.request_context.meta or {})
+    return "asked" if asked else "not asked"
 
 
 server.run(transport="stdio", show_banner=False)
 """
 
 
-@pytest.mark.parametrize(
-    "upstream_kind",
-    [
-        "http",
-        pytest.param(
-            "stdio",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="found here, not fixed: over a stdio upstream no progress reaches the"
-                " caller, by the raw send or by FastMCP's path (a user's middleware added):"
-                " the same on main",
-            ),
-        ),
-    ],
-)
-async def test_a_guarded_call_asking_for_progress_gets_the_upstream_s_progress(
-    anyio_backend: str, upstream_kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A keyed call of a guarded tool whose caller asks for progress (its token in `_meta`, which
-    the SDK parses as `progress_token`) gets the upstream's progress notifications through the
-    raw send, over an HTTP upstream and a stdio one, without FastMCP's dispatch or run (its
-    client asks for progress on every call). Before, the raw send relayed none: the conformance
-    suite's tools-call-with-progress failed through `mcp-once proxy` once guarded HTTP calls
-    went raw."""
+@contextmanager
+def _progressing(kind: str) -> Iterator[Upstream]:
+    """An upstream whose `test_tool_with_progress` reports 0, 50, 100: the conformance fixture
+    over HTTP, or the same tool as a stdio server of its own."""
+    if kind == "stdio":
+        yield Upstream.stdio(sys.executable, "-c", _PROGRESSING)
+        return
+    with conformance_fixture() as url:
+        yield Upstream.http(url)
+
+
+async def _progress_seen(
+    upstream: Upstream,
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    guarded: bool,
+    ask: bool = True,
+) -> tuple[Any, list[float], list[bool], list[str]]:
+    """A call of `test_tool_with_progress` through a proxy (guarded and keyed, or passed
+    through: the policy leaves it unguarded) whose caller asks for progress (or, without `ask`,
+    does not: the SDK's session, as FastMCP's client asks on every call), on the fast path or,
+    with a user's middleware added, FastMCP's: its result, the progress its caller got,
+    FastMCP's dispatches (`_dispatches`) and the proxied tool's runs (`_count_runs`)."""
     seen: list[float] = []
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
         seen.append(value)
 
-    with conformance_fixture() as url:
-        if upstream_kind == "http":
-            upstream = Upstream.http(url)
-        else:  # the fixture's tool, as a stdio server of its own
-            upstream = Upstream.stdio(sys.executable, "-c", _PROGRESSING)
-        proxy = build_proxy(upstream, MemoryKeyStore())
-        async with proxy.opened(), Client(proxy, mode="legacy") as client:
-            await client.list_tools()
-            dispatched = _dispatches(monkeypatch)
-            runs = _count_runs(monkeypatch)
+    rules = {} if guarded else {"tools": {"test_tool_with_progress": {"guard": False}}}
+    proxy = build_proxy(upstream, MemoryKeyStore(), policy=parse_policy(rules))
+    if path == "fastmcp":
+        proxy.add_middleware(Middleware())
+    async with proxy.opened(), Client(proxy, mode="legacy") as client:
+        await client.list_tools()
+        dispatched = _dispatches(monkeypatch)
+        runs = _count_runs(monkeypatch)
+        meta = meta_key("p1") if guarded else None
+        if ask:
             result = await client.call_tool(
-                "test_tool_with_progress", {}, meta=meta_key("p1"), progress_handler=progress
+                "test_tool_with_progress", {}, meta=meta, progress_handler=progress
             )
+        else:
+            result = await client.session.call_tool(
+                "test_tool_with_progress", {}, meta=cast(Any, meta)
+            )
+    return result, seen, dispatched, runs
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+@pytest.mark.parametrize("upstream_kind", ["http", "stdio"])
+async def test_a_guarded_call_asking_for_progress_gets_the_upstream_s_progress(
+    anyio_backend: str, upstream_kind: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyed call of a guarded tool whose caller asks for progress (its token in `_meta`, which
+    the SDK parses as `progress_token`) gets the upstream's progress notifications, over an HTTP
+    upstream and a stdio one: on the fast path by the raw send, without FastMCP's dispatch or run
+    (its client asks for progress on every call), and on FastMCP's path by the link's call.
+    Before, the raw send relayed none (the conformance suite's tools-call-with-progress failed
+    through `mcp-once proxy` once guarded HTTP calls went raw), and over a stdio upstream neither
+    path did: the relay looked the caller's request up when the notification came, in the stdio
+    reader's task, where none is bound (`forwarding.progress_relay`)."""
+    with _progressing(upstream_kind) as upstream:
+        result, seen, dispatched, runs = await _progress_seen(
+            upstream, path, monkeypatch, guarded=True
+        )
     assert (result.meta or {})[MARKER]["status"] == "executed"
     assert seen == [0, 50, 100], seen
-    assert dispatched == [] and runs == [], (dispatched, runs)
+    if path == "fast":
+        assert dispatched == [] and runs == [], (dispatched, runs)
+    else:
+        assert dispatched[:1] == [True] and runs == ["test_tool_with_progress"], (dispatched, runs)
+
+
+@pytest.mark.parametrize("path", ["fast", "fastmcp"])
+@pytest.mark.parametrize("upstream_kind", ["http", "stdio"])
+async def test_a_passed_through_call_asking_for_progress_gets_the_upstream_s_progress(
+    anyio_backend: str, upstream_kind: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call the proxy passes through (the policy leaves the tool unguarded) whose caller asks
+    for progress gets the upstream's progress, over an HTTP upstream and a stdio one, on the fast
+    path (without FastMCP's run) as on FastMCP's. Before, the fast path sent the caller's own
+    token upstream, which named no request of the proxy's upstream session (or another call's,
+    whose id it happened to match): every notification was dropped there."""
+    with _progressing(upstream_kind) as upstream:
+        result, seen, dispatched, runs = await _progress_seen(
+            upstream, path, monkeypatch, guarded=False
+        )
+    assert MARKER not in (result.meta or {})  # passed through: nothing stored, no marker
+    assert seen == [0, 50, 100], seen
+    if path == "fast":
+        assert dispatched == [] and runs == [], (dispatched, runs)
+    else:
+        assert dispatched[:1] == [True] and runs == ["test_tool_with_progress"], (dispatched, runs)
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "passed-through"])
+async def test_a_call_not_asking_for_progress_does_not_ask_the_upstream(
+    anyio_backend: str, guarded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the fast path a caller that sends no progress token gets no progress, and the upstream
+    is not asked for any (no `progressToken` on its request): the proxy passes on what the caller
+    asked. (FastMCP's path asks on every call: its client does.)"""
+    with _progressing("stdio") as upstream:
+        result, seen, _, _ = await _progress_seen(
+            upstream, "fast", monkeypatch, guarded=guarded, ask=False
+        )
+    assert text(result) == "not asked" and seen == [], (result, seen)
+    assert status(result) == ("executed" if guarded else None)
+
+
+async def test_a_guarded_call_not_asking_for_progress_relays_none_to_an_earlier_caller(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastMCP's client sends every call with a progress handler, its own when the call names
+    none: the proxy client's, which relays to the request FastMCP's own run of a passed-through
+    call last stashed on the link's shared client, another caller's (long answered). A guarded
+    call on FastMCP's path whose caller asked for no progress relays none, to anyone (the front
+    sessions' progress notifications counted as the proxy sends them)."""
+    sent = _spy(monkeypatch, ServerSession, "send_progress_notification", lambda _, kw: kw)
+    with _progressing("stdio") as upstream:
+        proxy = build_proxy(upstream, MemoryKeyStore(), keys="optional")
+        proxy.add_middleware(Middleware())
+        async with proxy.opened(), Client(proxy) as earlier, Client(proxy) as later:
+            runs = _count_runs(monkeypatch)
+            # Keyless: passed through by the guard, FastMCP's own run (which stashes its request).
+            passed = await earlier.call_tool("test_tool_with_progress", {})
+            assert status(passed) is None and runs == ["test_tool_with_progress"]
+            assert [note["progress"] for note in sent] == [0, 50, 100], sent
+            keyed = await later.session.call_tool(
+                "test_tool_with_progress", {}, meta=cast(Any, meta_key("n1"))
+            )
+            assert status(keyed) == "executed"
+    assert len(sent) == 3, sent
 
 
 async def test_a_keyless_call_the_guard_passes_through_is_run_on_the_fast_path(
