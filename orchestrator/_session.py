@@ -278,8 +278,7 @@ class RetryingSession:
 
     async def refresh_tools(self) -> list[Tool]:
         """List the server's tools now (the gate's source of annotations) and return them."""
-        session, _ = await self._slot.acquire()
-        await self._catalog.refresh(session)
+        await self._catalog.refresh(await self.live_session())
         return self._catalog.tools()
 
     async def live_session(self) -> SessionLike:
