@@ -364,21 +364,25 @@ class UpstreamLink:
         (`send_raw`), or once more on a new session if the upstream no longer knows that one
         (`once_more_if_gone`)."""
 
+        era = self._era()  # once per call: `send` and the re-send read the same one
+
         async def send() -> dict[str, Any]:
-            return await self.send_raw(await self.client(), request)
+            return await self.send_raw(await self._connected(era), request)
 
-        return await self.once_more_if_gone(send)
+        return await self.once_more_if_gone(send, era)
 
-    async def once_more_if_gone(self, send: Callable[[], Awaitable[T]]) -> T:
-        """`send()`, a request sent on the current session of the caller's era outside its
-        retrying call (a raw forward, FastMCP's own run of a pass-through); if the upstream no
-        longer knows that session (it restarted: HTTP 404, refused before it was dispatched, so
-        nothing ran), sent once more on a new one. Only the retrying call replaces a session the
-        upstream forgot: without this every call outside it would fail "Session not found"
-        until a guarded call opened a new session."""
+    async def once_more_if_gone(
+        self, send: Callable[[], Awaitable[T]], era: RetryingSession | None = None
+    ) -> T:
+        """`send()`, a request sent on the current session of `era` (by default the caller's
+        era's) outside its retrying call (a raw forward, FastMCP's own run of a pass-through);
+        if the upstream no longer knows that session (it restarted: HTTP 404, refused before it
+        was dispatched, so nothing ran), sent once more on a new one. Only the retrying call
+        replaces a session the upstream forgot: without this every call outside it would fail
+        "Session not found" until a guarded call opened a new session."""
         from mcp import MCPError
 
-        era = self._era()
+        era = era if era is not None else self._era()
         before = era.session
         try:
             return await send()
