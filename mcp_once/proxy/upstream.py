@@ -392,6 +392,13 @@ class UpstreamLink:
         era.discard(before)
         return await send()
 
+    def discard(self, client: Client[Any]) -> None:
+        """`client` (one of this link's sessions) was refused a request sent on it directly
+        because the upstream no longer knows it (`orchestrator.session_gone`): the next call on
+        it opens a new session first, instead of asking the forgotten one again."""
+        for era in (self._session, self._modern, self._tasks):
+            era.discard(client)
+
     async def send_raw(self, client: Client[Any], request: Request[Any, Any]) -> dict[str, Any]:
         """`request` sent once on `client` (one of this link's), its answer as it came (the
         session still checks it against the wire schema: `sent`)."""
