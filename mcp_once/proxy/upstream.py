@@ -319,25 +319,31 @@ class UpstreamLink:
         the caller's). Over stdio (no tasks) the caller gets FastMCP's plain call instead
         (`OnceProxyTool.run`). `schema`: the tool's input schema, whose `x-mcp-header`
         arguments the SDK mirrors into `Mcp-Param-*` headers (as FastMCP's proxy seeds them: a
-        2026-07-28 upstream refuses the call without them)."""
+        2026-07-28 upstream refuses the call without them). Sent once more on a new session if
+        the upstream no longer knows that one (`once_more_if_gone`: against an upstream of the
+        handshake era only, that session is a handshake one, which a restart forgets)."""
         from mcp.shared.inbound import x_mcp_header_map
 
-        client = await self._connected(self._tasks)
         header_map = x_mcp_header_map(schema or {})
-        if header_map:
-            client.session._x_mcp_header_maps[name] = header_map
-        answer = await client._await_with_session_monitoring(
-            client.session.call_tool(
-                name,
-                arguments,
-                meta=meta,
-                progress_callback=progress,
-                input_responses=input_responses,
-                request_state=request_state,
-                allow_input_required=True,
-                allow_claimed=True,
+
+        async def send() -> Any:
+            client = await self._connected(self._tasks)
+            if header_map:
+                client.session._x_mcp_header_maps[name] = header_map
+            return await client._await_with_session_monitoring(
+                client.session.call_tool(
+                    name,
+                    arguments,
+                    meta=meta,
+                    progress_callback=progress,
+                    input_responses=input_responses,
+                    request_state=request_state,
+                    allow_input_required=True,
+                    allow_claimed=True,
+                )
             )
-        )
+
+        answer = await self.once_more_if_gone(send, self._tasks)
         if isinstance(answer, TaskCreated | CallToolResult | InputRequiredResult):
             return answer
         raise TypeError(f"the upstream answered {name!r} with a {type(answer).__name__}")
