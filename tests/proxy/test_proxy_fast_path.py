@@ -414,8 +414,8 @@ async def test_a_pass_through_after_a_stateful_http_upstream_restarts_is_answere
     """An SDK server that keeps sessions (`benchmarks._hop_upstream`), SIGKILLed and started
     again on its port: it no longer knows the link's session and refuses the next request on it
     with HTTP 404, before running anything. A handshake-era caller's pass-through read then gets
-    its answer, on a new session, and so does every read after it (on main each got "Session
-    not found" until a guarded call replaced the session)."""
+    its answer, on a new session (the forgotten one asked once), and so does every read after it
+    (on main each got "Session not found" until a guarded call replaced the session)."""
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "benchmarks._hop_upstream", "--port", str(port)]
@@ -423,11 +423,13 @@ async def test_a_pass_through_after_a_stateful_http_upstream_restarts_is_answere
     async with _legacy_caller_of(command, path) as (upstream, client):
         assert text(await client.call_tool_mcp("read", {"text": "before"})) == "before"
         runs = _count_runs(monkeypatch)
+        statuses = _upstream_statuses(monkeypatch)
         await anyio.to_thread.run_sync(upstream.restart)
         for n in range(3):
             read = await client.call_tool_mcp("read", {"text": f"after {n}"})
             assert not read.is_error and text(read) == f"after {n}", read
         assert runs == ([] if path == "fast" else ["read"] * 3), runs
+        assert statuses.count(("POST", 404)) == 1, statuses  # the forgotten session asked once
 
 
 async def test_a_guarded_raw_send_to_a_restarted_http_upstream_is_re_sent_on_a_new_session(
