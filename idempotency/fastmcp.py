@@ -94,7 +94,14 @@ from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_
 from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
 from ._stores.store import KeyStore
 
-__all__ = ["IdempotencyMiddleware", "run_task_body", "stored_task_result"]
+__all__ = ["IdempotencyMiddleware", "as_tool_result", "run_task_body", "stored_task_result"]
+
+#: A `CallToolResult` (or an input-required round) already checked against the wire schema, as
+#: the `ToolResult` a FastMCP tool or middleware returns, its wire form kept exactly: what
+#: `ToolResult.from_mcp_result` makes, without its constructor's copy of the whole structured
+#: content. The guard answers FastMCP with it; a proxy tool can return an upstream's result with
+#: it (`mcp_once.proxy`).
+as_tool_result = to_fastmcp
 
 _AUTHORIZATION = "fastmcp.server.middleware.authorization"
 _CACHING = "fastmcp.server.middleware.caching"

@@ -278,8 +278,7 @@ class RetryingSession:
 
     async def refresh_tools(self) -> list[Tool]:
         """List the server's tools now (the gate's source of annotations) and return them."""
-        session, _ = await self._slot.acquire()
-        await self._catalog.refresh(session)
+        await self._catalog.refresh(await self.live_session())
         return self._catalog.tools()
 
     async def live_session(self) -> SessionLike:
@@ -658,11 +657,12 @@ class RetryingSession:
         before the key is chosen when the arguments might already hold one (the caller's key).
 
         The listing is the one a call would make anyway (once per session, for an unknown tool),
-        only made earlier; with no session yet (a first call through `connect=`) it is left to
-        the attempt, which adopts a key it then finds in the arguments (`_Call.with_key`).
+        only made earlier; with no session yet (a first call through `connect=`), or only one
+        known dead or discarded (whose listing would fail as the call would), it is left to the
+        attempt, which adopts a key it then finds in the arguments (`_Call.with_key`).
         """
         catalog = self._catalog
-        session = self._slot.current()
+        session = self._slot.current() if self._slot.usable() else None
         generation = self._slot.generation
         if (
             arguments

@@ -79,7 +79,14 @@ from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
 from pydantic import BaseModel, TypeAdapter
 
 from idempotency import Claim, current_claim, wire
-from orchestrator import TASKS_EXTENSION, NotExecuted, OutcomeUnknown, attempt_once, tool_session
+from orchestrator import (
+    TASKS_EXTENSION,
+    NotExecuted,
+    OutcomeUnknown,
+    attempt_once,
+    session_gone,
+    tool_session,
+)
 
 from .failures import UpstreamUnreachable
 from .forwarding import progress_relay
@@ -373,10 +380,15 @@ async def _sent(
                 result = await attempt_once(
                     send, tool=name, key=key, closed=lambda: tool_session(client).closed()
                 )
-            except NotExecuted:
+            except NotExecuted as exc:
                 # Nothing ran (the connection refused, the upstream forgot the session, its
                 # store down): the link's own call takes over, which re-sends within its
-                # deadline, on a fresh session where the old one is gone.
+                # deadline, on a fresh session where the old one is gone. A forgotten session
+                # is put aside first, so the link's call opens a new one at once instead of
+                # asking that one again (its listing and the call: two more 404s).
+                gone = exc.last_error
+                if gone is not None and session_gone(gone):
+                    link.discard(client)
                 again = await link.call(name, arguments, key, resend=False, progress=progress)
                 assert isinstance(again, CallToolResult)  # a plain handshake-era call
                 result = again

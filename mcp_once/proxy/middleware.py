@@ -48,7 +48,10 @@ UNGUARDED: dict[str, tuple[str, ...]] = {
 }
 
 
-#: How many (tool, read-only) choices of guard are kept before they are worked out afresh.
+#: How many tools' choices (the guard by name and listed read-only, the re-send by name) are
+#: kept, the least recently used dropped first: the policy is fixed, so each is worked out once
+#: per tool, not on every listing and call, and an upstream that keeps listing new names cannot
+#: grow them.
 _CHOSEN_MAX = 1024
 
 
@@ -80,13 +83,9 @@ class ProxyGuardMiddleware(Middleware):
         self.policy = policy or ProxyPolicy()
         self._defaults: dict[str, Any] = dict(defaults)
         self._guards: dict[str, IdempotencyMiddleware] = {}
-        #: Each tool's guard by (name, listed read-only): the policy is fixed, so this is asked
-        #: once per tool, not on every listing and call (dropped whole if an upstream keeps
-        #: listing new names, so it stays small).
-        self._chosen: dict[tuple[str, bool], IdempotencyMiddleware | None] = {}
-        #: Whether each tool's maybe-executed call may be re-sent (`resend`), by name: asked on
-        #: every guarded call, and the policy is fixed (bounded as `_chosen` is).
-        self._resends: dict[str, bool] = {}
+        #: `guard_of`'s and `resend`'s choices, kept (see `_CHOSEN_MAX`).
+        self._chosen = functools.lru_cache(maxsize=_CHOSEN_MAX)(self._choose)
+        self._resends = functools.lru_cache(maxsize=_CHOSEN_MAX)(self._may_resend)
         #: How `keys settle` names this proxy's records (`build_proxy` sets `--proxy NAME`).
         self.settle_with = ""
         #: Who owns each task handed out (`build_proxy` sets it; None: not recorded).
@@ -116,24 +115,18 @@ class ProxyGuardMiddleware(Middleware):
 
     def resend(self, name: str) -> bool:
         """Whether the policy lets the proxy re-send a maybe-executed call of `name`."""
-        found = self._resends.get(name)
-        if found is None:
-            if len(self._resends) >= _CHOSEN_MAX:
-                self._resends.clear()
-            found = self._resends[name] = self.policy.for_tool(name).upstream_idempotent
-        return found
+        return self._resends(name)
+
+    def _may_resend(self, name: str) -> bool:
+        return self.policy.for_tool(name).upstream_idempotent
 
     def guard_of(self, tool: Tool) -> IdempotencyMiddleware | None:
         """The guard of `tool`'s calls; None when they pass through."""
-        chosen = (tool.name, _read_only(tool))
-        if chosen in self._chosen:
-            return self._chosen[chosen]
-        rule = self.policy.for_tool(tool.name)
-        guard = self._guard_for(rule) if rule.guarded(chosen[1]) else None
-        if len(self._chosen) >= _CHOSEN_MAX:
-            self._chosen.clear()
-        self._chosen[chosen] = guard
-        return guard
+        return self._chosen(tool.name, _read_only(tool))
+
+    def _choose(self, name: str, read_only: bool) -> IdempotencyMiddleware | None:
+        rule = self.policy.for_tool(name)
+        return self._guard_for(rule) if rule.guarded(read_only) else None
 
     async def on_list_tools(
         self,

@@ -29,12 +29,13 @@ from fastmcp.server.context import Context
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers import proxy as fastmcp_proxy
 from fastmcp.server.providers.proxy import ProxyProvider, ProxyTool
-from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
+from fastmcp.tools.base import Tool, ToolResult
 from mcp import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult, InputRequiredResult
 from pydantic import ValidationError
 
 from idempotency import Claim, current_claim
+from idempotency.fastmcp import as_tool_result
 from orchestrator import NotExecuted, OutcomeUnknown, TaskCreated, ToolCallError
 
 from .failures import (
@@ -193,24 +194,14 @@ def refused(name: str, claim: Claim, exc: MCPError) -> UpstreamRefused:
 def tool_result(
     result: CallToolResult | InputRequiredResult | TaskCreated,
 ) -> ToolResult | TaskCreated:
-    """The upstream's answer as the front's tool returns it: a question as FastMCP carries one
-    (its wire handler unwraps it), a task as it came (`tasks.producing_tasks` sends it).
-
-    A result is carried as it came, without `ToolResult`'s constructor: the session already
-    validated it, and the constructor's conversions (a tool author's return values into content
-    blocks, its structured content through pydantic's JSON dump) would copy what is JSON
-    already, a walk of the whole structured content per call (~50 µs for 6 KB;
-    benchmarks/README.md, issue 46)."""
-    if isinstance(result, InputRequiredResult):
-        return InputRequiredToolResult(result)
+    """The upstream's answer as the front's tool returns it: a task as it came
+    (`tasks.producing_tasks` sends it), a question as FastMCP carries one (its wire handler
+    unwraps it), a result as it came (`as_tool_result`: the session already validated it, and
+    `ToolResult`'s constructor would copy what is JSON already, a walk of the whole structured
+    content per call, ~50 µs for 6 KB; benchmarks/README.md, issue 46)."""
     if isinstance(result, TaskCreated):
         return result
-    return ToolResult.model_construct(
-        content=result.content,
-        structured_content=result.structured_content,
-        meta=result.meta,
-        is_error=result.is_error,
-    )
+    return as_tool_result(result)
 
 
 def _said(

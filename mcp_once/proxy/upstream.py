@@ -320,25 +320,31 @@ class UpstreamLink:
         the caller's). Over stdio (no tasks) the caller gets FastMCP's plain call instead
         (`OnceProxyTool.run`). `schema`: the tool's input schema, whose `x-mcp-header`
         arguments the SDK mirrors into `Mcp-Param-*` headers (as FastMCP's proxy seeds them: a
-        2026-07-28 upstream refuses the call without them)."""
+        2026-07-28 upstream refuses the call without them). Sent once more on a new session if
+        the upstream no longer knows that one (`once_more_if_gone`: against an upstream of the
+        handshake era only, that session is a handshake one, which a restart forgets)."""
         from mcp.shared.inbound import x_mcp_header_map
 
-        client = await self._connected(self._tasks)
         header_map = x_mcp_header_map(schema or {})
-        if header_map:
-            client.session._x_mcp_header_maps[name] = header_map
-        answer = await client._await_with_session_monitoring(
-            client.session.call_tool(
-                name,
-                arguments,
-                meta=meta,
-                progress_callback=progress,
-                input_responses=input_responses,
-                request_state=request_state,
-                allow_input_required=True,
-                allow_claimed=True,
+
+        async def send() -> Any:
+            client = await self._connected(self._tasks)
+            if header_map:
+                client.session._x_mcp_header_maps[name] = header_map
+            return await client._await_with_session_monitoring(
+                client.session.call_tool(
+                    name,
+                    arguments,
+                    meta=meta,
+                    progress_callback=progress,
+                    input_responses=input_responses,
+                    request_state=request_state,
+                    allow_input_required=True,
+                    allow_claimed=True,
+                )
             )
-        )
+
+        answer = await self.once_more_if_gone(send, self._tasks)
         if isinstance(answer, TaskCreated | CallToolResult | InputRequiredResult):
             return answer
         raise TypeError(f"the upstream answered {name!r} with a {type(answer).__name__}")
@@ -367,21 +373,25 @@ class UpstreamLink:
         (`send_raw`; its progress to `progress`), or once more on a new session if the upstream
         no longer knows that one (`once_more_if_gone`)."""
 
+        era = self._era()  # once per call: `send` and the re-send read the same one
+
         async def send() -> dict[str, Any]:
-            return await self.send_raw(await self.client(), request, progress)
+            return await self.send_raw(await self._connected(era), request, progress)
 
-        return await self.once_more_if_gone(send)
+        return await self.once_more_if_gone(send, era)
 
-    async def once_more_if_gone(self, send: Callable[[], Awaitable[T]]) -> T:
-        """`send()`, a request sent on the current session of the caller's era outside its
-        retrying call (a raw forward, FastMCP's own run of a pass-through); if the upstream no
-        longer knows that session (it restarted: HTTP 404, refused before it was dispatched, so
-        nothing ran), sent once more on a new one. Only the retrying call replaces a session the
-        upstream forgot: without this every call outside it would fail "Session not found"
-        until a guarded call opened a new session."""
+    async def once_more_if_gone(
+        self, send: Callable[[], Awaitable[T]], era: RetryingSession | None = None
+    ) -> T:
+        """`send()`, a request sent on the current session of `era` (by default the caller's
+        era's) outside its retrying call (a raw forward, FastMCP's own run of a pass-through);
+        if the upstream no longer knows that session (it restarted: HTTP 404, refused before it
+        was dispatched, so nothing ran), sent once more on a new one. Only the retrying call
+        replaces a session the upstream forgot: without this every call outside it would fail
+        "Session not found" until a guarded call opened a new session."""
         from mcp import MCPError
 
-        era = self._era()
+        era = era if era is not None else self._era()
         before = era.session
         try:
             return await send()
@@ -390,6 +400,13 @@ class UpstreamLink:
                 raise
         era.discard(before)
         return await send()
+
+    def discard(self, client: Client[Any]) -> None:
+        """`client` (one of this link's sessions) was refused a request sent on it directly
+        because the upstream no longer knows it (`orchestrator.session_gone`): the next call on
+        it opens a new session first, instead of asking the forgotten one again."""
+        for era in (self._session, self._modern, self._tasks):
+            era.discard(client)
 
     async def send_raw(
         self,

@@ -214,3 +214,28 @@ async def test_a_resumed_run_sends_the_same_key_in_the_argument_and_does_not_div
     assert status(again) == "replayed" and shop.ledger == ["o"]
     keys = [(a.arguments["idempotency_key"], a.meta_key) for a in shop.arrivals]
     assert len(keys) == 2 and keys[0] == keys[1] and keys[0][0] == keys[0][1]
+
+
+async def test_the_early_listing_skips_a_discarded_session() -> None:
+    """A session put aside with `discard` (a request sent on it directly found it gone: a
+    server that forgot it answers 404) gets nothing more: the listing that learns the key
+    argument is left to the attempt, on the new session. (It went to the discarded one first,
+    which answered the forgotten session's 404 once more.)"""
+    shop = Shop()
+    server = shop_server(shop, key_argument="idempotency_key")
+    listed: list[Client] = []
+
+    class Noting(Client):
+        async def list_tools(self, *args: Any, **kwargs: Any) -> Any:
+            listed.append(self)
+            return await super().list_tools(*args, **kwargs)
+
+    arguments = {"order": "o", "cents": 1, "idempotency_key": "k"}
+    async with RetryingSession(connect=lambda: Noting(server), policy=POLICY) as rs:
+        old = await rs.live_session()
+        rs.discard(old)
+        _, report = await rs.call_tool_with_report("charge", arguments)
+        new = rs.session
+    assert new is not old
+    assert ["discarded" if c is old else "new" if c is new else "?" for c in listed] == ["new"]
+    assert report.key == "k" and shop.ledger == ["o"]

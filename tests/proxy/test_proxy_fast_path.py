@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import anyio
+import httpx2
 import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -48,6 +49,7 @@ from mcp_once.proxy import (
     parse_policy,
 )
 from mcp_once.proxy.policy import ToolRule
+from mcp_once.proxy.pooled import DrainingTransport
 from mcp_once.proxy.tools import UPSTREAM_KEY_PREFIX, OnceProxyTool
 from mcp_once.proxy.upstream import UpstreamLink
 from mcp_once.scenarios import ServerProcess
@@ -119,6 +121,22 @@ def _spy(
 
     monkeypatch.setattr(owner, method, spied)
     return calls
+
+
+def _upstream_statuses(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """The method and HTTP status of each request the link sends the upstream from now on,
+    read off the link's own transport (`pooled.DrainingTransport`): what the upstream answered,
+    not what the link made of it."""
+    statuses: list[tuple[str, int]] = []
+    original = DrainingTransport.handle_async_request
+
+    async def spied(self: DrainingTransport, request: httpx2.Request) -> httpx2.Response:
+        response = await original(self, request)
+        statuses.append((request.method, response.status_code))
+        return response
+
+    monkeypatch.setattr(DrainingTransport, "handle_async_request", spied)
+    return statuses
 
 
 def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -397,8 +415,8 @@ async def test_a_pass_through_after_a_stateful_http_upstream_restarts_is_answere
     """An SDK server that keeps sessions (`benchmarks._hop_upstream`), SIGKILLed and started
     again on its port: it no longer knows the link's session and refuses the next request on it
     with HTTP 404, before running anything. A handshake-era caller's pass-through read then gets
-    its answer, on a new session, and so does every read after it (on main each got "Session
-    not found" until a guarded call replaced the session)."""
+    its answer, on a new session (the forgotten one asked once), and so does every read after it
+    (on main each got "Session not found" until a guarded call replaced the session)."""
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "benchmarks._hop_upstream", "--port", str(port)]
@@ -406,11 +424,13 @@ async def test_a_pass_through_after_a_stateful_http_upstream_restarts_is_answere
     async with _legacy_caller_of(command, path) as (upstream, client):
         assert text(await client.call_tool_mcp("read", {"text": "before"})) == "before"
         runs = _count_runs(monkeypatch)
+        statuses = _upstream_statuses(monkeypatch)
         await anyio.to_thread.run_sync(upstream.restart)
         for n in range(3):
             read = await client.call_tool_mcp("read", {"text": f"after {n}"})
             assert not read.is_error and text(read) == f"after {n}", read
         assert runs == ([] if path == "fast" else ["read"] * 3), runs
+        assert statuses.count(("POST", 404)) == 1, statuses  # the forgotten session asked once
 
 
 async def test_a_guarded_raw_send_to_a_restarted_http_upstream_is_re_sent_on_a_new_session(
@@ -419,7 +439,9 @@ async def test_a_guarded_raw_send_to_a_restarted_http_upstream_is_re_sent_on_a_n
     """A stateful HTTP upstream (FastMCP's) restarted between two guarded calls forgets the
     link's session: the raw send is refused with its 404 before it runs, so the link's own call
     takes over and re-sends the same key on a new session, and the call runs once (executed,
-    one effect); the next call goes raw on the new session."""
+    one effect); the next call goes raw on the new session. The forgotten session is asked
+    once: the upstream answers one 404 per restart (on main the link's call tried that session
+    again first, its listing and the call: three)."""
     ledger = tmp_path / "effects"
     script = str(HERE / "changing_server.py")
     upstream = ServerProcess(lambda port: [sys.executable, script, str(ledger), str(port)])
@@ -429,6 +451,7 @@ async def test_a_guarded_raw_send_to_a_restarted_http_upstream_is_re_sent_on_a_n
         async with proxy.opened(), Client(proxy, mode="legacy") as client:
             await client.list_tools()
             linked = _spy(monkeypatch, UpstreamLink, "call", lambda _, kw: kw["resend"])
+            statuses = _upstream_statuses(monkeypatch)
             first = await client.call_tool("write", {"text": "a"}, meta=meta_key("r1"))
             assert (first.meta or {})[MARKER]["status"] == "executed" and linked == []
             await anyio.to_thread.run_sync(upstream.kill)
@@ -436,6 +459,8 @@ async def test_a_guarded_raw_send_to_a_restarted_http_upstream_is_re_sent_on_a_n
             second = await client.call_tool("write", {"text": "b"}, meta=meta_key("r2"))
             assert (second.meta or {})[MARKER]["status"] == "executed"
             assert linked == [False] and lines(ledger) == 2, linked
+            # The forgotten session is asked once (its DELETE as the link closes it aside).
+            assert statuses.count(("POST", 404)) == 1, statuses
             third = await client.call_tool("write", {"text": "c"}, meta=meta_key("r3"))
             assert (third.meta or {})[MARKER]["status"] == "executed"
             assert linked == [False] and lines(ledger) == 3, linked

@@ -253,6 +253,39 @@ async def test_a_call_the_proxy_does_not_claim_goes_upstream_declaring_the_exten
     assert await store.list_records(tool="deploy") == []
 
 
+@pytest.mark.parametrize("path", ["plain", "declaring tasks"])
+async def test_a_pass_through_after_a_handshake_upstream_restarts_is_sent_again(
+    path: str, tmp_path: Path
+) -> None:
+    """A stateful upstream of the handshake era only (FastMCP's, `changing_server.py legacy`),
+    SIGKILLed and started again on its port: it no longer knows the link's sessions and refuses
+    the next request on one with HTTP 404, before running anything. A 2026-07-28 caller's call
+    the proxy passes through goes once more on a new session and runs once, whether the
+    caller declared the tasks extension (the link's task-declaring session, itself a handshake
+    one against this upstream: `UpstreamLink.pass_task`) or not (on main the declaring caller
+    got the 404's "Session not found"). The caller's client never re-sends (the SDK's own)."""
+    ledger = tmp_path / "effects"
+    script = str(Path(__file__).parent / "changing_server.py")
+    upstream = ServerProcess(
+        lambda port: [sys.executable, script, str(ledger), str(port), "legacy"]
+    )
+    await anyio.to_thread.run_sync(upstream.start)
+    try:
+        policy = ProxyPolicy((ToolRule("write", guard=False),))
+        proxy = build_proxy(Upstream.http(upstream.url), open_store("memory://"), policy=policy)
+        async with proxy.opened(), front(proxy, tasks=path != "plain")() as client:
+            first = await client.call_tool("write", {"text": "a"})
+            assert not first.is_error, first
+            await anyio.to_thread.run_sync(upstream.kill)
+            await anyio.to_thread.run_sync(upstream.start)
+            for text in ("b", "c"):
+                again = await client.call_tool("write", {"text": text})
+                assert not again.is_error and f"wrote {text}" in str(again.content), again
+    finally:
+        upstream.kill()
+    assert lines(ledger) == ["a", "b", "c"]
+
+
 async def test_task_requests_need_the_declaration_and_a_matching_round(
     tmp_path: Path,
 ) -> None:

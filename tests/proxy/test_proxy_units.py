@@ -306,15 +306,17 @@ def test_the_default_store_is_the_upstreams_own_file_in_the_state_folder(
     assert _store_url(build_parser().parse_args(["proxy"]), identity.stem) == "memory://"
 
 
+@pytest.mark.parametrize("meta", [None, {"upstream": {"k": 1}}])
 @pytest.mark.parametrize(
     "structured", [None, {"n": 7, "items": [{"id": 1.5, "tags": ["a"]}, None], "s": "é"}]
 )
 def test_an_upstream_result_is_carried_as_the_tool_result_constructor_would_make_it(
-    structured: dict[str, Any] | None,
+    structured: dict[str, Any] | None, meta: dict[str, Any] | None
 ) -> None:
     """`tools.tool_result` skips `ToolResult`'s constructor (its conversions copy what the
-    session already validated as JSON): the fields, and so the wire form FastMCP and the guard
-    make of it, stay what the constructor gives."""
+    session already validated as JSON), through the guard's own `as_tool_result`: the fields are
+    what `ToolResult.from_mcp_result` gives, and the wire form FastMCP and the guard make of it
+    is the upstream's result itself, the same as FastMCP's proxy tool's."""
     from fastmcp.tools.base import ToolResult
     from mcp_types import CallToolResult, TextContent
 
@@ -324,15 +326,21 @@ def test_an_upstream_result_is_carried_as_the_tool_result_constructor_would_make
         content=[TextContent(type="text", text="x")],
         structured_content=structured,
         is_error=structured is None,
-        _meta={"upstream": {"k": 1}},  # type: ignore[call-arg]
+        _meta=meta,  # type: ignore[call-arg]
     )
     ours = tool_result(result)
-    theirs = ToolResult(
+    theirs = ToolResult.from_mcp_result(result)
+    fastmcp_s = ToolResult(
         content=result.content,
         structured_content=result.structured_content,
         meta=result.meta,
         is_error=result.is_error,
     )
     assert isinstance(ours, ToolResult)
-    assert ours.model_dump() == theirs.model_dump()
-    assert ours.to_mcp_result() == theirs.to_mcp_result()
+    assert ours.model_dump() == theirs.model_dump() == fastmcp_s.model_dump()
+    assert ours.to_mcp_result() is result
+    wire = fastmcp_s.to_mcp_result()
+    if not isinstance(wire, CallToolResult):  # FastMCP's handler makes one of the other shapes
+        content, structured_content = wire if isinstance(wire, tuple) else (wire, None)
+        wire = CallToolResult(content=content, structured_content=structured_content)
+    assert wire == result

@@ -205,15 +205,16 @@ def test_a_derived_key_holds_the_meta_a_tool_may_read_and_not_what_a_resend_chan
 def test_the_guards_answer_reaches_fastmcp_as_from_mcp_result_carries_it(
     answer: CallToolResult,
 ) -> None:
-    """`to_fastmcp` skips `ToolResult`'s constructor (a walk of the structured content per call)
-    but must carry what `ToolResult.from_mcp_result` carries: the same fields, and the answer
-    itself as the wire form (FastMCP's private `_raw_mcp_result`: renamed by a FastMCP release,
-    this fails instead of replays losing their exact form)."""
+    """`as_tool_result` (the guard's answers to FastMCP, the proxy's upstream results) skips
+    `ToolResult`'s constructor (a walk of the structured content per call) but must carry what
+    `ToolResult.from_mcp_result` carries: the same fields, and the answer itself as the wire
+    form (FastMCP's private `_raw_mcp_result`: renamed by a FastMCP release, this fails instead
+    of replays losing their exact form)."""
     from fastmcp.tools.base import ToolResult
 
-    from idempotency._integrations.fastmcp.results import to_fastmcp
+    from idempotency.fastmcp import as_tool_result
 
-    ours, theirs = to_fastmcp(answer), ToolResult.from_mcp_result(answer)
+    ours, theirs = as_tool_result(answer), ToolResult.from_mcp_result(answer)
     assert ours.to_mcp_result() is answer
     assert theirs.to_mcp_result() is answer
     assert ours.model_dump() == theirs.model_dump()

@@ -61,7 +61,8 @@ def to_guard(result: object) -> GuardResult:
 
 
 def to_fastmcp(answer: GuardResult) -> ToolResult:
-    """The guard's answer as a `ToolResult` that reaches the wire exactly as given.
+    """The guard's answer (or any validated `CallToolResult`, an input round) as a `ToolResult`
+    that reaches the wire exactly as given; public as `idempotency.fastmcp.as_tool_result`.
 
     What `ToolResult.from_mcp_result` makes, without its constructor's conversions (a tool's
     return values into content blocks, the structured content through pydantic's JSON dump): a
