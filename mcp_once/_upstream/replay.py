@@ -10,11 +10,12 @@ the answers it would give now. So the proxy keeps them, after its first listing,
 what they were computed from:
 
 - `static`: a digest of the Python build, the distributions installed (their `.dist-info`
-  directory names: versions, without `importlib.metadata`'s ~40 ms), the stat of every source
-  file of mcp-once's own packages (an editable checkout changes without a version), the proxy's
-  whole command line and working directory, the contents of every file its options name
-  (policy, config, token files), and the `FASTMCP_*` / `MCP_ONCE_*` environment (values only
-  hashed, never stored);
+  directory names: versions, without `importlib.metadata`'s ~40 ms) on `sys.path`, the stat of
+  every source file of mcp-once's own packages (an editable checkout changes without a
+  version), the proxy's whole command line and working directory, the contents of every file
+  its options name (policy, config, token files) and of FastMCP's dotenv file
+  (`FASTMCP_ENV_FILE`, else `.env`), and the `FASTMCP_*` / `MCP_ONCE_*` environment (values
+  only hashed, never stored);
 - the caller's `initialize` and first `tools/list` messages, exactly as sent (without the id);
 - the lines the upstream link's SDK session sent the child (`initialize`, `notifications/
   initialized`, the first `tools/list`), and digests of the child's raw results to them.
@@ -131,7 +132,8 @@ def static_digest(files: Iterable[str]) -> str | None:
     """The digest of what the proxy's answers depend on besides its caller and its child (see
     the module doc); `files`: the files its options name. None when one is too large to hash."""
     contents: list[tuple[str, str | None]] = []
-    for name in files:
+    # FastMCP's settings read a dotenv file too (`FASTMCP_ENV_FILE`, else `.env` here).
+    for name in [*files, os.environ.get("FASTMCP_ENV_FILE", ".env")]:
         try:
             if os.path.getsize(name) > _FILE_MAX:
                 return None
@@ -140,7 +142,7 @@ def static_digest(files: Iterable[str]) -> str | None:
             contents.append((name, None))
     environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT))
     parts = {
-        "python": [sys.version, sys.executable],
+        "python": [sys.version, sys.executable, sys.path],
         "distributions": _distributions(),
         "sources": _sources(),
         "argv": sys.argv,

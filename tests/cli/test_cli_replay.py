@@ -28,6 +28,7 @@ from mcp import StdioServerParameters
 from mcp.client import Client
 
 from idempotency import wire
+from mcp_once._upstream import replay
 
 HERE = Path(__file__).parent
 UPSTREAM = [sys.executable, str(HERE / "replay_upstream.py")]
@@ -333,3 +334,45 @@ async def test_tool_calls_after_a_replayed_start(folder: Folder) -> None:
     writes = [entry for entry in folder.ledger() if entry["tool"] == "write"]
     assert len(writes) == 2  # one per start: the second call of each was the guard's record
     assert len([entry for entry in folder.ledger() if entry["tool"] == "read"]) == 2
+
+
+@pytest.mark.slow
+def test_replay_off_writes_and_replays_nothing(
+    folder: Folder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`MCP_ONCE_REPLAY=0`: the usual start, no file."""
+    monkeypatch.setenv(replay.SWITCH, "0")
+    first = start(folder)
+    assert not first.before_import
+    assert folder.replay_file() is None
+
+
+def test_the_static_digest_follows_the_environment_and_the_option_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What no subprocess test varies cheaply: a `FASTMCP_*` or `MCP_ONCE_*` variable, the
+    contents of a file an option names, a file too large to hash (never replayed)."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("# one\n")
+    before = replay.static_digest([str(policy)])
+    assert before is not None and replay.static_digest([str(policy)]) == before
+    monkeypatch.setenv("UNRELATED_VARIABLE", "x")
+    assert replay.static_digest([str(policy)]) == before
+    monkeypatch.setenv("FASTMCP_SOMETHING", "x")
+    changed_env = replay.static_digest([str(policy)])
+    assert changed_env != before
+    policy.write_text("# two\n")
+    assert replay.static_digest([str(policy)]) not in (before, changed_env)
+    monkeypatch.setattr(replay, "_FILE_MAX", 3)
+    assert replay.static_digest([str(policy)]) is None
+
+
+def test_fastmcps_dotenv_file_is_part_of_the_static_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastMCP's settings read `.env` in the working directory (or `FASTMCP_ENV_FILE`): a
+    changed one is a changed start, though no option names it."""
+    monkeypatch.chdir(tmp_path)
+    before = replay.static_digest([])
+    (tmp_path / ".env").write_text("FASTMCP_LOG_LEVEL=DEBUG\n")
+    assert replay.static_digest([]) != before
