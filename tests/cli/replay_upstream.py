@@ -2,7 +2,8 @@
 answers is read from a JSON file (its only argument) at each request, so a test changes the
 upstream's `initialize` result or listing between two starts without changing its command line;
 each `tools/call` is appended to a ledger file beside it before it is answered (the effects the
-proxy cannot fake). Plain JSON lines rather than an SDK server: it starts in ~50 ms.
+proxy cannot fake), and every message's method to a `.methods` file, with this process's id.
+Plain JSON lines rather than an SDK server: it starts in ~50 ms.
 
 The file: {"instructions": str (optional), "tools": [Tool, ...], "fail_list_after": int
 (optional: the listings after that many in this process fail)}.
@@ -11,6 +12,7 @@ The file: {"instructions": str (optional), "tools": [Tool, ...], "fail_list_afte
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,8 +56,11 @@ def answer(message: dict[str, Any], spec: dict[str, Any], ledger: Path) -> dict[
 def main() -> None:
     path = Path(sys.argv[1])
     ledger = path.with_suffix(".ledger")
+    methods = path.with_suffix(".methods")
     for line in sys.stdin:
         message = json.loads(line)
+        with methods.open("a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "method": message.get("method")}) + "\n")
         if "id" not in message or "method" not in message:
             continue  # a notification, or an answer to a request this server never sends
         spec = json.loads(path.read_text())

@@ -114,6 +114,14 @@ class Folder:
         stored: dict[str, Any] = json.loads(path.read_text())
         return stored
 
+    def methods(self) -> dict[int, list[str]]:
+        """The methods each upstream child was sent, by its process id."""
+        found: dict[int, list[str]] = {}
+        for line in self.spec.with_suffix(".methods").read_text().splitlines():
+            entry = json.loads(line)
+            found.setdefault(entry["pid"], []).append(entry["method"])
+        return found
+
     def ledger(self) -> list[dict[str, Any]]:
         path = self.spec.with_suffix(".ledger")
         lines = path.read_text().splitlines() if path.exists() else []
@@ -157,10 +165,16 @@ def _line(fd: int, buffer: bytearray) -> bytes:
     return line
 
 
-def start(folder: Folder, caller: dict[str, Any] | None = None, *, wait: float = 0.0) -> Started:
+def start(
+    folder: Folder,
+    caller: dict[str, Any] | None = None,
+    *,
+    wait: float = 0.0,
+    first: dict[str, Any] | None = None,
+) -> Started:
     """One start answering a raw JSON-lines caller's `initialize` and `tools/list`, then
     stopped by stdin's EOF. `wait`: how long the proxy's first heavy import is held for the
-    answers."""
+    answers; `first`: a request the caller sends before its `initialize` (its answer read)."""
     argv, report, marker = folder.argv(wait)
     stderr = folder.root / f"stderr-{folder.starts}.txt"
     with stderr.open("w") as err:
@@ -176,6 +190,9 @@ def start(folder: Folder, caller: dict[str, Any] | None = None, *, wait: float =
             process.stdin.write((json.dumps(message) + "\n").encode())
             process.stdin.flush()
 
+        if first is not None:
+            send(first)
+            _line(process.stdout.fileno(), buffer)
         send(caller or initialize())
         init = _line(process.stdout.fileno(), buffer)
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -210,6 +227,12 @@ def test_a_second_start_answers_before_fastmcp_is_imported_with_the_first_start_
     assert (second.init, second.listing) == (first.init, first.listing)
     no_replay_errors(second)
     assert folder.replay_file() is not None  # FastMCP's answers equal: the proof held
+    # One child per start, one handshake each: the second start's link adopted the one the
+    # replay made (a second `initialize` would reach the child otherwise).
+    methods = folder.methods()
+    assert len(methods) == 2, methods
+    for sent in methods.values():
+        assert sent.count("initialize") == 1 and sent.count("notifications/initialized") == 1
 
 
 @pytest.mark.slow
@@ -376,3 +399,16 @@ def test_fastmcps_dotenv_file_is_part_of_the_static_digest(
     before = replay.static_digest([])
     (tmp_path / ".env").write_text("FASTMCP_LOG_LEVEL=DEBUG\n")
     assert replay.static_digest([]) != before
+
+
+@pytest.mark.slow
+def test_a_caller_that_starts_otherwise_is_answered_by_fastmcp(folder: Folder) -> None:
+    """A caller whose first message is not `initialize` (a `ping`, which MCP allows first): the
+    replay does not answer, FastMCP answers all of it, and the file is left as it was."""
+    first = start(folder)
+    stored = folder.stored()
+    ping = {"jsonrpc": "2.0", "id": "p", "method": "ping"}
+    second = start(folder, first=ping, wait=3.0)
+    assert not second.before_import
+    assert (second.init, second.listing) == (first.init, first.listing)
+    assert folder.stored() == stored
