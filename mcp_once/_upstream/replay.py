@@ -305,6 +305,8 @@ class Start:
             logger.debug("replay: the child failed its handshake; started again the usual way")
             self.handshake = None
             self._queue(line)
+            with contextlib.suppress(OSError):
+                self.path.unlink()  # not tried again until a start records it anew
             return False
         if _sha(_canonical(child_list)) != stored["child_list"]:
             self._queue(line)
@@ -443,8 +445,13 @@ class Start:
         *lines, self._tapped = self._tapped.split(b"\n")
         for line in lines:
             message = _message(line)
-            if message is None or "method" in message or "id" not in message:
+            if message is None or "id" not in message:
                 continue
+            if "method" in message:
+                # A request of the child's (roots/list, sampling) before its first listing: a
+                # replay could not answer it; such an upstream is never replayed.
+                self._recording = False
+                return
             result = message.get("result")
             if message["id"] == self._link_ids.get("initialize") and isinstance(result, dict):
                 if "child_initialize" not in self.parts:

@@ -6,7 +6,8 @@ proxy cannot fake), and every message's method to a `.methods` file, with this p
 Plain JSON lines rather than an SDK server: it starts in ~50 ms.
 
 The file: {"instructions": str (optional), "tools": [Tool, ...], "fail_list_after": int
-(optional: the listings after that many in this process fail)}.
+(optional: the listings after that many in this process fail), "ask_roots": bool (optional: a
+`roots/list` request to the client once it is initialized, as filesystem servers send)}.
 """
 
 from __future__ import annotations
@@ -61,9 +62,13 @@ def main() -> None:
         message = json.loads(line)
         with methods.open("a") as f:
             f.write(json.dumps({"pid": os.getpid(), "method": message.get("method")}) + "\n")
-        if "id" not in message or "method" not in message:
-            continue  # a notification, or an answer to a request this server never sends
         spec = json.loads(path.read_text())
+        if message.get("method") == "notifications/initialized" and spec.get("ask_roots"):
+            ask = {"jsonrpc": "2.0", "id": "roots", "method": "roots/list"}
+            sys.stdout.write(json.dumps(ask) + "\n")
+            sys.stdout.flush()
+        if "id" not in message or "method" not in message:
+            continue  # a notification, or an answer to a request of ours
         reply = {"jsonrpc": "2.0", "id": message["id"], **answer(message, spec, ledger)}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()

@@ -412,3 +412,13 @@ def test_a_caller_that_starts_otherwise_is_answered_by_fastmcp(folder: Folder) -
     assert not second.before_import
     assert (second.init, second.listing) == (first.init, first.listing)
     assert folder.stored() == stored
+
+
+@pytest.mark.slow
+def test_an_upstream_that_asks_its_client_first_is_never_replayed(folder: Folder) -> None:
+    """An upstream that sends a request of its own (`roots/list`) before its first listing: a
+    replay could not answer it, so nothing is recorded and every start is the usual one."""
+    folder.spec.write_text(json.dumps({"tools": TOOLS, "ask_roots": True}))
+    first = start(folder)
+    assert folder.replay_file() is None
+    assert first.tools == ["read", "write"]
