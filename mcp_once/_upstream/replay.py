@@ -394,9 +394,12 @@ class Start:
             with anyio.move_on_after(_CHILD_WAIT):
                 await self._compared.wait()
 
-    def caller_rest(self) -> bytes:
-        """What was read of the caller's next line (its start), for the front to go on from."""
-        return self._caller.rest
+    def handed_over(self) -> tuple[list[bytes], bytes]:
+        """What the front reads first: the caller's lines read here (queued, and any read past
+        them in the same chunk), in order, and the start of its next line."""
+        while (line := self._caller.take()) is not None:
+            self.queued.append(line)
+        return self.queued, self._caller.rest
 
     # -- the normal path: what the caller, the link and FastMCP said, recorded ---------------
 

@@ -169,10 +169,11 @@ async def _read_lines(
     to it (what it records for the next start)."""
     parts: list[bytes] = []
     if start is not None:
-        for line in start.queued:
+        lines, rest = start.handed_over()
+        for line in lines:
             start.from_caller(line)
             await _deliver(line, sink)
-        if rest := start.caller_rest():
+        if rest:
             parts.append(rest)
     while True:
         await ready(fd, readable=True)

@@ -422,3 +422,37 @@ def test_an_upstream_that_asks_its_client_first_is_never_replayed(folder: Folder
     first = start(folder)
     assert folder.replay_file() is None
     assert first.tools == ["read", "write"]
+
+
+@pytest.mark.slow
+def test_a_caller_that_sends_all_at_once_gets_every_answer(folder: Folder) -> None:
+    """A caller that writes its `initialize`, `notifications/initialized`, `tools/list` and a
+    call in one write, before any answer (another caller's `initialize`: a miss at the first
+    line, the rest read in the same chunk): every line reaches FastMCP, each answered."""
+    start(folder)
+    argv, _, marker = folder.argv(0.0)
+    marker.touch()
+    messages = [
+        initialize(name="pipelining"),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "read",
+         "arguments": {"text": "all at once"}}},
+    ]  # fmt: skip
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=folder.env)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        process.stdin.write("".join(json.dumps(m) + "\n" for m in messages).encode())
+        process.stdin.flush()
+        buffer = bytearray()
+        lines = [_line(process.stdout.fileno(), buffer) for _ in range(3)]
+        process.stdin.close()
+        assert process.wait(ANSWER_WAIT) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.wait()
+    answers = {a.get("id"): a for a in map(json.loads, lines)}
+    assert sorted(answers) == [0, 1, 2]
+    assert all("result" in a for a in answers.values()), answers
+    assert answers[2]["result"]["content"][0]["text"] == "all at once"
