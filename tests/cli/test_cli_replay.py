@@ -425,15 +425,17 @@ def test_an_upstream_that_asks_its_client_first_is_never_replayed(folder: Folder
 
 
 @pytest.mark.slow
-def test_a_caller_that_sends_all_at_once_gets_every_answer(folder: Folder) -> None:
+@pytest.mark.parametrize("caller", ["raw", "pipelining"], ids=["replayed", "missed"])
+def test_a_caller_that_sends_all_at_once_gets_every_answer(folder: Folder, caller: str) -> None:
     """A caller that writes its `initialize`, `notifications/initialized`, `tools/list` and a
-    call in one write, before any answer (another caller's `initialize`: a miss at the first
-    line, the rest read in the same chunk): every line reaches FastMCP, each answered."""
+    call in one write, before any answer, read in one chunk: replayed (the first start's
+    caller) or not (another caller's `initialize`: a miss at the first line), every line
+    reaches FastMCP and each is answered once."""
     start(folder)
     argv, _, marker = folder.argv(0.0)
     marker.touch()
     messages = [
-        initialize(name="pipelining"),
+        initialize(name=caller),
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "read",
@@ -448,6 +450,7 @@ def test_a_caller_that_sends_all_at_once_gets_every_answer(folder: Folder) -> No
         lines = [_line(process.stdout.fileno(), buffer) for _ in range(3)]
         process.stdin.close()
         assert process.wait(ANSWER_WAIT) == 0
+        assert buffer + process.stdout.read() == b""  # nothing answered twice
     finally:
         if process.returncode is None:
             process.kill()
