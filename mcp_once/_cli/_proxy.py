@@ -525,6 +525,7 @@ def serve(
 
     async def run() -> None:
         early = None if upstream is None else await start_early(upstream)
+        replaying.current = None  # this run's, if any (not an earlier run's in this process)
         try:
             if early is not None and early.waiting is not None and replay is not None:
                 early.replay = replaying.current = replay
