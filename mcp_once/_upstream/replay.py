@@ -6,7 +6,7 @@ its upstream's own start, overlapped (`early.py`); the imports cannot be cut fro
 (benchmarks/README.md, "Start-up"). What can be done is not to wait for them: when everything the
 two answers depend on is byte-identical to a previous start's, the answers FastMCP gave then are
 the answers it would give now. So the proxy keeps them, after its first listing, in
-`<state folder>/<stem>.replay.json` (beside the upstream's manifest and default store), with
+`<state folder>/<stem>.replay` (beside the upstream's manifest and default store), with
 what they were computed from:
 
 - `static`: a digest of the Python build, the distributions installed (their `.dist-info`
@@ -62,7 +62,7 @@ _VERSION = "mcp-once-replay/1"
 #: The environment variable that turns replaying off (`0`, `off`, `false`, `no`).
 SWITCH = "MCP_ONCE_REPLAY"
 #: The replay file's suffix, after the upstream's stem (`identity.py`).
-SUFFIX = ".replay.json"
+SUFFIX = ".replay"  # JSON, but not `*.json`: the manifests are (`mcp-once proxy --list`)
 #: The largest file an option may name for a start to be replayed (larger: never replayed).
 _FILE_MAX = 4 << 20
 #: How long the caller's first line is waited for before the normal path goes on without it.

@@ -104,7 +104,7 @@ class Folder:
         return {**os.environ, "XDG_STATE_HOME": str(self.root / "state")}
 
     def replay_file(self) -> Path | None:
-        found = list((self.root / "state" / "mcp-once").glob("*.replay.json"))
+        found = list((self.root / "state" / "mcp-once").glob(f"*{replay.SUFFIX}"))
         assert len(found) <= 1
         return found[0] if found else None
 
@@ -222,6 +222,8 @@ def test_a_second_start_answers_before_fastmcp_is_imported_with_the_first_start_
     first = start(folder)
     assert not first.before_import  # not vacuous: the normal path answers after the import
     assert folder.replay_file() is not None
+    # Beside the manifest, not one more `*.json` for `mcp-once proxy --list` to read as one.
+    assert len(list((folder.root / "state" / "mcp-once").glob("*.json"))) == 1
     second = start(folder, wait=ANSWER_WAIT)
     assert second.before_import
     assert (second.init, second.listing) == (first.init, first.listing)
