@@ -9,14 +9,10 @@ the answers it would give now. So the proxy keeps them, after its first listing,
 `<state folder>/<stem>.replay` (beside the upstream's manifest and default store), with
 what they were computed from:
 
-- `static`: a digest of the Python build, the distributions installed (their `.dist-info`
-  directory names: versions, without `importlib.metadata`'s ~40 ms) on `sys.path`, the stat of
-  every source file of mcp-once's own packages (an editable checkout changes without a
-  version), the proxy's whole command line and working directory, the contents of every file
-  its options name (policy, config, token files) and of FastMCP's dotenv file
-  (`FASTMCP_ENV_FILE`, else `.env`), and the `FASTMCP_*` / `MCP_ONCE_*` environment (values
-  only hashed, never stored);
-- the caller's `initialize` and first `tools/list` messages, exactly as sent (without the id);
+- `static`: a digest of the versions, sources, command line, option files and environment the
+  answers depend on (`inputs.py` lists them);
+- the caller's `initialize` and first `tools/list` messages as sent (canonical JSON, without
+  the id);
 - the lines the upstream link's SDK session sent the child (`initialize`, `notifications/
   initialized`, the first `tools/list`), and digests of the child's raw results to them.
 
@@ -44,9 +40,7 @@ import json
 import logging
 import os
 import re
-import stat
-import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +48,16 @@ import anyio
 from anyio.abc import Process
 
 from .fdio import READ_SIZE, ready, write_all
+from .inputs import SWITCH, eligible, enabled, static_digest
+
+__all__ = ["OURS", "SUFFIX", "SWITCH", "Start", "current", "eligible", "enabled", "static_digest"]
 
 logger = logging.getLogger("mcp_once.proxy")
 
 #: Bumped if what is stored or how it is compared ever changes.
 _VERSION = "mcp-once-replay/1"
-#: The environment variable that turns replaying off (`0`, `off`, `false`, `no`).
-SWITCH = "MCP_ONCE_REPLAY"
 #: The replay file's suffix, after the upstream's stem (`identity.py`).
 SUFFIX = ".replay"  # JSON, but not `*.json`: the manifests are (`mcp-once proxy --list`)
-#: The largest file an option may name for a start to be replayed (larger: never replayed).
-_FILE_MAX = 4 << 20
 #: How long the caller's first line is waited for before the normal path goes on without it.
 _FIRST_LINE_WAIT = 2.0
 #: How long the child gets to answer the stored `initialize` and `tools/list` (each).
@@ -73,10 +66,6 @@ _CHILD_WAIT = 30.0
 OURS = {"initialize": "mcp-once-replay:initialize", "tools/list": "mcp-once-replay:tools/list"}
 #: A caller's id whose JSON form is the same in json and pydantic (replayed only then).
 _PLAIN_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-#: Who else reads the environment that shapes the answers.
-_ENVIRONMENT = ("FASTMCP_", "MCP_ONCE_")
-#: mcp-once's own packages, whose sources are stat-ed (next to this package).
-_OWN = ("mcp_once", "idempotency", "orchestrator")
 
 
 def _sha(text: str) -> str:
@@ -85,72 +74,6 @@ def _sha(text: str) -> str:
 
 def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def enabled() -> bool:
-    """Whether replaying is on (`MCP_ONCE_REPLAY` unset, or not one of 0/off/false/no)."""
-    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "off", "false", "no")
-
-
-def eligible() -> bool:
-    """Whether the proxy's stdin and stdout are what the stdio front serves on the event loop (a
-    pipe or a socket, as fds 0 and 1): only then are the caller's lines read here handed on."""
-    if sys.platform == "win32":
-        return False
-    try:
-        if sys.stdin.fileno() != 0 or sys.stdout.fileno() != 1:
-            return False
-        modes = [os.fstat(fd).st_mode for fd in (0, 1)]
-    except (OSError, ValueError, AttributeError):
-        return False
-    return all(stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) for mode in modes)
-
-
-def _distributions() -> list[str]:
-    names: list[str] = []
-    for entry in sys.path:
-        with contextlib.suppress(OSError):
-            names.extend(n for n in os.listdir(entry or ".") if n.endswith(".dist-info"))
-    return sorted(names)
-
-
-def _sources() -> list[tuple[str, int, int]]:
-    root = Path(__file__).resolve().parents[2]
-    found: list[tuple[str, int, int]] = []
-    for package in _OWN:
-        for folder, _, files in os.walk(root / package):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
-                    with contextlib.suppress(OSError):
-                        info = os.stat(path)
-                        found.append((path, info.st_mtime_ns, info.st_size))
-    return sorted(found)
-
-
-def static_digest(files: Iterable[str]) -> str | None:
-    """The digest of what the proxy's answers depend on besides its caller and its child (see
-    the module doc); `files`: the files its options name. None when one is too large to hash."""
-    contents: list[tuple[str, str | None]] = []
-    # FastMCP's settings read a dotenv file too (`FASTMCP_ENV_FILE`, else `.env` here).
-    for name in [*files, os.environ.get("FASTMCP_ENV_FILE", ".env")]:
-        try:
-            if os.path.getsize(name) > _FILE_MAX:
-                return None
-            contents.append((name, hashlib.sha256(Path(name).read_bytes()).hexdigest()))
-        except OSError:
-            contents.append((name, None))
-    environment = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENVIRONMENT))
-    parts = {
-        "python": [sys.version, sys.executable, sys.path],
-        "distributions": _distributions(),
-        "sources": _sources(),
-        "argv": sys.argv,
-        "cwd": os.getcwd(),
-        "files": contents,
-        "environment": environment,
-    }
-    return _sha(_canonical([_VERSION, parts]))
 
 
 def _message(line: bytes) -> dict[str, Any] | None:

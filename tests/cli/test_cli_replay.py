@@ -28,7 +28,7 @@ from mcp import StdioServerParameters
 from mcp.client import Client
 
 from idempotency import wire
-from mcp_once._upstream import replay
+from mcp_once._upstream import inputs, replay
 
 HERE = Path(__file__).parent
 UPSTREAM = [sys.executable, str(HERE / "replay_upstream.py")]
@@ -388,7 +388,7 @@ def test_the_static_digest_follows_the_environment_and_the_option_files(
     assert changed_env != before
     policy.write_text("# two\n")
     assert replay.static_digest([str(policy)]) not in (before, changed_env)
-    monkeypatch.setattr(replay, "_FILE_MAX", 3)
+    monkeypatch.setattr(inputs, "_FILE_MAX", 3)
     assert replay.static_digest([str(policy)]) is None
 
 
