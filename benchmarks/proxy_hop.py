@@ -26,7 +26,9 @@ first execution), the targets interleaved call by call in each round so load on 
 machine falls on all alike; each figure also as a ratio to direct over stdio in the same round
 (median over rounds). Throughput: calls/s of keyed `write` at 1, 16 and 64 callers (concurrent
 calls on one session), a few seconds each. Start-up: spawn to the first `tools/list` answered,
-direct and through `mcp-once proxy` (median of 3). The load average is printed with the figures.
+direct and through `mcp-once proxy` (median of 3): a restarted proxy (its previous start's
+answers replayed, the target's row) and a first start (replay off). The load average is printed
+with the figures.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ STARTUP_BOUND = 1.3
 #: The client speaks the handshake era to every target: the one all the peers speak, and what
 #: desktop clients send today.
 MODE = "legacy"
+#: The start-up row of a proxy that replays nothing (its first start, or any changed input).
+FIRST_START = "mcp-once proxy (first start)"
 
 Target = str | StdioServerParameters
 
@@ -376,16 +380,31 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
             name: {str(c): round(r, 1) for c, r in by_callers.items()}
             for name, by_callers in rates.items()
         }
-    proxy = _child("-m", "mcp_once", "proxy", "--store", "memory://", "--", *_upstream())
-    times: dict[str, list[float]] = {"direct": [], "mcp-once proxy": []}
-    for _ in range(scale.hop_startups):  # interleaved, as the calls are
-        times["direct"].append(anyio.run(_startup, _child_of(_upstream())))
-        times["mcp-once proxy"].append(anyio.run(_startup, proxy))
-    direct, proxied = (statistics.median(values) for values in times.values())
-    out["startup_s"] = {"direct": round(direct, 3), "mcp-once proxy": round(proxied, 3)}
+    out["startup_s"] = _startups(scale.hop_startups)
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out["targets"] = verdicts(out)
     return out
+
+
+def _startups(rounds: int) -> dict[str, float]:
+    """Spawn to first `tools/list` answered, medians of `rounds` interleaved: the upstream
+    directly; the proxy replaying its previous start's answers (`mcp_once/_upstream/replay.py`:
+    what a restarted proxy does; one start records them first), in a state folder of this run's
+    own; and the proxy's first start (replay off: what any start with changed inputs costs)."""
+    with tempfile.TemporaryDirectory() as state:
+        argv = ["-m", "mcp_once", "proxy", "--store", "memory://", "--", *_upstream()]
+        env = {**_quiet_env(), "XDG_STATE_HOME": state}
+        replayed = StdioServerParameters(command=sys.executable, args=argv, env=env)
+        first = StdioServerParameters(
+            command=sys.executable, args=argv, env={**env, "MCP_ONCE_REPLAY": "0"}
+        )
+        anyio.run(_startup, replayed)  # records the answers the next starts replay
+        times: dict[str, list[float]] = {"direct": [], "mcp-once proxy": [], FIRST_START: []}
+        for _ in range(rounds):  # interleaved, as the calls are
+            times["direct"].append(anyio.run(_startup, _child_of(_upstream())))
+            times["mcp-once proxy"].append(anyio.run(_startup, replayed))
+            times[FIRST_START].append(anyio.run(_startup, first))
+    return {name: round(statistics.median(values), 3) for name, values in times.items()}
 
 
 def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -490,7 +509,8 @@ def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
         print(f"{name:<48} " + " ".join(f"{rates[str(c)]:8.1f}" for c in CALLERS))
     startup = out["startup_s"]
     print(f"\nstart-up to first tools/list: direct {startup['direct']} s,"
-          f" mcp-once proxy {startup['mcp-once proxy']} s")  # fmt: skip
+          f" mcp-once proxy {startup['mcp-once proxy']} s (replayed),"
+          f" {startup.get(FIRST_START)} s (first start)")  # fmt: skip
     for row in out["targets"]:
         verdict = "met" if row["met"] else "NOT met"
         floor = "" if row["ceiling"] is None else f" (SDK floor {row['ceiling']})"

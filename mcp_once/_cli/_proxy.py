@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from mcp_once._upstream import LoopError, Upstream, UpstreamConfigError, check_chain, loop_message
+from mcp_once._upstream import replay as replaying
 from mcp_once._upstream.early import EarlyChild, start_early
 
 from . import _front, _stopping, _upstream_headers
@@ -464,7 +465,23 @@ def run_proxy(args: argparse.Namespace) -> int:
         server.link.adopt(early)
         return Built(server, [store], redacted(url), auth)
 
-    return serve(build, listen, front, upstream)
+    return serve(build, listen, front, upstream, _replay(args, upstream, listen))
+
+
+def _replay(
+    args: argparse.Namespace, upstream: Upstream, listen: tuple[str, int] | None
+) -> replaying.Start | None:
+    """This start's replay of the proxy's previous first answers (`replay.py`), where one
+    serves: a stdio front on pipes, one stdio upstream, replaying not turned off."""
+    if listen is not None or not upstream.command or not replaying.enabled():
+        return None
+    if not replaying.eligible():
+        return None
+    files = [f for f in (args.policy, args.config, args.auth_tokens) if f is not None]
+    static = replaying.static_digest(files)
+    if static is None:
+        return None
+    return replaying.Start(state_folder() / f"{upstream.identity.stem}{replaying.SUFFIX}", static)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +500,7 @@ def serve(
     listen: tuple[str, int] | None,
     front: _front.Front,
     upstream: Upstream | None = None,
+    replay: replaying.Start | None = None,
 ) -> int:
     """Serve what `build` makes on stdio, or streamable HTTP at `listen` behind `front`, until
     interrupted; then close its stores. A stdio upstream that cannot be started stops it: exit
@@ -492,9 +510,10 @@ def serve(
     `build` (which imports FastMCP: about a second) runs while that child starts; `build` gives
     the child to its proxy's link, which adopts it for its first session
     (`mcp_once._upstream.early`). A child nothing adopted (`build` stopped on bad input) is
-    stopped before the exit. A stdio front stops on stdin EOF, SIGTERM or SIGINT, its children
-    stopped and stores closed, and the process then exits without the interpreter's teardown
-    (`_stopping`)."""
+    stopped before the exit. With `replay`, the caller's first answers may be given from the
+    proxy's previous start before `build` runs (`mcp_once._upstream.replay`). A stdio front
+    stops on stdin EOF, SIGTERM or SIGINT, its children stopped and stores closed, and the
+    process then exits without the interpreter's teardown (`_stopping`)."""
 
     opened: list[KeyStore] = []
 
@@ -506,7 +525,12 @@ def serve(
 
     async def run() -> None:
         early = None if upstream is None else await start_early(upstream)
+        replaying.current = None  # this run's, if any (not an earlier run's in this process)
         try:
+            if early is not None and early.waiting is not None and replay is not None:
+                early.replay = replaying.current = replay
+                if not await replay.answer(early.waiting):
+                    await early.aclose()  # it failed: the link starts one the usual way
             built = build(early)
             opened.extend(built.stores)
             await _serving(built, listen, front)

@@ -3,7 +3,9 @@
 `Upstream` (`spec.py`) names one (a command, a URL, a desktop config entry); `identity.py` says
 who it is (rule 22: name and launch digest), what that scopes, and how a loop of proxies is
 found. No FastMCP here: the CLI reads and checks an upstream before it imports FastMCP, and
-`mcp-once wrap` and a many-upstream proxy can name upstreams the same way.
+`mcp-once wrap` and a many-upstream proxy can name upstreams the same way. For the same reason
+the stdio child's early start (`early.py`) and the replay of the proxy's previous first answers
+(`replay.py`) live here: both run before FastMCP is imported.
 """
 
 from .identity import LoopError, UpstreamIdentity, check_chain, loop_message

@@ -21,13 +21,16 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import anyio
 from anyio.abc import Process
 
 from .identity import CHAIN_VARIABLE, chain_marking
 from .spec import Upstream
+
+if TYPE_CHECKING:
+    from .replay import Start
 
 #: How long a child that was never adopted gets to exit once its stdin closes, before the kill.
 _GRACE = 2.0
@@ -82,6 +85,9 @@ class EarlyChild:
     def __init__(self, argv: Sequence[str], process: Process) -> None:
         self.argv = list(argv)
         self._process: Process | None = process
+        #: This start's replay (`replay.py`), when the child's first lines go through it: the
+        #: link then reads what it read past its answers first, and adopts its handshake.
+        self.replay: Start | None = None
 
     def take(self, argv: Sequence[str]) -> Process | None:
         """The running child, if it is the one `argv` would start and was not taken yet; the
@@ -94,6 +100,11 @@ class EarlyChild:
     @property
     def taken(self) -> bool:
         return self._process is None
+
+    @property
+    def waiting(self) -> Process | None:
+        """The child, while nothing has adopted it (the replay talks to it first)."""
+        return self._process
 
     async def aclose(self) -> None:
         """Stop the child if nothing adopted it (the proxy stopped before its first session: bad

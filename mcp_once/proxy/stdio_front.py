@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -66,12 +65,11 @@ from mcp.shared._context_streams import (
 )
 from mcp.shared.message import SessionMessage
 
+from mcp_once._upstream import replay
+from mcp_once._upstream.fdio import READ_SIZE, ready, write_all
+
 logger = logging.getLogger("mcp_once.proxy")
 
-#: The most one read takes (a message longer than this is joined across reads).
-_READ_SIZE = 1 << 16
-#: The most one write gives: what a writable pipe takes without blocking.
-_WRITE_SIZE: int = getattr(select, "PIPE_BUF", 512)  # POSIX's least; not on Windows
 #: What a stdout closed under a write raises (a pipe's reader gone; a socket's peer gone).
 _GONE = (BrokenPipeError, ConnectionResetError)
 
@@ -123,11 +121,12 @@ async def _served(in_fd: int, out_fd: int) -> AsyncIterator[Streams]:
     read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)
     write_stream, write_reader = create_context_streams[SessionMessage](0)
     reading = anyio.CancelScope()
+    start = replay.current  # this start's replay (`replay.py`): its queued lines, its answers
 
     async def read() -> None:
         with reading:
             async with read_writer:
-                await _read_lines(in_fd, read_writer)
+                await _read_lines(in_fd, read_writer, start)
 
     async def write() -> None:
         gone = False
@@ -135,9 +134,14 @@ async def _served(in_fd: int, out_fd: int) -> AsyncIterator[Streams]:
             async for message in write_reader:
                 if gone:
                     continue  # the client is gone: what is left to say is dropped
+                data: str | None
                 data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                if start is not None:
+                    data = start.to_caller(_answer_id(message.message), data)
+                    if data is None:
+                        continue  # answered from the replay file already (compared there)
                 try:
-                    await _write_all(out_fd, (data + "\n").encode())
+                    await write_all(out_fd, (data + "\n").encode())
                 except _GONE:
                     logger.debug("stdio front: stdout closed (the client is gone); ending")
                     gone = True
@@ -149,29 +153,51 @@ async def _served(in_fd: int, out_fd: int) -> AsyncIterator[Streams]:
         yield read_stream, write_stream
 
 
-async def _read_lines(fd: int, sink: ContextSendStream[SessionMessage | Exception]) -> None:
+def _answer_id(message: mcp_types.JSONRPCMessage) -> object:
+    """The id of `message` if it is an answer (a result or an error), else None."""
+    if isinstance(message, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError):
+        return message.id
+    return None
+
+
+async def _read_lines(
+    fd: int, sink: ContextSendStream[SessionMessage | Exception], start: replay.Start | None
+) -> None:
     """Deliver each line read from `fd` (a message, or the exception its parsing raised) until
-    EOF; a last line without its newline is delivered at EOF, as a text file's would be."""
+    EOF; a last line without its newline is delivered at EOF, as a text file's would be. With
+    `start`, the lines it read before FastMCP was imported come first, and each line is shown
+    to it (what it records for the next start)."""
     parts: list[bytes] = []
+    if start is not None:
+        lines, rest = start.handed_over()
+        for line in lines:
+            start.from_caller(line)
+            await _deliver(line, sink)
+        if rest:
+            parts.append(rest)
     while True:
-        await _ready(fd, readable=True)
+        await ready(fd, readable=True)
         try:
-            chunk = os.read(fd, _READ_SIZE)
+            chunk = os.read(fd, READ_SIZE)
         except ConnectionResetError:
             chunk = b""
         if not chunk:
             if parts:
                 await _deliver(b"".join(parts), sink)
+            if start is not None:
+                await start.compared()  # the replay's proof first, then the session's end
             return
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            parts.append(chunk[start:end])
+        begin = 0
+        while (end := chunk.find(b"\n", begin)) >= 0:
+            parts.append(chunk[begin:end])
             line = b"".join(parts)
             parts.clear()
-            start = end + 1
+            begin = end + 1
+            if start is not None:
+                start.from_caller(line)
             await _deliver(line, sink)
-        if start < len(chunk):
-            parts.append(chunk[start:])
+        if begin < len(chunk):
+            parts.append(chunk[begin:])
 
 
 async def _deliver(line: bytes, sink: ContextSendStream[SessionMessage | Exception]) -> None:
@@ -182,24 +208,3 @@ async def _deliver(line: bytes, sink: ContextSendStream[SessionMessage | Excepti
         await sink.send(exc)
         return
     await sink.send(SessionMessage(message))
-
-
-async def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        await _ready(fd, readable=False)
-        view = view[os.write(fd, view[:_WRITE_SIZE]) :]
-
-
-async def _ready(fd: int, *, readable: bool) -> None:
-    """Return once `fd` is readable (or writable): at once when it already is (one `select` with
-    no wait, cheaper than a turn of the event loop), else when the event loop says so."""
-    watched = [fd]
-    if readable:
-        if select.select(watched, [], [], 0)[0]:
-            return
-        await anyio.wait_readable(fd)
-    else:
-        if select.select([], watched, [], 0)[1]:
-            return
-        await anyio.wait_writable(fd)
