@@ -6,8 +6,11 @@ missing Redis is a failure: a green CI must mean the Redis half was tested.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +26,15 @@ from redis_server import RedisServer, redis_server_binary
 from redis_tls import TLSFiles, make_certificates, openssl_binary
 from tiers import DESELECTED, DESELECTED_KEY, FULL_FLAG, split
 from unavailable import unavailable
+
+# What a proxy or server started by a test keeps in the user's state folder (default stores,
+# manifests, the proxy's replay files) goes to a folder of this test process's own instead: a
+# run neither reads what an earlier run left there (a replay file recorded by another run's
+# proxy) nor leaves thousands of files behind. Started processes inherit it; a test that needs
+# another sets XDG_STATE_HOME (or HOME, deleting this) itself.
+_STATE_HOME = tempfile.mkdtemp(prefix="mcp-once-tests-state-")
+os.environ["XDG_STATE_HOME"] = _STATE_HOME
+atexit.register(shutil.rmtree, _STATE_HOME, True)
 
 # -- tiers (tests/tiers.py) --------------------------------------------------------------------
 
