@@ -84,8 +84,25 @@ def _message(line: bytes) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+#: W3C trace context a traced caller puts in every request's `_meta` (the SDK's client does,
+#: with a tracer provider set): new with each request, and nothing FastMCP's answers are made
+#: of, so not part of what a caller's message is compared by (else a traced caller would never
+#: be replayed). What was sent is still checked against FastMCP's answer on every replay.
+_TRACE_CONTEXT = ("traceparent", "tracestate", "baggage")
+
+
 def _without_id(message: dict[str, Any]) -> str:
-    return _canonical({k: v for k, v in message.items() if k != "id"})
+    """`message` as two starts' callers' messages are compared: without its id and the trace
+    context in its `_meta`."""
+    found = {k: v for k, v in message.items() if k != "id"}
+    params = found.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(params, dict) and isinstance(meta, dict):
+        meta = {k: v for k, v in meta.items() if k not in _TRACE_CONTEXT}
+        found["params"] = (
+            {**params, "_meta": meta} if meta else {k: v for k, v in params.items() if k != "_meta"}
+        )
+    return _canonical(found)
 
 
 def _plain(request_id: object) -> bool:

@@ -296,6 +296,26 @@ def test_a_changed_caller_initialize_misses(folder: Folder) -> None:
 
 
 @pytest.mark.slow
+def test_a_traced_caller_is_replayed_though_its_trace_context_is_new(folder: Folder) -> None:
+    """A caller with a tracer provider sends a new W3C trace context in every request's `_meta`
+    (the SDK's client does): the rest of its `initialize` the same, it is replayed (the context
+    is nothing FastMCP's answers are made of); anything else in `_meta` still misses. Found when
+    an earlier test in the process had set a tracer provider: every start missed."""
+
+    def traced(parent: str, **more: str) -> dict[str, Any]:
+        message = initialize()
+        message["params"]["_meta"] = {"traceparent": parent, **more}
+        return message
+
+    first = start(folder, traced(f"00-{'1' * 32}-{'a' * 16}-01"))
+    second = start(folder, traced(f"00-{'2' * 32}-{'b' * 16}-01", tracestate="k=v"), wait=3.0)
+    assert second.before_import
+    assert (second.init, second.listing) == (first.init, first.listing)
+    third = start(folder, traced(f"00-{'3' * 32}-{'c' * 16}-01", other="x"), wait=3.0)
+    assert not third.before_import
+
+
+@pytest.mark.slow
 def test_the_file_is_not_written_when_the_first_listing_failed(folder: Folder) -> None:
     """An upstream whose listing fails after the proxy's opening one: the caller's first
     `tools/list` gets FastMCP's error for that, and nothing is recorded (a later start would
