@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -136,3 +137,9 @@ if __name__ == "__main__":
     parser.add_argument("--store", default="sqlite:///.mcp-once/keys.sqlite3")
     args = parser.parse_args()
     asyncio.run(main(args.temporal, args.store))
+    # Temporal's client leaves Rust threads behind that can abort the interpreter's teardown
+    # (SIGABRT, 'PyGILState_Release', temporalio/sdk-python#300; Temporal has no call that
+    # stops them): with the output flushed there is nothing left to tear down.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
