@@ -3,13 +3,16 @@
 Shared by the proxy's stdio front (`mcp_once.proxy.stdio_front`, which says why the descriptors
 stay blocking and why a write gives at most `WRITE_SIZE` bytes) and the replay of its first
 answers (`replay.py`), which reads the caller's first lines before FastMCP is imported: both
-read and write fds 0 and 1 the same way, so they are one piece of code with anyio only.
+read and write fds 0 and 1 the same way, and ask the same of them first (`waitable`), so they
+are one piece of code with anyio and the standard library only.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import stat
+import sys
 
 import anyio
 
@@ -39,3 +42,18 @@ async def ready(fd: int, *, readable: bool) -> None:
         if select.select([], watched, [], 0)[1]:
             return
         await anyio.wait_writable(fd)
+
+
+def waitable(fd: int, *, terminal: bool) -> bool:
+    """Whether the event loop can wait on `fd` (what `ready` does): a pipe or a socket, or, with
+    `terminal`, a terminal. Never on Windows (no readiness for files there); never a regular file
+    or the null device, which the event loop's selector refuses to watch."""
+    if sys.platform == "win32":
+        return False
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return True
+    return terminal and stat.S_ISCHR(mode) and os.isatty(fd)

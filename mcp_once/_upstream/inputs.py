@@ -18,10 +18,11 @@ import contextlib
 import hashlib
 import json
 import os
-import stat
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+from .fdio import waitable
 
 #: Bumped if what is hashed ever changes.
 _VERSION = "mcp-once-replay-inputs/1"
@@ -43,15 +44,12 @@ def enabled() -> bool:
 def eligible() -> bool:
     """Whether the proxy's stdin and stdout are what the stdio front serves on the event loop (a
     pipe or a socket, as fds 0 and 1): only then are the caller's lines read here handed on."""
-    if sys.platform == "win32":
-        return False
     try:
         if sys.stdin.fileno() != 0 or sys.stdout.fileno() != 1:
             return False
-        modes = [os.fstat(fd).st_mode for fd in (0, 1)]
     except (OSError, ValueError, AttributeError):
         return False
-    return all(stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) for mode in modes)
+    return waitable(0, terminal=False) and waitable(1, terminal=False)
 
 
 def _distributions() -> list[str]:

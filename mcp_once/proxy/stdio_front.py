@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -66,7 +65,7 @@ from mcp.shared._context_streams import (
 from mcp.shared.message import SessionMessage
 
 from mcp_once._upstream import replay
-from mcp_once._upstream.fdio import READ_SIZE, ready, write_all
+from mcp_once._upstream.fdio import READ_SIZE, ready, waitable, write_all
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -77,13 +76,7 @@ _GONE = (BrokenPipeError, ConnectionResetError)
 def servable(fd: int, stream: TextIO) -> bool:
     """Whether this transport can serve `fd`: `stream` is backed by it, and it is a pipe, a socket
     or a terminal (what the event loop's selector can wait on)."""
-    if sys.platform == "win32" or not _is_backed_by_fd(stream, fd):
-        return False
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+    return _is_backed_by_fd(stream, fd) and waitable(fd, terminal=True)
 
 
 #: What the transport yields, as the SDK's `stdio_server` does: messages in (or what a line's
