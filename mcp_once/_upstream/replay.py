@@ -49,9 +49,19 @@ import anyio
 from anyio.abc import Process
 
 from .fdio import Lines, read_some, write_all
-from .inputs import SWITCH, eligible, enabled, static_digest
+from .inputs import SWITCH, Static, eligible, enabled, static_inputs
 
-__all__ = ["OURS", "SUFFIX", "SWITCH", "Start", "current", "eligible", "enabled", "static_digest"]
+__all__ = [
+    "OURS",
+    "SUFFIX",
+    "SWITCH",
+    "Start",
+    "Static",
+    "current",
+    "eligible",
+    "enabled",
+    "static_inputs",
+]
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -139,7 +149,7 @@ class Start:
     """This start's replay: the stored answers (if any), the caller's lines read early, and what
     is recorded for the next start."""
 
-    def __init__(self, path: Path, static: str) -> None:
+    def __init__(self, path: Path, static: Static) -> None:
         self.path = path
         self.static = static
         self.stored = self._load()
@@ -151,7 +161,9 @@ class Start:
         #: Answers sent early, by the id FastMCP answers under: (the caller's id, the line sent).
         self.answered: dict[str, tuple[object, str]] = {}
         #: What this start saw, for the next one's file (written once all of it is there).
-        self.parts: dict[str, str] = {"static": static}
+        self.parts: dict[str, str] = {}
+        #: Whether all of it was seen and the file is to be written (`record`, by the front).
+        self.due = False
         self._recording = True
         self._caller_ids: dict[str, object] = {}
         self._link_ids: dict[str, object] = {}
@@ -183,7 +195,7 @@ class Start:
         is provably the same as the one that wrote it (see the module doc). False when the
         child failed under it (the caller then stops it: the link starts one the usual way)."""
         stored = self.stored
-        if stored is None or stored["static"] != self.static:
+        if stored is None or stored["static"] != self.static.digest():
             return True
         line = await self._caller_line(_FIRST_LINE_WAIT)
         message = None if line is None else _message(line)
@@ -418,15 +430,22 @@ class Start:
             self.parts[f"{key}_answer"] = data
             self.parts[f"{key}_id"] = json.dumps(answer_id)
             if key == "list":
-                self._write()
+                self._recording = False
+                self.due = True
 
-    def _write(self) -> None:
-        """Write the file (atomically) once everything it needs was seen; else leave it."""
-        self._recording = False
-        if not all(k in self.parts for k in _STORED):
-            missing = sorted(set(_STORED) - set(self.parts))
+    def record(self) -> None:
+        """Write the file (atomically) if everything it needs was seen; else leave it. The
+        front calls this once `due`, after writing the first listing's answer: the static
+        digest is taken here when no file was there to check (`inputs.Static`), off the path
+        of the caller's first answers."""
+        self.due = False
+        if missing := sorted(set(_STORED) - set(self.parts) - {"static"}):
             logger.debug("replay: not recorded (missing %s)", missing)
             return
+        if (static := self.static.digest()) is None:
+            logger.debug("replay: not recorded (the installation changed during the start)")
+            return
+        self.parts["static"] = static
         stored = {"version": _VERSION, **{k: self.parts[k] for k in _STORED}}
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         try:

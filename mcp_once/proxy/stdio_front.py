@@ -139,6 +139,8 @@ async def _served(in_fd: int, out_fd: int) -> AsyncIterator[Streams]:
                     logger.debug("stdio front: stdout closed (the client is gone); ending")
                     gone = True
                     reading.cancel()
+                if start is not None and start.due:
+                    start.record()  # the replay file, once its answers are out (`replay.py`)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
