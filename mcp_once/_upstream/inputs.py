@@ -2,8 +2,8 @@
 `static` part of a replay's inputs (`replay.py`), and where a replay may serve at all.
 
 Why a module of its own: this is the list a reviewer checks against "what can change FastMCP's
-answers", kept apart from the mechanics of answering. Hashed, each cheaply (~2.5 ms of CPU in all,
-before FastMCP is imported): the Python build and `sys.path`; the distributions installed there
+answers", kept apart from the mechanics of answering. Hashed, each cheaply (~2.5 ms of CPU in
+all, nothing heavy imported): the Python build and `sys.path`; the distributions installed there
 (their `.dist-info` directory names: versions, without `importlib.metadata`'s ~40 ms); the stat of
 every source file of mcp-once's own packages (an editable checkout changes without a version);
 the proxy's whole command line and working directory; the contents of the files its options name
