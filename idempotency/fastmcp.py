@@ -90,18 +90,11 @@ from ._guard.task_body import body_result
 from ._guard.task_body import run_task_body as _run_task_body
 from ._integrations.fastmcp.body import install_body_watch, watching_body
 from ._integrations.fastmcp.docket import install as fence_docket_bodies
-from ._integrations.fastmcp.results import error_result, judged, to_fastmcp, to_guard
+from ._integrations.fastmcp.results import as_tool_result, error_result, judged, to_guard
 from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
 from ._stores.store import KeyStore
 
 __all__ = ["IdempotencyMiddleware", "as_tool_result", "run_task_body", "stored_task_result"]
-
-#: A `CallToolResult` (or an input-required round) already checked against the wire schema, as
-#: the `ToolResult` a FastMCP tool or middleware returns, its wire form kept exactly: what
-#: `ToolResult.from_mcp_result` makes, without its constructor's copy of the whole structured
-#: content. The guard answers FastMCP with it; a proxy tool can return an upstream's result with
-#: it (`mcp_once.proxy`).
-as_tool_result = to_fastmcp
 
 _AUTHORIZATION = "fastmcp.server.middleware.authorization"
 _CACHING = "fastmcp.server.middleware.caching"
@@ -190,7 +183,7 @@ def _rendered(classes: Mapping[str, type[BaseModel]], tool: str, answer: GuardRe
     if isinstance(task, tasks.TaskCreated):
         # FastMCP's chain carries any model onward (`ToolCallOutcome`).
         return tasks.typed(task, classes.get(tool))  # type: ignore[return-value]
-    return to_fastmcp(answer)
+    return as_tool_result(answer)
 
 
 def _label_request_span(ctx: Context, tool: Tool, name: str) -> None:
@@ -497,7 +490,7 @@ async def run_task_body(
         takeover=guard.policy.takeover_for(declares_idempotent(tool.annotations)),
         convert=lambda value: to_guard(tool.convert_result(value)),
     )
-    return to_fastmcp(answer)
+    return as_tool_result(answer)
 
 
 async def stored_task_result(server: FastMCP, tool: Tool, task_id: str) -> CallToolResult | None:

@@ -478,7 +478,7 @@ def _replay(
     if not replaying.eligible():
         return None
     files = [f for f in (args.policy, args.config, args.auth_tokens) if f is not None]
-    static = replaying.static_digest(files)
+    static = replaying.static_inputs(files)  # the costly part later, where it is needed
     if static is None:
         return None
     return replaying.Start(state_folder() / f"{upstream.identity.stem}{replaying.SUFFIX}", static)

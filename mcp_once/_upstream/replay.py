@@ -35,6 +35,7 @@ child that failed during the replay is stopped, and the link starts one the usua
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -47,10 +48,20 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from .fdio import READ_SIZE, ready, write_all
-from .inputs import SWITCH, eligible, enabled, static_digest
+from .fdio import Lines, read_some, write_all
+from .inputs import SWITCH, Static, eligible, enabled, static_inputs
 
-__all__ = ["OURS", "SUFFIX", "SWITCH", "Start", "current", "eligible", "enabled", "static_digest"]
+__all__ = [
+    "OURS",
+    "SUFFIX",
+    "SWITCH",
+    "Start",
+    "Static",
+    "current",
+    "eligible",
+    "enabled",
+    "static_inputs",
+]
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -134,44 +145,29 @@ def _where(sent: str, given: str) -> str:
     return "/".join(path) or "(formatting)"
 
 
-class _Lines:
-    """Lines read from a stream, one at a time, what is read past the last one kept."""
-
-    def __init__(self) -> None:
-        self.rest = b""
-        self.eof = False
-
-    def take(self) -> bytes | None:
-        end = self.rest.find(b"\n")
-        if end < 0:
-            return None
-        line, self.rest = self.rest[:end], self.rest[end + 1 :]
-        return line
-
-
 class Start:
     """This start's replay: the stored answers (if any), the caller's lines read early, and what
     is recorded for the next start."""
 
-    def __init__(self, path: Path, static: str) -> None:
+    def __init__(self, path: Path, static: Static) -> None:
         self.path = path
         self.static = static
         self.stored = self._load()
         #: The caller's lines read early, in order (the replayed requests under `OURS` ids).
         self.queued: list[bytes] = []
-        self._caller = _Lines()
+        self._caller = Lines(functools.partial(read_some, 0))
         #: The child's `initialize` result, when this start made its handshake (link adopts it).
         self.handshake: dict[str, Any] | None = None
-        #: What the child wrote past the answers read here (the link reads it first).
-        self.child_rest = b""
         #: Answers sent early, by the id FastMCP answers under: (the caller's id, the line sent).
         self.answered: dict[str, tuple[object, str]] = {}
         #: What this start saw, for the next one's file (written once all of it is there).
-        self.parts: dict[str, str] = {"static": static}
+        self.parts: dict[str, str] = {}
+        #: Whether all of it was seen and the file is to be written (`record`, by the front).
+        self.due = False
         self._recording = True
         self._caller_ids: dict[str, object] = {}
         self._link_ids: dict[str, object] = {}
-        self._child = b""
+        self._child: Lines | None = None  # the child's stdout, once asked
         self._tapped = b""
         self._compared: anyio.Event | None = None  # made in the event loop, at the first answer
 
@@ -190,17 +186,8 @@ class Start:
 
     async def _caller_line(self, wait: float | None) -> bytes | None:
         """The caller's next line (queued as read), None at EOF or after `wait` seconds."""
-        lines = self._caller
         with anyio.move_on_after(wait):
-            while (line := lines.take()) is None and not lines.eof:
-                await ready(0, readable=True)
-                try:
-                    chunk = os.read(0, READ_SIZE)
-                except ConnectionResetError:
-                    chunk = b""
-                lines.eof = not chunk
-                lines.rest += chunk
-            return line
+            return await self._caller.line(last=False)
         return None
 
     async def answer(self, process: Process) -> bool:
@@ -208,7 +195,7 @@ class Start:
         is provably the same as the one that wrote it (see the module doc). False when the
         child failed under it (the caller then stops it: the link starts one the usual way)."""
         stored = self.stored
-        if stored is None or stored["static"] != self.static:
+        if stored is None or stored["static"] != self.static.digest():
             return True
         line = await self._caller_line(_FIRST_LINE_WAIT)
         message = None if line is None else _message(line)
@@ -306,15 +293,14 @@ class Start:
         before (log notifications, which no caller would have got: none is in flight) is
         dropped; a request or an error is a failure (ValueError)."""
         assert process.stdout is not None
+        if self._child is None:
+            self._child = Lines(process.stdout.receive)  # EOF: EndOfStream, a failure
         await self._tell(process, line)
         wanted = json.loads(line)["id"]
         while True:
-            end = self._child.find(b"\n")
-            if end < 0:
-                self._child += await process.stdout.receive()
-                continue
-            raw, self._child = self._child[:end], self._child[end + 1 :]
-            self.child_rest = self._child
+            raw = await self._child.line(last=False)
+            if raw is None:  # not from anyio's streams (they raise at EOF), but said the same
+                raise anyio.EndOfStream
             found = _message(raw)
             if found is None or ("method" in found and "id" in found):
                 raise ValueError("the child sent a request or a line that is not JSON")
@@ -335,11 +321,14 @@ class Start:
                 await self._compared.wait()
 
     def handed_over(self) -> tuple[list[bytes], bytes]:
-        """What the front reads first: the caller's lines read here (queued, and any read past
-        them in the same chunk), in order, and the start of its next line."""
-        while (line := self._caller.take()) is not None:
-            self.queued.append(line)
+        """What the front reads first: the caller's lines read here (queued), in order, then
+        what was read past them (whole lines too, and the start of the next)."""
         return self.queued, self._caller.rest
+
+    @property
+    def child_rest(self) -> bytes:
+        """What the child wrote past the answers read here (the link reads it first)."""
+        return b"" if self._child is None else self._child.rest
 
     # -- the normal path: what the caller, the link and FastMCP said, recorded ---------------
 
@@ -441,15 +430,22 @@ class Start:
             self.parts[f"{key}_answer"] = data
             self.parts[f"{key}_id"] = json.dumps(answer_id)
             if key == "list":
-                self._write()
+                self._recording = False
+                self.due = True
 
-    def _write(self) -> None:
-        """Write the file (atomically) once everything it needs was seen; else leave it."""
-        self._recording = False
-        if not all(k in self.parts for k in _STORED):
-            missing = sorted(set(_STORED) - set(self.parts))
+    def record(self) -> None:
+        """Write the file (atomically) if everything it needs was seen; else leave it. The
+        front calls this once `due`, after writing the first listing's answer: the static
+        digest is taken here when no file was there to check (`inputs.Static`), off the path
+        of the caller's first answers."""
+        self.due = False
+        if missing := sorted(set(_STORED) - set(self.parts) - {"static"}):
             logger.debug("replay: not recorded (missing %s)", missing)
             return
+        if (static := self.static.digest()) is None:
+            logger.debug("replay: not recorded (the installation changed during the start)")
+            return
+        self.parts["static"] = static
         stored = {"version": _VERSION, **{k: self.parts[k] for k in _STORED}}
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         try:

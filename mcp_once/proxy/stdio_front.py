@@ -41,9 +41,8 @@ are not the process's fds 0 and 1 (replaced streams, served in place by the SDK)
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
-import stat
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -66,7 +65,7 @@ from mcp.shared._context_streams import (
 from mcp.shared.message import SessionMessage
 
 from mcp_once._upstream import replay
-from mcp_once._upstream.fdio import READ_SIZE, ready, write_all
+from mcp_once._upstream.fdio import Lines, read_some, waitable, write_all
 
 logger = logging.getLogger("mcp_once.proxy")
 
@@ -77,13 +76,7 @@ _GONE = (BrokenPipeError, ConnectionResetError)
 def servable(fd: int, stream: TextIO) -> bool:
     """Whether this transport can serve `fd`: `stream` is backed by it, and it is a pipe, a socket
     or a terminal (what the event loop's selector can wait on)."""
-    if sys.platform == "win32" or not _is_backed_by_fd(stream, fd):
-        return False
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+    return _is_backed_by_fd(stream, fd) and waitable(fd, terminal=True)
 
 
 #: What the transport yields, as the SDK's `stdio_server` does: messages in (or what a line's
@@ -146,6 +139,8 @@ async def _served(in_fd: int, out_fd: int) -> AsyncIterator[Streams]:
                     logger.debug("stdio front: stdout closed (the client is gone); ending")
                     gone = True
                     reading.cancel()
+                if start is not None and start.due:
+                    start.record()  # the replay file, once its answers are out (`replay.py`)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(read)
@@ -165,39 +160,21 @@ async def _read_lines(
 ) -> None:
     """Deliver each line read from `fd` (a message, or the exception its parsing raised) until
     EOF; a last line without its newline is delivered at EOF, as a text file's would be. With
-    `start`, the lines it read before FastMCP was imported come first, and each line is shown
-    to it (what it records for the next start)."""
-    parts: list[bytes] = []
+    `start`, the lines it read before FastMCP was imported come first, then what it read past
+    them, and each line is shown to it (what it records for the next start)."""
+    rest = b""
     if start is not None:
-        lines, rest = start.handed_over()
-        for line in lines:
+        queued, rest = start.handed_over()
+        for early in queued:
+            start.from_caller(early)
+            await _deliver(early, sink)
+    lines = Lines(functools.partial(read_some, fd), rest)
+    while (line := await lines.line()) is not None:
+        if start is not None:
             start.from_caller(line)
-            await _deliver(line, sink)
-        if rest:
-            parts.append(rest)
-    while True:
-        await ready(fd, readable=True)
-        try:
-            chunk = os.read(fd, READ_SIZE)
-        except ConnectionResetError:
-            chunk = b""
-        if not chunk:
-            if parts:
-                await _deliver(b"".join(parts), sink)
-            if start is not None:
-                await start.compared()  # the replay's proof first, then the session's end
-            return
-        begin = 0
-        while (end := chunk.find(b"\n", begin)) >= 0:
-            parts.append(chunk[begin:end])
-            line = b"".join(parts)
-            parts.clear()
-            begin = end + 1
-            if start is not None:
-                start.from_caller(line)
-            await _deliver(line, sink)
-        if begin < len(chunk):
-            parts.append(chunk[begin:])
+        await _deliver(line, sink)
+    if start is not None:
+        await start.compared()  # the replay's proof first, then the session's end
 
 
 async def _deliver(line: bytes, sink: ContextSendStream[SessionMessage | Exception]) -> None:

@@ -392,6 +392,12 @@ def test_replay_off_writes_and_replays_nothing(
     assert folder.replay_file() is None
 
 
+def digest(files: list[str]) -> str | None:
+    static = replay.static_inputs(files)
+    assert static is not None
+    return static.digest()
+
+
 def test_the_static_digest_follows_the_environment_and_the_option_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -399,17 +405,17 @@ def test_the_static_digest_follows_the_environment_and_the_option_files(
     contents of a file an option names, a file too large to hash (never replayed)."""
     policy = tmp_path / "policy.toml"
     policy.write_text("# one\n")
-    before = replay.static_digest([str(policy)])
-    assert before is not None and replay.static_digest([str(policy)]) == before
+    before = digest([str(policy)])
+    assert before is not None and digest([str(policy)]) == before
     monkeypatch.setenv("UNRELATED_VARIABLE", "x")
-    assert replay.static_digest([str(policy)]) == before
+    assert digest([str(policy)]) == before
     monkeypatch.setenv("FASTMCP_SOMETHING", "x")
-    changed_env = replay.static_digest([str(policy)])
+    changed_env = digest([str(policy)])
     assert changed_env != before
     policy.write_text("# two\n")
-    assert replay.static_digest([str(policy)]) not in (before, changed_env)
+    assert digest([str(policy)]) not in (before, changed_env)
     monkeypatch.setattr(inputs, "_FILE_MAX", 3)
-    assert replay.static_digest([str(policy)]) is None
+    assert replay.static_inputs([str(policy)]) is None
 
 
 def test_fastmcps_dotenv_file_is_part_of_the_static_digest(
@@ -418,9 +424,84 @@ def test_fastmcps_dotenv_file_is_part_of_the_static_digest(
     """FastMCP's settings read `.env` in the working directory (or `FASTMCP_ENV_FILE`): a
     changed one is a changed start, though no option names it."""
     monkeypatch.chdir(tmp_path)
-    before = replay.static_digest([])
+    before = digest([])
     (tmp_path / ".env").write_text("FASTMCP_LOG_LEVEL=DEBUG\n")
-    assert replay.static_digest([]) != before
+    assert digest([]) != before
+
+
+def test_the_costly_inputs_are_taken_when_asked_and_then_as_at_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The distributions and mcp-once's sources (most of the digest's cost) are read when the
+    digest is first asked for, not at the start; a distributions folder or a source changed
+    since the start gives no digest (answers made from the old state are not recorded under the
+    new one's); the same state, the same digest as taken at once."""
+    past = time.time_ns() - 60 * 10**9
+    site = tmp_path / "site"
+    (site / "thing-1.0.dist-info").mkdir(parents=True)
+    source = tmp_path / "root" / "mcp_once" / "module.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("x = 1\n")
+    for path in (site, source):
+        os.utime(path, ns=(past, past))
+    monkeypatch.setattr(sys, "path", [str(site)])
+    monkeypatch.setattr(inputs, "_ROOT", tmp_path / "root")
+    monkeypatch.chdir(tmp_path)
+
+    taken = replay.static_inputs([])
+    assert taken is not None
+    at_once = taken.digest()
+    assert at_once is not None and taken.digest() == at_once
+
+    upgraded = replay.static_inputs([])
+    assert upgraded is not None
+    (site / "thing-1.0.dist-info").rename(site / "thing-1.1.dist-info")
+    assert upgraded.digest() is None
+    (site / "thing-1.1.dist-info").rename(site / "thing-1.0.dist-info")
+    os.utime(site, ns=(past, past))
+
+    edited = replay.static_inputs([])
+    assert edited is not None
+    source.write_text("x = 2\n")  # an editor's save: its mtime now
+    assert edited.digest() is None
+    source.write_text("x = 1\n")
+    os.utime(source, ns=(past, past))
+    again = replay.static_inputs([])
+    assert again is not None and again.digest() == at_once  # not vacuous: the state restored
+
+
+def test_a_first_start_takes_the_static_digest_after_its_first_listing(tmp_path: Path) -> None:
+    """No replay file: the start's costly inputs are read only when the file is written, once
+    the first listing's answer is out (the front calls `record` after writing it); the file
+    then holds them."""
+
+    class Counted(replay.Static):
+        asked = 0
+
+        def digest(self) -> str | None:
+            Counted.asked += 1
+            return "static-digest"
+
+    path = tmp_path / f"upstream{replay.SUFFIX}"
+    start = replay.Start(path, Counted({}))
+    link = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+    ]
+    start.from_caller(json.dumps(initialize()).encode())
+    start.to_child("".join(json.dumps(m) + "\n" for m in link).encode())
+    results = [{"protocolVersion": "2025-11-25"}, {"tools": TOOLS}]
+    for n, result in enumerate(results):
+        start.from_child(json.dumps({"jsonrpc": "2.0", "id": n, "result": result}).encode() + b"\n")
+    start.to_caller(0, '{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25"}}')
+    start.from_caller(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}')
+    assert not start.due
+    start.to_caller(1, '{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}')
+    assert start.due and Counted.asked == 0 and not path.exists()  # the answer is not held
+    start.record()
+    assert Counted.asked == 1 and not start.due
+    assert json.loads(path.read_text())["static"] == "static-digest"
 
 
 @pytest.mark.slow

@@ -60,9 +60,11 @@ def to_guard(result: object) -> GuardResult:
     return CallToolResult(content=wire)
 
 
-def to_fastmcp(answer: GuardResult) -> ToolResult:
-    """The guard's answer (or any validated `CallToolResult`, an input round) as a `ToolResult`
-    that reaches the wire exactly as given; public as `idempotency.fastmcp.as_tool_result`.
+def as_tool_result(answer: GuardResult) -> ToolResult:
+    """A `CallToolResult` (or an input-required round) already checked against the wire schema,
+    as the `ToolResult` a FastMCP tool or middleware returns, its wire form kept exactly. The
+    guard answers FastMCP with it; a proxy tool can return an upstream's result with it
+    (`mcp_once.proxy`). Public as `idempotency.fastmcp.as_tool_result`.
 
     What `ToolResult.from_mcp_result` makes, without its constructor's conversions (a tool's
     return values into content blocks, the structured content through pydantic's JSON dump): a
