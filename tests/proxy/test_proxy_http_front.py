@@ -57,15 +57,17 @@ async def front(upstream: str) -> AsyncIterator[str]:
 class Wire:
     """A handshake-era session spoken as raw HTTP."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str) -> None:
-        self.http, self.url = http, url
+    def __init__(self, http: httpx.AsyncClient, url: str, era: str = ERA) -> None:
+        self.http, self.url, self.era = http, url, era
         self.headers: dict[str, str] = {"Content-Type": "application/json", "Accept": BOTH}
         self.ids = iter(range(2, 1000))
 
     async def open(self) -> httpx.Response:
-        opened = await self.http.post(self.url, json=initialize_request(), headers=self.headers)
+        opening = initialize_request()
+        opening["params"]["protocolVersion"] = self.era
+        opened = await self.http.post(self.url, json=opening, headers=self.headers)
         self.headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
-        self.headers["MCP-Protocol-Version"] = ERA
+        self.headers["MCP-Protocol-Version"] = self.era
         note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         assert (await self.post(note)).status_code == 202
         return opened
@@ -195,6 +197,25 @@ async def test_a_call_quiet_past_the_hold_gets_the_stream(
         await wire.open()
         answer = await wire.call("test_simple_text", {})
     assert (answer.status_code, content_type(answer)) == (200, "text/event-stream")
+    assert [("result" in m) for m in events(answer)] == [True]
+
+
+async def test_a_resumable_stream_starts_with_its_priming_event_as_the_sdk_s(
+    upstream: str,
+) -> None:
+    """With an event store, a 2025-11-25 caller's request stream starts with the priming event
+    (its cursor to resume from), so it is the SDK's SSE answer at once, the result after it."""
+    from fastmcp.server.event_store import EventStore
+
+    proxy = build_proxy(Upstream.http(upstream), MemoryKeyStore())
+    app = proxy.http_app(event_store=EventStore(), host_origin_protection="auto")
+    async with proxy.opened(), serve_http(app) as base, httpx.AsyncClient(timeout=30) as http:
+        wire = Wire(http, f"{base}/mcp", era="2025-11-25")
+        await wire.open()
+        answer = await wire.call("test_simple_text", {})
+    assert content_type(answer) == "text/event-stream"
+    priming, *_ = answer.text.split("\r\n\r\n")
+    assert priming.startswith("id:") and "data: \r\n" in priming + "\r\n"
     assert [("result" in m) for m in events(answer)] == [True]
 
 
