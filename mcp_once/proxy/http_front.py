@@ -182,12 +182,17 @@ class HeldFrontTransport(StreamableHTTPServerTransport):
             )
             return
         assert self._read_stream_writer is not None  # checked by the caller
-        await self._read_stream_writer.send(dispatched)
         first: EventMessage | None = None
-        with anyio.move_on_after(HOLD):
-            # Closed before anything came (the session ended): the SDK's stream ends empty.
-            with suppress(anyio.EndOfStream, anyio.ClosedResourceError):
-                first = await streams[1].receive()
+        try:
+            await self._read_stream_writer.send(dispatched)
+            with anyio.move_on_after(HOLD):
+                # Closed before anything came (the session ended): the SDK's stream ends empty.
+                with suppress(anyio.EndOfStream, anyio.ClosedResourceError):
+                    first = await streams[1].receive()
+        except BaseException:  # the session's end, or this request cancelled: nothing to answer
+            with anyio.CancelScope(shield=True):
+                await self._clean_up_memory_streams(request_id)
+            raise
         if first is not None and isinstance(first.message, JSONRPCResponse | JSONRPCError):
             await self._clean_up_memory_streams(request_id)
             await self._create_json_response(first.message)(scope, receive, send)
