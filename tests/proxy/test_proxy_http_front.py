@@ -281,6 +281,7 @@ async def test_fastmcp_client_gets_its_answers_logs_and_sampling(front: str) -> 
     assert sampled.content[0].text == "LLM response: sampled"  # type: ignore[union-attr]
 
 
+@pytest.mark.slow  # two processes started for this one test
 async def test_the_listen_command_answers_a_plain_call_json() -> None:
     """`mcp-once proxy --listen` itself (the CLI builds its app the same way)."""
     with proxied_fixture("memory://") as url:
