@@ -126,6 +126,24 @@ async def test_an_answer_that_comes_first_is_json_and_anything_else_opens_the_st
         assert "result" in sent[-1]
 
 
+async def test_an_authenticated_front_answers_json_too(upstream: str) -> None:
+    """Behind FastMCP's auth (the endpoint wrapped in its RequireAuthMiddleware) the front is
+    found and held all the same; a caller without a token is refused as before."""
+    from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+
+    auth = StaticTokenVerifier({"t-1": {"client_id": "ann", "sub": "ann", "scopes": []}})
+    proxy = build_proxy(Upstream.http(upstream), MemoryKeyStore(), auth=auth)
+    app = proxy.http_app(host_origin_protection="auto")
+    async with proxy.opened(), serve_http(app) as base, httpx.AsyncClient(timeout=30) as http:
+        wire = Wire(http, f"{base}/mcp")
+        refused = await http.post(wire.url, json=initialize_request(), headers=wire.headers)
+        wire.headers["Authorization"] = "Bearer t-1"
+        opened = await wire.open()
+        answer = await wire.call("test_simple_text", {})
+    assert refused.status_code == 401
+    assert [content_type(a) for a in (opened, answer)] == ["application/json"] * 2
+
+
 async def test_a_guarded_call_and_its_replay_answer_json(front: str) -> None:
     """A keyed call goes through the guard and answers JSON; its replay too."""
     async with httpx.AsyncClient(timeout=30) as http:
