@@ -24,9 +24,11 @@ each session's transport by name; neither takes a factory. `held_front` wraps th
 and turns the manager FastMCP built into `HeldFrontManager`, whose sessions get
 `HeldFrontTransport`: both subclasses override methods only (no state of their own), so only this
 app's sessions change, and nothing in the SDK's or FastMCP's modules is replaced.
-`_handle_post_request` is the SDK's (mcp 2.3.0, mcp/server/streamable_http.py, lines 558-718)
-with its SSE branch replaced by `_answer`; tests/proxy/test_proxy_http_front.py pins the copied
-method's source, so an SDK upgrade that changes it fails loudly.
+`_handle_post_request` is the SDK's (mcp 2.3.0, mcp/server/streamable_http.py, lines 558-726)
+without its JSON-mode branch (644-673: with `json_response` set the SDK's whole method runs) and
+with its SSE branch (674-714) replaced by `_answer` and `_stream`; tests/proxy/
+test_proxy_http_front.py pins that method's source (and `_run_sse_writer`'s, `_admit_session`'s)
+by hash, so an SDK upgrade that changes them fails loudly.
 """
 
 from __future__ import annotations
