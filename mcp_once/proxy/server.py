@@ -32,6 +32,7 @@ from orchestrator import RetryPolicy
 from . import fast_path
 from .completions import forward_completions
 from .failures import UpstreamUnreachable
+from .http_front import held_front
 from .limits import BodyLimit, InFlightLimit
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
@@ -71,9 +72,10 @@ class LinkedServer(FastMCP[Any]):
         self, path: str | None = None, middleware: list[Middleware] | None = None, **kwargs: Any
     ) -> StarletteWithLifespan:
         """FastMCP's HTTP app, its request bodies bounded by `max_body`: after the Host/Origin
-        check, before anything reads the body (the transport, OAuth routes)."""
+        check, before anything reads the body (the transport, OAuth routes); a request's answer
+        sent as JSON when it comes first (`http_front`)."""
         bounded = [] if self.max_body is None else [Middleware(BodyLimit, max_bytes=self.max_body)]
-        return super().http_app(path, [*bounded, *(middleware or [])], **kwargs)
+        return held_front(super().http_app(path, [*bounded, *(middleware or [])], **kwargs))
 
     async def run_async(self, *args: Any, **kwargs: Any) -> None:
         if self._open:

@@ -18,6 +18,7 @@ from typing import NoReturn
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))  # server_kit.serve_http
 
 from npm_install import npm_install
 from proxy_kit import NodeServers
