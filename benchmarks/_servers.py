@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, cast
 
@@ -41,6 +41,43 @@ SERVER_NAME = "bench"
 # would become the schema's description, which theirs do not have.)
 class FloorOutput(BaseModel):
     result: str
+
+
+async def guard_by_hand(
+    store: KeyStore,
+    scope: str,
+    tool: str,
+    key: str,
+    arguments: dict[str, Any],
+    run: Callable[[], Awaitable[CallToolResult]],
+    retention: float,
+) -> CallToolResult:
+    """The least a guard can do for a first execution with `store`: name the call's record,
+    fingerprint the call, claim the record, run the body, store the encoded result, answer with
+    the result marker. No policy, no lease renewal, no cancellation shield, no telemetry, no error
+    handling: any other answer than "claimed" fails the benchmark. The guard floor of `bench`
+    (`bench_server`'s `floor`) and of the proxy hop (`_hop_floor`, with a store)."""
+    record = store_key(scope, tool, key)
+    claimed = await store.claim(
+        record, fingerprint(tool, arguments), lease=DEFAULT_LEASE, takeover=False
+    )
+    if claimed.token is None:
+        raise RuntimeError(f"the floor guard expects first executions only: {claimed}")
+    result = await run()
+    executed_at = time.time()
+    stored = encode_result(result, executed_at)
+    if not await store.complete(record, claimed.token, stored, retention=retention):
+        raise RuntimeError("the floor guard lost its claim")
+    marker = {
+        "key": key,
+        "keySource": "client",
+        "status": "executed",
+        "executedAt": rfc3339(executed_at),
+        "attempts": 1,
+    }
+    return result.model_copy(
+        update={"meta": {**(result.meta or {}), wire.IDEMPOTENCY_META: marker}}
+    )
 
 
 def bench_server(store: KeyStore, **options: Any) -> MCPServer:
@@ -79,29 +116,15 @@ def bench_server(store: KeyStore, **options: Any) -> MCPServer:
         text: str, ctx: Context, size: int = 0
     ) -> Annotated[CallToolResult, FloorOutput]:
         key = ctx.request_context.meta[wire.KEY_META]  # type: ignore[index,literal-required]
-        record = store_key(scope, "floor", key)
-        claimed = await store.claim(
-            record, fingerprint("floor", {"text": text, "size": size}), lease=DEFAULT_LEASE,
-            takeover=False,
-        )  # fmt: skip
-        if claimed.token is None:
-            raise RuntimeError(f"the floor guard expects first executions only: {claimed}")
-        out = text + "x" * size  # as `keyed` answers: text content and structured content
-        result = CallToolResult(
-            content=[TextContent(type="text", text=out)], structured_content={"result": out}
-        )
-        executed_at = time.time()
-        stored = encode_result(result, executed_at)
-        if not await store.complete(record, claimed.token, stored, retention=retention):
-            raise RuntimeError("the floor guard lost its claim")
-        marker = {
-            "key": key,
-            "keySource": "client",
-            "status": "executed",
-            "executedAt": rfc3339(executed_at),
-            "attempts": 1,
-        }
-        return result.model_copy(update={"meta": {wire.IDEMPOTENCY_META: marker}})
+
+        async def run() -> CallToolResult:  # as `keyed` answers: text and structured content
+            out = text + "x" * size
+            return CallToolResult(
+                content=[TextContent(type="text", text=out)], structured_content={"result": out}
+            )
+
+        arguments = {"text": text, "size": size}
+        return await guard_by_hand(store, scope, "floor", key, arguments, run, retention)
 
     @server.tool(annotations=hint)
     @idempotent(store, **options)

@@ -12,14 +12,16 @@ client (the SDK's `mcp.client.Client`), every target a process of its own on 127
 
 - stdio front: the upstream directly; the SDK floor (`--serve floor`: an SDK low-level server
   whose handlers forward the raw request to an SDK session on the upstream and do nothing else,
-  the least any Python MCP hop can cost); FastMCP's bare `create_proxy` over one connected client;
+  the least any Python MCP hop can cost), and the same with a hand-minimal guard on each store
+  (`--serve floor --store URL`: the least any hop that keeps a record of a call can cost, what the
+  guarded targets are read against); FastMCP's bare `create_proxy` over one connected client;
   `mcp-once proxy` on the memory, SQLite and Redis stores.
 - streamable HTTP front, the same stdio upstream behind it: `supergateway` (npm, `--stateful`),
   `mcp-proxy` (the package index's), FastMCP's bare `create_proxy`, `mcp-once proxy --listen` on
   memory and Redis. Peers are pinned (`PEERS`) and installed by `_peers.py` into a cache folder.
 - an HTTP upstream (the same upstream served over streamable HTTP by a process of its own): the
-  upstream directly, FastMCP's bare `create_proxy` and `mcp-once proxy --listen` (memory, Redis)
-  in front of it, both with an HTTP front.
+  upstream directly, the SDK floor (bare and guarded on Redis), FastMCP's bare `create_proxy` and
+  `mcp-once proxy --listen` (memory, Redis) in front of it, all with an HTTP front.
 
 Latency: p50/p99 of `read` and of a keyed `write` (a fresh key each call: every guarded call a
 first execution), the targets interleaved call by call in each round so load on this shared
@@ -70,25 +72,33 @@ PYTHON_UPSTREAM = {
 }
 DIRECT = "direct (stdio)"
 CALLERS = (1, 16, 64)
-#: Targets (p50, ratio to direct over stdio) and what each is read from.
+#: The SDK floor over stdio; `GUARD_FLOOR` the same with a hand-minimal guard on a store.
+FLOOR = "SDK floor (raw forward)"
+GUARD_FLOOR = "SDK floor + guard, {store}"
+#: Targets (p50, ratio to direct over stdio), what each is read from, and its floor: the SDK's
+#: raw forward for a pass-through; for a guarded call the same forward with the least guard on
+#: the same store (a do-nothing handler keeps no record, so it is no floor for a guarded call).
 TARGETS = {
-    "stdio pass-through read, memory": ("mcp-once proxy, memory", "read", 1.3),
-    "stdio guarded write, memory": ("mcp-once proxy, memory", "write", 1.6),
-    "stdio guarded write, SQLite": ("mcp-once proxy, SQLite", "write", 2.0),
-}
-#: Targets in front of an HTTP upstream (p50, added ms over that upstream directly).
+    "stdio pass-through read, memory": ("mcp-once proxy, memory", "read", 1.3, FLOOR),
+    "stdio guarded write, memory": (
+        "mcp-once proxy, memory", "write", 1.6, GUARD_FLOOR.format(store="memory")),
+    "stdio guarded write, SQLite": (
+        "mcp-once proxy, SQLite", "write", 2.0, GUARD_FLOOR.format(store="SQLite")),
+}  # fmt: skip
+#: Targets in front of an HTTP upstream (p50, added ms over that upstream directly), and floors.
 HTTP_DIRECT = "direct (HTTP upstream)"
+#: The SDK floor in front of the HTTP upstream (`_hop_floor.serve_http_floor`), and guarded.
+HTTP_FLOOR = "SDK floor (HTTP, raw forward) -> HTTP upstream"
+HTTP_GUARD_FLOOR = "SDK floor (HTTP) + guard, Redis -> HTTP upstream"
 HTTP_TARGETS = {
     "--listen on an HTTP upstream, pass-through read, memory": (
-        "mcp-once proxy --listen, memory -> HTTP upstream", "read", 1.5),
+        "mcp-once proxy --listen, memory -> HTTP upstream", "read", 1.5, HTTP_FLOOR),
     "--listen on an HTTP upstream, guarded write, Redis": (
-        "mcp-once proxy --listen, Redis -> HTTP upstream", "write", 2.5),
+        "mcp-once proxy --listen, Redis -> HTTP upstream", "write", 2.5, HTTP_GUARD_FLOOR),
 }  # fmt: skip
 #: The throughput target: this, at 16 callers, at least every HTTP-upstream peer's.
 HTTP_GUARDED = "mcp-once proxy --listen, Redis -> HTTP upstream"
 HTTP_PEERS = ("FastMCP create_proxy (HTTP) -> HTTP upstream",)
-#: The SDK floor in front of the HTTP upstream (`_hop_floor.serve_http_floor`).
-HTTP_FLOOR = "SDK floor (HTTP, raw forward) -> HTTP upstream"
 #: The same throughput target with an HTTP front on the stdio upstream, where the peers are the
 #: stdio-to-HTTP bridges (each present only when the peers were installed), and the SDK's own
 #: HTTP front on that upstream.
@@ -178,13 +188,20 @@ def _listening(command: list[str], port: int) -> Iterator[str]:
 
 def stdio_targets(folder: str, redis_url: str, every: bool) -> dict[str, Target]:
     """The stdio children by target name (each client starts its own); without `every`, only
-    direct, the SDK floor and mcp-once proxy on memory and SQLite."""
+    direct, the SDK floor (bare, and guarded on memory and SQLite) and mcp-once proxy on memory
+    and SQLite."""
     targets: dict[str, Target] = {
         DIRECT: _child_of(_upstream()),
-        "SDK floor (raw forward)": _child("-m", "benchmarks.proxy_hop", "--serve", "floor"),
+        FLOOR: _child("-m", "benchmarks.proxy_hop", "--serve", "floor"),
     }
     if every:
         targets["FastMCP create_proxy"] = _child("-m", "benchmarks.proxy_hop", "--serve", "bare")
+    for store, url in store_urls(folder, redis_url, "floor-stdio").items():
+        if store == "Redis" and not every:
+            continue
+        targets[GUARD_FLOOR.format(store=store)] = _child(
+            "-m", "benchmarks.proxy_hop", "--serve", "floor", "--store", url
+        )
     for store, url in store_urls(folder, redis_url, "stdio").items():
         if store == "Redis" and not every:
             continue
@@ -260,8 +277,8 @@ def _http_proxies(
 
 def http_upstream_targets(stack: ExitStack, folder: str, redis_url: str) -> dict[str, Target]:
     """The upstream served over streamable HTTP, directly and behind the HTTP-fronted hops (the
-    SDK floor, FastMCP's bare proxy, `mcp-once proxy --listen` on memory and Redis), by target
-    name."""
+    SDK floor, bare and guarded on Redis, FastMCP's bare proxy, `mcp-once proxy --listen` on
+    memory and Redis), by target name."""
     port = free_port()
     upstream = stack.enter_context(_listening(_upstream_on(port), port))
     targets: dict[str, Target] = {HTTP_DIRECT: upstream}
@@ -274,6 +291,14 @@ def http_upstream_targets(stack: ExitStack, folder: str, redis_url: str) -> dict
         HTTP_FLOOR,
         [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "floor", "--port", str(port),
          "--upstream-url", upstream],
+        port,
+    )  # fmt: skip
+    port = free_port()
+    start(
+        HTTP_GUARD_FLOOR,
+        [sys.executable, "-m", "benchmarks.proxy_hop", "--serve", "floor", "--port", str(port),
+         "--upstream-url", upstream, "--store",
+         store_urls(folder, redis_url, "floor-http-upstream")["Redis"]],
         port,
     )  # fmt: skip
     _http_proxies(
@@ -411,15 +436,16 @@ def verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
     """Each issue 46 target with its measured ratio; the SDK floor beside it."""
     rows = []
     latency = out["latency"]
-    for label, (name, tool, target) in TARGETS.items():
+    for label, (name, tool, target, floor_name) in TARGETS.items():
         value = latency[f"{name} | {tool}"]["ratio_p50"]
-        floor = latency[f"SDK floor (raw forward) | {tool}"]["ratio_p50"]
-        # As the HTTP rows: a target beyond the SDK's own transport takes the floor instead.
-        bound, which = (floor, "SDK floor") if floor > target else (target, "target")
+        floor = latency[f"{floor_name} | {tool}"]["ratio_p50"]
+        # As the HTTP rows: a target beyond the floor (the SDK's own transport, and for a guarded
+        # call the least guard on the same store) takes the floor instead.
+        bound, which = (floor, floor_name) if floor > target else (target, "target")
         rows.append({
             "metric": f"{label} / direct, p50", "measured": value, "ceiling": floor,
-            "target": f"<= {bound}x ({which}; target {target}x)", "met": value <= bound,
-            "reachable": floor <= target,
+            "floor": floor_name, "target": f"<= {bound}x ({which}; target {target}x)",
+            "met": value <= bound, "reachable": floor <= target,
         })  # fmt: skip
     if f"{HTTP_DIRECT} | read" in latency:
         rows.extend(http_verdicts(out))
@@ -445,16 +471,16 @@ def http_verdicts(out: dict[str, Any]) -> list[dict[str, Any]]:
             latency[f"{name} | {tool}"]["p50_ms"] - latency[f"{HTTP_DIRECT} | {tool}"]["p50_ms"], 3
         )
 
-    for label, (name, tool, target) in HTTP_TARGETS.items():
+    for label, (name, tool, target, floor_name) in HTTP_TARGETS.items():
         value = added(name, tool)
-        floor = added(HTTP_FLOOR, tool) if f"{HTTP_FLOOR} | {tool}" in latency else None
+        floor = added(floor_name, tool) if f"{floor_name} | {tool}" in latency else None
         bound, which = (
-            (floor, "SDK floor") if floor is not None and floor > target else (target, "target")
+            (floor, floor_name) if floor is not None and floor > target else (target, "target")
         )
         rows.append({
             "metric": f"{label}, p50 ms over direct", "measured": value, "ceiling": floor,
-            "target": f"<= +{bound} ms ({which}; target +{target})", "met": value <= bound,
-            "reachable": None if floor is None else floor <= target,
+            "floor": floor_name, "target": f"<= +{bound} ms ({which}; target +{target})",
+            "met": value <= bound, "reachable": None if floor is None else floor <= target,
         })  # fmt: skip
     rates = out["calls_per_second"]
     for where, guarded, peers, floor in (
@@ -513,20 +539,26 @@ def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
           f" {startup.get(FIRST_START)} s (first start)")  # fmt: skip
     for row in out["targets"]:
         verdict = "met" if row["met"] else "NOT met"
-        floor = "" if row["ceiling"] is None else f" (SDK floor {row['ceiling']})"
+        floor = (
+            "" if row["ceiling"] is None else f" ({row.get('floor', 'SDK floor')} {row['ceiling']})"
+        )
         print(f"target {row['metric']}: {row['measured']} {row['target']}{floor}: {verdict}")
 
 
-async def _serve(mode: str, port: int | None, upstream_url: str | None = None) -> None:
+async def _serve(
+    mode: str, port: int | None, upstream_url: str | None = None, store_url: str | None = None
+) -> None:
     """This benchmark's own servers: FastMCP's bare proxy or the SDK floor (with an HTTP front on
-    `port`, else stdio; in front of `upstream_url`, else the stdio upstream)."""
+    `port`, else stdio; in front of `upstream_url`, else the stdio upstream; with `store_url`,
+    the upstream's effect tool guarded by hand on that store)."""
     if mode == "floor":
-        from ._hop_floor import serve_floor, serve_http_floor
+        from ._hop_floor import guarding, serve_floor, serve_http_floor
 
-        if port is None:
-            await serve_floor(_upstream())
-        else:  # an HTTP front, on the HTTP upstream or (no URL) the stdio one
-            await serve_http_floor(upstream_url or _upstream(), port)
+        async with guarding(_spec()["write"][0], store_url) as guarded:
+            if port is None:
+                await serve_floor(_upstream(), guarded)
+            else:  # an HTTP front, on the HTTP upstream or (no URL) the stdio one
+                await serve_http_floor(upstream_url or _upstream(), port, guarded)
         return
     from fastmcp import Client as FastMCPClient
     from fastmcp.client.transports import ClientTransport, StdioTransport, StreamableHttpTransport
@@ -561,9 +593,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--serve", choices=("floor", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        anyio.run(_serve, args.serve, args.port, args.upstream_url)
+        anyio.run(_serve, args.serve, args.port, args.upstream_url, args.store)
         return 0
     if args.upstream == "ledger":
         _use_ledger()
