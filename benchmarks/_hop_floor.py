@@ -38,11 +38,9 @@ from pydantic import TypeAdapter
 
 from idempotency import CallScope, KeyStore, default_scope, open_store, wire
 
-from ._servers import guard_by_hand
+from ._servers import RETENTION, guard_by_hand
 
 _RAW: Any = TypeAdapter(dict[str, Any])
-#: How long the guarded floor keeps a record: the guard's default.
-RETENTION = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +68,12 @@ def _forwarding(session: ClientSession, guarded: Guarded | None = None) -> Serve
     """The low-level server whose two handlers forward to `session`, raw; with `guarded`, calls
     of its tool carrying a key go through `guard_by_hand` around the forward."""
     server: Server[Any] = Server("sdk-floor")
+    # The record's partition, named once: the guarded tool is fixed when the server is built.
+    scope = (
+        ""
+        if guarded is None
+        else default_scope(CallScope("sdk-floor", guarded.tool, None, None, None))
+    )
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         return await session.send_request(ListToolsRequest(params=params), _RAW)
@@ -85,7 +89,6 @@ def _forwarding(session: ClientSession, guarded: Guarded | None = None) -> Serve
         key = (params.meta or {}).get(wire.KEY_META)
         if guarded is None or params.name != guarded.tool or not isinstance(key, str):
             return await forward(params)
-        scope = default_scope(CallScope("sdk-floor", params.name, None, None, None))
 
         async def run() -> CallToolResult:  # read once into the record's form, as the proxy does
             return CallToolResult.model_validate(await forward(params))

@@ -35,7 +35,7 @@ import anyio
 import redis
 from mcp_types import CallToolResult, TextContent
 
-from idempotency import KeyStore, Record, RecordState, RedisKeyStore, encode_result
+from idempotency import KeyStore, Policy, Record, RecordState, RedisKeyStore, encode_result
 from idempotency._stores import history as chain
 from idempotency._stores import sqlite as sqlite_store
 from idempotency._stores.redis.store import IN_DOUBT_INDEX
@@ -51,8 +51,8 @@ RESULT = encode_result(
     1_700_000_000.0,
 )
 TOOL = "charge"
-#: Seconds a completed record is kept (the default retention).
-RETENTION = 24 * 3600.0
+#: Seconds a completed record is kept (the guard's default retention).
+RETENTION = Policy().retention
 #: Seconds an IN_PROGRESS record's lease still runs.
 LEASE = 3600.0
 

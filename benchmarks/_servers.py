@@ -23,6 +23,7 @@ from idempotency import (
     DEFAULT_LEASE,
     CallScope,
     KeyStore,
+    Policy,
     default_scope,
     encode_result,
     fingerprint,
@@ -33,6 +34,8 @@ from idempotency import (
 )
 
 SERVER_NAME = "bench"
+#: How long a benchmark's hand-made guard keeps a record: the guard's own default.
+RETENTION: float = Policy().retention
 
 
 # The floor's output schema: the shape the SDK gives `plain` and `keyed` (a `str` result wrapped
@@ -87,15 +90,13 @@ def bench_server(store: KeyStore, **options: Any) -> MCPServer:
     `plain`, `keyed` and `floor` return `text` followed by `size` filler characters, so the
     result size is chosen by the caller without a large argument.
 
-    `floor` is the least a guard can do for a first execution with the same store: read the key,
-    fingerprint the call, name its record, claim it, run the body, store the encoded result,
-    answer with the result marker. It declares the output schema `plain` and `keyed` get and
-    builds the text content the SDK would, so its result is validated as theirs is (by the
-    server, and by the client against the advertised schema): until 2026-12-02 it declared none,
-    skipped both checks, and read ~34 µs of CPU cheaper than a fair floor. No policy, no lease
-    renewal, no cancellation shield, no telemetry, no error handling (any other answer than
-    "claimed" fails the benchmark): the gap between `floor` and `plain` is the store work and the
-    marker, the gap between `keyed` and `floor` is the guard's own machinery."""
+    `floor` is `guard_by_hand` around the body, with the same store: the least a guard can do for
+    a first execution. It declares the output schema `plain` and `keyed` get and builds the text
+    content the SDK would, so its result is validated as theirs is (by the server, and by the
+    client against the advertised schema): until 2026-12-02 it declared none, skipped both
+    checks, and read ~34 µs of CPU cheaper than a fair floor. The gap between `floor` and `plain`
+    is the store work and the marker, the gap between `keyed` and `floor` is the guard's own
+    machinery."""
     server = MCPServer(SERVER_NAME, log_level="WARNING")
     hint = ToolAnnotations(idempotent_hint=True)
 
@@ -109,7 +110,7 @@ def bench_server(store: KeyStore, **options: Any) -> MCPServer:
         return text + "x" * size
 
     scope = default_scope(CallScope(server.name, "floor", None, None, None))
-    retention = float(options.get("retention", 24 * 3600.0))
+    retention = float(options.get("retention", RETENTION))
 
     @server.tool(annotations=hint)
     async def floor(

@@ -51,7 +51,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -91,6 +90,7 @@ from orchestrator import (
 from .failures import UpstreamUnreachable
 from .forwarding import progress_relay
 from .limits import InFlightLimit
+from .lookup import PerCall
 from .tools import (
     OnceProxyTool,
     in_guard_terms,
@@ -127,25 +127,6 @@ _NOT_FORWARDED = frozenset(
 )
 
 
-#: The tools FastMCP found for the `tools/call` being served, by name: one call asks for its tool
-#: up to four times (here, the proxy's guard choice, the guard's own lookup, FastMCP's run), each
-#: a pass through every provider and visibility transform (~0.3 ms). Set only while the
-#: middleware is the proxy's own, which changes nothing a lookup depends on mid-call.
-_lookups: ContextVar[dict[str, Tool | None] | None] = ContextVar("mcp_once_lookups", default=None)
-
-
-async def looked_up(
-    name: str, version: Any, lookup: Callable[[str, Any], Awaitable[Tool | None]]
-) -> Tool | None:
-    """`lookup(name, version)`, asked once per `tools/call` being served (see `_lookups`)."""
-    memo = _lookups.get()
-    if memo is None or version is not None:
-        return await lookup(name, version)
-    if name not in memo:
-        memo[name] = await lookup(name, None)
-    return memo[name]
-
-
 def install(
     server: FastMCP[Any],
     link: UpstreamLink,
@@ -166,8 +147,7 @@ def install(
         served = server_ref()
         if served is None or not _own(served, own):
             return await slow(ctx, params)
-        token = _lookups.set({})
-        try:
+        with PerCall():
             served_as = await _served(served, link, ctx, params)
             if served_as is None:
                 return await slow(ctx, params)
@@ -176,8 +156,6 @@ def install(
                 return await _serve(served, link, guard, guarded, ctx, params, server_ref)
             async with limit.admitted():
                 return await _serve(served, link, guard, guarded, ctx, params, server_ref)
-        finally:
-            _lookups.reset(token)
 
     low.add_request_handler("tools/call", entry.params_type, handle)
 

@@ -34,6 +34,7 @@ from .completions import forward_completions
 from .failures import UpstreamUnreachable
 from .http_front import held_front
 from .limits import BodyLimit, InFlightLimit
+from .lookup import in_turn, looked_up, own_providers
 from .middleware import ProxyGuardMiddleware
 from .policy import ProxyPolicy
 from .stdio_front import stdio_front
@@ -151,8 +152,15 @@ class OnceProxy(LinkedServer):
         self.start_failed: UpstreamStartFailed | None = None
 
     async def get_tool(self, name: str, version: Any = None) -> Tool | None:
-        """FastMCP's lookup, asked once per `tools/call` (`fast_path.looked_up`)."""
-        return await fast_path.looked_up(name, version, super().get_tool)
+        """FastMCP's lookup, asked once per `tools/call` (`lookup.looked_up`)."""
+        return await looked_up(name, version, super().get_tool)
+
+    async def _get_tool(self, name: str, version: Any = None) -> Tool | None:
+        """FastMCP's, with the proxy's own two providers asked in turn instead of in a task group
+        per call (`lookup.in_turn`); FastMCP's own where a user added providers of theirs."""
+        if own_providers(self, self.provider):
+            return await in_turn(self, name, version)
+        return await super()._get_tool(name, version)
 
     @asynccontextmanager
     async def opened(self) -> AsyncIterator[OnceProxy]:
