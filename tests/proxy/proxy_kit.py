@@ -3,10 +3,12 @@ process, and the answers' markers."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +109,17 @@ def announced(command: list[str], prefix: str, *, stream: str = "stderr") -> Ite
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+def source_hashes(owners: dict[str, Any], names: Iterable[str]) -> dict[str, str]:
+    """sha256 of each `Owner.method`'s source (`owners` by name): what a pin of copied upstream
+    code compares, so an upgrade that changes the code fails the pin."""
+    found = {}
+    for name in names:
+        owner, method = name.split(".")
+        source = inspect.getsource(getattr(owners[owner], method))
+        found[name] = hashlib.sha256(source.encode()).hexdigest()
+    return found
 
 
 def http_url(announcement: str) -> str:

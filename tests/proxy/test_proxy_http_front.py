@@ -10,8 +10,6 @@ FastMCP's clients show that callers still get every message. The last test goes 
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -23,7 +21,14 @@ from fastmcp import Client as FastMCPClient
 from mcp.client import Client
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from proxy_kit import conformance_fixture, initialize_request, meta_key, proxied_fixture, status
+from proxy_kit import (
+    conformance_fixture,
+    initialize_request,
+    meta_key,
+    proxied_fixture,
+    source_hashes,
+    status,
+)
 from server_kit import serve_http
 
 from idempotency import MemoryKeyStore
@@ -334,12 +339,7 @@ def test_the_copied_sdk_code_is_the_pinned_sdk_s() -> None:
         "StreamableHTTPServerTransport": StreamableHTTPServerTransport,
         "StreamableHTTPSessionManager": StreamableHTTPSessionManager,
     }
-    found = {}
-    for name in PINNED:
-        owner, method = name.split(".")
-        source = inspect.getsource(getattr(owners[owner], method))
-        found[name] = hashlib.sha256(source.encode()).hexdigest()
-    assert found == PINNED, (
+    assert source_hashes(owners, PINNED) == PINNED, (
         "the SDK's code that mcp_once/proxy/http_front.py copies or relies on changed:"
         " re-check HeldFrontTransport/HeldFrontManager against it, then update PINNED"
     )

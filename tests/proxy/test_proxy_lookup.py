@@ -10,9 +10,9 @@ pinned, and a proxy's `tools/call` is shown to go through it.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,11 @@ from fastmcp.server.providers.aggregate import AggregateProvider
 from fastmcp.tools.base import Tool
 from fastmcp.utilities.authorization import require_scopes
 from fastmcp.utilities.versions import VersionSpec
-from proxy_kit import HERE, MARKER
+from proxy_kit import HERE, MARKER, source_hashes
 
 from idempotency import MemoryKeyStore
 from mcp_once._upstream import Upstream
-from mcp_once.proxy import build_proxy
+from mcp_once.proxy import OnceProxy, build_proxy
 from mcp_once.proxy.lookup import in_turn
 
 BACKENDS = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
@@ -118,30 +118,48 @@ async def test_in_turn_answers_as_fastmcp_s_own_lookup(anyio_backend: str, strat
     assert boom[0] == ("raised" if strategy == "raise" else "tool")
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_proxied_call_looks_its_tool_up_without_a_task_per_provider(
-    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A guarded call through the proxy finds its tool by `in_turn`: FastMCP's aggregate lookup
-    (its providers gathered in a task group) is not asked."""
+@asynccontextmanager
+async def _spied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: FastMCP[Any] | None = None
+) -> AsyncIterator[tuple[OnceProxy, Client[Any], list[str]]]:
+    """A proxy of a stdio upstream (with `extra` mounted on it), a client of it, and the names
+    the proxy's own aggregate lookup (FastMCP's, its providers gathered in a task group) is
+    asked from the first `tools/call` on."""
     gathered: list[str] = []
     original = AggregateProvider._get_tool
 
     async def counted(self: AggregateProvider, name: str, version: Any = None) -> Any:
-        gathered.append(name)
+        if self is proxy:
+            gathered.append(name)
         return await original(self, name, version)
 
     upstream = Upstream.stdio(
         sys.executable, str(HERE / "changing_server.py"), str(tmp_path / "effects")
     )
     proxy = build_proxy(upstream, MemoryKeyStore())
+    if extra is not None:
+        proxy.mount(extra)
     async with proxy.opened(), Client(proxy) as client:
         await client.list_tools()
         monkeypatch.setattr(AggregateProvider, "_get_tool", counted)
-        result = await client.call_tool(
-            "write", {"text": "guarded"}, meta={"io.github.mcp-once/idempotency-key": "k1"}
-        )
-        assert (result.meta or {})[MARKER]["status"] == "executed"
+        yield proxy, client, gathered
+
+
+async def _guarded_write(client: Client[Any]) -> None:
+    result = await client.call_tool(
+        "write", {"text": "guarded"}, meta={"io.github.mcp-once/idempotency-key": "k1"}
+    )
+    assert (result.meta or {})[MARKER]["status"] == "executed"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_proxied_call_looks_its_tool_up_without_a_task_per_provider(
+    anyio_backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guarded call through the proxy finds its tool by `in_turn`: FastMCP's aggregate lookup
+    (its providers gathered in a task group) is not asked."""
+    async with _spied(tmp_path, monkeypatch) as (proxy, client, gathered):
+        await _guarded_write(client)
         assert gathered == []
         assert (await FastMCP._get_tool(proxy, "write")) is not None  # the spy does see a lookup
         assert gathered == ["write"]
@@ -154,32 +172,14 @@ async def test_a_proxy_a_user_mounted_more_on_keeps_fastmcp_s_lookup(
     """Only the proxy's own two providers are asked in turn: with a server of the user's mounted
     on it, FastMCP's aggregate lookup finds the tools (both the upstream's and the mounted
     one's), as without mcp-once's."""
-    gathered: list[str] = []  # the names the proxy's own aggregate lookup was asked
-    original = AggregateProvider._get_tool
-
-    async def counted(self: AggregateProvider, name: str, version: Any = None) -> Any:
-        if self is proxy:
-            gathered.append(name)
-        return await original(self, name, version)
-
-    upstream = Upstream.stdio(
-        sys.executable, str(HERE / "changing_server.py"), str(tmp_path / "effects")
-    )
-    proxy = build_proxy(upstream, MemoryKeyStore())
     extra: FastMCP[Any] = FastMCP("extra")
 
     @extra.tool
     def hello() -> str:
         return "hello"
 
-    proxy.mount(extra)
-    async with proxy.opened(), Client(proxy) as client:
-        await client.list_tools()
-        monkeypatch.setattr(AggregateProvider, "_get_tool", counted)
-        result = await client.call_tool(
-            "write", {"text": "guarded"}, meta={"io.github.mcp-once/idempotency-key": "k1"}
-        )
-        assert (result.meta or {})[MARKER]["status"] == "executed"
+    async with _spied(tmp_path, monkeypatch, extra) as (_, client, gathered):
+        await _guarded_write(client)
         assert (await client.call_tool("hello", {})).data == "hello"
         assert gathered == ["write", "hello"]
 
@@ -198,12 +198,7 @@ def test_the_copied_fastmcp_code_is_the_pinned_fastmcp_s() -> None:
     written as a loop: a FastMCP that changes either fails here, to re-check
     `mcp_once/proxy/lookup.py` against it and then update the pin."""
     owners: dict[str, Any] = {"FastMCP": FastMCP, "AggregateProvider": AggregateProvider}
-    found = {}
-    for name in PINNED:
-        owner, method = name.split(".")
-        source = inspect.getsource(getattr(owners[owner], method))
-        found[name] = hashlib.sha256(source.encode()).hexdigest()
-    assert found == PINNED, (
+    assert source_hashes(owners, PINNED) == PINNED, (
         "the FastMCP code mcp_once/proxy/lookup.py copies changed: re-check in_turn against"
         " it, then update PINNED"
     )
