@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
 import httpx2 as httpx
 import mcp_types
 import pytest
@@ -33,6 +34,7 @@ from server_kit import serve_http
 
 from idempotency import MemoryKeyStore
 from mcp_once.proxy import Upstream, build_proxy, http_front
+from mcp_once.proxy.upstream import UpstreamLink
 
 pytestmark = pytest.mark.anyio
 
@@ -221,6 +223,46 @@ async def test_a_call_quiet_past_the_hold_gets_the_stream(
         answer = await wire.call("test_simple_text", {})
     assert (answer.status_code, content_type(answer)) == (200, "text/event-stream")
     assert [("result" in m) for m in events(answer)] == [True]
+
+
+@pytest.mark.parametrize("hold", [http_front.HOLD, 0.0])
+async def test_a_call_cancelled_during_the_hold_gets_its_error_as_the_sdk_s_stream_would(
+    front: str, hold: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller cancels a call while the front holds its headers: the call's one message, the
+    SDK's -32800 for its id, is its answer (JSON), as it is the one event of the SDK's stream
+    (the hold already over: SSE). The guard lets the upstream's run end first, in both."""
+    monkeypatch.setattr(http_front, "HOLD", hold)
+    upstream_sent = anyio.Event()  # the guarded call is sent upstream: it is running there
+    original = UpstreamLink.sent
+
+    async def sending(self: UpstreamLink, *args: Any, **kwargs: Any) -> Any:
+        upstream_sent.set()
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(UpstreamLink, "sent", sending)
+    answers: list[httpx.Response] = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        wire = Wire(http, front)
+        await wire.open()
+        slow = {"name": "slow_compute", "arguments": {"seconds": 1}}
+
+        async def call() -> None:
+            body = {"jsonrpc": "2.0", "id": 91, "method": "tools/call", "params": slow}
+            answers.append(await wire.post(body))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                await upstream_sent.wait()
+            cancel = {"requestId": 91, "reason": "the caller gave up"}
+            note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}
+            assert (await wire.post(note)).status_code == 202
+    (answer,) = answers
+    expected = "application/json" if hold else "text/event-stream"
+    assert (answer.status_code, content_type(answer)) == (200, expected)
+    (message,) = [answer.json()] if hold else events(answer)
+    assert (message["id"], message["error"]["code"]) == (91, -32800)
 
 
 async def test_a_resumable_stream_starts_with_its_priming_event_as_the_sdk_s(
