@@ -90,11 +90,23 @@ from ._guard.task_body import body_result
 from ._guard.task_body import run_task_body as _run_task_body
 from ._integrations.fastmcp.body import install_body_watch, watching_body
 from ._integrations.fastmcp.docket import install as fence_docket_bodies
-from ._integrations.fastmcp.results import as_tool_result, error_result, judged, to_guard
+from ._integrations.fastmcp.results import (
+    as_call_tool_result,
+    as_tool_result,
+    error_result,
+    judged,
+    to_guard,
+)
 from ._integrations.reconcile_records import GuardedServer, GuardedTool, add_finder
 from ._stores.store import KeyStore
 
-__all__ = ["IdempotencyMiddleware", "as_tool_result", "run_task_body", "stored_task_result"]
+__all__ = [
+    "IdempotencyMiddleware",
+    "as_call_tool_result",
+    "as_tool_result",
+    "run_task_body",
+    "stored_task_result",
+]
 
 _AUTHORIZATION = "fastmcp.server.middleware.authorization"
 _CACHING = "fastmcp.server.middleware.caching"
@@ -240,7 +252,9 @@ class IdempotencyMiddleware(Middleware):
         resources/prompts-as-tools transforms: functions of the `fastmcp` package), whose every
         call is meant to be new or is a read; and not when the policy turns derivation off.
         """
-        fn = getattr(tool, "fn", None)
+        # A function tool's `fn` is a field; read where pydantic keeps it, because a missing
+        # attribute of a model (every other tool) costs a raised `AttributeError` (~3 µs).
+        fn = vars(tool).get("fn")
         builtin = str(getattr(fn, "__module__", "")).startswith("fastmcp.")
         opted_out = builtin or tool.name in self._underived
         return derivable(self.guard.policy, tool.annotations, opted_out)

@@ -78,6 +78,7 @@ from opentelemetry.trace import ProxyTracerProvider, get_tracer_provider
 from pydantic import BaseModel, TypeAdapter
 
 from idempotency import Claim, current_claim, wire
+from idempotency.fastmcp import as_call_tool_result
 from orchestrator import (
     TASKS_EXTENSION,
     NotExecuted,
@@ -154,7 +155,7 @@ def install(
             guarded = served_as if guard.guard_of(served_as) is not None else None
             if limit is None:
                 return await _serve(served, link, guard, guarded, ctx, params, server_ref)
-            async with limit.admitted():
+            with limit.admitted():
                 return await _serve(served, link, guard, guarded, ctx, params, server_ref)
 
     low.add_request_handler("tools/call", entry.params_type, handle)
@@ -249,7 +250,7 @@ async def _guarded(
             method="tools/call",
         )
         try:
-            result = await guard.on_call_tool(context, run)
+            result = await guard.call(tool, context, run)
         except (DisabledError, NotFoundError):
             return _error_result(f"Unknown tool: {params.name!r}")
         except FastMCPError as exc:  # a tool-visible error is a result (FastMCP's handler)
@@ -264,12 +265,7 @@ async def _guarded(
                 f" MCP 2026-07-28; this connection negotiated {ctx.protocol_version!r}.",
             )
         return result.input_required
-    wire = result.to_mcp_result()
-    if isinstance(wire, CallToolResult):
-        return wire
-    if isinstance(wire, tuple):
-        return CallToolResult(content=wire[0], structured_content=wire[1])
-    return CallToolResult(content=wire)
+    return as_call_tool_result(result)
 
 
 def _error_result(text: str) -> CallToolResult:
@@ -341,8 +337,10 @@ async def _sent(
     stdio = link.upstream.url is None
 
     async def send() -> CallToolResult:
-        with anyio.fail_after(min(budget, retry.deadline)):
+        # `anyio.fail_after`'s deadline, without its generator-based context manager.
+        with anyio.CancelScope(deadline=anyio.current_time() + min(budget, retry.deadline)):
             return await link.sent(client, request, CallToolResult, progress)
+        raise TimeoutError
 
     with (
         _entered(server, tool),

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import Hashable
 from typing import Any
 
 from fastmcp.server.dependencies import get_access_token
@@ -141,28 +140,41 @@ class InFlightLimit(Middleware):
         context: MiddlewareContext[CallToolRequestParams],
         call_next: CallNext[CallToolRequestParams, ToolResult],
     ) -> ToolResult:
-        async with self.admitted():
+        with self.admitted():
             return await call_next(context)
 
-    @asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        """The current principal's call counted in flight for the block, or refused (-32013)
-        past the bound (the pass-through fast path counts its calls here too)."""
-        principal = principal_key()
-        if self._running[principal] >= self.max_in_flight:
+    def admitted(self) -> _Admitted:
+        """The current principal's call counted in flight for the block (`with`), or refused
+        (-32013) past the bound (the pass-through fast path counts its calls here too). A
+        plain context manager, not a generator's: it is entered on every call."""
+        return _Admitted(self)
+
+
+class _Admitted:
+    """One call counted in flight for its principal while entered (`InFlightLimit.admitted`)."""
+
+    __slots__ = ("_limit", "_principal")
+
+    def __init__(self, limit: InFlightLimit) -> None:
+        self._limit = limit
+        self._principal = principal_key()
+
+    def __enter__(self) -> None:
+        limit, principal = self._limit, self._principal
+        if limit._running[principal] >= limit.max_in_flight:
             raise MCPError(
                 wire.STORE_UNAVAILABLE,
-                f"Too many calls in flight for this caller (at most {self.max_in_flight});"
+                f"Too many calls in flight for this caller (at most {limit.max_in_flight});"
                 " the tool was not run. Retry later.",
-                _refusal(self.max_in_flight),
+                _refusal(limit.max_in_flight),
             )
-        self._running[principal] += 1
-        try:
-            yield
-        finally:
-            self._running[principal] -= 1
-            if not self._running[principal]:
-                del self._running[principal]
+        limit._running[principal] += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        running, principal = self._limit._running, self._principal
+        running[principal] -= 1
+        if not running[principal]:
+            del running[principal]
 
 
 def _refusal(bound: int) -> dict[str, Any]:

@@ -154,6 +154,14 @@ class ProxyGuardMiddleware(Middleware):
         task-augmented call's stored task answered as the `CreateTaskResult` (`tasks.py`)."""
         ctx = context.fastmcp_context
         tool = None if ctx is None else await ctx.fastmcp.get_tool(context.message.name)
+        return await self.call(tool, context, call_next)
+
+    async def call(
+        self, tool: Tool | None, context: _CallContext, call_next: _CallNext
+    ) -> ToolResult | BaseModel:
+        """`on_call_tool` for the call of `tool`, already looked up (None: FastMCP finds none);
+        the fast path's entry (`fast_path.py`), which has looked it up."""
+        ctx = context.fastmcp_context
         guard = None if tool is None else self.guard_of(tool)
         try:
             if guard is None:

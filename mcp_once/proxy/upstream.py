@@ -191,10 +191,10 @@ class UpstreamLink:
         a request (the start-up listing, `mcp-once tools`) the modern one. Over stdio always the
         handshake one: one child, whose state every caller shares. The request is FastMCP's bound
         request context, there with or without a FastMCP `Context` (the fast path enters none)."""
-        from fastmcp.server.dependencies import fastmcp_request_ctx
-
         if self.upstream.url is None:
             return self._session
+        from fastmcp.server.dependencies import fastmcp_request_ctx
+
         rc = fastmcp_request_ctx.get()
         if rc is None or _modern(rc.protocol_version):
             return self._modern
@@ -221,9 +221,14 @@ class UpstreamLink:
     def alive(self) -> bool:
         """Whether the sessions opened so far can all still send (False before the first
         connect, and once the SDK has seen a stdio child's pipes close)."""
-        sessions = (self._session, self._modern, self._tasks)
-        opened = [s.session for s in sessions if s.session is not None]
-        return bool(opened) and not any(tool_session(s).closed() for s in opened)
+        opened = False
+        for era in (self._session, self._modern, self._tasks):
+            current = era.session
+            if current is not None:
+                if tool_session(current).closed():
+                    return False
+                opened = True
+        return opened
 
     async def client(self) -> Client[Any]:
         """The connected `fastmcp.Client` of the current session, reconnecting a dead one.
@@ -233,15 +238,13 @@ class UpstreamLink:
         return await self._connected(self._era())
 
     async def _connected(self, era: RetryingSession) -> Client[Any]:
-        """`era`'s connected `fastmcp.Client` (see `client`)."""
-        from fastmcp import Client
-
+        """`era`'s connected `fastmcp.Client` (see `client`): each of the link's sessions is
+        one (`_connect` and its siblings)."""
         try:
             current = await era.live_session()
         except ReconnectFailed as exc:
             raise UpstreamUnreachable() from exc
-        assert isinstance(current, Client)
-        return current
+        return cast("Client[Any]", current)
 
     async def call(
         self,

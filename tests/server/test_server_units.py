@@ -219,6 +219,47 @@ def test_the_guards_answer_reaches_fastmcp_as_from_mcp_result_carries_it(
     assert theirs.to_mcp_result() is answer
     assert ours.model_dump() == theirs.model_dump()
     assert type(ours) is type(theirs)
+    # Built past pydantic's constructor: the state `model_construct` gives, the wire form set.
+    constructed = ToolResult.model_construct(
+        content=answer.content,
+        structured_content=answer.structured_content,
+        meta=answer.meta,
+        is_error=answer.is_error,
+    )
+    constructed._raw_mcp_result = answer
+    for state in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__"):
+        assert getattr(ours, state) == getattr(constructed, state), state
+    assert ours.__pydantic_private__ == constructed.__pydantic_private__
+    assert ours == constructed and ours.model_copy() == constructed
+
+
+def test_a_tool_result_goes_back_to_the_wire_as_fastmcp_puts_it() -> None:
+    """`as_call_tool_result` (the guard's reading of FastMCP's chain, the proxy's answer to the
+    wire) gives what `ToolResult.to_mcp_result` gives, as a `CallToolResult`: the kept wire form
+    itself, read without pydantic's `__getattr__`; FastMCP's conversion of a result without one;
+    a subclass's own `to_mcp_result` where it has one."""
+    from fastmcp.tools.base import ToolResult
+
+    from idempotency.fastmcp import as_call_tool_result, as_tool_result
+
+    answer = CallToolResult(content=[TextContent(type="text", text="7")], is_error=True)
+    assert as_call_tool_result(as_tool_result(answer)) is answer
+    plain = ToolResult(content="7", structured_content={"n": 7})
+    assert as_call_tool_result(plain) == CallToolResult(
+        content=[TextContent(type="text", text="7")], structured_content={"n": 7}
+    )
+    text_only = ToolResult(content="7")
+    assert as_call_tool_result(text_only) == CallToolResult(
+        content=[TextContent(type="text", text="7")]
+    )
+
+    class Own(ToolResult):
+        def to_mcp_result(self) -> CallToolResult:  # type: ignore[override]
+            return CallToolResult(content=[TextContent(type="text", text="own")])
+
+    own = Own(content="7")
+    own._raw_mcp_result = answer
+    assert as_call_tool_result(own).content == [TextContent(type="text", text="own")]
 
 
 def test_a_result_is_told_from_a_task_without_dumping_it_only_where_its_class_allows() -> None:

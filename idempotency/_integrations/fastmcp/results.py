@@ -39,6 +39,9 @@ from ..._guard.guard import Interrupted, NothingDone
 from ..._guard.guard import ToolResult as GuardResult
 from ..lowlevel import generic_error_result
 
+#: How pydantic itself sets a model's state (`as_tool_result`), past its `__setattr__`.
+_set = object.__setattr__
+
 #: The code of the `MCPError` FastMCP raises when a tool outlives its `timeout=` (and then wraps
 #: in a `ToolError`); its message says "execution timed out after".
 _TIMEOUT_CODE = -32000
@@ -51,6 +54,22 @@ def to_guard(result: object) -> GuardResult:
         return result.input_required
     if not isinstance(result, ToolResult):
         raise TypeError(f"the FastMCP middleware chain returned {type(result).__name__}")
+    return as_call_tool_result(result)
+
+
+def as_call_tool_result(result: ToolResult) -> CallToolResult:
+    """The `CallToolResult` FastMCP puts on the wire for `result` (its `tools/call` handler's
+    conversion): `as_tool_result`'s way back. Public as `idempotency.fastmcp.as_call_tool_result`.
+
+    A result that keeps its wire form (`as_tool_result`, `ToolResult.from_mcp_result`) gives it
+    as it is, read from pydantic's store of private attributes: `ToolResult.to_mcp_result`
+    reads it through pydantic's `__getattr__`, twice, ~3 µs a read (pydantic tries the private
+    attribute's descriptor first, a raised and caught `AttributeError`)."""
+    if type(result).to_mcp_result is ToolResult.to_mcp_result:  # not a subclass's own
+        private = result.__pydantic_private__
+        kept = None if private is None else private.get("_raw_mcp_result")
+        if isinstance(kept, CallToolResult):
+            return kept
     wire = result.to_mcp_result()
     if isinstance(wire, CallToolResult):
         return wire
@@ -71,16 +90,26 @@ def as_tool_result(answer: GuardResult) -> ToolResult:
     stored or first answer is a `CallToolResult` already, its structured content JSON, so they
     would only copy it, a walk of the whole structured content on every call (~50 µs for 6 KB;
     benchmarks/README.md, issue 46). The wire form is kept where `from_mcp_result` keeps it
-    (`tests/server/test_server_units.py` holds the two the same)."""
+    (`tests/server/test_server_units.py` holds the two the same).
+
+    Built as `ToolResult.model_construct` builds a model, with the wire form in its private
+    attributes at once: `model_construct` and then setting `_raw_mcp_result` went through
+    pydantic's private-attribute set-up and `__setattr__`, 5.2 µs against 1.4 µs here, and a
+    guarded proxy call makes two (issue 46). The same test holds this state equal to
+    `model_construct`'s."""
     if isinstance(answer, InputRequiredResult):
         return InputRequiredToolResult(answer)
-    wrapped = ToolResult.model_construct(
-        content=answer.content,
-        structured_content=answer.structured_content,
-        meta=answer.meta,
-        is_error=answer.is_error,
-    )
-    wrapped._raw_mcp_result = answer
+    wrapped = ToolResult.__new__(ToolResult)
+    fields = {
+        "content": answer.content,
+        "structured_content": answer.structured_content,
+        "meta": answer.meta,
+        "is_error": answer.is_error,
+    }
+    _set(wrapped, "__dict__", fields)
+    _set(wrapped, "__pydantic_fields_set__", set(fields))
+    _set(wrapped, "__pydantic_extra__", None)
+    _set(wrapped, "__pydantic_private__", {"_raw_mcp_result": answer})
     return wrapped
 
 
