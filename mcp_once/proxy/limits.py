@@ -20,7 +20,6 @@ checked before anything is claimed or stored:
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
@@ -130,10 +129,12 @@ class InFlightLimit(Middleware):
         if max_in_flight < 1:
             raise ValueError(f"the in-flight bound must be at least 1, not {max_in_flight}")
         self.max_in_flight = max_in_flight
-        self._running: Counter[Hashable] = Counter()
+        #: Calls in flight per principal; a principal with none has no entry (a plain dict: a
+        #: `Counter` answers a missing key and drops one through Python-level methods).
+        self._running: dict[Hashable, int] = {}
 
     def in_flight(self, principal: Hashable = None) -> int:
-        return self._running[principal]
+        return self._running.get(principal, 0)
 
     async def on_call_tool(
         self,
@@ -161,19 +162,22 @@ class _Admitted:
 
     def __enter__(self) -> None:
         limit, principal = self._limit, self._principal
-        if limit._running[principal] >= limit.max_in_flight:
+        running = limit._running.get(principal, 0)
+        if running >= limit.max_in_flight:
             raise MCPError(
                 wire.STORE_UNAVAILABLE,
                 f"Too many calls in flight for this caller (at most {limit.max_in_flight});"
                 " the tool was not run. Retry later.",
                 _refusal(limit.max_in_flight),
             )
-        limit._running[principal] += 1
+        limit._running[principal] = running + 1
 
     def __exit__(self, *exc_info: object) -> None:
         running, principal = self._limit._running, self._principal
-        running[principal] -= 1
-        if not running[principal]:
+        left = running[principal] - 1
+        if left:
+            running[principal] = left
+        else:
             del running[principal]
 
 
