@@ -78,6 +78,29 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
 
 
+# -- what was running when the run was interrupted (.ci/run's overall timeout) -----------------
+
+#: Tests started and not yet finished, as the process that reports them sees them (xdist's
+#: controller hears each worker's start and finish).
+_RUNNING: dict[str, None] = {}
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    _RUNNING[nodeid] = None
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    _RUNNING.pop(nodeid, None)
+
+
+def pytest_keyboard_interrupt() -> None:
+    """Name the tests an interrupt (`.ci/run`'s overall timeout sends SIGINT) found running: a
+    test's own deadline (pyproject's `timeout`) names a hang, this names what a run too slow
+    as a whole was doing."""
+    for nodeid in _RUNNING:  # on a line of its own: the progress dots have no newline
+        print(f"\nINTERRUPTED while running {nodeid}", file=sys.stderr)
+
+
 def _no_redis(reason: str) -> NoReturn:
     unavailable(f"REDIS NOT AVAILABLE — Redis tests cannot run: {reason}", "Redis")
 
