@@ -63,6 +63,7 @@ from mcp_once._limits import DEFAULT_MAX_BODY, DEFAULT_MAX_IN_FLIGHT
 from mcp_once._upstream import Upstream, UpstreamConfigError, check_names
 from orchestrator import TASKS_EXTENSION, RetryPolicy
 
+from . import seam
 from .completions import complete_upstream
 from .failures import UpstreamUnreachable
 from .policy import ProxyPolicy
@@ -375,4 +376,5 @@ def build_gateway(
         # instructions), unprefixed as FastMCP's proxy of a one-server config.
         only = proxies[0]
         gateway.add_middleware(UpstreamMetadata(only.provider, only.name))
+    seam.install(gateway)
     return gateway

@@ -29,7 +29,7 @@ from mcp_once._limits import DEFAULT_MAX_BODY, DEFAULT_MAX_IN_FLIGHT
 from mcp_once._upstream import Upstream
 from orchestrator import RetryPolicy
 
-from . import fast_path
+from . import fast_path, seam
 from .completions import forward_completions
 from .failures import UpstreamUnreachable
 from .http_front import held_front
@@ -289,6 +289,7 @@ def build_proxy(
     server.add_middleware(guard)
     server.add_middleware(UpstreamMetadata(provider, server.name))
     fast_path.install(server, link, guard, limit)
+    seam.install(server)
     return server
 
 
