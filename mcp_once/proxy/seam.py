@@ -22,26 +22,21 @@ Only the proxy's own server takes it (`install`): a user's FastMCP server keeps 
 
 from __future__ import annotations
 
-from contextvars import Token
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from fastmcp.server.low_level import FastMCPServerMiddleware
 from fastmcp.server.telemetry import _active_seam_span, _get_parent_trace_context
 from fastmcp.telemetry import telemetry_mode
-from opentelemetry.context import Context, attach, detach
+from opentelemetry.context import attach, detach
 from opentelemetry.trace import (
     NonRecordingSpan,
     ProxyTracerProvider,
-    Span,
     get_current_span,
     get_tracer_provider,
     set_span_in_context,
 )
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
-
     from fastmcp import FastMCP
     from mcp.server.context import ServerRequestContext
 
@@ -62,55 +57,36 @@ def install(server: FastMCP[Any]) -> None:
     own = seams[0]._seam_span
 
     def light(fastmcp: FastMCP[Any] | None, ctx: ServerRequestContext[Any, Any]) -> Any:
-        return Seam(own, fastmcp, ctx)
+        # Evaluated inside the bound request (`__call__`'s `with` enters its items in turn), so
+        # the parent context is the request's.
+        if (
+            fastmcp is not None
+            and ctx.request_id is not None
+            and isinstance(get_tracer_provider(), ProxyTracerProvider)
+            and telemetry_mode() == "native"
+        ):
+            span = get_current_span(_get_parent_trace_context())
+            if isinstance(span, NonRecordingSpan):  # what the no-op tracer hands back as is
+                return Seam(span)
+        return own(fastmcp, ctx)
 
     # An instance attribute outranks the method: `__call__` looks it up on `self`.
     seams[0]._seam_span = light  # type: ignore[method-assign]
 
 
 class Seam:
-    """The request's seam: the no-op tracer's span made current, or FastMCP's own seam (see the
+    """The no-op tracer's span made current for the request, with FastMCP's seam marker (see the
     module doc). A class, not a generator: it is entered once per request."""
 
-    __slots__ = ("_ctx", "_fastmcp", "_own", "_seam_token", "_span_token", "_theirs")
+    __slots__ = ("_seam_token", "_span", "_span_token")
 
-    def __init__(
-        self,
-        own: Any,
-        fastmcp: FastMCP[Any] | None,
-        ctx: ServerRequestContext[Any, Any],
-    ) -> None:
-        self._own = own
-        self._fastmcp = fastmcp
-        self._ctx = ctx
-        self._theirs: AbstractContextManager[None] | None = None
-        self._span_token: Token[Context] | None = None
-        self._seam_token: Token[Span | None] | None = None
+    def __init__(self, span: NonRecordingSpan) -> None:
+        self._span = span
 
     def __enter__(self) -> None:
-        if (
-            self._fastmcp is not None
-            and self._ctx.request_id is not None
-            and isinstance(get_tracer_provider(), ProxyTracerProvider)
-            and telemetry_mode() == "native"
-        ):
-            span = get_current_span(_get_parent_trace_context())
-            if isinstance(span, NonRecordingSpan):  # what the no-op tracer hands back as is
-                self._span_token = attach(set_span_in_context(span))
-                self._seam_token = _active_seam_span.set(span)
-                return
-        self._theirs = self._own(self._fastmcp, self._ctx)
-        self._theirs.__enter__()
+        self._span_token = attach(set_span_in_context(self._span))
+        self._seam_token = _active_seam_span.set(self._span)
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool | None:
-        if self._theirs is not None:
-            return self._theirs.__exit__(kind, error, traceback)
-        assert self._seam_token is not None and self._span_token is not None
+    def __exit__(self, *exc_info: object) -> None:
         _active_seam_span.reset(self._seam_token)
         detach(self._span_token)
-        return None

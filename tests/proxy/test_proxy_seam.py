@@ -145,16 +145,15 @@ def test_without_an_sdk_the_request_sees_what_fastmcp_s_seam_shows_it(
 
     def spied(fastmcp: Any, ctx: ServerRequestContext) -> Any:
         seam = ours(fastmcp, ctx)
-        assert isinstance(seam, Seam)
-        taken.append(seam)
+        if isinstance(seam, Seam):  # the light seam; FastMCP's own otherwise
+            taken.append(seam)
         return seam
 
     with _ambient(ambient_span, ambient_bag):
         expected = _through(theirs, server, _request(meta), fail)
         got = _through(spied, server, _request(meta), fail)
         assert got == expected
-        (seam,) = taken
-        assert seam._theirs is None, "FastMCP's seam served it, not the light one"
+        assert len(taken) == 1, "FastMCP's seam served it, not the light one"
         assert got[0]["recording"] is False
 
 
