@@ -52,7 +52,7 @@ class Scale:
     #: floor and mcp-once proxy on memory and SQLite.
     hop_calls: int = 300
     hop_rounds: int = 3
-    hop_seconds: float = 3.0
+    hop_seconds: float = 2.0
     hop_startups: int = 3
     hop_every_target: bool = True
     #: Task creation (`task_creation.py`): rounds, and calls per variant per round.

@@ -27,10 +27,11 @@ Latency: p50/p99 of `read` and of a keyed `write` (a fresh key each call: every 
 first execution), the targets interleaved call by call in each round so load on this shared
 machine falls on all alike; each figure also as a ratio to direct over stdio in the same round
 (median over rounds). Throughput: calls/s of keyed `write` at 1, 16 and 64 callers (concurrent
-calls on one session), a few seconds each. Start-up: spawn to the first `tools/list` answered,
-direct and through `mcp-once proxy` (median of 3): a restarted proxy (its previous start's
-answers replayed, the target's row) and a first start (replay off). The load average is printed
-with the figures.
+calls on one session), a window of a few seconds per target in every round, the order turned
+each round; each figure the median of its windows, their range printed beside the 16 callers'.
+Start-up: spawn to the first `tools/list` answered, direct and through `mcp-once proxy` (median
+of 3): a restarted proxy (its previous start's answers replayed, the target's row) and a first
+start (replay off). The load average is printed with the figures.
 """
 
 from __future__ import annotations
@@ -316,10 +317,12 @@ async def _call(client: Client, role: str) -> None:
 
 
 async def _round(
-    targets: dict[str, Target], calls: int, seconds: float
+    targets: dict[str, Target], calls: int, seconds: float, turn: int
 ) -> tuple[dict[tuple[str, str], list[float]], dict[str, dict[int, float]]]:
     """`calls` of each tool per target, interleaved call by call; then, when `seconds`, each
-    target's throughput on the same session."""
+    target's throughput on the same session, one target after another, the order turned by
+    `turn` places (each round's windows start at another target: no target always follows the
+    same one, or always runs first)."""
     async with AsyncExitStack() as stack:
         clients = {
             name: await stack.enter_async_context(Client(t, mode=MODE))
@@ -338,7 +341,9 @@ async def _round(
                 start = time.perf_counter()
                 await _call(clients[name], tool)
                 values.append(time.perf_counter() - start)
-        rates = {name: await _throughput(c, seconds) for name, c in clients.items() if seconds}
+        names = list(clients)
+        turned = names[turn % len(names) :] + names[: turn % len(names)]
+        rates = {name: await _throughput(clients[name], seconds) for name in turned if seconds}
         return found, rates
 
 
@@ -386,9 +391,15 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
             targets.update(http_upstream_targets(stack, folder, redis_server.url))
         latencies: dict[tuple[str, str], list[float]] = {}
         ratios: dict[tuple[str, str], list[float]] = {}
+        windows: dict[str, dict[int, list[float]]] = {}
         for number in range(rounds):
-            last = number == rounds - 1
-            this, rates = anyio.run(_round, targets, calls, seconds if last else 0.0)
+            # Turned by a third of the targets each round: over three rounds every target's
+            # windows fall early, midway and late in the round.
+            turn = number * max(1, len(targets) // rounds)
+            this, rates = anyio.run(_round, targets, calls, seconds, turn)
+            for name, by_callers in rates.items():
+                for callers, rate in by_callers.items():
+                    windows.setdefault(name, {}).setdefault(callers, []).append(rate)
             for (name, tool), values in this.items():
                 latencies.setdefault((name, tool), []).extend(values)
                 base = statistics.median(this[(DIRECT, tool)])
@@ -402,8 +413,12 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
             for (name, tool), values in latencies.items()
         }
         out["calls_per_second"] = {
-            name: {str(c): round(r, 1) for c, r in by_callers.items()}
-            for name, by_callers in rates.items()
+            name: {str(c): round(statistics.median(r), 1) for c, r in by_callers.items()}
+            for name, by_callers in windows.items()
+        }
+        out["calls_per_second_windows"] = {
+            name: {str(c): [round(x, 1) for x in r] for c, r in by_callers.items()}
+            for name, by_callers in windows.items()
         }
     out["startup_s"] = _startups(scale.hop_startups)
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -530,9 +545,12 @@ def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
     print(f"{'target | tool':<48} {'p50 ms':>8} {'p99 ms':>8} {'/direct':>8}")
     for name, row in out["latency"].items():
         print(f"{name:<48} {row['p50_ms']:8.3f} {row['p99_ms']:8.3f} {row['ratio_p50']:8.3f}")
-    print(f"\n{'keyed write calls/s':<48} " + " ".join(f"{c:>8}" for c in CALLERS))
+    print(f"\n{'keyed write calls/s (median of windows)':<48} "
+          + " ".join(f"{c:>8}" for c in CALLERS) + "   16: windows")  # fmt: skip
     for name, rates in out["calls_per_second"].items():
-        print(f"{name:<48} " + " ".join(f"{rates[str(c)]:8.1f}" for c in CALLERS))
+        spread = out["calls_per_second_windows"][name]["16"]
+        print(f"{name:<48} " + " ".join(f"{rates[str(c)]:8.1f}" for c in CALLERS)
+              + f"   {min(spread):.0f}-{max(spread):.0f}")  # fmt: skip
     startup = out["startup_s"]
     print(f"\nstart-up to first tools/list: direct {startup['direct']} s,"
           f" mcp-once proxy {startup['mcp-once proxy']} s (replayed),"
