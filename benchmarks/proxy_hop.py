@@ -316,13 +316,19 @@ async def _call(client: Client, role: str) -> None:
         raise RuntimeError(f"{tool} failed: {result.content}")
 
 
+def turned(names: Sequence[str], number: int, rounds: int) -> list[str]:
+    """The order of round `number`'s throughput windows: `names` turned by a 1/`rounds` share of
+    them per round, so that over the rounds each target's windows fall early, midway and late in
+    a round, and no target always runs first."""
+    turn = number * max(1, len(names) // rounds) % len(names)
+    return [*names[turn:], *names[:turn]]
+
+
 async def _round(
-    targets: dict[str, Target], calls: int, seconds: float, turn: int
+    targets: dict[str, Target], calls: int, seconds: float, order: Sequence[str]
 ) -> tuple[dict[tuple[str, str], list[float]], dict[str, dict[int, float]]]:
     """`calls` of each tool per target, interleaved call by call; then, when `seconds`, each
-    target's throughput on the same session, one target after another, the order turned by
-    `turn` places (each round's windows start at another target: no target always follows the
-    same one, or always runs first)."""
+    target's throughput on the same session, one target after another in `order`."""
     async with AsyncExitStack() as stack:
         clients = {
             name: await stack.enter_async_context(Client(t, mode=MODE))
@@ -341,9 +347,7 @@ async def _round(
                 start = time.perf_counter()
                 await _call(clients[name], tool)
                 values.append(time.perf_counter() - start)
-        names = list(clients)
-        turned = names[turn % len(names) :] + names[: turn % len(names)]
-        rates = {name: await _throughput(clients[name], seconds) for name in turned if seconds}
+        rates = {name: await _throughput(clients[name], seconds) for name in order if seconds}
         return found, rates
 
 
@@ -393,10 +397,8 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
         ratios: dict[tuple[str, str], list[float]] = {}
         windows: dict[str, dict[int, list[float]]] = {}
         for number in range(rounds):
-            # Turned by a third of the targets each round: over three rounds every target's
-            # windows fall early, midway and late in the round.
-            turn = number * max(1, len(targets) // rounds)
-            this, rates = anyio.run(_round, targets, calls, seconds, turn)
+            order = turned(list(targets), number, rounds)
+            this, rates = anyio.run(_round, targets, calls, seconds, order)
             for name, by_callers in rates.items():
                 for callers, rate in by_callers.items():
                     windows.setdefault(name, {}).setdefault(callers, []).append(rate)

@@ -307,6 +307,24 @@ def test_the_proxy_hop_takes_the_sdk_floor_where_a_target_is_beyond_it() -> None
     assert by_metric(rows, "start-up")["met"] is True
 
 
+def test_the_proxy_hop_s_throughput_windows_turn_so_no_target_keeps_its_place() -> None:
+    """Each target's throughput windows fall at a different place in each round (early, midway,
+    late over three), and each round starts at another target: a target measured always first,
+    or always after the same one, would carry that place's load into its median."""
+    from benchmarks import proxy_hop
+
+    names = [f"t{n}" for n in range(21)]
+    orders = [proxy_hop.turned(names, number, 3) for number in range(3)]
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert [order[0] for order in orders] == ["t0", "t7", "t14"]
+    for name in names:
+        places = [order.index(name) for order in orders]
+        assert len(set(places)) == 3, (name, places)
+        assert max(places) - min(places) >= 7, (name, places)
+    assert proxy_hop.turned(names, 0, 1) == names
+    assert proxy_hop.turned(["a", "b"], 2, 3) == ["a", "b"]
+
+
 def test_the_listen_throughput_target_takes_the_sdk_floor_where_the_best_peer_is_beyond_it() -> (
     None
 ):
