@@ -47,13 +47,15 @@ class Scale:
     #: uvloop whenever it is installed, which changes absolute figures without saying so.
     uvloop: bool = False
     #: The proxy hop (`proxy_hop.py`): calls per tool per round, rounds, seconds per number of
-    #: callers, start-ups timed, and whether every target runs (the peers, installed from npm and
+    #: callers (at 16, the verdicts' figure, `hop_passes` windows of half that per round),
+    #: start-ups timed, and whether every target runs (the peers, installed from npm and
     #: the package index, the HTTP fronts, FastMCP's bare proxy, Redis) or only direct, the SDK
     #: floor and mcp-once proxy on memory and SQLite.
     hop_calls: int = 300
     hop_rounds: int = 3
     hop_seconds: float = 2.0
-    hop_startups: int = 3
+    hop_passes: int = 6
+    hop_startups: int = 7
     hop_every_target: bool = True
     #: Task creation (`task_creation.py`): rounds, and calls per variant per round.
     task_rounds: int = 5
@@ -103,6 +105,8 @@ QUICK = Scale(
     hop_calls=80,
     hop_rounds=1,
     hop_seconds=0.5,
+    hop_passes=2,
+    hop_startups=3,
     task_rounds=2,
     task_calls=80,
 )
@@ -130,6 +134,7 @@ SMOKE = Scale(
     hop_calls=5,
     hop_rounds=1,
     hop_seconds=0.1,
+    hop_passes=1,
     hop_startups=1,
     hop_every_target=False,
     task_rounds=1,

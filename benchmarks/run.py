@@ -36,6 +36,7 @@ from typing import Any
 from . import _powertools
 from ._redis import REPO
 from ._scale import FULL, QUICK, SMOKE
+from ._stats import interval_text
 from .store_throughput import SQLITE_BASELINE
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -492,6 +493,9 @@ def _table(out: dict[str, Any]) -> str:
         if row["met"] is False and row.get("reachable") is False:
             met += " (beyond the ceiling)"
         ceiling = "—" if row.get("ceiling") is None else row["ceiling"]
+        interval = row.get("versus_floor")  # the proxy hop's: its figure over its floor's
+        if interval is not None:
+            ceiling = f"{ceiling}; over it {interval_text(interval)}"
         lines.append(
             f"| {row['metric']} | {row['measured']} | {ceiling} | {row['target']} | {met} |"
         )

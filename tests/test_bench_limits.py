@@ -290,7 +290,7 @@ def test_the_proxy_hop_takes_the_sdk_floor_where_a_target_is_beyond_it() -> None
     assert (read["met"], read["reachable"], read["target"]) == (
         True,
         False,
-        "<= 1.8x (SDK floor (raw forward); target 1.3x)",
+        "<= 1.8x (SDK floor (raw forward); target 1.3x), or level with it (within 5% at 95 %)",
     )
     memory = by_metric(rows, "guarded write, memory")
     assert (memory["met"], memory["ceiling"], memory["target"]) == (
@@ -302,7 +302,7 @@ def test_the_proxy_hop_takes_the_sdk_floor_where_a_target_is_beyond_it() -> None
     assert (sqlite["met"], sqlite["reachable"], sqlite["target"]) == (
         True,
         False,
-        "<= 2.2x (SDK floor + guard, SQLite; target 2.0x)",
+        "<= 2.2x (SDK floor + guard, SQLite; target 2.0x), or level with it (within 5% at 95 %)",
     )
     assert by_metric(rows, "start-up")["met"] is True
 
@@ -354,7 +354,7 @@ def test_the_listen_throughput_target_takes_the_sdk_floor_where_the_best_peer_is
     assert (listen["met"], listen["reachable"], listen["target"]) == (
         False,
         False,
-        ">= 0.786x (SDK floor: 220 calls/s)",
+        ">= 0.786x (SDK floor: 220 calls/s), or level with it (within 5% at 95 %)",
     )
     rates[proxy_hop.LISTEN_GUARDED] = at(221.0)
     assert proxy_hop.throughput_verdict(
@@ -378,3 +378,100 @@ def test_the_listen_throughput_target_takes_the_sdk_floor_where_the_best_peer_is
         )
         is None
     )
+
+
+def test_a_ratio_s_interval_tells_a_real_gap_from_noise_and_says_when_the_run_cannot() -> None:
+    """Two targets drawn alike have an interval around even, narrower as the samples grow; one 10 %
+    slower has an interval that excludes even; each round is redrawn from itself alone (a
+    round's load never moves into another's); the same figures give the same interval."""
+    import random
+
+    from benchmarks._stats import ratio_interval
+
+    rng = random.Random(7)
+
+    def rounds(scale: float, calls: int, rounds: int = 3) -> list[list[float]]:
+        # Per-call latencies as this machine gives them: lognormal, ~20 % spread, a slow tail;
+        # each round with a load of its own (x1.0, x1.3, x0.9), the same for both sides.
+        loads = (1.0, 1.3, 0.9)[:rounds]
+        return [[scale * load * rng.lognormvariate(0, 0.2) for _ in range(calls)] for load in loads]
+
+    alike = ratio_interval(rounds(1.0, 300), rounds(1.0, 300))
+    assert alike["low"] < 1 < alike["high"], alike
+    assert alike["high"] - alike["low"] < 0.08, alike
+    few = ratio_interval(rounds(1.0, 20), rounds(1.0, 20))
+    assert few["high"] - few["low"] > 2 * (alike["high"] - alike["low"]), (few, alike)
+    slower = ratio_interval(rounds(1.1, 300), rounds(1.0, 300))
+    assert 1.03 < slower["low"] < slower["ratio"] < slower["high"], slower
+    ours, theirs = rounds(1.0, 50), rounds(1.0, 50)
+    assert ratio_interval(ours, theirs) == ratio_interval(ours, theirs)
+    for bad in (([], []), ([[1.0]], [[1.0], [1.0]]), ([[1.0], []], [[1.0], [1.0]])):
+        with pytest.raises(ValueError, match="same rounds"):
+            ratio_interval(*bad)
+
+
+def test_a_target_bound_by_its_floor_is_met_level_with_it_and_only_where_the_run_tells() -> None:
+    """Where the floor is the bound, a target a hair over it meets it when this run's interval
+    puts it within `LEVEL` (5 %) of even, not when the interval reaches past that (the run
+    cannot tell, or it is slower), and never where the issue's own target is the bound: a fixed
+    figure is no measurement, and is met or not as it stands. Throughput alike, on the 16
+    callers' windows: level with the SDK's HTTP front meets it, a wide spread does not."""
+    from benchmarks import proxy_hop
+
+    def row(ratio: float) -> dict[str, float]:
+        return {"p50_ms": ratio, "p99_ms": ratio, "ratio_p50": ratio}
+
+    latency = {
+        "SDK floor (raw forward) | read": row(1.8),
+        "SDK floor + guard, memory | write": row(1.5),  # below 1.6: the target stays
+        "SDK floor + guard, SQLite | write": row(2.2),
+        "mcp-once proxy, memory | read": row(1.75),
+        "mcp-once proxy, memory | write": row(1.65),
+        "mcp-once proxy, SQLite | write": row(2.22),
+    }
+    level = {"ratio": 1.009, "low": 0.99, "high": 1.03}
+    out: dict[str, Any] = {
+        "latency": latency,
+        "startup_s": {"direct": 1.0, "mcp-once proxy": 1.2},
+        "versus_floor": {
+            "mcp-once proxy, SQLite | write": level,
+            "mcp-once proxy, memory | write": level,  # beside a floor that is no bound
+        },
+    }
+    rows = proxy_hop.verdicts(out)
+    sqlite = by_metric(rows, "guarded write, SQLite")
+    assert (sqlite["met"], sqlite["versus_floor"]) == (True, level)
+    assert "| 2.2; over it 1.009 [0.99, 1.03] |" in bench_run._table({"targets": rows})
+    assert by_metric(rows, "guarded write, memory")["met"] is False  # 1.65 > the target's 1.6
+    for high in (1.06, 1.2):  # slower than the margin, or a run too noisy to tell
+        out["versus_floor"]["mcp-once proxy, SQLite | write"] = {**level, "high": high}
+        assert by_metric(proxy_hop.verdicts(out), "guarded write, SQLite")["met"] is False
+    del out["versus_floor"]  # a run without intervals judges the figures as they stand
+    assert by_metric(proxy_hop.verdicts(out), "guarded write, SQLite")["met"] is False
+
+    rng = __import__("random").Random(3)
+
+    def windows(rate: float, spread: float) -> list[list[float]]:
+        return [[rate * load * rng.gauss(1, spread) for _ in range(6)] for load in (1, 0.8, 1.1)]
+
+    rates = {
+        proxy_hop.LISTEN_GUARDED: {"16": 182.0},
+        proxy_hop.LISTEN_PEERS[0]: {"16": 236.0},
+        proxy_hop.LISTEN_FLOOR: {"16": 184.0},
+    }
+
+    def judged(guarded: list[list[float]], floor: list[list[float]]) -> dict[str, Any]:
+        found = proxy_hop.throughput_verdict(
+            rates, "a stdio upstream", proxy_hop.LISTEN_GUARDED, proxy_hop.LISTEN_PEERS,
+            proxy_hop.LISTEN_FLOOR,
+            {proxy_hop.LISTEN_GUARDED: {"16": guarded}, proxy_hop.LISTEN_FLOOR: {"16": floor}},
+        )  # fmt: skip
+        assert found is not None
+        return found
+
+    tight = judged(windows(182.0, 0.02), windows(184.0, 0.02))
+    assert tight["met"] is True and tight["versus_floor"]["low"] >= 0.95, tight
+    wide = judged(windows(182.0, 0.3), windows(184.0, 0.3))
+    assert wide["met"] is False and wide["versus_floor"]["low"] < 0.95, wide
+    slower = judged(windows(160.0, 0.02), windows(184.0, 0.02))
+    assert slower["met"] is False, slower
