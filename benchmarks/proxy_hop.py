@@ -121,9 +121,10 @@ LISTEN_PEERS = (
 LISTEN_FLOOR = "SDK floor (HTTP, raw forward)"
 STARTUP_BOUND = 1.3
 #: How near a floor a target may be and count as level with it (`level`): this run's 95 %
-#: interval for its p50 over the floor's at most this much above even (a rate's at most this
-#: much below). The floor is itself a measurement; this is the resolution at which this shared
-#: machine tells two side-by-side figures apart (see benchmarks/README.md, stop 61).
+#: interval for its whole call's p50 over the floor's (the HTTP rows too, whose figure is the
+#: added ms) at most this much above even, a rate's at most this much below. The floor is itself
+#: a measurement; this is about twice the resolution at which a full run on this shared machine
+#: tells two side-by-side figures apart (benchmarks/README.md, "Level with the floor").
 LEVEL = 0.05
 #: The client speaks the handshake era to every target: the one all the peers speak, and what
 #: desktop clients send today.
@@ -366,9 +367,10 @@ async def _round(
                 values.append(time.perf_counter() - start)
         rates: dict[str, dict[int, list[float]]] = {name: {} for name in order if seconds}
         for callers in CALLERS if seconds else ():
-            for number in range(passes if callers == WINDOWED else 1):
-                for name in turned(order, number, passes) if callers == WINDOWED else order:
-                    window = seconds / 2 if callers == WINDOWED else seconds
+            windowed = callers == WINDOWED
+            for number in range(passes if windowed else 1):
+                for name in turned(order, number, passes) if windowed else order:
+                    window = seconds / 2 if windowed else seconds
                     rate = await _throughput(clients[name], callers, window)
                     rates[name].setdefault(callers, []).append(rate)
         return found, rates
