@@ -29,6 +29,11 @@ def spread(values: Sequence[float], digits: int = 3) -> dict[str, float | int]:
     }
 
 
+def pooled(rounds: Sequence[Sequence[float]]) -> list[float]:
+    """Every round's values in one list (what a median over the whole run reads)."""
+    return [x for values in rounds for x in values]
+
+
 def ratio_interval(
     ours: Sequence[Sequence[float]],
     theirs: Sequence[Sequence[float]],
@@ -50,15 +55,11 @@ def ratio_interval(
     rng = random.Random(seed)
 
     def redrawn(rounds: Sequence[Sequence[float]]) -> float:
-        return statistics.median(
-            [x for values in rounds for x in rng.choices(values, k=len(values))]
-        )
+        return statistics.median(pooled([rng.choices(values, k=len(values)) for values in rounds]))
 
     ratios = sorted(redrawn(ours) / redrawn(theirs) for _ in range(resamples))
     tail = (1 - confidence) / 2
-    ratio = statistics.median([x for r in ours for x in r]) / statistics.median(
-        [x for r in theirs for x in r]
-    )
+    ratio = statistics.median(pooled(ours)) / statistics.median(pooled(theirs))
     return {
         "ratio": round(ratio, 4),
         "low": round(ratios[int(tail * resamples)], 4),

@@ -66,7 +66,7 @@ from ._peers import LEDGER_SERVER, PEERS, Peers, install_ledger, install_peers
 from ._redis import REPO, RedisServer, free_port
 from ._scale import FULL, QUICK, Scale
 from ._servers import key_meta
-from ._stats import interval_text, percentile, ratio_interval, spread
+from ._stats import interval_text, percentile, pooled, ratio_interval, spread
 from .proxy import store_urls
 
 #: The upstream every target fronts, as JSON in the environment (so that this benchmark's own
@@ -365,8 +365,10 @@ async def _round(
                 start = time.perf_counter()
                 await _call(clients[name], tool)
                 values.append(time.perf_counter() - start)
-        rates: dict[str, dict[int, list[float]]] = {name: {} for name in order if seconds}
-        for callers in CALLERS if seconds else ():
+        if not seconds:
+            return found, {}
+        rates: dict[str, dict[int, list[float]]] = {name: {} for name in order}
+        for callers in CALLERS:
             windowed = callers == WINDOWED
             for number in range(passes if windowed else 1):
                 for name in turned(order, number, passes) if windowed else order:
@@ -430,8 +432,8 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
                 ratios.setdefault((name, tool), []).append(statistics.median(values) / base)
         out["latency"] = {
             f"{name} | {tool}": {
-                "p50_ms": round(percentile(_flat(rounds_), 50) * 1e3, 3),
-                "p99_ms": round(percentile(_flat(rounds_), 99) * 1e3, 3),
+                "p50_ms": round(percentile(pooled(rounds_), 50) * 1e3, 3),
+                "p99_ms": round(percentile(pooled(rounds_), 99) * 1e3, 3),
                 "ratio_p50": round(statistics.median(ratios[(name, tool)]), 3),
             }
             for (name, tool), rounds_ in samples.items()
@@ -442,7 +444,7 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
             if (name, tool) in samples and (floor, tool) in samples
         }
         out["calls_per_second"] = {
-            name: {str(c): round(statistics.median(_flat(r)), 1) for c, r in by_callers.items()}
+            name: {str(c): round(statistics.median(pooled(r)), 1) for c, r in by_callers.items()}
             for name, by_callers in windows.items()
         }
         out["calls_per_second_windows"] = {
@@ -453,10 +455,6 @@ def measure(scale: Scale, *, peers: bool = True) -> dict[str, Any]:
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out["targets"] = verdicts(out)
     return out
-
-
-def _flat(rounds: Sequence[Sequence[float]]) -> list[float]:
-    return [x for values in rounds for x in values]
 
 
 def _startups(rounds: int) -> dict[str, float]:
@@ -613,7 +611,7 @@ def _print(out: dict[str, Any], calls: int, rounds: int) -> None:
     print(f"\n{'keyed write calls/s (median of windows)':<48} "
           + " ".join(f"{c:>8}" for c in CALLERS) + "   16: windows")  # fmt: skip
     for name, rates in out["calls_per_second"].items():
-        windowed = spread(_flat(out["calls_per_second_windows"][name]["16"]), 0)
+        windowed = spread(pooled(out["calls_per_second_windows"][name]["16"]), 0)
         print(f"{name:<48} " + " ".join(f"{rates[str(c)]:8.1f}" for c in CALLERS)
               + f"   {windowed['min']:.0f}-{windowed['max']:.0f}")  # fmt: skip
     startup = out["startup_s"]

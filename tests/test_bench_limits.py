@@ -416,6 +416,8 @@ def test_a_target_bound_by_its_floor_is_met_level_with_it_and_only_where_the_run
     cannot tell, or it is slower), and never where the issue's own target is the bound: a fixed
     figure is no measurement, and is met or not as it stands. Throughput alike, on the 16
     callers' windows: level with the SDK's HTTP front meets it, a wide spread does not."""
+    import random
+
     from benchmarks import proxy_hop
 
     def row(ratio: float) -> dict[str, float]:
@@ -449,7 +451,7 @@ def test_a_target_bound_by_its_floor_is_met_level_with_it_and_only_where_the_run
     del out["versus_floor"]  # a run without intervals judges the figures as they stand
     assert by_metric(proxy_hop.verdicts(out), "guarded write, SQLite")["met"] is False
 
-    rng = __import__("random").Random(3)
+    rng = random.Random(3)
 
     def windows(rate: float, spread: float) -> list[list[float]]:
         return [[rate * load * rng.gauss(1, spread) for _ in range(6)] for load in (1, 0.8, 1.1)]
